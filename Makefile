@@ -1,0 +1,45 @@
+# In-network aggregation testbed. `make demo` installs and runs the demo; `make test` runs the tests.
+PYTHON   ?= python3
+P4C      ?= p4c-bm2-ss
+P4SRC    := p4src/ina.p4
+BUILD    := build
+PYTEST   := $(PYTHON) -m pytest
+
+.PHONY: install demo test test-fast p4 bench clean help
+
+help:
+	@echo "make install   system and Python dependencies (Debian 12, as root for the system part)"
+	@echo "make demo      install, then aggregate gradients through the embedded switch"
+	@echo "make test      every test tier (integration tiers need root; bmv2 runs where simple_switch_grpc is)"
+	@echo "make test-fast unit and packet tiers only"
+	@echo "make p4        compile p4src/ with p4c into $(BUILD)/ (needs p4c on PATH)"
+	@echo "make bench     benchmarks that print ratios measured side by side"
+	@echo "make clean     remove build products"
+
+install:
+	./scripts/install-deps.sh
+
+demo: install
+	$(PYTHON) -m softswitch.demo
+
+test:
+	$(PYTEST) tests -q
+
+test-fast:
+	$(PYTEST) tests -q -m "unit or packet"
+
+p4: $(BUILD)/ina.json
+
+$(BUILD)/ina.json: $(P4SRC)
+	@command -v $(P4C) >/dev/null || { echo "make p4: $(P4C) is not on PATH; install p4c (p4lang) to compile $(P4SRC). The committed p4src/ina.p4info.txt is kept by hand until then."; exit 1; }
+	mkdir -p $(BUILD)
+	$(P4C) --p4v 16 --p4runtime-files $(BUILD)/ina.p4info.txt -o $(BUILD)/ina.json $(P4SRC)
+	@if ! $(PYTHON) -c "import sys; from google.protobuf import text_format as t; from p4.config.v1 import p4info_pb2 as p; a=t.Parse(open('$(BUILD)/ina.p4info.txt').read(), p.P4Info()); b=t.Parse(open('p4src/ina.p4info.txt').read(), p.P4Info()); sys.exit(a != b)"; then \
+		echo "note: p4c's P4Info differs from p4src/ina.p4info.txt; review with: diff $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt"; fi
+
+bench:
+	$(PYTHON) bench/model_bench.py
+
+clean:
+	rm -rf $(BUILD) .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

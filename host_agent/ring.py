@@ -1,0 +1,569 @@
+"""Ring all-reduce over TCP: the fallback when the switch has no aggregator slots for a job.
+
+Bandwidth-optimal ring (Patarasuk and Yuan): the array is cut into n chunks; n-1 reduce-scatter
+steps leave worker r with the full sum of chunk (r+1) % n, and n-1 all-gather steps pass the sums
+round. Each step every worker sends one chunk to its right neighbour (r+1) % n while receiving
+one from its left neighbour (r-1) % n.
+
+The algorithm (``ring_allreduce``) only needs a ``RingLink``: "send this to the right while
+receiving that from the left". ``TcpRingLink`` is the real one; ``QueueRingLink`` runs a ring of
+threads without sockets. The Rina hybrid backend runs the same ring among rack representatives.
+See docs/agent-allocation.md.
+"""
+from __future__ import annotations
+
+import queue
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+import numpy as np
+
+__all__ = [
+    "QueueRingLink",
+    "RingAllReduce",
+    "RingError",
+    "RingLink",
+    "RingTimeoutError",
+    "TcpRingLink",
+    "chunk_bounds",
+    "local_queue_links",
+    "ring_allreduce",
+    "ring_time_model",
+    "run_local_ring",
+]
+
+T = TypeVar("T")
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.int64))
+
+# Connection hello (connector -> acceptor) and its ack: magic, rank, ring size.
+_HELLO = struct.Struct("!4sII")
+_HELLO_MAGIC = b"RNG1"
+# Every chunk message: magic, 16-byte tag (call, step, dtype, length), payload bytes.
+_FRAME = struct.Struct("!4s16sQ")
+_FRAME_MAGIC = b"RNGc"
+_TAG = struct.Struct("!IH2sQ")
+
+
+class RingError(RuntimeError):
+    """A ring operation failed; ``peer_rank``/``peer_addr`` name the neighbour involved, if any."""
+
+    def __init__(self, message: str, *, peer_rank: int | None = None, peer_addr: tuple[str, int] | None = None):
+        super().__init__(message)
+        self.peer_rank = peer_rank
+        self.peer_addr = peer_addr
+
+
+class RingTimeoutError(RingError, TimeoutError):
+    """A neighbour made no progress within the timeout."""
+
+
+# --------------------------------------------------------------------------- algorithm
+
+
+class RingLink(Protocol):
+    """Transport of one ring member: its rank, the ring size, and one concurrent exchange per step."""
+
+    rank: int
+    size: int
+
+    def exchange(self, send: memoryview, recv: memoryview, tag: bytes) -> None:
+        """Send ``send`` to the right neighbour while filling ``recv`` from the left one.
+
+        ``tag`` (16 bytes) identifies the step; a message whose tag or length differs from what is
+        expected must raise RingError, so that workers disagreeing on the call never mix data.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+def chunk_bounds(length: int, parts: int) -> tuple[int, ...]:
+    """``parts + 1`` offsets cutting ``length`` elements into near-equal chunks (first ones longer)."""
+    if length < 0 or parts < 1:
+        raise ValueError(f"need length >= 0 and parts >= 1, got {length}, {parts}")
+    q, r = divmod(length, parts)
+    out, acc = [0], 0
+    for i in range(parts):
+        acc += q + (1 if i < r else 0)
+        out.append(acc)
+    return tuple(out)
+
+
+def _checked(array: np.ndarray) -> np.ndarray:
+    arr = np.asarray(array)
+    if arr.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"ring all-reduce supports {', '.join(str(d) for d in SUPPORTED_DTYPES)} (native byte order), got {arr.dtype}")
+    return arr
+
+
+def _as_bytes(a: np.ndarray) -> memoryview:
+    return memoryview(a).cast("B")
+
+
+def ring_allreduce(array: np.ndarray, link: RingLink, *, call: int = 0) -> np.ndarray:
+    """Element-wise sum of ``array`` over the ring; every member gets the same bits.
+
+    Chunk c is summed in ring order starting at its owner: ((x_c + x_{c+1}) + x_{c+2}) + ... over
+    ranks mod n, in the array's dtype (int overflow wraps modulo 2**bits, as numpy does); the
+    all-gather then copies that one result to every member, so float results are bit-identical
+    everywhere. ``array`` is not modified; the result has its shape. ``call`` numbers the call in
+    the tags so a member that skipped a call is detected rather than mixed in.
+    """
+    arr = _checked(array)
+    acc = np.array(arr, order="C", copy=True).reshape(-1)
+    n, r = link.size, link.rank
+    if n == 1:
+        return acc.reshape(arr.shape)
+    bounds = chunk_bounds(acc.size, n)
+    chunks = [acc[bounds[c] : bounds[c + 1]] for c in range(n)]
+    scratch = np.empty(bounds[1] - bounds[0], dtype=acc.dtype)
+    code = f"{acc.dtype.kind}{acc.dtype.itemsize}".encode()
+
+    def tag(step: int) -> bytes:
+        return _TAG.pack(call & 0xFFFFFFFF, step, code, acc.size)
+
+    for s in range(n - 1):  # reduce-scatter
+        mine = chunks[(r - s - 1) % n]
+        incoming = scratch[: mine.size]
+        link.exchange(_as_bytes(chunks[(r - s) % n]), _as_bytes(incoming), tag(s))
+        np.add(incoming, mine, out=mine)
+    for s in range(n - 1):  # all-gather
+        link.exchange(_as_bytes(chunks[(r + 1 - s) % n]), _as_bytes(chunks[(r - s) % n]), tag(n - 1 + s))
+    return acc.reshape(arr.shape)
+
+
+def ring_time_model(n: int, nbytes: float, bandwidth: float, latency: float) -> float:
+    """Seconds for a ring all-reduce of ``nbytes`` among ``n`` workers (alpha-beta model).
+
+    2(n-1)/n * nbytes/bandwidth + 2(n-1)*latency: each of the 2(n-1) steps moves nbytes/n per link
+    and pays one latency. ``bandwidth`` in bytes/s per link, ``latency`` in seconds per step.
+    """
+    if n < 1 or nbytes < 0 or bandwidth <= 0 or latency < 0:
+        raise ValueError(f"need n >= 1, nbytes >= 0, bandwidth > 0, latency >= 0; got {n}, {nbytes}, {bandwidth}, {latency}")
+    return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
+
+
+# --------------------------------------------------------------------------- TCP transport
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        part = sock.recv(size - len(buf))
+        if not part:
+            raise ConnectionError("connection closed")
+        buf += part
+    return bytes(buf)
+
+
+class TcpRingLink:
+    """One ring member's two TCP connections: to the right neighbour (connected) and from the left (accepted).
+
+    Set-up retries the connection until ``connect_timeout`` (peers start at different times) and
+    checks a hello naming rank and ring size on both connections. Each exchange sends and receives
+    concurrently with non-blocking sockets, so chunks larger than the TCP buffers cannot deadlock;
+    no progress for ``timeout`` seconds raises RingTimeoutError naming the stalled neighbour.
+    The link takes ownership of ``listen``.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        peers: Sequence[tuple[str, int]],
+        listen: socket.socket | int | None = None,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 60.0,
+    ) -> None:
+        self.size = len(peers)
+        if self.size < 1 or not 0 <= rank < self.size:
+            if isinstance(listen, socket.socket):
+                listen.close()
+            raise ValueError(f"rank {rank} out of range for {self.size} peers")
+        self.rank = rank
+        self.peers = tuple((str(h), int(p)) for h, p in peers)
+        self.timeout = timeout
+        self.right_rank = (rank + 1) % self.size
+        self.left_rank = (rank - 1) % self.size
+        self._right: socket.socket | None = None
+        self._left: socket.socket | None = None
+        self._selector: selectors.BaseSelector | None = None
+        listener = self._make_listener(listen)
+        try:
+            if self.size > 1:
+                self._connect(listener, time.monotonic() + connect_timeout, connect_timeout)
+                self._selector = selectors.DefaultSelector()
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if listener is not None:
+                listener.close()
+
+    def _make_listener(self, listen: socket.socket | int | None) -> socket.socket | None:
+        if isinstance(listen, socket.socket):
+            if self.size == 1:
+                listen.close()
+                return None
+            listen.listen()
+            return listen
+        if self.size == 1:
+            return None
+        host, port = self.peers[self.rank]
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port if listen is None else listen))
+            sock.listen()
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _peer(self, rank: int) -> str:
+        host, port = self.peers[rank]
+        return f"rank {rank} at {host}:{port}"
+
+    def _connect(self, listener: socket.socket, deadline: float, connect_timeout: float) -> None:
+        # Connect right and send the hello first: that completes against the peer's listen backlog
+        # without it calling accept, so no worker waits on another in a cycle.
+        right_addr = self.peers[self.right_rank]
+        delay, last_error = 0.01, None
+        while self._right is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RingTimeoutError(
+                    f"rank {self.rank}: could not connect to {self._peer(self.right_rank)} within {connect_timeout}s: {last_error}",
+                    peer_rank=self.right_rank, peer_addr=right_addr,
+                )
+            try:
+                self._right = socket.create_connection(right_addr, timeout=min(remaining, 1.0))
+            except OSError as exc:  # refused or unreachable until the peer is up: retry
+                last_error = exc
+                time.sleep(min(delay, max(deadline - time.monotonic(), 0)))
+                delay = min(delay * 2, 0.2)
+        self._right.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self._right.settimeout(max(deadline - time.monotonic(), 0.001))
+            self._right.sendall(_HELLO.pack(_HELLO_MAGIC, self.rank, self.size))
+        except OSError as exc:
+            raise RingError(f"rank {self.rank}: hello to {self._peer(self.right_rank)} failed: {exc}",
+                            peer_rank=self.right_rank, peer_addr=right_addr) from exc
+
+        rejected: list[str] = []
+        while self._left is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RingTimeoutError(
+                    f"rank {self.rank}: {self._peer(self.left_rank)} did not connect within {connect_timeout}s"
+                    + (f" (rejected: {'; '.join(rejected)})" if rejected else ""),
+                    peer_rank=self.left_rank, peer_addr=self.peers[self.left_rank],
+                )
+            listener.settimeout(remaining)
+            try:
+                conn, addr = listener.accept()
+            except TimeoutError:
+                continue
+            try:
+                conn.settimeout(max(deadline - time.monotonic(), 0.001))
+                magic, rank, size = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+                if magic != _HELLO_MAGIC or rank != self.left_rank or size != self.size:
+                    raise ValueError(f"hello {magic!r} rank {rank} size {size}, expected rank {self.left_rank} size {self.size}")
+                conn.sendall(_HELLO.pack(_HELLO_MAGIC, self.rank, self.size))
+            except (OSError, ValueError, struct.error) as exc:
+                rejected.append(f"{addr[0]}:{addr[1]}: {exc}")
+                conn.close()
+                continue
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._left = conn
+
+        try:
+            magic, rank, size = _HELLO.unpack(_recv_exact(self._right, _HELLO.size))
+        except (OSError, struct.error) as exc:
+            raise RingError(f"rank {self.rank}: no hello ack from {self._peer(self.right_rank)}: {exc}",
+                            peer_rank=self.right_rank, peer_addr=right_addr) from exc
+        if magic != _HELLO_MAGIC or rank != self.right_rank or size != self.size:
+            raise RingError(
+                f"rank {self.rank}: {right_addr[0]}:{right_addr[1]} answered as rank {rank} of {size}, "
+                f"expected rank {self.right_rank} of {self.size}", peer_rank=self.right_rank, peer_addr=right_addr)
+        self._right.setblocking(False)
+        self._left.setblocking(False)
+
+    def exchange(self, send: memoryview, recv: memoryview, tag: bytes) -> None:
+        right, left, sel = self._right, self._left, self._selector
+        if right is None or left is None or sel is None:
+            raise RingError(f"rank {self.rank}: ring link is closed")
+        out = [memoryview(_FRAME.pack(_FRAME_MAGIC, tag, send.nbytes)), send.cast("B")]
+        out = [b for b in out if b.nbytes]
+        header = bytearray(_FRAME.size)
+        stages = [memoryview(header), recv.cast("B")]
+        header_checked = False
+        sel.register(right, selectors.EVENT_WRITE)
+        sel.register(left, selectors.EVENT_READ)
+        try:
+            last_progress = time.monotonic()
+            while sel.get_map():
+                events = sel.select(timeout=max(last_progress + self.timeout - time.monotonic(), 0))
+                if not events:
+                    if time.monotonic() - last_progress < self.timeout:
+                        continue
+                    if left in sel.get_map():
+                        raise RingTimeoutError(
+                            f"rank {self.rank}: no data from {self._peer(self.left_rank)} for {self.timeout}s",
+                            peer_rank=self.left_rank, peer_addr=self.peers[self.left_rank])
+                    raise RingTimeoutError(
+                        f"rank {self.rank}: {self._peer(self.right_rank)} read nothing for {self.timeout}s",
+                        peer_rank=self.right_rank, peer_addr=self.peers[self.right_rank])
+                for key, _ in events:
+                    if key.fileobj is right:
+                        try:
+                            sent = right.sendmsg(out)
+                        except (BlockingIOError, InterruptedError):
+                            continue
+                        except OSError as exc:
+                            raise RingError(f"rank {self.rank}: sending to {self._peer(self.right_rank)} failed: {exc}",
+                                            peer_rank=self.right_rank, peer_addr=self.peers[self.right_rank]) from exc
+                        while sent:
+                            k = min(sent, out[0].nbytes)
+                            out[0] = out[0][k:]
+                            sent -= k
+                            if not out[0].nbytes:
+                                out.pop(0)
+                        if not out:
+                            sel.unregister(right)
+                    else:
+                        try:
+                            got = left.recv_into(stages[0])
+                        except (BlockingIOError, InterruptedError):
+                            continue
+                        except OSError as exc:
+                            raise RingError(f"rank {self.rank}: receiving from {self._peer(self.left_rank)} failed: {exc}",
+                                            peer_rank=self.left_rank, peer_addr=self.peers[self.left_rank]) from exc
+                        if got == 0:
+                            raise RingError(f"rank {self.rank}: {self._peer(self.left_rank)} closed the connection",
+                                            peer_rank=self.left_rank, peer_addr=self.peers[self.left_rank])
+                        stages[0] = stages[0][got:]
+                        if not stages[0].nbytes:
+                            stages.pop(0)
+                            if not header_checked:
+                                header_checked = True
+                                self._check_frame(bytes(header), tag, recv.nbytes)
+                                if not stages[0].nbytes:
+                                    stages.pop(0)
+                        if not stages:
+                            sel.unregister(left)
+                    last_progress = time.monotonic()
+        finally:
+            for sock in (right, left):
+                if sock in sel.get_map():
+                    sel.unregister(sock)
+
+    def _check_frame(self, header: bytes, tag: bytes, nbytes: int) -> None:
+        magic, got_tag, got_nbytes = _FRAME.unpack(header)
+        if magic != _FRAME_MAGIC or got_tag != tag or got_nbytes != nbytes:
+            raise RingError(
+                f"rank {self.rank}: {self._peer(self.left_rank)} sent a mismatched message "
+                f"(tag {_describe(got_tag)}, {got_nbytes} bytes; expected {_describe(tag)}, {nbytes} bytes): "
+                "workers disagree on the array length, dtype or call order",
+                peer_rank=self.left_rank, peer_addr=self.peers[self.left_rank])
+
+    def close(self) -> None:
+        for sock in (self._right, self._left):
+            if sock is not None:
+                sock.close()
+        if self._selector is not None:
+            self._selector.close()
+        self._right = self._left = self._selector = None
+
+
+def _describe(tag: bytes) -> str:
+    try:
+        call, step, code, length = _TAG.unpack(tag)
+        return f"call {call} step {step} dtype {code.decode(errors='replace')} length {length}"
+    except struct.error:
+        return repr(tag)
+
+
+# --------------------------------------------------------------------------- in-process transport
+
+
+class QueueRingLink:
+    """A ring member whose neighbours are threads of the same process: tests and simulations."""
+
+    def __init__(self, rank: int, inboxes: Sequence[queue.Queue], timeout: float = 10.0) -> None:
+        self.rank, self.size, self.timeout = rank, len(inboxes), timeout
+        self._inboxes = inboxes
+        self._closed = False
+
+    def exchange(self, send: memoryview, recv: memoryview, tag: bytes) -> None:
+        if self._closed:
+            raise RingError(f"rank {self.rank}: ring link is closed")
+        left = (self.rank - 1) % self.size
+        self._inboxes[(self.rank + 1) % self.size].put((tag, bytes(send)))
+        try:
+            item = self._inboxes[self.rank].get(timeout=self.timeout)
+        except queue.Empty:
+            raise RingTimeoutError(f"rank {self.rank}: no data from rank {left} for {self.timeout}s", peer_rank=left) from None
+        if item is None:
+            raise RingError(f"rank {self.rank}: rank {left} closed the connection", peer_rank=left)
+        got_tag, data = item
+        if got_tag != tag or len(data) != recv.nbytes:
+            raise RingError(f"rank {self.rank}: rank {left} sent a mismatched message "
+                            f"({_describe(got_tag)}; expected {_describe(tag)})", peer_rank=left)
+        recv.cast("B")[:] = data
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._inboxes[(self.rank + 1) % self.size].put(None)
+
+
+def local_queue_links(n: int, timeout: float = 10.0) -> list[QueueRingLink]:
+    """``n`` connected in-process links, one per thread."""
+    inboxes: list[queue.Queue] = [queue.Queue() for _ in range(n)]
+    return [QueueRingLink(r, inboxes, timeout) for r in range(n)]
+
+
+# --------------------------------------------------------------------------- front end
+
+
+class RingAllReduce:
+    """Ring all-reduce among ``peers`` (address of every member in rank order); this member is ``rank``.
+
+    Args:
+        rank: this member's position in ``peers``.
+        peers: (host, port) each member listens on; member i connects to member (i+1) % n.
+        listen: a bound socket to accept on (ownership passes to the ring), a port to bind on this
+            member's host, or None to bind ``peers[rank]``.
+        timeout: seconds without progress on a socket before RingTimeoutError.
+        connect_timeout: deadline for the whole connection set-up.
+
+    Calls must be made in the same order with the same dtype and length on every member. Use
+    ``RingAllReduce.over(link)`` to run the same algorithm over another transport.
+
+    Example:
+        with RingAllReduce(rank, peers, timeout=10) as ring:
+            total = ring.allreduce(grad)
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        peers: Sequence[tuple[str, int]],
+        listen: socket.socket | int | None = None,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 60.0,
+    ) -> None:
+        self._init(TcpRingLink(rank, peers, listen, timeout=timeout, connect_timeout=connect_timeout))
+
+    @classmethod
+    def over(cls, link: RingLink) -> RingAllReduce:
+        """The ring algorithm over an already connected transport."""
+        self = cls.__new__(cls)
+        self._init(link)
+        return self
+
+    def _init(self, link: RingLink) -> None:
+        self.link = link
+        self._calls = 0
+        self._lock = threading.Lock()
+        self._broken: BaseException | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.link.rank
+
+    @property
+    def size(self) -> int:
+        return self.link.size
+
+    def allreduce(self, array: np.ndarray) -> np.ndarray:
+        """Element-wise sum over all members (see ``ring_allreduce``); a failure breaks the ring for good."""
+        with self._lock:
+            if self._broken is not None:
+                raise RingError(f"rank {self.rank}: ring is broken by an earlier failure: {self._broken}")
+            arr = _checked(array)  # before any traffic: a bad argument does not break the ring
+            try:
+                result = ring_allreduce(arr, self.link, call=self._calls)
+            except BaseException as exc:
+                # Close at once so the neighbours fail fast instead of waiting for their timeouts.
+                self._broken = exc
+                self.link.close()
+                raise
+            self._calls += 1
+            return result
+
+    def allgather(self, array: np.ndarray) -> np.ndarray:
+        """Every member's ``array`` stacked in rank order, shape (n, *array.shape).
+
+        An all-reduce of zeros with this member's row filled in: adding zeros is exact, so values
+        arrive unchanged (e.g. measured speeds for the adaptive allocator).
+        """
+        arr = np.asarray(array)
+        rows = np.zeros((self.size, *arr.shape), dtype=arr.dtype)
+        rows[self.rank] = arr
+        return self.allreduce(rows)
+
+    def close(self) -> None:
+        self.link.close()
+
+    def __enter__(self) -> RingAllReduce:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def run_local_ring(
+    n: int,
+    fn: Callable[[RingAllReduce], T],
+    *,
+    host: str = "127.0.0.1",
+    timeout: float = 10.0,
+    connect_timeout: float = 10.0,
+    return_exceptions: bool = False,
+) -> list[T | BaseException]:
+    """Run ``fn(ring)`` on ``n`` TCP ring members, one thread each, on ephemeral ports of ``host``.
+
+    Returns each member's result in rank order; the first exception is raised unless
+    ``return_exceptions``, in which case exceptions are returned in place of results. All threads
+    are joined and all sockets closed before returning.
+    """
+    listeners: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listeners.append(sock)
+            sock.bind((host, 0))
+            sock.listen()
+    except BaseException:
+        for sock in listeners:
+            sock.close()
+        raise
+    peers = [s.getsockname()[:2] for s in listeners]
+    results: list[T | BaseException | None] = [None] * n
+
+    def member(rank: int) -> None:
+        try:
+            with RingAllReduce(rank, peers, listeners[rank], timeout=timeout, connect_timeout=connect_timeout) as ring:
+                results[rank] = fn(ring)
+        except BaseException as exc:  # reported to the caller below
+            results[rank] = exc
+
+    threads = [threading.Thread(target=member, args=(r,), name=f"ring-{r}", daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if not return_exceptions:
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+    return results  # type: ignore[return-value]

@@ -1,0 +1,178 @@
+"""The INA wire format: the one Python definition of the header in p4src/ina.p4.
+
+Layout (docs/protocol.md describes every byte):
+
+    Ethernet | IPv4 (no options) | UDP (dport or sport INA_UDP_PORT) | ina_t (14 B) | ina_data_t (LANES x int32)
+
+``INA_HEADER_FIELDS`` mirrors ``header ina_t`` field for field; a test reads p4src/ina.p4 and checks every
+name and width. Everything else here derives from it: the scapy layer (tests and tools), the struct
+codec (agents and the switch's hot path), and the lengths the switch checks.
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from typing import NamedTuple
+
+import numpy as np
+from scapy.fields import BitEnumField, BitField, FieldListField, FlagsField, SignedIntField
+from scapy.layers.inet import UDP
+from scapy.packet import Packet, bind_layers
+
+INA_UDP_PORT = 47000
+LANES = 32  # int32 lanes per packet; why 32: docs/protocol.md
+MAX_WORKERS = 32  # width of the per-slot worker bitmap
+NUM_SLOTS = 1024  # aggregator slots in the switch pool (each has two shadow copies)
+MAX_JOBS = 256  # job ids are 0..MAX_JOBS-1 (they index the per-job counters)
+CPU_PORT = 255
+
+# header ina_t, in wire order: (field name, width in bits)
+INA_HEADER_FIELDS: tuple[tuple[str, int], ...] = (
+    ("msg_type", 8),
+    ("flags", 8),
+    ("job_id", 16),
+    ("generation", 16),
+    ("slot", 16),
+    ("seq", 32),
+    ("worker_id", 8),
+    ("reserved", 7),
+    ("shadow", 1),
+)
+# header ina_data_t: lane00 .. lane31, each bit<32>, two's complement int32 on the wire
+INA_DATA_FIELDS: tuple[tuple[str, int], ...] = tuple((f"lane{i:02d}", 32) for i in range(LANES))
+
+INA_HEADER_LEN = sum(width for _, width in INA_HEADER_FIELDS) // 8
+INA_DATA_LEN = LANES * 4
+INA_PAYLOAD_LEN = INA_HEADER_LEN + INA_DATA_LEN  # UDP payload
+ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
+INA_UDP_LEN = UDP_LEN + INA_PAYLOAD_LEN  # value of udp.length
+INA_IPV4_LEN = IPV4_LEN + INA_UDP_LEN  # value of ipv4.totalLen
+INA_OFFSET = ETH_LEN + IPV4_LEN + UDP_LEN  # where ina_t starts in a frame
+INA_FRAME_LEN = INA_OFFSET + INA_PAYLOAD_LEN
+
+
+class MsgType(enum.IntEnum):
+    GRADIENT = 1  # worker -> switch: a contribution to a slot
+    RESULT = 2  # switch -> worker: the completed sum of a slot
+    BROADCAST = 3  # worker -> switch -> every worker of the job, payload unchanged (Rina's rack result)
+
+
+class Flags(enum.IntFlag):
+    NONE = 0
+    RETRANSMIT = 0x01  # set by a worker on a resent gradient (informational; the switch needs no flag)
+    OVERFLOW = 0x02  # set by the switch in a result when any lane overflowed int32 during the sum
+
+
+class DropReason(enum.IntEnum):
+    """Index into the ina_drops / ina_job_drops counters (the P4's DROP_* constants)."""
+
+    MALFORMED = 1
+    UNKNOWN_JOB = 2
+    SLOT_OUT_OF_RANGE = 3
+    FOREIGN_WORKER = 4
+    STALE_GENERATION = 5
+    BAD_MSG_TYPE = 6
+    NO_ROUTE = 7
+
+
+NUM_DROP_REASONS = 8
+
+
+class InaHeader(NamedTuple):
+    msg_type: int
+    flags: int
+    job_id: int
+    generation: int
+    slot: int
+    seq: int
+    worker_id: int
+    shadow: int
+    reserved: int = 0
+
+
+def _struct_format(fields: tuple[tuple[str, int], ...]) -> str:
+    """Network-order struct format for a header: byte-multiple fields map to B/H/I, sub-byte runs pack into one B."""
+    codes = {8: "B", 16: "H", 32: "I"}
+    fmt, pending = "!", 0
+    for _, width in fields:
+        if width % 8 == 0 and pending == 0:
+            fmt += codes[width]
+        else:
+            pending += width
+            if pending == 8:
+                fmt, pending = fmt + "B", 0
+    if pending:
+        raise ValueError("header fields do not end on a byte boundary")
+    return fmt
+
+
+_HEADER = struct.Struct(_struct_format(INA_HEADER_FIELDS))
+assert _HEADER.size == INA_HEADER_LEN
+_LANES_DTYPE = np.dtype(">i4")
+
+
+def pack_header(h: InaHeader) -> bytes:
+    """ina_t as bytes (the last struct byte is reserved:7 | shadow:1)."""
+    return _HEADER.pack(
+        h.msg_type, h.flags, h.job_id, h.generation, h.slot, h.seq, h.worker_id, ((h.reserved & 0x7F) << 1) | (h.shadow & 1)
+    )
+
+
+def unpack_header(buf: bytes | memoryview, offset: int = 0) -> InaHeader:
+    msg_type, flags, job_id, generation, slot, seq, worker_id, last = _HEADER.unpack_from(buf, offset)
+    return InaHeader(msg_type, flags, job_id, generation, slot, seq, worker_id, last & 1, last >> 1)
+
+
+def encode_payload(h: InaHeader, lanes: np.ndarray) -> bytes:
+    """UDP payload of an INA packet: header then exactly LANES int32 values (shorter arrays are zero-padded)."""
+    data = np.zeros(LANES, dtype=_LANES_DTYPE)
+    n = min(len(lanes), LANES)
+    data[:n] = lanes[:n]
+    return pack_header(h) + data.tobytes()
+
+
+def decode_payload(buf: bytes | memoryview, offset: int = 0) -> tuple[InaHeader, np.ndarray]:
+    """(header, int32 lanes in native order) from a UDP payload; ValueError if it is not exactly one INA payload."""
+    if len(buf) - offset != INA_PAYLOAD_LEN:
+        raise ValueError(f"INA payload must be {INA_PAYLOAD_LEN} bytes, got {len(buf) - offset}")
+    lanes = np.frombuffer(buf, dtype=_LANES_DTYPE, count=LANES, offset=offset + INA_HEADER_LEN).astype(np.int32)
+    return unpack_header(buf, offset), lanes
+
+
+def ipv4_checksum(header: bytes | bytearray) -> int:
+    """Internet checksum of a 20-byte IPv4 header whose checksum field is zero."""
+    total = sum(struct.unpack("!10H", header))
+    total = (total & 0xFFFF) + (total >> 16)
+    total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def udp_frame(src_mac: bytes, dst_mac: bytes, src_ip: bytes, dst_ip: bytes, sport: int, dport: int, payload: bytes) -> bytes:
+    """Ethernet/IPv4/UDP frame (UDP checksum 0) for tools and benchmarks that write raw frames without scapy."""
+    udp_len = UDP_LEN + len(payload)
+    ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, IPV4_LEN + udp_len, 0, 0x4000, 64, 17, 0, src_ip, dst_ip))
+    ip[10:12] = struct.pack("!H", ipv4_checksum(ip))
+    return dst_mac + src_mac + b"\x08\x00" + bytes(ip) + struct.pack("!HHHH", sport, dport, udp_len, 0) + payload
+
+
+# --- scapy layer: tests and tools only, never a hot path --------------------------------------------
+
+def _scapy_fields() -> list:
+    special = {
+        "msg_type": lambda: BitEnumField("msg_type", MsgType.GRADIENT, 8, {m.value: m.name for m in MsgType}),
+        "flags": lambda: FlagsField("flags", 0, 8, ["RETRANSMIT", "OVERFLOW"]),
+    }
+    fields = [special[name]() if name in special else BitField(name, 0, width) for name, width in INA_HEADER_FIELDS]
+    fields.append(FieldListField("lanes", [0] * LANES, SignedIntField("", 0), count_from=lambda pkt: LANES))
+    return fields
+
+
+class INA(Packet):
+    """In-network aggregation header followed by LANES int32 lanes (p4src/ina.p4: ina_t, ina_data_t)."""
+
+    name = "INA"
+    fields_desc = _scapy_fields()
+
+
+bind_layers(UDP, INA, dport=INA_UDP_PORT)
+bind_layers(UDP, INA, sport=INA_UDP_PORT)

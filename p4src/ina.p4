@@ -1,0 +1,602 @@
+/* -*- P4_16 -*- */
+/*
+ * In-network aggregation (INA) for v1model / BMv2 simple_switch_grpc.
+ *
+ * Workers send gradient chunks as UDP packets to INA_UDP_PORT. Each packet names a job, a slot within the
+ * job's range of the aggregator pool, a shadow copy (SwitchML's two-version scheme) and the sender's worker id.
+ * The switch sums the LANES int32 values of every worker into the slot; the last contribution turns the packet
+ * into a result that is multicast to all the job's workers. A retransmission for a completed slot gets the
+ * result back to its sender alone. Slot state is reset by the data plane when a slot changes owner (job or
+ * generation), so the control plane never writes registers (BMv2 cannot over P4Runtime anyway).
+ *
+ * Everything that is not INA is plain IPv4 LPM forwarding, as in p4lang/tutorials' basic.p4.
+ *
+ * softswitch/pipeline.py is an executable model of this program: same names, same order of steps.
+ * Wire format: docs/protocol.md and inaproto/wire.py (a test checks those against the headers below).
+ */
+#include <core.p4>
+#include <v1model.p4>
+
+const bit<16> TYPE_IPV4    = 0x0800;
+const bit<8>  PROTO_UDP    = 17;
+const bit<16> INA_UDP_PORT = 47000;
+const bit<9>  CPU_PORT     = 255;
+
+#define LANES            32
+#define NUM_SLOTS        1024
+#define NUM_CELLS        2048   /* NUM_SLOTS * 2 shadow copies; cell = slot * 2 + shadow */
+#define NUM_LANE_CELLS   65536  /* NUM_CELLS * LANES; lane cell = cell * LANES + lane */
+#define MAX_JOBS         256
+#define NUM_DROP_REASONS 8
+#define NUM_JOB_DROPS    2048   /* MAX_JOBS * NUM_DROP_REASONS */
+
+const bit<16> INA_IPV4_LEN = 170;  /* 20 IPv4 + 8 UDP + 14 ina_t + 128 ina_data_t */
+const bit<16> INA_UDP_LEN  = 150;
+
+const bit<8> INA_GRADIENT  = 1;
+const bit<8> INA_RESULT    = 2;
+const bit<8> INA_BROADCAST = 3;
+
+const bit<8> INA_FLAG_OVERFLOW = 0x02;
+
+/* Index of the ina_drops / ina_job_drops counters. */
+const bit<8> DROP_MALFORMED         = 1;
+const bit<8> DROP_UNKNOWN_JOB       = 2;
+const bit<8> DROP_SLOT_OUT_OF_RANGE = 3;
+const bit<8> DROP_FOREIGN_WORKER    = 4;
+const bit<8> DROP_STALE_GENERATION  = 5;
+const bit<8> DROP_BAD_MSG_TYPE      = 6;
+const bit<8> DROP_NO_ROUTE          = 7;
+
+typedef bit<9>  egressSpec_t;
+typedef bit<48> macAddr_t;
+typedef bit<32> ip4Addr_t;
+
+/*************************************************************************
+*********************** H E A D E R S  ***********************************
+*************************************************************************/
+
+@controller_header("packet_in")
+header packet_in_t {
+    bit<9> ingress_port;
+    bit<7> _pad;
+}
+
+@controller_header("packet_out")
+header packet_out_t {
+    bit<9> egress_port;
+    bit<7> _pad;
+}
+
+header ethernet_t {
+    macAddr_t dstAddr;
+    macAddr_t srcAddr;
+    bit<16>   etherType;
+}
+
+header ipv4_t {
+    bit<4>    version;
+    bit<4>    ihl;
+    bit<8>    diffserv;
+    bit<16>   totalLen;
+    bit<16>   identification;
+    bit<3>    flags;
+    bit<13>   fragOffset;
+    bit<8>    ttl;
+    bit<8>    protocol;
+    bit<16>   hdrChecksum;
+    ip4Addr_t srcAddr;
+    ip4Addr_t dstAddr;
+}
+
+header udp_t {
+    bit<16> srcPort;
+    bit<16> dstPort;
+    bit<16> length;
+    bit<16> checksum;
+}
+
+header ina_t {
+    bit<8>  msg_type;    /* INA_GRADIENT, INA_RESULT, INA_BROADCAST */
+    bit<8>  flags;       /* 0x01 retransmission (from workers), 0x02 overflow (in results) */
+    bit<16> job_id;
+    bit<16> generation;  /* must equal the job table's generation */
+    bit<16> slot;        /* index within the job's slot range */
+    bit<32> seq;         /* chunk sequence number, carried unchanged into the result */
+    bit<8>  worker_id;   /* bit position in the job's worker mask; in a result: the recipient */
+    bit<7>  reserved;
+    bit<1>  shadow;      /* which of the slot's two copies */
+}
+
+header ina_data_t {
+    bit<32> lane00; bit<32> lane01; bit<32> lane02; bit<32> lane03;
+    bit<32> lane04; bit<32> lane05; bit<32> lane06; bit<32> lane07;
+    bit<32> lane08; bit<32> lane09; bit<32> lane10; bit<32> lane11;
+    bit<32> lane12; bit<32> lane13; bit<32> lane14; bit<32> lane15;
+    bit<32> lane16; bit<32> lane17; bit<32> lane18; bit<32> lane19;
+    bit<32> lane20; bit<32> lane21; bit<32> lane22; bit<32> lane23;
+    bit<32> lane24; bit<32> lane25; bit<32> lane26; bit<32> lane27;
+    bit<32> lane28; bit<32> lane29; bit<32> lane30; bit<32> lane31;
+}
+
+struct headers_t {
+    packet_in_t  packet_in;
+    packet_out_t packet_out;
+    ethernet_t   ethernet;
+    ipv4_t       ipv4;
+    udp_t        udp;
+    ina_t        ina;
+    ina_data_t   ina_data;
+}
+
+struct metadata_t {
+    /* from the ina_job table */
+    bit<16> base_slot;
+    bit<16> num_slots;
+    bit<32> worker_mask;
+    bit<8>  num_workers;
+    bit<16> mcast_grp;
+    bit<16> generation;
+    /* aggregation */
+    bit<8>  drop_reason;
+    bit<32> slot_abs;      /* absolute slot in the pool */
+    bit<32> cell;          /* slot_abs * 2 + shadow */
+    bit<32> other_cell;    /* slot_abs * 2 + (1 - shadow) */
+    bit<32> lane_base;     /* cell * LANES */
+    bit<32> owner;         /* job_id ++ generation */
+    bit<32> prev_owner;
+    bit<32> wbit;
+    bit<32> bitmap;
+    bit<32> other_bitmap;
+    bit<8>  count;
+    bit<8>  overflow;
+    bit<32> lane_ovf;      /* bit 31 set if any lane overflowed */
+    bit<32> cur;
+    bit<32> sum;
+    bit<1>  first;
+    bit<1>  complete;
+    /* egress */
+    bit<1>  ina_mcast;     /* replicate with per-worker address rewrite */
+    bit<1>  ina_out;       /* a packet the switch turned into a result or a broadcast */
+}
+
+/*************************************************************************
+*********************** P A R S E R  *************************************
+*************************************************************************/
+
+parser MyParser(packet_in packet,
+                out headers_t hdr,
+                inout metadata_t meta,
+                inout standard_metadata_t standard_metadata) {
+
+    state start {
+        transition select(standard_metadata.ingress_port) {
+            CPU_PORT: parse_packet_out;
+            default: parse_ethernet;
+        }
+    }
+
+    state parse_packet_out {
+        packet.extract(hdr.packet_out);
+        transition parse_ethernet;
+    }
+
+    state parse_ethernet {
+        packet.extract(hdr.ethernet);
+        transition select(hdr.ethernet.etherType) {
+            TYPE_IPV4: parse_ipv4;
+            default: accept;
+        }
+    }
+
+    state parse_ipv4 {
+        packet.extract(hdr.ipv4);
+        transition select(hdr.ipv4.ihl, hdr.ipv4.protocol) {
+            (4w5, PROTO_UDP): parse_udp;
+            default: accept;
+        }
+    }
+
+    state parse_udp {
+        packet.extract(hdr.udp);
+        transition select(hdr.udp.dstPort) {
+            INA_UDP_PORT: parse_ina;
+            default: accept;
+        }
+    }
+
+    state parse_ina {
+        packet.extract(hdr.ina);
+        packet.extract(hdr.ina_data);
+        transition accept;
+    }
+}
+
+/*************************************************************************
+************   C H E C K S U M    V E R I F I C A T I O N   *************
+*************************************************************************/
+
+control MyVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply {
+        verify_checksum(
+            hdr.ipv4.isValid(),
+            { hdr.ipv4.version,
+              hdr.ipv4.ihl,
+              hdr.ipv4.diffserv,
+              hdr.ipv4.totalLen,
+              hdr.ipv4.identification,
+              hdr.ipv4.flags,
+              hdr.ipv4.fragOffset,
+              hdr.ipv4.ttl,
+              hdr.ipv4.protocol,
+              hdr.ipv4.srcAddr,
+              hdr.ipv4.dstAddr },
+            hdr.ipv4.hdrChecksum,
+            HashAlgorithm.csum16);
+    }
+}
+
+/*************************************************************************
+**************  I N G R E S S   P R O C E S S I N G   *******************
+*************************************************************************/
+
+/* One lane of a new contribution: add into the slot copy (or start it), remember overflow, write back. */
+#define AGGREGATE_LANE(I, F)                                                        \
+    ina_lanes.read(meta.cur, meta.lane_base + I);                                   \
+    if (meta.first == 1) { meta.cur = 0; }                                          \
+    meta.sum = meta.cur + hdr.ina_data.F;                                           \
+    meta.lane_ovf = meta.lane_ovf | ((meta.cur ^ meta.sum) & (hdr.ina_data.F ^ meta.sum)); \
+    ina_lanes.write(meta.lane_base + I, meta.sum);                                  \
+    hdr.ina_data.F = meta.sum;
+
+/* One lane of a completed slot copy, read back into the packet for a retransmitted request. */
+#define READ_LANE(I, F) \
+    ina_lanes.read(hdr.ina_data.F, meta.lane_base + I);
+
+control MyIngress(inout headers_t hdr,
+                  inout metadata_t meta,
+                  inout standard_metadata_t standard_metadata) {
+
+    counter(MAX_JOBS, CounterType.packets) ina_aggregated;    /* contributions added to a slot */
+    counter(MAX_JOBS, CounterType.packets) ina_duplicates;    /* contributions seen before */
+    counter(NUM_DROP_REASONS, CounterType.packets) ina_drops; /* every drop, by reason */
+    counter(NUM_JOB_DROPS, CounterType.packets) ina_job_drops; /* job_id * NUM_DROP_REASONS + reason */
+
+    register<bit<32>>(NUM_SLOTS) ina_owner;        /* job_id ++ generation of the slot's last user */
+    register<bit<32>>(NUM_CELLS) ina_bitmap;       /* workers that contributed to this copy */
+    register<bit<8>>(NUM_CELLS) ina_count;         /* contributions so far; 0 = empty or complete */
+    register<bit<8>>(NUM_CELLS) ina_overflow;      /* 1 if any lane overflowed in this copy */
+    register<bit<32>>(NUM_LANE_CELLS) ina_lanes;   /* the sums */
+
+    action drop() {
+        mark_to_drop(standard_metadata);
+    }
+
+    action ipv4_forward(macAddr_t dstAddr, egressSpec_t port) {
+        standard_metadata.egress_spec = port;
+        hdr.ethernet.srcAddr = hdr.ethernet.dstAddr;
+        hdr.ethernet.dstAddr = dstAddr;
+        hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
+    }
+
+    action send_to_cpu() {
+        standard_metadata.egress_spec = CPU_PORT;
+    }
+
+    table ipv4_lpm {
+        key = {
+            hdr.ipv4.dstAddr: lpm;
+        }
+        actions = {
+            ipv4_forward;
+            send_to_cpu;
+            drop;
+            NoAction;
+        }
+        size = 1024;
+        default_action = drop();
+    }
+
+    action set_job(bit<16> base_slot, bit<16> num_slots, bit<32> worker_mask,
+                   bit<8> num_workers, bit<16> mcast_grp, bit<16> generation) {
+        meta.base_slot = base_slot;
+        meta.num_slots = num_slots;
+        meta.worker_mask = worker_mask;
+        meta.num_workers = num_workers;
+        meta.mcast_grp = mcast_grp;
+        meta.generation = generation;
+    }
+
+    table ina_job {
+        key = {
+            hdr.ina.job_id: exact;
+        }
+        actions = {
+            set_job;
+            NoAction;
+        }
+        size = MAX_JOBS;
+        default_action = NoAction();
+    }
+
+    /* Results and broadcasts leave from the address the worker sent to. */
+    action multicast_to_job() {
+        hdr.ethernet.srcAddr = hdr.ethernet.dstAddr;
+        hdr.ipv4.srcAddr = hdr.ipv4.dstAddr;
+        hdr.udp.srcPort = INA_UDP_PORT;
+        standard_metadata.mcast_grp = meta.mcast_grp;
+        meta.ina_mcast = 1;
+        meta.ina_out = 1;
+    }
+
+    action reply_to_sender() {
+        macAddr_t mac = hdr.ethernet.srcAddr;
+        hdr.ethernet.srcAddr = hdr.ethernet.dstAddr;
+        hdr.ethernet.dstAddr = mac;
+        ip4Addr_t ip = hdr.ipv4.srcAddr;
+        hdr.ipv4.srcAddr = hdr.ipv4.dstAddr;
+        hdr.ipv4.dstAddr = ip;
+        hdr.udp.dstPort = hdr.udp.srcPort;
+        hdr.udp.srcPort = INA_UDP_PORT;
+        standard_metadata.egress_spec = standard_metadata.ingress_port;
+        meta.ina_out = 1;
+    }
+
+    apply {
+        /* 1. Packet-out from the controller: send as told. */
+        if (hdr.packet_out.isValid()) {
+            standard_metadata.egress_spec = hdr.packet_out.egress_port;
+            hdr.packet_out.setInvalid();
+            exit;
+        }
+
+        /* 2. Malformed frames never reach any state. */
+        if (standard_metadata.parser_error != error.NoError || standard_metadata.checksum_error == 1) {
+            ina_drops.count((bit<32>)DROP_MALFORMED);
+            drop();
+            exit;
+        }
+        if (!hdr.ipv4.isValid()) {
+            drop();
+            exit;
+        }
+
+        /* 3. Everything that is not INA: IPv4 LPM forwarding. */
+        if (!hdr.ina.isValid()) {
+            if (!ipv4_lpm.apply().hit) {
+                ina_drops.count((bit<32>)DROP_NO_ROUTE);
+            }
+            exit;
+        }
+
+        /* 4. INA: validate lengths, job, message type, generation, worker, slot. */
+        if (hdr.ipv4.totalLen != INA_IPV4_LEN || hdr.udp.length != INA_UDP_LEN) {
+            ina_drops.count((bit<32>)DROP_MALFORMED);
+            drop();
+            exit;
+        }
+        if (!ina_job.apply().hit) {
+            ina_drops.count((bit<32>)DROP_UNKNOWN_JOB);
+            drop();
+            exit;
+        }
+        meta.drop_reason = 0;
+        meta.wbit = (bit<32>)1 << hdr.ina.worker_id;
+        meta.slot_abs = (bit<32>)meta.base_slot + (bit<32>)hdr.ina.slot;
+        if (hdr.ina.msg_type != INA_GRADIENT && hdr.ina.msg_type != INA_BROADCAST) {
+            meta.drop_reason = DROP_BAD_MSG_TYPE;
+        } else if (hdr.ina.generation != meta.generation) {
+            meta.drop_reason = DROP_STALE_GENERATION;
+        } else if ((meta.worker_mask & meta.wbit) == 0) {
+            meta.drop_reason = DROP_FOREIGN_WORKER;
+        } else if (hdr.ina.msg_type == INA_GRADIENT &&
+                   (hdr.ina.slot >= meta.num_slots || meta.slot_abs >= NUM_SLOTS)) {
+            meta.drop_reason = DROP_SLOT_OUT_OF_RANGE;
+        }
+        if (meta.drop_reason != 0) {
+            ina_drops.count((bit<32>)meta.drop_reason);
+            ina_job_drops.count((bit<32>)hdr.ina.job_id * NUM_DROP_REASONS + (bit<32>)meta.drop_reason);
+            drop();
+            exit;
+        }
+
+        /* 5. Broadcast: to every worker of the job, payload as it is. */
+        if (hdr.ina.msg_type == INA_BROADCAST) {
+            multicast_to_job();
+            exit;
+        }
+
+        /* 6. Gradient. A slot whose owner changed (another job, or a new generation) is reset first. */
+        meta.cell = (meta.slot_abs << 1) + (bit<32>)hdr.ina.shadow;
+        meta.other_cell = (meta.slot_abs << 1) + (bit<32>)(~hdr.ina.shadow);
+        meta.lane_base = meta.cell * LANES;
+        meta.owner = hdr.ina.job_id ++ hdr.ina.generation;
+        ina_owner.read(meta.prev_owner, meta.slot_abs);
+        if (meta.prev_owner != meta.owner) {
+            ina_owner.write(meta.slot_abs, meta.owner);
+            ina_bitmap.write(meta.slot_abs << 1, 0);
+            ina_bitmap.write((meta.slot_abs << 1) + 1, 0);
+            ina_count.write(meta.slot_abs << 1, 0);
+            ina_count.write((meta.slot_abs << 1) + 1, 0);
+            ina_overflow.write(meta.slot_abs << 1, 0);
+            ina_overflow.write((meta.slot_abs << 1) + 1, 0);
+        }
+
+        ina_bitmap.read(meta.bitmap, meta.cell);
+        ina_count.read(meta.count, meta.cell);
+        ina_overflow.read(meta.overflow, meta.cell);
+
+        if ((meta.bitmap & meta.wbit) == 0) {
+            /* 6a. A new contribution: mark it in this copy, clear it in the other (SwitchML's shadow sets). */
+            ina_bitmap.write(meta.cell, meta.bitmap | meta.wbit);
+            ina_bitmap.read(meta.other_bitmap, meta.other_cell);
+            ina_bitmap.write(meta.other_cell, meta.other_bitmap & ~meta.wbit);
+            meta.first = 0;
+            if (meta.count == 0) {
+                meta.first = 1;
+                meta.overflow = 0;
+            }
+            meta.count = meta.count + 1;
+            meta.complete = 0;
+            if (meta.count == meta.num_workers) {
+                meta.count = 0;
+                meta.complete = 1;
+            }
+            ina_count.write(meta.cell, meta.count);
+
+            meta.lane_ovf = 0;
+            AGGREGATE_LANE(0, lane00)  AGGREGATE_LANE(1, lane01)  AGGREGATE_LANE(2, lane02)  AGGREGATE_LANE(3, lane03)
+            AGGREGATE_LANE(4, lane04)  AGGREGATE_LANE(5, lane05)  AGGREGATE_LANE(6, lane06)  AGGREGATE_LANE(7, lane07)
+            AGGREGATE_LANE(8, lane08)  AGGREGATE_LANE(9, lane09)  AGGREGATE_LANE(10, lane10) AGGREGATE_LANE(11, lane11)
+            AGGREGATE_LANE(12, lane12) AGGREGATE_LANE(13, lane13) AGGREGATE_LANE(14, lane14) AGGREGATE_LANE(15, lane15)
+            AGGREGATE_LANE(16, lane16) AGGREGATE_LANE(17, lane17) AGGREGATE_LANE(18, lane18) AGGREGATE_LANE(19, lane19)
+            AGGREGATE_LANE(20, lane20) AGGREGATE_LANE(21, lane21) AGGREGATE_LANE(22, lane22) AGGREGATE_LANE(23, lane23)
+            AGGREGATE_LANE(24, lane24) AGGREGATE_LANE(25, lane25) AGGREGATE_LANE(26, lane26) AGGREGATE_LANE(27, lane27)
+            AGGREGATE_LANE(28, lane28) AGGREGATE_LANE(29, lane29) AGGREGATE_LANE(30, lane30) AGGREGATE_LANE(31, lane31)
+            if (meta.lane_ovf[31:31] == 1) {
+                meta.overflow = 1;
+            }
+            ina_overflow.write(meta.cell, meta.overflow);
+            ina_aggregated.count((bit<32>)hdr.ina.job_id);
+
+            if (meta.complete == 1) {
+                hdr.ina.msg_type = INA_RESULT;
+                hdr.ina.flags = 0;
+                if (meta.overflow != 0) {
+                    hdr.ina.flags = INA_FLAG_OVERFLOW;
+                }
+                multicast_to_job();
+            } else {
+                drop();
+            }
+        } else {
+            /* 6b. Seen before: a completed copy answers its sender alone; an incomplete one drops it. */
+            ina_duplicates.count((bit<32>)hdr.ina.job_id);
+            if (meta.count == 0) {
+                READ_LANE(0, lane00)  READ_LANE(1, lane01)  READ_LANE(2, lane02)  READ_LANE(3, lane03)
+                READ_LANE(4, lane04)  READ_LANE(5, lane05)  READ_LANE(6, lane06)  READ_LANE(7, lane07)
+                READ_LANE(8, lane08)  READ_LANE(9, lane09)  READ_LANE(10, lane10) READ_LANE(11, lane11)
+                READ_LANE(12, lane12) READ_LANE(13, lane13) READ_LANE(14, lane14) READ_LANE(15, lane15)
+                READ_LANE(16, lane16) READ_LANE(17, lane17) READ_LANE(18, lane18) READ_LANE(19, lane19)
+                READ_LANE(20, lane20) READ_LANE(21, lane21) READ_LANE(22, lane22) READ_LANE(23, lane23)
+                READ_LANE(24, lane24) READ_LANE(25, lane25) READ_LANE(26, lane26) READ_LANE(27, lane27)
+                READ_LANE(28, lane28) READ_LANE(29, lane29) READ_LANE(30, lane30) READ_LANE(31, lane31)
+                hdr.ina.msg_type = INA_RESULT;
+                hdr.ina.flags = 0;
+                if (meta.overflow != 0) {
+                    hdr.ina.flags = INA_FLAG_OVERFLOW;
+                }
+                reply_to_sender();
+            } else {
+                drop();
+            }
+        }
+    }
+}
+
+/*************************************************************************
+****************  E G R E S S   P R O C E S S I N G   *******************
+*************************************************************************/
+
+control MyEgress(inout headers_t hdr,
+                 inout metadata_t meta,
+                 inout standard_metadata_t standard_metadata) {
+
+    counter(MAX_JOBS, CounterType.packets) ina_results;  /* result packets sent, one per recipient */
+
+    action drop() {
+        mark_to_drop(standard_metadata);
+    }
+
+    /* Per-replica rewrite: the replica id (egress_rid) is the recipient's worker id. */
+    action set_worker_addr(macAddr_t mac, ip4Addr_t ip, bit<16> udp_port) {
+        hdr.ethernet.dstAddr = mac;
+        hdr.ipv4.dstAddr = ip;
+        hdr.udp.dstPort = udp_port;
+        hdr.ina.worker_id = (bit<8>)standard_metadata.egress_rid;
+    }
+
+    table ina_worker {
+        key = {
+            hdr.ina.job_id: exact;
+            standard_metadata.egress_rid: exact;
+        }
+        actions = {
+            set_worker_addr;
+            drop;
+        }
+        size = 8192;
+        default_action = drop();
+    }
+
+    apply {
+        if (meta.ina_mcast == 1) {
+            if (!ina_worker.apply().hit) {
+                exit;
+            }
+        }
+        if (meta.ina_out == 1) {
+            hdr.udp.checksum = 0;  /* the payload changed; 0 means "no checksum" for UDP over IPv4 */
+            if (hdr.ina.msg_type == INA_RESULT) {
+                ina_results.count((bit<32>)hdr.ina.job_id);
+            }
+        }
+        if (standard_metadata.egress_port == CPU_PORT) {
+            hdr.packet_in.setValid();
+            hdr.packet_in.ingress_port = standard_metadata.ingress_port;
+            hdr.packet_in._pad = 0;
+        }
+    }
+}
+
+/*************************************************************************
+*************   C H E C K S U M    C O M P U T A T I O N   **************
+*************************************************************************/
+
+control MyComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply {
+        update_checksum(
+            hdr.ipv4.isValid(),
+            { hdr.ipv4.version,
+              hdr.ipv4.ihl,
+              hdr.ipv4.diffserv,
+              hdr.ipv4.totalLen,
+              hdr.ipv4.identification,
+              hdr.ipv4.flags,
+              hdr.ipv4.fragOffset,
+              hdr.ipv4.ttl,
+              hdr.ipv4.protocol,
+              hdr.ipv4.srcAddr,
+              hdr.ipv4.dstAddr },
+            hdr.ipv4.hdrChecksum,
+            HashAlgorithm.csum16);
+    }
+}
+
+/*************************************************************************
+***********************  D E P A R S E R  *******************************
+*************************************************************************/
+
+control MyDeparser(packet_out packet, in headers_t hdr) {
+    apply {
+        packet.emit(hdr.packet_in);
+        packet.emit(hdr.ethernet);
+        packet.emit(hdr.ipv4);
+        packet.emit(hdr.udp);
+        packet.emit(hdr.ina);
+        packet.emit(hdr.ina_data);
+    }
+}
+
+/*************************************************************************
+***********************  S W I T C H  ***********************************
+*************************************************************************/
+
+V1Switch(
+    MyParser(),
+    MyVerifyChecksum(),
+    MyIngress(),
+    MyEgress(),
+    MyComputeChecksum(),
+    MyDeparser()
+) main;

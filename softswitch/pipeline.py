@@ -1,0 +1,512 @@
+"""Executable model of p4src/ina.p4 on v1model, as BMv2 simple_switch runs it.
+
+Read it side by side with the P4: the stages, tables, actions, counters and registers carry the P4's names
+(``MyIngress.ina_job``, ``ina_bitmap`` ...) and the steps come in the same order, each marked with the P4
+block it models. Control-plane state (tables, multicast groups, counters) is addressed by P4Info names, so
+the P4Runtime server and the tests drive it exactly as they would drive BMv2.
+
+Hot path: struct and numpy only. BMv2 behaviours modelled on purpose: a parser error does not drop by
+itself (ingress checks ``parser_error``); an unset ``egress_spec`` is port 0; ``mark_to_drop`` sets port 511
+and clears ``mcast_grp``; the IPv4 checksum is verified and recomputed over the 20-byte base header.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from inaproto import wire
+from inaproto.wire import DropReason, MsgType
+
+DROP_PORT = 511  # BMv2's default drop port
+TYPE_IPV4 = 0x0800
+PROTO_UDP = 17
+NUM_CELLS = wire.NUM_SLOTS * 2
+INT32 = np.dtype(">i4")
+
+_ETH = struct.Struct("!6s6sH")
+_IPV4 = struct.Struct("!BBHHHBBH4s4s")
+_UDP = struct.Struct("!HHHH")
+_INA = struct.Struct("!BBHHHIBB")  # same layout as wire.pack_header
+_U16 = struct.Struct("!H")
+_O_IP = wire.ETH_LEN
+_O_UDP = _O_IP + wire.IPV4_LEN
+_O_INA = wire.INA_OFFSET
+_O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
+_INA_END = _O_DATA + wire.INA_DATA_LEN
+
+
+class PipelineError(ValueError):
+    """A control-plane request that names something the program does not have, or bad values."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    keys: tuple[tuple[str, int, str], ...]  # (match field name, bitwidth, match kind)
+    actions: tuple[str, ...]
+    size: int
+    default_action: str
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    name: str
+    params: tuple[tuple[str, int], ...]
+
+
+# The program's control-plane objects, as in p4src/ina.p4info.txt (a test checks the two agree).
+ACTIONS: dict[str, ActionSpec] = {
+    a.name: a
+    for a in (
+        ActionSpec("NoAction", ()),
+        ActionSpec("MyIngress.drop", ()),
+        ActionSpec("MyIngress.ipv4_forward", (("dstAddr", 48), ("port", 9))),
+        ActionSpec("MyIngress.send_to_cpu", ()),
+        ActionSpec(
+            "MyIngress.set_job",
+            (("base_slot", 16), ("num_slots", 16), ("worker_mask", 32), ("num_workers", 8), ("mcast_grp", 16), ("generation", 16)),
+        ),
+        ActionSpec("MyIngress.multicast_to_job", ()),
+        ActionSpec("MyIngress.reply_to_sender", ()),
+        ActionSpec("MyEgress.drop", ()),
+        ActionSpec("MyEgress.set_worker_addr", (("mac", 48), ("ip", 32), ("udp_port", 16))),
+    )
+}
+TABLES: dict[str, TableSpec] = {
+    t.name: t
+    for t in (
+        TableSpec(
+            "MyIngress.ipv4_lpm",
+            (("hdr.ipv4.dstAddr", 32, "lpm"),),
+            ("MyIngress.ipv4_forward", "MyIngress.send_to_cpu", "MyIngress.drop", "NoAction"),
+            1024,
+            "MyIngress.drop",
+        ),
+        TableSpec("MyIngress.ina_job", (("hdr.ina.job_id", 16, "exact"),), ("MyIngress.set_job", "NoAction"), wire.MAX_JOBS, "NoAction"),
+        TableSpec(
+            "MyEgress.ina_worker",
+            (("hdr.ina.job_id", 16, "exact"), ("standard_metadata.egress_rid", 16, "exact")),
+            ("MyEgress.set_worker_addr", "MyEgress.drop"),
+            8192,
+            "MyEgress.drop",
+        ),
+    )
+}
+COUNTERS: dict[str, int] = {
+    "MyIngress.ina_aggregated": wire.MAX_JOBS,
+    "MyIngress.ina_duplicates": wire.MAX_JOBS,
+    "MyIngress.ina_drops": wire.NUM_DROP_REASONS,
+    "MyIngress.ina_job_drops": wire.MAX_JOBS * wire.NUM_DROP_REASONS,
+    "MyEgress.ina_results": wire.MAX_JOBS,
+}
+REGISTERS: dict[str, tuple[int, int]] = {  # name -> (bitwidth, size)
+    "MyIngress.ina_owner": (32, wire.NUM_SLOTS),
+    "MyIngress.ina_bitmap": (32, NUM_CELLS),
+    "MyIngress.ina_count": (8, NUM_CELLS),
+    "MyIngress.ina_overflow": (8, NUM_CELLS),
+    "MyIngress.ina_lanes": (32, NUM_CELLS * wire.LANES),
+}
+
+Match = tuple  # exact: (value, ...); lpm: ((value, prefix_len),)
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    table: str
+    match: Match
+    action: str
+    params: tuple[int, ...]
+
+
+class Table:
+    """Entries of one match-action table, keyed by their match; the default action is separate."""
+
+    def __init__(self, spec: TableSpec):
+        self.spec = spec
+        self.entries: dict[Match, TableEntry] = {}
+        self.default: tuple[str, tuple[int, ...]] = (spec.default_action, ())
+        self._lpm_lengths: list[int] = []
+
+    def check(self, match: Match, action: str, params: tuple[int, ...]) -> None:
+        spec = self.spec
+        if len(match) != len(spec.keys):
+            raise PipelineError(f"{spec.name}: expected {len(spec.keys)} match fields, got {len(match)}")
+        for value, (fname, width, kind) in zip(match, spec.keys):
+            if kind == "lpm":
+                v, plen = value
+                if not 0 <= plen <= width or not 0 <= v < (1 << width):
+                    raise PipelineError(f"{spec.name}: bad LPM value for {fname}")
+                if v & ((1 << (width - plen)) - 1):
+                    raise PipelineError(f"{spec.name}: {fname} has bits set beyond its prefix length")
+            elif not 0 <= value < (1 << width):
+                raise PipelineError(f"{spec.name}: {fname} value {value} does not fit in {width} bits")
+        self.check_action(action, params)
+
+    def check_action(self, action: str, params: tuple[int, ...]) -> None:
+        if action not in self.spec.actions:
+            raise PipelineError(f"{self.spec.name}: action {action} is not one of {', '.join(self.spec.actions)}")
+        aspec = ACTIONS[action]
+        if len(params) != len(aspec.params):
+            raise PipelineError(f"{action}: expected {len(aspec.params)} parameters, got {len(params)}")
+        for value, (pname, width) in zip(params, aspec.params):
+            if not 0 <= value < (1 << width):
+                raise PipelineError(f"{action}: parameter {pname}={value} does not fit in {width} bits")
+
+    def insert(self, entry: TableEntry) -> None:
+        if entry.match in self.entries:
+            raise KeyError(f"{self.spec.name}: entry already exists")
+        if len(self.entries) >= self.spec.size:
+            raise OverflowError(f"{self.spec.name}: table is full ({self.spec.size} entries)")
+        self.entries[entry.match] = entry
+        self._reindex()
+
+    def modify(self, entry: TableEntry) -> None:
+        if entry.match not in self.entries:
+            raise LookupError(f"{self.spec.name}: no such entry")
+        self.entries[entry.match] = entry
+
+    def delete(self, match: Match) -> None:
+        if match not in self.entries:
+            raise LookupError(f"{self.spec.name}: no such entry")
+        del self.entries[match]
+        self._reindex()
+
+    def _reindex(self) -> None:
+        if self.spec.keys[0][2] == "lpm":
+            self._lpm_lengths = sorted({m[0][1] for m in self.entries}, reverse=True)
+
+    def lookup_lpm(self, value: int) -> TableEntry | None:
+        entries = self.entries
+        for plen in self._lpm_lengths:
+            masked = (value >> (32 - plen)) << (32 - plen) if plen else 0
+            e = entries.get(((masked, plen),))
+            if e is not None:
+                return e
+        return None
+
+
+class InaPipeline:
+    """The switch's data plane: ``process(port, frame)`` returns the frames it emits, as [(port, frame)]."""
+
+    def __init__(self) -> None:
+        self.tables = {name: Table(spec) for name, spec in TABLES.items()}
+        self.multicast_groups: dict[int, tuple[tuple[int, int], ...]] = {}  # group -> ((port, rid), ...)
+        self.counters: dict[str, list[int]] = {name: [0] * size for name, size in COUNTERS.items()}
+        self.lock = threading.Lock()  # held by process() and by control-plane writes
+        self.reset_registers()
+        # Fast views of the tables the hot path reads (rebuilt on every control-plane write).
+        self._job: dict[int, tuple[int, ...]] = {}
+        self._worker: dict[tuple[int, int], tuple[int, int, int] | None] = {}
+        self._worker_default_drop = True
+        self._lpm = self.tables["MyIngress.ipv4_lpm"]
+
+    # --- registers: data-plane state only; BMv2 cannot read or write them over P4Runtime -------------
+    def reset_registers(self) -> None:
+        self.ina_owner = [0] * wire.NUM_SLOTS
+        self.ina_bitmap = [0] * NUM_CELLS
+        self.ina_count = [0] * NUM_CELLS
+        self.ina_overflow = [0] * NUM_CELLS
+        self.ina_lanes = np.zeros((NUM_CELLS, wire.LANES), dtype=np.int32)
+
+    def register_snapshot(self) -> tuple:
+        """A copy of every register, for tests that assert 'no state change'."""
+        return (list(self.ina_owner), list(self.ina_bitmap), list(self.ina_count), list(self.ina_overflow), self.ina_lanes.copy())
+
+    # --- control plane, by P4Info names ------------------------------------------------------------
+    def table(self, name: str) -> Table:
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise PipelineError(f"no table named {name}") from None
+
+    def insert_entry(self, table: str, match: Match, action: str, params: tuple[int, ...] = ()) -> None:
+        t = self.table(table)
+        t.check(match, action, tuple(params))
+        with self.lock:
+            t.insert(TableEntry(table, tuple(match), action, tuple(params)))
+            self._refresh()
+
+    def modify_entry(self, table: str, match: Match, action: str, params: tuple[int, ...] = ()) -> None:
+        t = self.table(table)
+        t.check(match, action, tuple(params))
+        with self.lock:
+            t.modify(TableEntry(table, tuple(match), action, tuple(params)))
+            self._refresh()
+
+    def delete_entry(self, table: str, match: Match) -> None:
+        with self.lock:
+            self.table(table).delete(tuple(match))
+            self._refresh()
+
+    def set_default_action(self, table: str, action: str, params: tuple[int, ...] = ()) -> None:
+        t = self.table(table)
+        t.check_action(action, tuple(params))
+        with self.lock:
+            t.default = (action, tuple(params))
+            self._refresh()
+
+    def set_multicast_group(self, group: int, replicas: list[tuple[int, int]]) -> None:
+        if not 0 < group < (1 << 16):
+            raise PipelineError(f"multicast group id {group} out of range 1..65535")
+        with self.lock:
+            self.multicast_groups[group] = tuple((int(p), int(r)) for p, r in replicas)
+
+    def delete_multicast_group(self, group: int) -> None:
+        with self.lock:
+            if group not in self.multicast_groups:
+                raise LookupError(f"no multicast group {group}")
+            del self.multicast_groups[group]
+
+    def counter(self, name: str) -> list[int]:
+        try:
+            return self.counters[name]
+        except KeyError:
+            raise PipelineError(f"no counter named {name}") from None
+
+    def _refresh(self) -> None:
+        self._job = {e.match[0]: e.params for e in self.tables["MyIngress.ina_job"].entries.values() if e.action == "MyIngress.set_job"}
+        workers = self.tables["MyEgress.ina_worker"]
+        self._worker = {
+            e.match: (e.params if e.action == "MyEgress.set_worker_addr" else None) for e in workers.entries.values()
+        }
+        self._worker_default_drop = workers.default[0] == "MyEgress.drop"
+
+    # --- the packet path ---------------------------------------------------------------------------
+    def process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        with self.lock:
+            return self._process(ingress_port, frame)
+
+    def _process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        counters = self.counters
+        ina_drops = counters["MyIngress.ina_drops"]
+        n = len(frame)
+
+        # --- MyParser ---
+        off = 0
+        packet_out_port = None
+        if ingress_port == wire.CPU_PORT:  # state parse_packet_out
+            if n < 2:
+                ina_drops[DropReason.MALFORMED] += 1
+                return []
+            packet_out_port = _U16.unpack_from(frame, 0)[0] >> 7
+            off = 2
+        parser_error = n - off < wire.ETH_LEN
+        ipv4_valid = udp_valid = ina_valid = False
+        checksum_error = False
+        if not parser_error:
+            ether_type = _U16.unpack_from(frame, off + 12)[0]
+            if ether_type == TYPE_IPV4:  # state parse_ipv4
+                if n - off < wire.ETH_LEN + wire.IPV4_LEN:
+                    parser_error = True
+                else:
+                    ipv4_valid = True
+                    ip0 = off + wire.ETH_LEN
+                    vihl, proto = frame[ip0], frame[ip0 + 9]
+                    # MyVerifyChecksum: csum16 over the 20-byte base header must verify to zero.
+                    checksum_error = wire.ipv4_checksum(frame[ip0 : ip0 + 20]) != 0
+                    if (vihl & 0x0F) == 5 and proto == PROTO_UDP:  # state parse_udp
+                        if n - off < _O_INA:
+                            parser_error = True
+                        else:
+                            udp_valid = True
+                            if _U16.unpack_from(frame, off + _O_UDP + 2)[0] == wire.INA_UDP_PORT:  # state parse_ina
+                                if n - off < _INA_END:
+                                    parser_error = True
+                                else:
+                                    ina_valid = True
+
+        # --- MyIngress.apply ---
+        # 1. Packet-out from the controller: send as told (egress and the deparser still run).
+        if packet_out_port is not None:
+            return self._egress(ingress_port, packet_out_port, 0, bytearray(frame[off:]), ina_out=False, ina_mcast=False)
+        # 2. Malformed frames never reach any state.
+        if parser_error or checksum_error:
+            ina_drops[DropReason.MALFORMED] += 1
+            return []
+        if not ipv4_valid:
+            return []
+        # 3. Not INA: IPv4 LPM forwarding.
+        if not ina_valid:
+            return self._ipv4_lpm(ingress_port, frame)
+
+        # 4. INA: validate lengths, job, message type, generation, worker, slot.
+        total_len = _U16.unpack_from(frame, _O_IP + 2)[0]
+        udp_len = _U16.unpack_from(frame, _O_UDP + 4)[0]
+        if total_len != wire.INA_IPV4_LEN or udp_len != wire.INA_UDP_LEN:
+            ina_drops[DropReason.MALFORMED] += 1
+            return []
+        msg_type, _flags, job_id, generation, slot, _seq, worker_id, last = _INA.unpack_from(frame, _O_INA)
+        shadow = last & 1
+        job = self._job.get(job_id)  # table ina_job
+        if job is None:
+            ina_drops[DropReason.UNKNOWN_JOB] += 1
+            return []
+        base_slot, num_slots, worker_mask, num_workers, mcast_grp, job_generation = job
+        drop_reason = 0
+        wbit = (1 << worker_id) & 0xFFFFFFFF  # (bit<32>)1 << worker_id: 0 for worker_id >= 32
+        slot_abs = base_slot + slot
+        if msg_type != MsgType.GRADIENT and msg_type != MsgType.BROADCAST:
+            drop_reason = DropReason.BAD_MSG_TYPE
+        elif generation != job_generation:
+            drop_reason = DropReason.STALE_GENERATION
+        elif worker_mask & wbit == 0:
+            drop_reason = DropReason.FOREIGN_WORKER
+        elif msg_type == MsgType.GRADIENT and (slot >= num_slots or slot_abs >= wire.NUM_SLOTS):
+            drop_reason = DropReason.SLOT_OUT_OF_RANGE
+        if drop_reason:
+            ina_drops[drop_reason] += 1
+            counters["MyIngress.ina_job_drops"][job_id * wire.NUM_DROP_REASONS + drop_reason] += 1
+            return []
+
+        # 5. Broadcast: to every worker of the job, payload as it is.
+        out = bytearray(frame)
+        if msg_type == MsgType.BROADCAST:
+            self._multicast_to_job(out)
+            return self._replicate(mcast_grp, out, ingress_port)
+
+        # 6. Gradient. A slot whose owner changed (another job, or a new generation) is reset first.
+        cell = (slot_abs << 1) + shadow
+        other_cell = (slot_abs << 1) + (shadow ^ 1)
+        owner = (job_id << 16) | generation
+        if self.ina_owner[slot_abs] != owner:
+            self.ina_owner[slot_abs] = owner
+            c0 = slot_abs << 1
+            self.ina_bitmap[c0] = self.ina_bitmap[c0 + 1] = 0
+            self.ina_count[c0] = self.ina_count[c0 + 1] = 0
+            self.ina_overflow[c0] = self.ina_overflow[c0 + 1] = 0
+
+        bitmap = self.ina_bitmap[cell]
+        count = self.ina_count[cell]
+        overflow = self.ina_overflow[cell]
+
+        if bitmap & wbit == 0:
+            # 6a. A new contribution: mark it in this copy, clear it in the other (shadow sets).
+            self.ina_bitmap[cell] = bitmap | wbit
+            self.ina_bitmap[other_cell] &= ~wbit & 0xFFFFFFFF
+            first = count == 0
+            if first:
+                overflow = 0
+            count = (count + 1) & 0xFF
+            complete = count == num_workers
+            if complete:
+                count = 0
+            self.ina_count[cell] = count
+            # AGGREGATE_LANE x LANES
+            value = np.frombuffer(frame, dtype=INT32, count=wire.LANES, offset=_O_DATA)
+            lanes = self.ina_lanes[cell]
+            if first:
+                lanes[:] = value
+                total = lanes
+            else:
+                cur = lanes.copy()
+                np.add(cur, value, out=lanes, casting="unsafe")  # int32 wraps, as bit<32> does
+                total = lanes
+                if (((cur ^ total) & (value ^ total)) < 0).any():
+                    overflow = 1
+            self.ina_overflow[cell] = overflow
+            counters["MyIngress.ina_aggregated"][job_id] += 1
+            if not complete:
+                return []
+            out[_O_DATA:_INA_END] = total.astype(INT32).tobytes()
+            out[_O_INA] = MsgType.RESULT
+            out[_O_INA + 1] = wire.Flags.OVERFLOW if overflow else 0
+            self._multicast_to_job(out)
+            return self._replicate(mcast_grp, out, ingress_port)
+
+        # 6b. Seen before: a completed copy answers its sender alone; an incomplete one drops it.
+        counters["MyIngress.ina_duplicates"][job_id] += 1
+        if count != 0:
+            return []
+        out[_O_DATA:_INA_END] = self.ina_lanes[cell].astype(INT32).tobytes()  # READ_LANE x LANES
+        out[_O_INA] = MsgType.RESULT
+        out[_O_INA + 1] = wire.Flags.OVERFLOW if overflow else 0
+        self._reply_to_sender(out)
+        return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
+
+    # --- MyIngress actions -------------------------------------------------------------------------
+    @staticmethod
+    def _multicast_to_job(out: bytearray) -> None:
+        """action multicast_to_job: source becomes the address the worker sent to."""
+        out[6:12] = out[0:6]
+        out[_O_IP + 12 : _O_IP + 16] = out[_O_IP + 16 : _O_IP + 20]
+        out[_O_UDP : _O_UDP + 2] = _U16.pack(wire.INA_UDP_PORT)
+
+    @staticmethod
+    def _reply_to_sender(out: bytearray) -> None:
+        """action reply_to_sender: swap addresses, answer from the INA port to the sender's port."""
+        out[0:6], out[6:12] = out[6:12], out[0:6]
+        ip = _O_IP + 12
+        out[ip : ip + 4], out[ip + 4 : ip + 8] = out[ip + 4 : ip + 8], out[ip : ip + 4]
+        out[_O_UDP + 2 : _O_UDP + 4] = out[_O_UDP : _O_UDP + 2]
+        out[_O_UDP : _O_UDP + 2] = _U16.pack(wire.INA_UDP_PORT)
+
+    def _ipv4_lpm(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        """table ipv4_lpm, then the traffic manager and egress for a unicast packet."""
+        dst = int.from_bytes(frame[_O_IP + 16 : _O_IP + 20], "big")
+        entry = self._lpm.lookup_lpm(dst)
+        if entry is None:
+            action, params = self._lpm.default
+            self.counters["MyIngress.ina_drops"][DropReason.NO_ROUTE] += 1  # !ipv4_lpm.apply().hit
+        else:
+            action, params = entry.action, entry.params
+        out = bytearray(frame)
+        egress_spec = 0  # BMv2: unset egress_spec is port 0
+        if action == "MyIngress.ipv4_forward":
+            dmac, port = params
+            out[6:12] = out[0:6]
+            out[0:6] = dmac.to_bytes(6, "big")
+            out[_O_IP + 8] = (out[_O_IP + 8] - 1) & 0xFF
+            egress_spec = port
+        elif action == "MyIngress.send_to_cpu":
+            egress_spec = wire.CPU_PORT
+        elif action == "MyIngress.drop":
+            return []
+        return self._egress(ingress_port, egress_spec, 0, out, ina_out=False, ina_mcast=False)
+
+    # --- traffic manager ---------------------------------------------------------------------------
+    def _replicate(self, group: int, out: bytearray, ingress_port: int) -> list[tuple[int, bytes]]:
+        if group == 0:  # no multicast group: BMv2 sends to egress_spec, which is unset (port 0)
+            return self._egress(ingress_port, 0, 0, out, ina_out=True, ina_mcast=True)
+        emitted = []
+        for port, rid in self.multicast_groups.get(group, ()):
+            emitted += self._egress(ingress_port, port, rid, bytearray(out), ina_out=True, ina_mcast=True)
+        return emitted
+
+    # --- MyEgress.apply, MyComputeChecksum, MyDeparser ---------------------------------------------
+    def _egress(
+        self, ingress_port: int, egress_port: int, egress_rid: int, out: bytearray, *, ina_out: bool, ina_mcast: bool
+    ) -> list[tuple[int, bytes]]:
+        if egress_port == DROP_PORT:
+            return []
+        if ina_mcast:
+            job_id = _U16.unpack_from(out, _O_INA + 2)[0]
+            addr = self._worker.get((job_id, egress_rid), False)  # table ina_worker
+            if addr is False:
+                if self._worker_default_drop:
+                    return []
+            elif addr is None:  # an entry whose action is drop
+                return []
+            else:  # action set_worker_addr
+                mac, ip, udp_port = addr
+                out[0:6] = mac.to_bytes(6, "big")
+                out[_O_IP + 16 : _O_IP + 20] = ip.to_bytes(4, "big")
+                out[_O_UDP + 2 : _O_UDP + 4] = _U16.pack(udp_port)
+                out[_O_INA + 12] = egress_rid & 0xFF  # hdr.ina.worker_id
+        if ina_out:
+            out[_O_UDP + 6 : _O_UDP + 8] = b"\x00\x00"  # UDP checksum 0: the payload changed
+            if out[_O_INA] == MsgType.RESULT:
+                self.counters["MyEgress.ina_results"][_U16.unpack_from(out, _O_INA + 2)[0]] += 1
+        # MyComputeChecksum: update_checksum over the base IPv4 header.
+        if len(out) >= _O_UDP and _U16.unpack_from(out, 12)[0] == TYPE_IPV4:
+            out[_O_IP + 10 : _O_IP + 12] = b"\x00\x00"
+            out[_O_IP + 10 : _O_IP + 12] = _U16.pack(wire.ipv4_checksum(out[_O_IP : _O_IP + 20]))
+        if egress_port == wire.CPU_PORT:  # packet_in header: ingress_port:9, _pad:7
+            out[0:0] = _U16.pack((ingress_port & 0x1FF) << 7)
+        return [(egress_port, bytes(out))]
+
+
+ProcessFn = Callable[[int, bytes], list[tuple[int, bytes]]]

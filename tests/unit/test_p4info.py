@@ -1,0 +1,58 @@
+"""The committed P4Info, the P4 source and the switch model agree by name, id and width."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from google.protobuf import text_format
+from p4.config.v1 import p4info_pb2
+
+from softswitch import pipeline
+from tests.p4source import assign_ids, derive_p4info, jenkins_one_at_a_time
+
+P4INFO = Path(__file__).resolve().parents[2] / "p4src" / "ina.p4info.txt"
+
+
+def _committed() -> p4info_pb2.P4Info:
+    return text_format.Parse(P4INFO.read_text(), p4info_pb2.P4Info())
+
+
+def test_id_hash_matches_p4c_on_known_tutorial_ids():
+    # ids p4c gives these names in p4lang/tutorials' basic.p4info.txt
+    assert assign_ids(["NoAction"], 1)["NoAction"] == 21257015
+    assert assign_ids(["MyIngress.drop"], 1)["MyIngress.drop"] == 25652968
+    assert assign_ids(["MyIngress.ipv4_forward"], 1)["MyIngress.ipv4_forward"] == 28792405
+    assert assign_ids(["MyIngress.ipv4_lpm"], 2)["MyIngress.ipv4_lpm"] == 37375156
+    assert jenkins_one_at_a_time("") == 0
+
+
+def test_committed_p4info_is_what_the_source_declares():
+    assert _committed() == derive_p4info()
+
+
+def test_model_tables_actions_counters_registers_match_p4info():
+    info = _committed()
+    actions = {a.preamble.id: a for a in info.actions}
+    assert {a.preamble.name for a in info.actions} == set(pipeline.ACTIONS)
+    for a in info.actions:
+        assert tuple((p.name, p.bitwidth) for p in a.params) == pipeline.ACTIONS[a.preamble.name].params
+    assert {t.preamble.name for t in info.tables} == set(pipeline.TABLES)
+    kinds = {p4info_pb2.MatchField.EXACT: "exact", p4info_pb2.MatchField.LPM: "lpm"}
+    for t in info.tables:
+        spec = pipeline.TABLES[t.preamble.name]
+        assert tuple((m.name, m.bitwidth, kinds[m.match_type]) for m in t.match_fields) == spec.keys
+        assert tuple(actions[r.id].preamble.name for r in t.action_refs) == spec.actions
+        assert t.size == spec.size
+    assert {c.preamble.name: c.size for c in info.counters} == pipeline.COUNTERS
+    assert {r.preamble.name: (r.type_spec.bitstring.bit.bitwidth, r.size) for r in info.registers} == pipeline.REGISTERS
+
+
+def test_model_default_actions_match_p4():
+    from tests.p4source import read_p4
+    import re
+
+    src = read_p4()
+    for name, spec in pipeline.TABLES.items():
+        control, table = name.split(".")
+        body = re.search(rf"table\s+{table}\s*\{{(.*?)\n    \}}", src.controls[control], re.S).group(1)
+        default = re.search(r"default_action\s*=\s*(\w+)\(\)", body).group(1)
+        assert spec.default_action == ("NoAction" if default == "NoAction" else f"{control}.{default}")

@@ -5,7 +5,7 @@ P4SRC    := p4src/ina.p4
 BUILD    := build
 PYTEST   := $(PYTHON) -m pytest
 
-.PHONY: install demo test test-fast p4 bench clean help
+.PHONY: install demo test test-fast p4 proto bench clean help
 
 help:
 	@echo "make install   system and Python dependencies (Debian 12, as root for the system part)"
@@ -13,6 +13,7 @@ help:
 	@echo "make test      every test tier (integration tiers need root; bmv2 runs where simple_switch_grpc is)"
 	@echo "make test-fast unit and packet tiers only"
 	@echo "make p4        compile p4src/ with p4c into $(BUILD)/ (needs p4c on PATH)"
+	@echo "make proto     regenerate the admission service stubs (protoc, grpc_python_plugin)"
 	@echo "make bench     benchmarks that print ratios measured side by side"
 	@echo "make clean     remove build products"
 
@@ -36,6 +37,13 @@ $(BUILD)/ina.json: $(P4SRC)
 	$(P4C) --p4v 16 --p4runtime-files $(BUILD)/ina.p4info.txt -o $(BUILD)/ina.json $(P4SRC)
 	@if ! $(PYTHON) -c "import sys; from google.protobuf import text_format as t; from p4.config.v1 import p4info_pb2 as p; a=t.Parse(open('$(BUILD)/ina.p4info.txt').read(), p.P4Info()); b=t.Parse(open('p4src/ina.p4info.txt').read(), p.P4Info()); sys.exit(a != b)"; then \
 		echo "note: p4c's P4Info differs from p4src/ina.p4info.txt; review with: diff $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt"; fi
+
+proto: controller/admission_pb2.py
+
+controller/admission_pb2.py: controller/admission.proto
+	protoc -I controller --python_out=controller --grpc_out=controller \
+		--plugin=protoc-gen-grpc=$$(command -v grpc_python_plugin) controller/admission.proto
+	sed -i 's/^import admission_pb2 as admission__pb2/from controller import admission_pb2 as admission__pb2/' controller/admission_pb2_grpc.py
 
 bench:
 	$(PYTHON) bench/model_bench.py

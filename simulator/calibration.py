@@ -1,0 +1,119 @@
+"""Constants of the iteration-time model, loadable from a JSON calibration file.
+
+The defaults are order-of-magnitude values for a 100 Gbit/s datacenter rack with an ASIC switch and a
+SwitchML-style packet format (32 int32 lanes = 128 B of payload per packet). They are assumptions, not
+measurements: once the Mininet testbed runs, measure each field as its comment says, write the values
+to a JSON file (start from ``ina-sim show-calibration``) and pass it with ``--calibration FILE``.
+Link bandwidths are not here: they describe the cluster and live in :class:`simulator.cluster.ClusterSpec`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Calibration", "CalibrationError", "load_calibration"]
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Time-model constants; see docs/simulation.md for the formulas that use each one."""
+
+    # Round trip of one INA packet, worker -> switch -> worker, including the switch pipeline and both
+    # host stacks. Bounds INA throughput to slots * payload / rtt (the SwitchML window bound).
+    # Measure: one job, one slot, throughput T_1 -> rtt = payload_bytes / T_1 (or ping the switch's
+    # aggregation path with a single in-flight packet).
+    ina_rtt_us: float = 5.0
+    # Gradient payload per INA packet: 32 int32 lanes (the p4src header layout).
+    payload_bytes: int = 128
+    # Bytes on the wire per INA packet: payload + INA header + UDP(8) + IPv4(20) + Ethernet(14).
+    # Measure: the frame length tcpdump shows for an aggregation packet.
+    frame_bytes: int = 184
+    # Packets per second the switch can aggregate for one job; None = line rate (an ASIC). The
+    # softswitch or BMv2 is packet-rate bound: measure with one job, many slots, and set this.
+    switch_pps: float | None = None
+    # Fraction of the link rate ring all-reduce reaches with large messages (TCP/RDMA framing, stack).
+    # Measure: iperf3 goodput / link rate between two workers.
+    ring_goodput_fraction: float = 0.94
+    # Latency of one ring step (one worker's chunk to its neighbour, through the stack and the switch).
+    # Measure: half the ping round trip between two workers of one rack; 2(n-1) of them per all-reduce.
+    ring_step_latency_us: float = 10.0
+    # Fraction of communication hidden behind computation (DDP bucketing overlaps backward with
+    # all-reduce): iteration = compute + (1 - overlap) * communication. 0 = no overlap (conservative).
+    comm_overlap: float = 0.0
+    # Where these numbers come from: keep it with the file so results stay traceable.
+    source: str = "defaults: assumed 100G datacenter rack with ASIC ToR; not yet measured on the testbed"
+
+    def __post_init__(self) -> None:
+        positive = ("ina_rtt_us", "payload_bytes", "frame_bytes", "ring_goodput_fraction")
+        for name in positive:
+            value = getattr(self, name)
+            if not _is_number(value) or value <= 0:
+                raise CalibrationError(f"calibration field {name!r} must be a number > 0, got {value!r}")
+        if not _is_number(self.ring_step_latency_us) or self.ring_step_latency_us < 0:
+            raise CalibrationError(
+                f"calibration field 'ring_step_latency_us' must be a number >= 0, got {self.ring_step_latency_us!r}"
+            )
+        if self.frame_bytes < self.payload_bytes:
+            raise CalibrationError(
+                f"calibration: frame_bytes ({self.frame_bytes}) cannot be smaller than payload_bytes ({self.payload_bytes})"
+            )
+        if self.ring_goodput_fraction > 1:
+            raise CalibrationError("calibration field 'ring_goodput_fraction' must be in (0, 1]")
+        if not _is_number(self.comm_overlap) or not 0 <= self.comm_overlap < 1:
+            raise CalibrationError(f"calibration field 'comm_overlap' must be in [0, 1), got {self.comm_overlap!r}")
+        if self.switch_pps is not None and (not _is_number(self.switch_pps) or self.switch_pps <= 0):
+            raise CalibrationError(f"calibration field 'switch_pps' must be null or a number > 0, got {self.switch_pps!r}")
+
+    # Derived values in SI units (seconds, bytes/s), used by simulator.model.
+    @property
+    def ina_rtt_s(self) -> float:
+        return self.ina_rtt_us * 1e-6
+
+    @property
+    def ring_step_latency_s(self) -> float:
+        return self.ring_step_latency_us * 1e-6
+
+    @property
+    def ina_efficiency(self) -> float:
+        """Payload share of each INA frame: line rate * this = INA goodput."""
+        return self.payload_bytes / self.frame_bytes
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def load_calibration(path: str | Path | None) -> Calibration:
+    """Read a calibration JSON object; missing fields keep their defaults, unknown fields are an error."""
+    if path is None:
+        return Calibration()
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise CalibrationError(f"cannot read calibration file {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise CalibrationError(f"{path}: expected a JSON object of calibration fields")
+    fields = {f.name for f in dataclasses.fields(Calibration)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise CalibrationError(f"{path}: unknown calibration field(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
+    try:
+        return Calibration(**data)
+    except CalibrationError as exc:
+        raise CalibrationError(f"{path}: {exc}") from None
+    except TypeError as exc:
+        raise CalibrationError(f"{path}: {exc}") from None

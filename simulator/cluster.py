@@ -1,0 +1,62 @@
+"""The simulated cluster: racks of workers under top-of-rack switches, one non-blocking spine."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["ClusterSpec"]
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Shape and link speeds of the cluster; one worker = one host with one NIC (and one GPU).
+
+    Each rack's ToR switch is either INA-capable, with its own pool of ``slots_per_switch`` aggregator
+    slots, or a plain switch. Racks connect to one spine through an uplink of ``uplink_gbps`` per rack;
+    the spine itself never limits (two-tier, non-blocking core). INA in the spine is not modelled.
+    """
+
+    racks: int = 64
+    workers_per_rack: int = 8
+    slots_per_switch: int = 1024
+    # Fraction of ToRs that are INA-capable, spread evenly over the racks (1.0 = all, 0.0 = none).
+    ina_fraction: float = 1.0
+    # Worker NIC and ToR downlink speed.
+    host_gbps: float = 100.0
+    # ToR-to-spine capacity per rack (each direction), shared by the jobs whose traffic leaves the rack.
+    uplink_gbps: float = 400.0
+
+    def __post_init__(self) -> None:
+        for name in ("racks", "workers_per_rack"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"cluster {name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.slots_per_switch, int) or self.slots_per_switch < 0:
+            raise ValueError(f"cluster slots_per_switch must be an int >= 0, got {self.slots_per_switch!r}")
+        if not 0.0 <= self.ina_fraction <= 1.0:
+            raise ValueError(f"cluster ina_fraction must be in [0, 1], got {self.ina_fraction!r}")
+        for name in ("host_gbps", "uplink_gbps"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"cluster {name} must be a number > 0, got {value!r}")
+
+    @property
+    def total_workers(self) -> int:
+        return self.racks * self.workers_per_rack
+
+    @property
+    def host_Bps(self) -> float:
+        return self.host_gbps * 1e9 / 8
+
+    @property
+    def uplink_Bps(self) -> float:
+        return self.uplink_gbps * 1e9 / 8
+
+    def ina_racks(self) -> tuple[bool, ...]:
+        """Which racks have an INA-capable ToR: rack i does iff floor((i+1)f) > floor(i f), an even spread."""
+        f = self.ina_fraction
+        return tuple(math.floor((i + 1) * f + 1e-9) > math.floor(i * f + 1e-9) for i in range(self.racks))
+
+    @property
+    def ina_switches(self) -> int:
+        return sum(self.ina_racks())

@@ -1,0 +1,489 @@
+"""Discrete-event simulation of jobs sharing a cluster's workers, links and INA switch memory.
+
+Events are job arrivals and completions on a heap. On every event the affected switches' slot pools
+are re-allocated by the controller's own policy classes (:mod:`controller.policies`, called exactly as
+the controller calls them), and every job whose slots or cross-rack bandwidth changed gets a new
+iteration time from that moment on. Progress is tracked as fractional iterations: a job's remaining
+iterations drop by elapsed / iteration_time at each change, and its completion event is rescheduled.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from controller.policies import AllocationPolicy, JobDemand, SlotRange, validate_allocation
+from simulator import model
+from simulator.calibration import Calibration
+from simulator.cluster import ClusterSpec
+from simulator.placement import Placement, PlacementPolicy, RackView
+from simulator.trace import JobSpec
+
+__all__ = ["Simulation", "SimResult", "JobResult", "InvariantError", "BACKENDS"]
+
+# Backends a job can run on: no communication (one worker), INA in one ToR, Rina, plain ring.
+BACKENDS = ("local", "ina", "rina", "ring")
+_DONE, _ARRIVE = 0, 1  # completions sort before arrivals at equal times: freed workers are reusable
+
+
+class InvariantError(AssertionError):
+    """The simulation reached an impossible state (a bug, never bad input)."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """One job's outcome. history: (time, backend, slots) at start and at every change; slots is the
+    job's bottleneck slot count (the smallest over the racks it aggregates in), 0 off INA."""
+
+    job_id: int
+    arrival_s: float
+    start_s: float
+    finish_s: float
+    num_workers: int
+    racks: int
+    priority: int
+    deadline_s: float | None
+    slots_requested: int  # per switch; 0 = the job asked for none (INA could not beat ring)
+    range_changes: int  # times a policy moved or resized one of its ranges after the first
+    history: tuple[tuple[float, str, int], ...]
+
+    @property
+    def jct_s(self) -> float:
+        return self.finish_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> float:
+        return self.start_s - self.arrival_s
+
+    @property
+    def deadline_missed(self) -> bool | None:
+        return None if self.deadline_s is None else self.jct_s > self.deadline_s + 1e-9
+
+    def backend_seconds(self) -> dict[str, float]:
+        """Run time spent on each backend."""
+        out: dict[str, float] = {}
+        bounds = [t for t, _, _ in self.history[1:]] + [self.finish_s]
+        for (t, backend, _), end in zip(self.history, bounds):
+            out[backend] = out.get(backend, 0.0) + (end - t)
+        return out
+
+
+@dataclass
+class SimResult:
+    """Everything one run produced; simulator.report turns it into CSV, JSON and plots."""
+
+    policy: str
+    placement: str
+    cluster: ClusterSpec
+    jobs: list[JobResult]
+    # Step functions sampled at every change: (time, slots held, slots held by jobs using INA/Rina, busy workers).
+    timeline: list[tuple[float, int, int, int]]
+    events: int
+    wall_s: float
+    unfinished: int = 0
+
+
+class _Switch:
+    __slots__ = ("pool", "demands", "alloc", "held")
+
+    def __init__(self, pool: int) -> None:
+        self.pool = pool
+        self.demands: list[JobDemand] = []  # admission order
+        self.alloc: dict[int, SlotRange | None] = {}
+        self.held = 0
+
+
+class _Job:
+    __slots__ = (
+        "spec", "placement", "racks", "start", "remaining", "iter_time", "last", "version", "compute",
+        "demand_racks", "cross", "backend", "slots", "effective", "history", "requested", "changes",
+    )
+
+    def __init__(self, spec: JobSpec, placement: Placement, start: float, compute: float) -> None:
+        self.spec = spec
+        self.placement = placement
+        self.racks = [r for r, _ in placement]
+        self.start = start
+        self.remaining = float(spec.iterations)
+        self.iter_time = 0.0
+        self.last = start
+        self.version = 0
+        self.compute = compute
+        self.demand_racks: list[int] = []  # racks where the job asked for slots
+        self.cross = len(placement) > 1  # traffic leaves its racks: shares their uplinks
+        self.backend = ""
+        self.slots = 0
+        self.effective = 0  # slots held while actually aggregating (INA/Rina backend)
+        self.history: list[tuple[float, str, int]] = []
+        self.requested = 0
+        self.changes = 0
+
+
+class Simulation:
+    """One policy, one placement, one cluster: feed it a trace with :meth:`run`.
+
+    Args:
+        cluster: racks, workers, slot pools and link speeds.
+        calibration: time-model constants.
+        policy: a controller allocation policy (any :class:`AllocationPolicy`).
+        placement: where jobs' workers go.
+        data_split: ``equal`` or ``proportional`` compute split for heterogeneous workers.
+        queue: ``backfill`` (start any waiting job that fits, in arrival order) or ``fifo`` (strict).
+        check: validate every switch's allocation and the worker count after every event.
+        on_event: called as on_event(sim, time) after every event (tests hook invariant checks here).
+        progress: seconds between progress lines on stderr; None = silent.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        calibration: Calibration,
+        policy: AllocationPolicy,
+        placement: PlacementPolicy,
+        *,
+        data_split: str = "equal",
+        queue: str = "backfill",
+        check: bool = False,
+        on_event: Callable[[Simulation, float], None] | None = None,
+        progress: float | None = None,
+    ) -> None:
+        if queue not in ("backfill", "fifo"):
+            raise ValueError(f"unknown queue discipline {queue!r}; valid: backfill, fifo")
+        model.compute_time((1.0, 2.0), data_split)  # rejects unknown splits early
+        self.cluster = cluster
+        self.cal = calibration
+        self.policy = policy
+        self.placer = placement
+        self.data_split = data_split
+        self.queue_mode = queue
+        self.check = check
+        self.on_event = on_event
+        self.progress = progress
+        self.ina = cluster.ina_racks()
+        self.switches = [_Switch(cluster.slots_per_switch if ina else 0) for ina in self.ina]
+        self.view = RackView(
+            free_workers=[cluster.workers_per_rack] * cluster.racks,
+            ina=self.ina,
+            free_slots=[sw.pool for sw in self.switches],
+            slot_jobs=[0] * cluster.racks,
+        )
+        self.cross_jobs: list[set[int]] = [set() for _ in range(cluster.racks)]  # multi-rack jobs per rack
+        self.running: dict[int, _Job] = {}
+        self.now = 0.0
+        self.free_total = cluster.total_workers
+        self.held_total = 0
+        self.effective_total = 0
+        # Uncontended rates, fixed for the run.
+        self.host_ring_rate = cluster.host_Bps * calibration.ring_goodput_fraction
+        self.uplink_rate = cluster.uplink_Bps * calibration.ring_goodput_fraction
+
+    # --- public -------------------------------------------------------------------------------------
+
+    def run(self, jobs: Sequence[JobSpec]) -> SimResult:
+        started = time.perf_counter()
+        too_big = [j.job_id for j in jobs if j.num_workers > self.cluster.total_workers]
+        if too_big:
+            raise ValueError(
+                f"job(s) {too_big[:5]} need more workers than the cluster has ({self.cluster.total_workers})"
+            )
+        specs = {j.job_id: j for j in jobs}
+        if len(specs) != len(jobs):
+            raise ValueError("job ids in the trace are not unique")
+        heap: list[tuple[float, int, int, int, int]] = [
+            (j.arrival_s, _ARRIVE, seq, j.job_id, 0) for seq, j in enumerate(jobs)
+        ]
+        heapq.heapify(heap)
+        self._heap = heap
+        self._seq = len(jobs)
+        self.queue: list[int] = []
+        self._hints: dict[int, int] = {}
+        self._queue_min = math.inf
+        self.results: list[JobResult] = []
+        self.timeline: list[tuple[float, int, int, int]] = [(0.0, 0, 0, 0)]
+        events = 0
+        next_report = started + self.progress if self.progress else math.inf
+        while heap:
+            t, kind, _, job_id, version = heapq.heappop(heap)
+            if kind == _DONE:
+                job = self.running.get(job_id)
+                if job is None or job.version != version:
+                    continue  # superseded by a later rate change
+                self.now = t
+                self._finish(job, t)
+            else:
+                self.now = t
+                self.queue.append(job_id)
+                self._queue_min = min(self._queue_min, specs[job_id].num_workers)
+            self._schedule(specs, t)
+            self._sample(t)
+            events += 1
+            if self.check:
+                self.check_invariants()
+            if self.on_event is not None:
+                self.on_event(self, t)
+            if events & 1023 == 0 and time.perf_counter() >= next_report:
+                next_report = time.perf_counter() + self.progress
+                print(
+                    f"[ina-sim] {self.policy.name}: {len(self.results)}/{len(jobs)} jobs done, "
+                    f"{len(self.running)} running, {len(self.queue)} waiting, simulated t={t:,.0f} s, "
+                    f"{time.perf_counter() - started:.1f} s elapsed",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        self.results.sort(key=lambda r: r.job_id)
+        return SimResult(
+            policy=self.policy.name,
+            placement=self.placer.name,
+            cluster=self.cluster,
+            jobs=self.results,
+            timeline=self.timeline,
+            events=events,
+            wall_s=time.perf_counter() - started,
+            unfinished=len(self.queue) + len(self.running),
+        )
+
+    def check_invariants(self) -> None:
+        """Raise InvariantError if any switch is over-allocated or any rack has negative free workers."""
+        for rack, sw in enumerate(self.switches):
+            try:
+                validate_allocation(sw.pool, sw.demands, sw.alloc)
+            except ValueError as exc:
+                raise InvariantError(f"t={self.now}: switch {rack}: {exc}") from None
+            held = sum(r.size for r in sw.alloc.values() if r is not None)
+            if held != sw.held or held > sw.pool or self.view.free_slots[rack] != sw.pool - held:
+                raise InvariantError(f"t={self.now}: switch {rack}: {held} slots held of {sw.pool}, bookkeeping off")
+        busy = sum(c for job in self.running.values() for _, c in job.placement)
+        if any(f < 0 for f in self.view.free_workers) or busy + sum(self.view.free_workers) != self.cluster.total_workers:
+            raise InvariantError(f"t={self.now}: worker accounting off")
+
+    # --- events -------------------------------------------------------------------------------------
+
+    def _schedule(self, specs: dict[int, JobSpec], t: float) -> None:
+        """Start waiting jobs, in arrival order, while workers are free (fifo: stop at the first that waits)."""
+        if not self.queue or self.free_total < self._queue_min:
+            return
+        waiting: list[int] = []
+        blocked = False
+        for job_id in self.queue:
+            spec = specs[job_id]
+            placement = None
+            if not blocked and spec.num_workers <= self.free_total:
+                hint = self._hints.get(job_id)
+                if hint is None:
+                    hint = self._hints[job_id] = self._slot_hint(spec)
+                placement = self.placer.place(spec.num_workers, self.view, hint)
+            if placement is None:
+                waiting.append(job_id)
+                blocked = self.queue_mode == "fifo"
+                continue
+            self._start(spec, placement, t)
+        self.queue = waiting
+        self._queue_min = min((specs[j].num_workers for j in waiting), default=math.inf)
+
+    def _start(self, spec: JobSpec, placement: Placement, t: float) -> None:
+        if sum(c for _, c in placement) != spec.num_workers or len({r for r, _ in placement}) != len(placement):
+            raise InvariantError(f"placement {placement} does not hold job {spec.job_id}'s {spec.num_workers} workers")
+        job = _Job(spec, placement, t, model.compute_time(spec.per_worker_compute(), self.data_split))
+        self.running[spec.job_id] = job
+        for rack, count in placement:
+            if count > self.view.free_workers[rack]:
+                raise InvariantError(f"placement put {count} workers on rack {rack} with {self.view.free_workers[rack]} free")
+            self.view.free_workers[rack] -= count
+        self.free_total -= spec.num_workers
+        touched = self._register_demands(job)
+        uplinks = job.racks if job.cross else []
+        for rack in uplinks:
+            self.cross_jobs[rack].add(spec.job_id)
+        self._reallocate_and_retime(touched, uplinks, t, extra=job)
+
+    def _finish(self, job: _Job, t: float) -> None:
+        spec = job.spec
+        del self.running[spec.job_id]
+        for rack, count in job.placement:
+            self.view.free_workers[rack] += count
+        self.free_total += spec.num_workers
+        self._set_effective(job, 0)
+        for rack in job.demand_racks:
+            sw = self.switches[rack]
+            sw.demands = [d for d in sw.demands if d.job_id != spec.job_id]
+            sw.alloc.pop(spec.job_id, None)
+            self.view.slot_jobs[rack] -= 1
+        uplinks = job.racks if job.cross else []
+        for rack in uplinks:
+            self.cross_jobs[rack].discard(spec.job_id)
+        job.history.append((t, "done", 0))
+        self.results.append(
+            JobResult(
+                job_id=spec.job_id,
+                arrival_s=spec.arrival_s,
+                start_s=job.start,
+                finish_s=t,
+                num_workers=spec.num_workers,
+                racks=len(job.placement),
+                priority=spec.priority,
+                deadline_s=spec.deadline_s,
+                slots_requested=job.requested,
+                range_changes=job.changes,
+                history=tuple(job.history[:-1]),
+            )
+        )
+        self._reallocate_and_retime(job.demand_racks, uplinks, t)
+
+    # --- slots, rates, progress -----------------------------------------------------------------------
+
+    def _slot_request(self, spec: JobSpec, racks: int, widest: int) -> tuple[int, int] | None:
+        """(requested, min_slots) per switch for a job spread over `racks` racks with at most `widest`
+        workers under one ToR; None when INA/Rina cannot beat ring even with the whole request.
+
+        requested = the trace's `slots`, else the window that saturates the job's INA rate (uncontended);
+        min_slots = the trace's, else the fewest slots with which INA/Rina is no slower than ring.
+        """
+        cal, cluster = self.cal, self.cluster
+        cross = racks > 1
+        cross_rate = min(self.host_ring_rate, self.uplink_rate) if cross else math.inf
+        ring = model.ring_time(cal, spec.grad_bytes, spec.num_workers, min(self.host_ring_rate, cross_rate))
+
+        def slot_time(s: int) -> float:
+            rate = min(cross_rate, model.ina_rate(cal, cluster.host_Bps, s, widest))
+            return model.rina_time(cal, spec.grad_bytes, racks, rate)
+
+        if spec.slots is not None:
+            return spec.slots, spec.min_slots or 1
+        cap = model.ina_rate(cal, cluster.host_Bps, 1 << 40, widest)  # the rate no window can exceed
+        requested = model.saturating_slots(cal, min(cap, cross_rate))
+        useful = model.min_useful_slots(cal, requested, slot_time, ring)
+        if useful is None:
+            return None
+        return requested, min(requested, spec.min_slots if spec.min_slots is not None else useful)
+
+    def _slot_hint(self, spec: JobSpec) -> int:
+        """What the job would ask each switch for if placed as tightly as possible (for placements)."""
+        if spec.num_workers < 2 or not any(self.ina):
+            return 0
+        wpr = self.cluster.workers_per_rack
+        racks = -(-spec.num_workers // wpr)
+        request = self._slot_request(spec, racks, min(spec.num_workers, wpr))
+        return 0 if request is None else request[0]
+
+    def _register_demands(self, job: _Job) -> list[int]:
+        """Ask for slots in each INA rack where the job has >= 2 workers, if INA/Rina can beat ring there."""
+        spec = job.spec
+        if spec.num_workers < 2:
+            return []
+        aggregating = [(r, c) for r, c in job.placement if c >= 2]
+        if not aggregating or not all(self.ina[r] for r, _ in aggregating):
+            return []  # some rack's share of the job cannot be aggregated in-network: ring it is
+        request = self._slot_request(spec, len(job.placement), max(c for _, c in aggregating))
+        if request is None:
+            return []
+        requested, min_slots = request
+        job.requested = requested
+        job.demand_racks = [r for r, _ in aggregating]
+        for rack in job.demand_racks:
+            self.switches[rack].demands.append(
+                JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
+            )
+            self.view.slot_jobs[rack] += 1
+        return job.demand_racks
+
+    def _reallocate_and_retime(self, racks: Sequence[int], uplinks: Sequence[int], t: float, extra: _Job | None = None) -> None:
+        affected: dict[int, _Job] = {}
+        if extra is not None:
+            affected[extra.spec.job_id] = extra
+        for rack in racks:
+            sw = self.switches[rack]
+            current = {k: v for k, v in sw.alloc.items() if v is not None}
+            new = self.policy.allocate(sw.pool, sw.demands, current)
+            if self.check:
+                try:
+                    validate_allocation(sw.pool, sw.demands, new)
+                except ValueError as exc:
+                    raise InvariantError(f"t={t}: policy {self.policy.name} on switch {rack}: {exc}") from None
+            held = 0
+            for job_id, rng in new.items():
+                if rng is not None:
+                    held += rng.size
+                old = sw.alloc.get(job_id)
+                if rng is not old:
+                    job = self.running[job_id]
+                    if old is not None:
+                        job.changes += 1
+                    affected[job_id] = job
+            sw.alloc = new
+            self.held_total += held - sw.held
+            sw.held = held
+            self.view.free_slots[rack] = sw.pool - held
+        for rack in uplinks:
+            for job_id in self.cross_jobs[rack]:
+                affected.setdefault(job_id, self.running[job_id])
+        for job in affected.values():
+            self._retime(job, t)
+
+    def _comm(self, job: _Job) -> tuple[float, str, int]:
+        """(all-reduce seconds, backend, bottleneck slots): the fastest backend available to the job now."""
+        spec = job.spec
+        n = spec.num_workers
+        if n < 2:
+            return 0.0, "local", 0
+        cal, cluster = self.cal, self.cluster
+        rate = self.host_ring_rate
+        if job.cross:
+            for rack in job.racks:
+                rate = min(rate, self.uplink_rate / len(self.cross_jobs[rack]))
+        best = (model.ring_time(cal, spec.grad_bytes, n, rate), "ring", 0)
+        if job.demand_racks:
+            slots = min(self._held(rack, spec.job_id) for rack in job.demand_racks)
+            if slots > 0:
+                ina_rate = math.inf
+                for rack, count in job.placement:
+                    if count >= 2:
+                        ina_rate = min(ina_rate, model.ina_rate(cal, cluster.host_Bps, self._held(rack, spec.job_id), count))
+                if job.cross:
+                    t_agg = model.rina_time(cal, spec.grad_bytes, len(job.placement), min(rate, ina_rate))
+                    candidate = (t_agg, "rina", slots)
+                else:
+                    candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), "ina", slots)
+                if candidate[0] <= best[0]:
+                    best = candidate
+        return best
+
+    def _held(self, rack: int, job_id: int) -> int:
+        rng = self.switches[rack].alloc.get(job_id)
+        return 0 if rng is None else rng.size
+
+    def _retime(self, job: _Job, t: float) -> None:
+        comm, backend, slots = self._comm(job)
+        iter_time = model.iteration_time(self.cal, job.compute, comm)
+        if job.iter_time > 0:
+            job.remaining = max(0.0, job.remaining - (t - job.last) / job.iter_time)
+        job.last = t
+        if (backend, slots) != (job.backend, job.slots):
+            if job.history and job.history[-1][0] == t:
+                job.history.pop()  # superseded at the same instant (e.g. two arrivals at once)
+            if not job.history or job.history[-1][1:] != (backend, slots):
+                job.history.append((t, backend, slots))
+            job.backend, job.slots = backend, slots
+        held = sum(self._held(r, job.spec.job_id) for r in job.demand_racks)
+        self._set_effective(job, held if backend in ("ina", "rina") else 0)
+        if iter_time == job.iter_time and job.version:
+            return  # same speed: the scheduled completion still holds
+        job.iter_time = iter_time
+        job.version += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (t + job.remaining * iter_time, _DONE, self._seq, job.spec.job_id, job.version))
+
+    def _set_effective(self, job: _Job, slots: int) -> None:
+        self.effective_total += slots - job.effective
+        job.effective = slots
+
+    def _sample(self, t: float) -> None:
+        point = (t, self.held_total, self.effective_total, self.cluster.total_workers - self.free_total)
+        last = self.timeline[-1]
+        if point[1:] != last[1:]:
+            if last[0] == t:
+                self.timeline[-1] = point
+            else:
+                self.timeline.append(point)

@@ -1,0 +1,111 @@
+"""Iteration-time model: compute time plus the all-reduce time of the backend a job gets.
+
+Every formula here is written out, with the origin of its constants, in docs/simulation.md. Rates are
+payload bytes per second, times are seconds, ``nbytes`` is the gradient size of one iteration.
+
+    INA rate      R_ina(s, m) = min(host * payload/frame, s * payload / rtt, switch_pps * payload / m)
+    INA (1 rack)  t = B / R_ina + rtt
+    ring          t = 2(n-1)/n * B / R + 2(n-1) * step_latency,  R = goodput of the slowest link
+    Rina          t = 2(r-1)/r * B / min(R_cross, R_ina) + 2(r-1) * step_latency + rtt   (r racks)
+    iteration     t = compute + (1 - overlap) * t_comm
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from simulator.calibration import Calibration
+
+__all__ = [
+    "ina_rate",
+    "ina_time",
+    "ring_time",
+    "rina_time",
+    "saturating_slots",
+    "min_useful_slots",
+    "compute_time",
+    "iteration_time",
+]
+
+
+def ina_rate(cal: Calibration, host_Bps: float, slots: int, workers_in_rack: int) -> float:
+    """Aggregated payload rate of one job through one switch with `slots` slots.
+
+    Three bounds: the link carries frames but only payload counts (payload/frame); a window of
+    `slots` packets is in flight per round trip (SwitchML's bound: each slot holds one packet until
+    its result returns); a packet-rate-bound switch processes m packets per aggregated payload.
+    """
+    rate = min(host_Bps * cal.ina_efficiency, slots * cal.payload_bytes / cal.ina_rtt_s)
+    if cal.switch_pps is not None:
+        rate = min(rate, cal.switch_pps * cal.payload_bytes / max(1, workers_in_rack))
+    return rate
+
+
+def ina_time(cal: Calibration, nbytes: float, rate: float) -> float:
+    """One all-reduce through one switch: stream B bytes up at `rate`, the last result returns one rtt later."""
+    return nbytes / rate + cal.ina_rtt_s
+
+
+def ring_time(cal: Calibration, nbytes: float, workers: int, rate: float) -> float:
+    """Ring all-reduce among `workers`: 2(n-1) steps of B/n bytes each over the slowest link."""
+    if workers <= 1:
+        return 0.0
+    n = workers
+    return 2 * (n - 1) / n * nbytes / rate + 2 * (n - 1) * cal.ring_step_latency_s
+
+
+def rina_time(cal: Calibration, nbytes: float, racks: int, rate: float) -> float:
+    """Rina: each rack's ToR aggregates its workers in-network, the r racks form one ring.
+
+    `rate` is min(cross-rack goodput, the slowest rack's INA rate): each ring step is an in-rack
+    aggregation pipelined with a cross-rack transfer. With r = 1 this is plain INA.
+    """
+    if racks <= 1:
+        return ina_time(cal, nbytes, rate)
+    r = racks
+    return 2 * (r - 1) / r * nbytes / rate + 2 * (r - 1) * cal.ring_step_latency_s + cal.ina_rtt_s
+
+
+def saturating_slots(cal: Calibration, rate: float) -> int:
+    """Slots whose window reaches `rate`: the bandwidth-delay product in packets, ceil(rate * rtt / payload)."""
+    return max(1, math.ceil(rate * cal.ina_rtt_s / cal.payload_bytes - 1e-9))
+
+
+def min_useful_slots(cal: Calibration, requested: int, slot_time, ring: float) -> int | None:
+    """Smallest slot count s <= requested whose INA/Rina time slot_time(s) is no worse than `ring`.
+
+    None when even `requested` slots lose to ring: a job then asks for no slots at all. slot_time must
+    be non-increasing in s (it is: more slots never lower the window bound), so this bisects.
+    """
+    if slot_time(requested) > ring:
+        return None
+    lo, hi = 1, requested
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if slot_time(mid) <= ring:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def compute_time(per_worker: Sequence[float], data_split: str) -> float:
+    """Compute time of one synchronous iteration.
+
+    ``equal``: every worker gets 1/n of the batch, the slowest finishes last: max(c_i).
+    ``proportional``: data in proportion to speed (static allocation of the heterogeneous-cluster
+    paper), all finish together: n / sum(1 / c_i). c_i is worker i's time for an equal 1/n share.
+    """
+    if len(per_worker) == 1:
+        return per_worker[0]
+    if data_split == "equal":
+        return max(per_worker)
+    if data_split == "proportional":
+        if min(per_worker) <= 0:
+            return 0.0
+        return len(per_worker) / sum(1.0 / c for c in per_worker)
+    raise ValueError(f"unknown data split {data_split!r}; valid: equal, proportional")
+
+
+def iteration_time(cal: Calibration, compute: float, comm: float) -> float:
+    return compute + (1.0 - cal.comm_overlap) * comm

@@ -1,0 +1,482 @@
+"""Job traces: the CSV format, a synthetic generator, and a reader for Philly/Helios-style job logs.
+
+Trace CSV (one header row, one job per row; docs/simulation.md has the full table):
+
+    job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,deadline_s,slots,min_slots,weight,model
+
+Required: job_id (unique int), arrival_s (seconds from trace start), num_workers, grad_bytes (gradient
+bytes all-reduced per iteration), iterations, compute_s (seconds of compute per iteration: one value
+for every worker, or ``;``-separated, one per worker, for a heterogeneous job). Optional, empty =
+default: priority (int, 0), deadline_s (seconds after arrival by which the job should finish, none),
+slots and min_slots (INA slots asked per switch; derived from the time model when empty), weight
+(share weight for the weighted policy, 1), model (free-text label).
+"""
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "COLUMNS",
+    "REQUIRED_COLUMNS",
+    "JobSpec",
+    "TraceError",
+    "read_trace",
+    "write_trace",
+    "ModelProfile",
+    "MODEL_ZOO",
+    "SyntheticConfig",
+    "generate_trace",
+    "interarrival_for_load",
+    "read_job_log",
+]
+
+COLUMNS = (
+    "job_id",
+    "arrival_s",
+    "num_workers",
+    "grad_bytes",
+    "iterations",
+    "compute_s",
+    "priority",
+    "deadline_s",
+    "slots",
+    "min_slots",
+    "weight",
+    "model",
+)
+REQUIRED_COLUMNS = COLUMNS[:6]
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used; the message names the file, the line and the field."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job as the trace describes it."""
+
+    job_id: int
+    arrival_s: float
+    num_workers: int
+    grad_bytes: int
+    iterations: int
+    compute_s: tuple[float, ...]  # one value for all workers, or one per worker
+    priority: int = 0
+    deadline_s: float | None = None  # relative to arrival
+    slots: int | None = None
+    min_slots: int | None = None
+    weight: float = 1.0
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compute_s", tuple(float(c) for c in self.compute_s))  # numpy floats -> float
+        if self.arrival_s < 0 or not math.isfinite(self.arrival_s):
+            raise ValueError(f"job {self.job_id}: arrival_s must be a finite number >= 0")
+        if self.num_workers < 1:
+            raise ValueError(f"job {self.job_id}: num_workers must be >= 1")
+        if self.grad_bytes < 0:
+            raise ValueError(f"job {self.job_id}: grad_bytes must be >= 0")
+        if self.iterations < 1:
+            raise ValueError(f"job {self.job_id}: iterations must be >= 1")
+        if len(self.compute_s) not in (1, self.num_workers):
+            raise ValueError(
+                f"job {self.job_id}: compute_s needs 1 value or one per worker ({self.num_workers}), got {len(self.compute_s)}"
+            )
+        if any(not math.isfinite(c) or c < 0 for c in self.compute_s):
+            raise ValueError(f"job {self.job_id}: compute_s values must be finite and >= 0")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError(f"job {self.job_id}: deadline_s must be > 0 when given")
+        if self.slots is not None and self.slots < 1:
+            raise ValueError(f"job {self.job_id}: slots must be >= 1 when given")
+        if self.min_slots is not None and not 1 <= self.min_slots <= (self.slots or self.min_slots):
+            raise ValueError(f"job {self.job_id}: min_slots must be in [1, slots] when given")
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"job {self.job_id}: weight must be > 0")
+
+    def per_worker_compute(self) -> tuple[float, ...]:
+        return self.compute_s * self.num_workers if len(self.compute_s) == 1 else self.compute_s
+
+
+# --- CSV ----------------------------------------------------------------------------------------------
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, tuple):
+        return ";".join(repr(v) for v in value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def write_trace(path: str | Path, jobs: Iterable[JobSpec]) -> None:
+    """Write jobs in the trace CSV format; floats are written exactly, so reading gives the same jobs."""
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(COLUMNS)
+        for job in jobs:
+            writer.writerow([_fmt(getattr(job, name)) for name in COLUMNS])
+
+
+def read_trace(path: str | Path) -> list[JobSpec]:
+    """Read a trace CSV; any problem raises TraceError naming the line and column."""
+    path = Path(path)
+    try:
+        fh = open(path, newline="")
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
+    with fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        missing = [c for c in REQUIRED_COLUMNS if c not in header]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {', '.join(missing)} (required: {', '.join(REQUIRED_COLUMNS)})")
+        unknown = [c for c in header if c not in COLUMNS]
+        if unknown:
+            raise TraceError(f"{path}: unknown column(s) {', '.join(unknown)}; valid: {', '.join(COLUMNS)}")
+        jobs: list[JobSpec] = []
+        seen: set[int] = set()
+        for row in reader:
+            line = reader.line_num
+            try:
+                job = _parse_row(row)
+            except (ValueError, TypeError) as exc:
+                raise TraceError(f"{path}:{line}: {exc}") from None
+            if job.job_id in seen:
+                raise TraceError(f"{path}:{line}: duplicate job_id {job.job_id}")
+            seen.add(job.job_id)
+            jobs.append(job)
+    return jobs
+
+
+def _parse_row(row: dict[str, str | None]) -> JobSpec:
+    def get(name: str) -> str:
+        value = row.get(name)
+        return "" if value is None else value.strip()
+
+    def need(name: str, conv):
+        text = get(name)
+        if text == "":
+            raise ValueError(f"column {name!r} is empty")
+        try:
+            return conv(text)
+        except ValueError:
+            raise ValueError(f"column {name!r}: cannot read {text!r} as {conv.__name__}") from None
+
+    def opt(name: str, conv):
+        return need(name, conv) if get(name) != "" else None
+
+    compute = tuple(float(part) for part in need("compute_s", str).split(";"))
+    weight = opt("weight", float)
+    return JobSpec(
+        job_id=need("job_id", int),
+        arrival_s=need("arrival_s", float),
+        num_workers=need("num_workers", int),
+        grad_bytes=need("grad_bytes", int),
+        iterations=need("iterations", int),
+        compute_s=compute,
+        priority=opt("priority", int) or 0,
+        deadline_s=opt("deadline_s", float),
+        slots=opt("slots", int),
+        min_slots=opt("min_slots", int),
+        weight=1.0 if weight is None else weight,
+        model=get("model"),
+    )
+
+
+# --- synthetic traces -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A DNN as the simulator sees it: fp32 gradient bytes per iteration, compute seconds per iteration."""
+
+    grad_bytes: int
+    compute_s: float
+
+
+# Parameter counts are the published model sizes (x 4 bytes, fp32 gradients); compute times are rough
+# per-iteration figures for one V100-class GPU at a typical per-GPU batch, to be replaced by measured ones.
+MODEL_ZOO: dict[str, ModelProfile] = {
+    "resnet50": ModelProfile(grad_bytes=25_557_032 * 4, compute_s=0.10),  # batch 32 images
+    "vgg16": ModelProfile(grad_bytes=138_357_544 * 4, compute_s=0.15),  # batch 32 images
+    "bert-base": ModelProfile(grad_bytes=110_000_000 * 4, compute_s=0.20),  # batch 16 x 128 tokens
+    "bert-large": ModelProfile(grad_bytes=340_000_000 * 4, compute_s=0.50),  # batch 8 x 128 tokens
+    "gpt2": ModelProfile(grad_bytes=124_000_000 * 4, compute_s=0.25),  # batch 8 x 1024 tokens
+}
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Distributions of the synthetic workload; every field is a documented knob (docs/simulation.md).
+
+    Arrivals are a Poisson process (exponential inter-arrival times); sizes, models and priorities are
+    drawn from the discrete distributions below, iterations from a clipped log-normal.
+    """
+
+    num_jobs: int = 1000
+    mean_interarrival_s: float = 30.0
+    # Workers per job and their probabilities: mostly small jobs, a tail of multi-rack ones (Philly-like).
+    sizes: tuple[tuple[int, float], ...] = ((1, 0.10), (2, 0.15), (4, 0.25), (8, 0.30), (16, 0.12), (32, 0.08))
+    # Models (keys of MODEL_ZOO) and their probabilities.
+    models: tuple[tuple[str, float], ...] = (
+        ("resnet50", 0.30),
+        ("vgg16", 0.20),
+        ("bert-base", 0.25),
+        ("bert-large", 0.10),
+        ("gpt2", 0.15),
+    )
+    # Iterations ~ lognormal(median, sigma), clipped to [min, max]: a heavy tail of long jobs.
+    iterations_median: float = 3000.0
+    iterations_sigma: float = 1.0
+    iterations_min: int = 100
+    iterations_max: int = 100_000
+    priorities: tuple[tuple[int, float], ...] = ((0, 0.7), (1, 0.2), (2, 0.1))
+    # Share of jobs with a deadline; deadline = slack x (iterations x compute), slack ~ U(lo, hi).
+    deadline_fraction: float = 0.3
+    deadline_slack: tuple[float, float] = (1.5, 4.0)
+    # Worker heterogeneity: worker i computes in compute_s * (1 + hetero * U(0, 1)); 0 = homogeneous.
+    hetero: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.num_jobs < 0:
+            raise ValueError("num_jobs must be >= 0")
+        if not self.mean_interarrival_s > 0:
+            raise ValueError("mean_interarrival_s must be > 0")
+        for name in ("sizes", "models", "priorities"):
+            dist = getattr(self, name)
+            if not dist or any(p < 0 for _, p in dist) or sum(p for _, p in dist) <= 0:
+                raise ValueError(f"{name} must be a non-empty distribution with non-negative probabilities")
+        unknown = [m for m, _ in self.models if m not in MODEL_ZOO]
+        if unknown:
+            raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODEL_ZOO)}")
+        if any(n < 1 for n, _ in self.sizes):
+            raise ValueError("job sizes must be >= 1 worker")
+        if not 0 <= self.deadline_fraction <= 1:
+            raise ValueError("deadline_fraction must be in [0, 1]")
+        lo, hi = self.deadline_slack
+        if not 0 < lo <= hi:
+            raise ValueError("deadline_slack must be (lo, hi) with 0 < lo <= hi")
+        if self.hetero < 0:
+            raise ValueError("hetero must be >= 0")
+        if not 1 <= self.iterations_min <= self.iterations_max:
+            raise ValueError("need 1 <= iterations_min <= iterations_max")
+
+
+def _normalised(dist: Sequence[tuple[object, float]]) -> tuple[list, np.ndarray]:
+    values = [v for v, _ in dist]
+    probs = np.array([p for _, p in dist], dtype=float)
+    return values, probs / probs.sum()
+
+
+def interarrival_for_load(cfg: SyntheticConfig, total_workers: int, load: float) -> float:
+    """Mean inter-arrival time that offers `load` x the cluster's workers, counting compute time only.
+
+    Offered work per job is E[workers] x E[iterations] x E[compute] (independent draws; the log-normal
+    mean median*exp(sigma^2/2) ignores clipping), so this is approximate: communication adds to it.
+    """
+    if not load > 0:
+        raise ValueError("load must be > 0")
+    sizes, p_size = _normalised(cfg.sizes)
+    models, p_model = _normalised(cfg.models)
+    mean_workers = float(np.dot(sizes, p_size))
+    mean_compute = float(np.dot([MODEL_ZOO[m].compute_s for m in models], p_model)) * (1 + cfg.hetero / 2)
+    mean_iters = cfg.iterations_median * math.exp(cfg.iterations_sigma**2 / 2)
+    return mean_workers * mean_iters * mean_compute / (load * total_workers)
+
+
+def generate_trace(cfg: SyntheticConfig, seed: int) -> list[JobSpec]:
+    """Draw a synthetic trace; the same config and seed give the same jobs (numpy PCG64)."""
+    rng = np.random.default_rng(seed)
+    sizes, p_size = _normalised(cfg.sizes)
+    models, p_model = _normalised(cfg.models)
+    prios, p_prio = _normalised(cfg.priorities)
+    n = cfg.num_jobs
+    arrivals = np.cumsum(rng.exponential(cfg.mean_interarrival_s, n))
+    size_idx = rng.choice(len(sizes), n, p=p_size)
+    model_idx = rng.choice(len(models), n, p=p_model)
+    prio_idx = rng.choice(len(prios), n, p=p_prio)
+    iters = np.clip(
+        np.rint(rng.lognormal(math.log(cfg.iterations_median), cfg.iterations_sigma, n)),
+        cfg.iterations_min,
+        cfg.iterations_max,
+    )
+    has_deadline = rng.random(n) < cfg.deadline_fraction
+    slack = rng.uniform(*cfg.deadline_slack, n)
+    jobs = []
+    for i in range(n):
+        workers = int(sizes[size_idx[i]])
+        profile = MODEL_ZOO[models[model_idx[i]]]
+        if cfg.hetero > 0:
+            compute = tuple(round(profile.compute_s * (1 + cfg.hetero * float(u)), 6) for u in rng.random(workers))
+        else:
+            compute = (profile.compute_s,)
+        iterations = int(iters[i])
+        deadline = None
+        if has_deadline[i]:
+            deadline = round(float(slack[i]) * iterations * max(compute), 3)
+        jobs.append(
+            JobSpec(
+                job_id=i,
+                arrival_s=round(float(arrivals[i]), 3),
+                num_workers=workers,
+                grad_bytes=profile.grad_bytes,
+                iterations=iterations,
+                compute_s=compute,
+                priority=int(prios[prio_idx[i]]),
+                deadline_s=deadline,
+                model=models[model_idx[i]],
+            )
+        )
+    return jobs
+
+
+# --- Philly / Helios job logs ----------------------------------------------------------------------------
+
+_SUBMIT_KEYS = ("submit_time", "submitted_time", "submit", "arrival_time", "arrival_s", "arrival")
+_GPU_KEYS = ("gpu_num", "num_gpu", "num_gpus", "gpus", "gpu", "num_workers")
+_DURATION_KEYS = ("duration", "duration_s", "run_time", "runtime")
+
+
+@dataclass
+class _LogJob:
+    submit: float
+    gpus: int
+    duration: float
+    label: str = field(default="")
+
+
+def _to_seconds(text: object) -> float:
+    """A timestamp as seconds: a number as is, else an ISO-like date 'YYYY-mm-dd HH:MM:SS'."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    text = str(text).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    return dt.datetime.fromisoformat(text.replace("/", "-")).timestamp()
+
+
+def _philly_jobs(path: Path) -> tuple[list[_LogJob], int]:
+    """Philly's cluster_job_log: a JSON list of jobs, each with submitted_time and attempts[] whose
+    detail[] lists the machines and their gpus; run time is the sum of the attempts' durations."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, list):
+        raise TraceError(f"{path}: expected a JSON list of jobs (Philly cluster_job_log)")
+    out, skipped = [], 0
+    for job in data:
+        try:
+            submit = _to_seconds(job["submitted_time"])
+            duration, gpus = 0.0, 0
+            for attempt in job.get("attempts") or []:
+                start, end = attempt.get("start_time"), attempt.get("end_time")
+                if start in (None, "", "None") or end in (None, "", "None"):
+                    continue
+                duration += _to_seconds(end) - _to_seconds(start)
+                gpus = max(gpus, sum(len(m.get("gpus") or []) for m in attempt.get("detail") or []))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            skipped += 1
+            continue
+        if gpus < 1 or duration <= 0:
+            skipped += 1
+            continue
+        out.append(_LogJob(submit, gpus, duration, str(job.get("jobid", ""))))
+    return out, skipped
+
+
+def _csv_log_jobs(path: Path) -> tuple[list[_LogJob], int]:
+    """A CSV job log (Helios cluster_log.csv and similar): a submit time, a GPU count and either a
+    duration in seconds or start_time/end_time columns. Column names are matched from common aliases."""
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = [h.strip().lower() for h in reader.fieldnames or []]
+        names = dict(zip(header, reader.fieldnames or []))
+
+        def pick(keys: Sequence[str]) -> str | None:
+            return next((names[k] for k in keys if k in names), None)
+
+        submit_col, gpu_col, dur_col = pick(_SUBMIT_KEYS), pick(_GPU_KEYS), pick(_DURATION_KEYS)
+        start_col, end_col = pick(("start_time", "start")), pick(("end_time", "end"))
+        if submit_col is None or gpu_col is None or (dur_col is None and not (start_col and end_col)):
+            raise TraceError(
+                f"{path}: not a job log I can read: need a submit time ({'/'.join(_SUBMIT_KEYS)}), a GPU count "
+                f"({'/'.join(_GPU_KEYS)}) and a duration ({'/'.join(_DURATION_KEYS)}) or start_time/end_time"
+            )
+        id_col = pick(("job_id", "jobid", "id"))
+        out, skipped = [], 0
+        for row in reader:
+            try:
+                submit = _to_seconds(row[submit_col])
+                gpus = int(float(row[gpu_col]))
+                if dur_col is not None and (row.get(dur_col) or "").strip():
+                    duration = float(row[dur_col])
+                else:
+                    duration = _to_seconds(row[end_col]) - _to_seconds(row[start_col])
+            except (TypeError, ValueError, KeyError):
+                skipped += 1
+                continue
+            if gpus < 1 or not duration > 0:
+                skipped += 1
+                continue
+            out.append(_LogJob(submit, gpus, duration, row.get(id_col, "") if id_col else ""))
+    return out, skipped
+
+
+def read_job_log(
+    path: str | Path, *, fmt: str = "auto", seed: int = 0, max_jobs: int | None = None
+) -> tuple[list[JobSpec], int]:
+    """Turn a Philly (JSON) or Helios-style (CSV) job log into a trace; returns (jobs, rows skipped).
+
+    Logs give submit time, GPU count and run time only. Each job becomes num_workers = GPUs, a model
+    drawn (seeded) from the synthetic defaults' mix, and iterations = run time / that model's compute
+    time, so it runs about as long as it did when communication is cheap. Arrival times are relative
+    to the first submission. Jobs without GPUs or without a run time are skipped and counted.
+    """
+    path = Path(path)
+    if fmt == "auto":
+        fmt = "philly" if path.suffix.lower() == ".json" or path.name == "cluster_job_log" else "csv"
+    try:
+        if fmt == "philly":
+            log, skipped = _philly_jobs(path)
+        elif fmt in ("csv", "helios"):
+            log, skipped = _csv_log_jobs(path)
+        else:
+            raise TraceError(f"unknown job-log format {fmt!r}; valid: auto, philly, helios, csv")
+    except OSError as exc:
+        raise TraceError(f"cannot read job log {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    log.sort(key=lambda j: j.submit)
+    if max_jobs is not None:
+        log = log[:max_jobs]
+    if not log:
+        return [], skipped
+    rng = np.random.default_rng(seed)
+    models, p_model = _normalised(SyntheticConfig().models)
+    picks = rng.choice(len(models), len(log), p=p_model)
+    t0 = log[0].submit
+    jobs = []
+    for i, (entry, pick) in enumerate(zip(log, picks)):
+        profile = MODEL_ZOO[models[pick]]
+        jobs.append(
+            JobSpec(
+                job_id=i,
+                arrival_s=round(entry.submit - t0, 3),
+                num_workers=entry.gpus,
+                grad_bytes=profile.grad_bytes,
+                iterations=max(1, round(entry.duration / profile.compute_s)),
+                compute_s=(profile.compute_s,),
+                model=models[pick],
+            )
+        )
+    return jobs, skipped

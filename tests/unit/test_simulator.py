@@ -1,0 +1,291 @@
+"""Cluster simulator: closed-form cases, invariants at every event, determinism, model and placement units."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from controller.policies import POLICIES, SizedPolicy, make_policy, register_policy
+from simulator import model
+from simulator.calibration import Calibration, CalibrationError, load_calibration
+from simulator.cluster import ClusterSpec
+from simulator.engine import InvariantError, Simulation
+from simulator.placement import PLACEMENTS, RackView, make_placement
+from simulator.trace import JobSpec, SyntheticConfig, generate_trace
+
+CAL = Calibration()  # defaults: rtt 5 us, 128 B payload in 184 B frames, ring at 94 % of line rate
+GB = 1e9 / 8  # bytes per second in one Gbit/s
+
+
+def job(job_id=0, arrival=0.0, workers=4, nbytes=100_000_000, iterations=100, compute=0.05, **kw) -> JobSpec:
+    return JobSpec(job_id, arrival, workers, nbytes, iterations, (compute,), **kw)
+
+
+def simulate(jobs, *, policy="first-fit", placement="pack", cal=CAL, **cluster):
+    spec = ClusterSpec(**{"racks": 1, "workers_per_rack": 8, **cluster})
+    sim = Simulation(spec, cal, make_policy(policy), make_placement(placement), check=True)
+    return sim.run(jobs)
+
+
+# --- closed-form cases ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_one_job_alone_runs_at_line_rate_ina(policy):
+    """Alone, a job gets the window that saturates its link: t = B * frame / (payload * bw) + rtt."""
+    result = simulate([job()], policy=policy)
+    (r,) = result.jobs
+    bw = 100 * GB
+    comm = 100e6 * 184 / (128 * bw) + 5e-6
+    assert r.jct_s == pytest.approx(100 * (0.05 + comm), rel=1e-9)
+    assert r.history == ((0.0, "ina", math.ceil(bw * 128 / 184 * 5e-6 / 128)),)
+    assert r.slots_requested == 340 and r.queue_s == 0
+
+
+@pytest.mark.parametrize("policy", ["equal", "weighted"])
+def test_two_identical_jobs_share_half_the_memory_each(policy):
+    """Two jobs, each asking the whole pool: each holds half, window-bound: t = B / (S/2 * payload / rtt) + rtt."""
+    pool = 200
+    jobs = [job(0, slots=pool, min_slots=10), job(1, slots=pool, min_slots=10)]
+    cal = dataclasses.replace(CAL, ring_goodput_fraction=0.05)  # make ring hopeless so INA is always chosen
+    result = simulate(jobs, policy=policy, slots_per_switch=pool, cal=cal)
+    rate = (pool // 2) * 128 / 5e-6
+    expected = 100 * (0.05 + 100e6 / rate + 5e-6)
+    for r in result.jobs:
+        assert r.jct_s == pytest.approx(expected, rel=1e-9)
+        assert r.history[0] == (0.0, "ina", pool // 2)  # (the survivor may get the pool back as it finishes)
+
+
+def test_plain_switches_give_ring_all_reduce():
+    result = simulate([job(workers=8)], ina_fraction=0.0)
+    (r,) = result.jobs
+    ring = 2 * 7 / 8 * 100e6 / (100 * GB * 0.94) + 2 * 7 * 10e-6
+    assert r.jct_s == pytest.approx(100 * (0.05 + ring), rel=1e-9)
+    assert r.history == ((0.0, "ring", 0),) and r.slots_requested == 0
+
+
+def test_multi_rack_job_uses_rina():
+    """16 workers over two INA racks: ring between the racks over min(cross-rack, INA) rate."""
+    result = simulate([job(workers=16)], racks=2)
+    (r,) = result.jobs
+    rate = min(100 * GB * 0.94, 400 * GB * 0.94, 100 * GB * 128 / 184)
+    rina = 2 * 1 / 2 * 100e6 / rate + 2 * 1 * 10e-6 + 5e-6
+    assert r.racks == 2 and r.history[0][1] == "rina"
+    assert r.jct_s == pytest.approx(100 * (0.05 + rina), rel=1e-9)
+
+
+def test_slot_loss_mid_run_is_charged_from_that_moment():
+    """Job A alone until B arrives at T; from then on both hold half: A's finish is T + rest * t_half."""
+    cal = dataclasses.replace(CAL, ring_goodput_fraction=0.05)
+    pool, T = 200, 3.0
+    jobs = [job(0, slots=pool, min_slots=10), job(1, arrival=T, slots=pool, min_slots=10)]
+    result = simulate(jobs, policy="equal", slots_per_switch=pool, cal=cal)
+    t_full = 0.05 + 100e6 / (pool * 128 / 5e-6) + 5e-6
+    t_half = 0.05 + 100e6 / (pool // 2 * 128 / 5e-6) + 5e-6
+    a, b = result.jobs
+    done_before = T / t_full
+    assert a.finish_s == pytest.approx(T + (100 - done_before) * t_half, rel=1e-9)
+    # B shares until A leaves, then has the pool to itself.
+    b_done_shared = (a.finish_s - T) / t_half
+    assert b.finish_s == pytest.approx(a.finish_s + (100 - b_done_shared) * t_full, rel=1e-9)
+    assert [h[2] for h in a.history] == [pool, pool // 2]
+    assert a.range_changes == 1
+
+
+def test_queueing_delay_when_workers_are_busy():
+    result = simulate([job(0, workers=8), job(1, arrival=1.0, workers=8)])
+    a, b = result.jobs
+    assert b.start_s == pytest.approx(a.finish_s) and b.queue_s == pytest.approx(a.finish_s - 1.0)
+
+
+@pytest.mark.parametrize("split, expected", [("equal", 0.2), ("proportional", 2 / (1 / 0.1 + 1 / 0.2))])
+def test_heterogeneous_workers(split, expected):
+    """Equal split waits for the slowest worker; proportional split finishes all together: n / sum(1/c_i)."""
+    spec = JobSpec(0, 0.0, 2, 0, 10, (0.1, 0.2))  # no gradient bytes: only ring step latencies remain
+    cluster = ClusterSpec(racks=1, ina_fraction=0.0)
+    sim = Simulation(cluster, CAL, make_policy("equal"), make_placement("pack"), data_split=split)
+    (r,) = sim.run([spec]).jobs
+    assert r.jct_s == pytest.approx(10 * (expected + 2 * 1 * 10e-6), rel=1e-9)
+
+
+def test_deadline_missed_is_reported():
+    result = simulate([job(0, deadline_s=1.0), job(1, deadline_s=1e6, workers=2)])
+    assert [r.deadline_missed for r in result.jobs] == [True, False]
+
+
+# --- invariants at every event, determinism ---------------------------------------------------------
+
+
+def small_trace(n=150, seed=3):
+    cfg = SyntheticConfig(num_jobs=n, mean_interarrival_s=20.0, iterations_median=300, hetero=0.3)
+    return generate_trace(cfg, seed)
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_slots_are_never_over_allocated_at_any_event(policy, placement):
+    spec = ClusterSpec(racks=6, workers_per_rack=8, slots_per_switch=500, ina_fraction=0.7, uplink_gbps=100)
+    seen = {"events": 0, "contended": 0}
+
+    def hook(sim: Simulation, now: float) -> None:
+        seen["events"] += 1
+        for rack, sw in enumerate(sim.switches):
+            ranges = sorted((r.base, r.end) for r in sw.alloc.values() if r is not None)
+            assert all(end <= sw.pool for _, end in ranges)
+            assert all(a_end <= b_base for (_, a_end), (b_base, _) in zip(ranges, ranges[1:]))
+            assert sum(end - base for base, end in ranges) <= sw.pool
+            demands = {d.job_id: d for d in sw.demands}
+            assert set(sw.alloc) == set(demands)
+            for job_id, r in sw.alloc.items():
+                assert r is None or demands[job_id].min_slots <= r.size <= demands[job_id].requested_slots
+            if sum(d.requested_slots for d in sw.demands) > sw.pool:
+                seen["contended"] += 1
+        assert all(f >= 0 for f in sim.view.free_workers)
+
+    sim = Simulation(spec, CAL, make_policy(policy), make_placement(placement), check=True, on_event=hook)
+    result = sim.run(small_trace())
+    assert seen["events"] == result.events and len(result.jobs) == 150 and result.unfinished == 0
+    if placement != "spread":
+        assert seen["contended"] > 0  # the trace really fights over memory
+
+
+def test_deterministic_for_a_seed():
+    spec = ClusterSpec(racks=4, workers_per_rack=8, slots_per_switch=512)
+    runs = [
+        Simulation(spec, CAL, make_policy("weighted"), make_placement("ina-aware")).run(small_trace(seed=s)).jobs
+        for s in (5, 5, 6)
+    ]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_check_mode_catches_a_broken_policy():
+    @register_policy
+    class Greedy(SizedPolicy):
+        name = "test-greedy"
+
+        def sizes(self, pool_size, jobs):
+            return {j.job_id: j.requested_slots for j in jobs}  # ignores the pool: a bug
+
+    try:
+        with pytest.raises((InvariantError, AssertionError)):
+            simulate([job(0, slots=100), job(1, slots=100)], policy="test-greedy", slots_per_switch=150)
+    finally:
+        del POLICIES["test-greedy"]
+
+
+def test_a_policy_added_to_the_controller_is_usable_here():
+    @register_policy
+    class Nothing(SizedPolicy):
+        name = "test-nothing"
+
+        def sizes(self, pool_size, jobs):
+            return {j.job_id: 0 for j in jobs}
+
+    try:
+        (r,) = simulate([job(workers=8)], policy="test-nothing").jobs
+        assert r.history[0][1] == "ring"
+    finally:
+        del POLICIES["test-nothing"]
+
+
+def test_job_larger_than_the_cluster_is_refused():
+    with pytest.raises(ValueError, match="more workers than the cluster"):
+        simulate([job(workers=9)])
+
+
+# --- model ------------------------------------------------------------------------------------------
+
+
+def test_ina_rate_bounds():
+    bw = 100 * GB
+    assert model.ina_rate(CAL, bw, 10_000, 4) == pytest.approx(bw * 128 / 184)  # line rate
+    assert model.ina_rate(CAL, bw, 10, 4) == pytest.approx(10 * 128 / 5e-6)  # window bound
+    slow = dataclasses.replace(CAL, switch_pps=100_000)
+    assert model.ina_rate(slow, bw, 10_000, 4) == pytest.approx(100_000 * 128 / 4)  # packet-rate bound
+    assert model.saturating_slots(CAL, bw * 128 / 184) == 340
+
+
+def test_ring_time_and_trivial_cases():
+    assert model.ring_time(CAL, 1e6, 1, 1e9) == 0.0
+    assert model.ring_time(CAL, 1e6, 4, 1e9) == pytest.approx(1.5 * 1e6 / 1e9 + 6 * 10e-6)
+    assert model.rina_time(CAL, 1e6, 1, 1e9) == model.ina_time(CAL, 1e6, 1e9)
+
+
+def test_min_useful_slots_is_the_break_even_with_ring():
+    bw = 100 * GB
+    ring = model.ring_time(CAL, 1e8, 8, bw * 0.94)
+
+    def slot_time(s):
+        return model.ina_time(CAL, 1e8, model.ina_rate(CAL, bw, s, 8))
+
+    s = model.min_useful_slots(CAL, 340, slot_time, ring)
+    assert slot_time(s) <= ring < slot_time(s - 1)
+    assert model.min_useful_slots(CAL, 340, slot_time, ring / 10) is None
+
+
+def test_calibration_file_round_trip_and_errors(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text('{"ina_rtt_us": 40, "switch_pps": 16000, "source": "testbed run 1"}')
+    cal = load_calibration(path)
+    assert cal.ina_rtt_us == 40 and cal.switch_pps == 16000 and cal.frame_bytes == 184
+    path.write_text(cal.to_json())
+    assert load_calibration(path) == cal
+    for text, message in [
+        ('{"rtt": 4}', "unknown calibration field"),
+        ('{"ina_rtt_us": -1}', "ina_rtt_us"),
+        ('{"frame_bytes": 100}', "frame_bytes"),
+        ("[1]", "JSON object"),
+        ("{", "not valid JSON"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(CalibrationError, match=message):
+            load_calibration(path)
+    with pytest.raises(CalibrationError, match="cannot read"):
+        load_calibration(tmp_path / "missing.json")
+
+
+# --- placement --------------------------------------------------------------------------------------
+
+
+def view(free, ina=None, free_slots=None, slot_jobs=None):
+    n = len(free)
+    return RackView(list(free), tuple(ina or [True] * n), list(free_slots or [100] * n), list(slot_jobs or [0] * n))
+
+
+def test_pack_uses_the_fewest_racks_best_fit():
+    assert make_placement("pack").place(3, view([8, 4, 3])) == [(2, 3)]
+    assert make_placement("pack").place(10, view([8, 4, 3])) == [(0, 8), (1, 2)]
+    assert make_placement("pack").place(16, view([8, 4, 3])) is None
+
+
+def test_spread_uses_one_worker_per_rack():
+    assert make_placement("spread").place(3, view([8, 4, 3, 0])) == [(0, 1), (1, 1), (2, 1)]
+    assert make_placement("spread").place(5, view([2, 2, 1])) == [(0, 2), (1, 2), (2, 1)]
+
+
+def test_ina_aware_prefers_racks_whose_switch_can_aggregate():
+    placer = make_placement("ina-aware")
+    v = view([8, 8, 6, 5], ina=[False, True, True, True], free_slots=[0, 500, 40, 300], slot_jobs=[0, 0, 1, 1])
+    assert placer.place(4, v, slots=200) == [(3, 4)]  # enough free slots, then best fit on workers
+    assert placer.place(4, v, slots=400) == [(1, 4)]  # only rack 1 has 400 free slots
+    assert placer.place(1, v) == [(0, 1)]  # a job that will not aggregate keeps INA racks free
+    assert placer.place(4, v, slots=0) == [(0, 4)]
+    v = view([8, 3, 4], ina=[False, True, True], free_slots=[0, 500, 500])
+    assert placer.place(7, v, slots=100) == [(2, 4), (1, 3)]  # span INA racks (Rina) rather than one plain rack
+    v = view([8, 1, 1], ina=[False, True, True])
+    assert placer.place(7, v, slots=100) == [(0, 7)]  # no INA option: pack
+
+
+def test_simulator_hands_placements_the_slot_hint():
+    seen = []
+
+    class Spy(type(make_placement("pack"))):
+        def place(self, workers, view, slots=0):
+            seen.append((workers, slots))
+            return super().place(workers, view, slots)
+
+    sim = Simulation(ClusterSpec(racks=2), CAL, make_policy("equal"), Spy())
+    sim.run([job(0, workers=1), job(1, workers=8), job(2, workers=16, arrival=1e4), job(3, workers=8, slots=77)])
+    assert seen == [(1, 0), (8, 340), (8, 77), (16, 340)]

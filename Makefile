@@ -5,7 +5,7 @@ P4SRC    := p4src/ina.p4
 BUILD    := build
 PYTEST   := $(PYTHON) -m pytest
 
-.PHONY: install demo test test-fast p4 proto bench clean help
+.PHONY: install demo test test-fast p4 proto bench stop clean help
 
 help:
 	@echo "make install   system and Python dependencies (Debian 12, as root for the system part)"
@@ -15,6 +15,7 @@ help:
 	@echo "make p4        compile p4src/ with p4c into $(BUILD)/ (needs p4c on PATH)"
 	@echo "make proto     regenerate the admission service stubs (protoc, grpc_python_plugin)"
 	@echo "make bench     benchmarks that print ratios measured side by side"
+	@echo "make stop      remove every namespace, interface and process a testbed run left behind"
 	@echo "make clean     remove build products"
 
 install:
@@ -47,6 +48,9 @@ controller/admission_pb2.py: controller/admission.proto
 
 bench:
 	$(PYTHON) bench/model_bench.py
+
+stop:
+	$(PYTHON) -m topologies.cleanup
 
 clean:
 	rm -rf $(BUILD) .pytest_cache

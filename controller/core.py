@@ -1,0 +1,781 @@
+"""The controller: jobs, their slot grants on every switch, and keeping switches, database and agents in step.
+
+Every change of allocation (admission, release, heartbeat timeout, policy change, restart) goes through
+one path, under one lock:
+
+1. compute the new allocation with the policy (:func:`controller.memory.allocate_pools`); a job whose
+   ranges change gets a new generation;
+2. write the switches (``ina_worker`` entries and multicast groups, then ``ina_job`` entries with the new
+   generation: from here on the switch drops the old generation's packets as ``STALE_GENERATION``);
+   if a write fails the switches are put back and the request fails with nothing applied;
+3. persist (one SQLite transaction);
+4. push an ``AllocationEvent`` with the new grant to every ``WatchJob`` stream of each changed job;
+5. serve the ``SyncGeneration`` barrier for the new generation.
+
+Choice for a job that has no slots on a switch: its ``ina_job`` entry stays, with ``num_slots`` 0 and the
+job's current generation (gradients then drop as ``SLOT_OUT_OF_RANGE`` or ``STALE_GENERATION``, counted
+per job), its ``ina_worker`` entries and multicast group stay too (``BROADCAST`` still reaches the
+workers). A job's entries are deleted only when it is released.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import grpc
+
+from controller import admission_pb2 as pb
+from controller.memory import allocate_pools, memory_view
+from controller.p4entity import MulticastGroup, Schema, TableEntry
+from controller.policies import POLICIES, AllocationPolicy, JobDemand, SlotRange, make_policy
+from controller.store import Job, Store
+from controller.switch import Switch, SwitchError, SwitchOptions, SwitchState
+from controller.topology import Topology
+from inaproto import wire
+
+__all__ = ["ControllerOptions", "ControllerError", "Controller", "Subscription", "DEFAULT_SCALE"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCALE = 2.0**16  # fixed point: int32 = round(float32 * scale)
+MAX_GENERATION = 0xFFFF  # bit<16>; generations cycle 1..65535 (0 is never handed out)
+FIRST_JOB_ID = 1  # job ids 1..MAX_JOBS-1; 0 stays unused so that an unset job_id is never a job
+MCAST_OFFSET = 1  # a job's multicast group on every switch: job_id + 1
+T_JOB = "MyIngress.ina_job"
+T_WORKER = "MyEgress.ina_worker"
+T_LPM = "MyIngress.ipv4_lpm"
+DROP_NAMES = {r.value: r.name.lower() for r in wire.DropReason}
+# Reasons counted per job in ina_job_drops (the others happen before a job is known).
+JOB_DROPS = (wire.DropReason.SLOT_OUT_OF_RANGE, wire.DropReason.FOREIGN_WORKER,
+             wire.DropReason.STALE_GENERATION, wire.DropReason.BAD_MSG_TYPE)
+
+
+@dataclass(frozen=True)
+class ControllerOptions:
+    db_path: Path
+    p4info_path: Path = Path(__file__).resolve().parents[1] / "p4src" / "ina.p4info.txt"
+    device_config: bytes = b""  # BMv2: p4c's JSON (build/ina.json); ina-switch: empty or that JSON
+    policy: str = "first-fit"  # for a new database; a stored policy wins
+    election_id: tuple[int, int] = (0, 10)
+    heartbeat_timeout: float = 15.0  # seconds without a heartbeat from any worker of a job -> released
+    sync_timeout: float = 30.0  # longest wait in SyncGeneration
+    scale: float = DEFAULT_SCALE
+    force_push: bool = False  # push the pipeline even when the switch already runs this P4Info
+    connect_timeout: float = 10.0
+    monitor_interval: float = 0.5  # heartbeat reaping and switch health checks
+
+
+class ControllerError(Exception):
+    """A request the controller refuses: a gRPC status code and one readable line."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Subscription:
+    """One WatchJob stream: AllocationEvents in a queue; None after close()."""
+
+    def __init__(self, job_id: int, worker_id: int):
+        self.job_id = job_id
+        self.worker_id = worker_id
+        self.events: queue.Queue = queue.Queue()
+        self.closed = False
+
+    def get(self, timeout: float | None = None) -> pb.AllocationEvent | None:
+        """The next event; None when the subscription is closed; raises queue.Empty on timeout."""
+        return self.events.get(timeout=timeout)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.events.put(None)
+
+
+@dataclass
+class _Barrier:
+    generation: int
+    reports: dict[int, int] = field(default_factory=dict)  # worker_id -> first missing chunk
+    resume: int | None = None
+
+
+class Controller:
+    """Jobs, policy and switches of one controller instance. All public methods are thread-safe."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        options: ControllerOptions,
+        *,
+        switch_factory: Callable[[SwitchOptions, Schema], Switch] = Switch,
+    ) -> None:
+        self.topology = topology
+        self.options = options
+        self.schema = Schema.from_file(options.p4info_path)
+        self._switch_factory = switch_factory
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
+        self.store: Store | None = None
+        self.switches: dict[str, Switch] = {}
+        self._forwarding: dict[str, tuple[list[TableEntry], list[MulticastGroup]]] = {}
+        self._jobs: dict[int, Job] = {}
+        self._policy_name = options.policy
+        self._policy: AllocationPolicy = make_policy(options.policy)
+        self._next_generation = 1
+        self._next_job_id = FIRST_JOB_ID
+        self._next_seq = 1
+        self._heartbeats: dict[int, float] = {}  # job_id -> time.time() of the last heartbeat
+        self._subs: dict[int, set[Subscription]] = {}
+        self._barriers: dict[int, _Barrier] = {}
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self._running = False
+        self._demoted: set[str] = set()  # switches where another controller took over
+
+    # ================================================================================================
+    # lifecycle
+    # ================================================================================================
+    @property
+    def ina_switches(self) -> list[str]:
+        return [name for name, info in self.topology.switches.items() if info.ina]
+
+    def start(self) -> None:
+        """Load the database, become primary on every INA switch, push the pipeline if needed,
+        reconcile every switch with the stored grants, then re-run the policy (restart upgrades)."""
+        self.store = Store(self.options.db_path)
+        stored_policy = self.store.get_meta("policy")
+        if stored_policy is not None and stored_policy != self._policy_name:
+            if stored_policy in POLICIES:
+                log.warning("policy %r from the database overrides %r (change it with `inactl policy set`)", stored_policy, self._policy_name)
+                self._policy_name, self._policy = stored_policy, make_policy(stored_policy)
+        self._next_generation = int(self.store.get_meta("next_generation", "1"))
+        self._next_job_id = int(self.store.get_meta("next_job_id", str(FIRST_JOB_ID)))
+        jobs = self.store.load_jobs()
+        for j in jobs:
+            unknown = sorted({sw for _, sw, _ in j.placement} - set(self.topology.switches))
+            if unknown:
+                self.store.close()
+                self.store = None
+                raise ControllerError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"job {j.job_id} in {self.options.db_path} has workers under switch {unknown[0]}, which the "
+                    "topology does not have: start with the topology it was admitted under, or a new --db",
+                )
+        self._jobs = {j.job_id: j for j in jobs}
+        self._next_seq = max((j.seq for j in jobs), default=0) + 1
+        for job_id, (generation, resume) in self.store.load_barriers().items():
+            if job_id in self._jobs and self._jobs[job_id].generation == generation:
+                self._barriers[job_id] = _Barrier(generation, resume=resume)
+        if jobs:
+            log.info("loaded %d job(s) from %s", len(jobs), self.options.db_path)
+        try:
+            for name in self.ina_switches:
+                self._forwarding[name] = self.topology.forwarding(name, self.schema)
+                self._check_groups(name)
+            for name in self.ina_switches:
+                self._bring_up(name)
+            now = time.time()
+            self._heartbeats = {job_id: now for job_id in self._jobs}
+            self._running = True
+            with self._lock:
+                new, counter = self._reallocate(dict(self._jobs), "controller restarted", self._next_generation)
+                self._commit(new, set(), counter)
+            if self.store.get_meta("policy") is None:
+                self.store.save(meta={"policy": self._policy_name})
+        except BaseException:
+            self.stop()
+            raise
+        self._monitor = threading.Thread(target=self._monitor_loop, name="controller-monitor", daemon=True)
+        self._monitor.start()
+
+    def _check_groups(self, name: str) -> None:
+        lo, hi = FIRST_JOB_ID + MCAST_OFFSET, wire.MAX_JOBS - 1 + MCAST_OFFSET
+        for g in self._forwarding[name][1]:
+            if lo <= g.group_id <= hi:
+                raise ControllerError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"switch {name}: multicast group {g.group_id} of its runtime JSON collides with job groups {lo}..{hi}",
+                )
+
+    def _bring_up(self, name: str) -> None:
+        """Connect (primary or fail), push the pipeline if the switch does not run it, reconcile."""
+        info = self.topology.switches[name]
+        old = self.switches.pop(name, None)
+        if old is not None:
+            old.close()
+        sw = self._switch_factory(
+            SwitchOptions(name, info.address, info.device_id, self.options.election_id, self.options.connect_timeout),
+            self.schema,
+        )
+        try:
+            if not sw.connect():
+                primary = sw.primary_election_id
+                raise ControllerError(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"switch {name} at {info.address}: another controller is primary (election id {primary}, ours "
+                    f"{self.options.election_id}); stop it or use a higher --election-id",
+                )
+            pushed = sw.ensure_pipeline(self.schema.p4info, self.options.device_config, force=self.options.force_push)
+            if pushed:
+                log.info("%s: pipeline pushed", name)
+            with self._lock:
+                report = sw.reconcile(self._expected(name, self._jobs), self._tables(name))
+                log.info("%s: reconciled (%s)", name, report)
+        except BaseException:
+            sw.close()
+            raise
+        self.switches[name] = sw
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(timeout=5)
+        with self._lock:
+            self._running = False
+            for subs in self._subs.values():
+                for s in subs:
+                    s.close()
+            self._subs.clear()
+            self._cv.notify_all()
+        for sw in self.switches.values():
+            sw.close()
+        self.switches.clear()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def _monitor_loop(self) -> None:
+        while not self._stop.wait(self.options.monitor_interval):
+            try:
+                self._reap()
+            except ControllerError as exc:
+                log.warning("heartbeat reaping deferred: %s", exc.message)
+            except Exception:
+                log.exception("heartbeat reaping failed")
+            for name in self.ina_switches:
+                sw = self.switches.get(name)
+                if sw is not None and sw.connected:
+                    if not sw.is_primary and name not in self._demoted:
+                        self._demoted.add(name)
+                        log.error("%s: no longer primary (election id %s took over): writes to it will fail",
+                                  name, sw.primary_election_id)
+                    elif sw.is_primary:
+                        self._demoted.discard(name)
+                    continue
+                try:
+                    log.warning("%s: session lost, reconnecting", name)
+                    self._bring_up(name)
+                except (SwitchError, ControllerError) as exc:
+                    log.warning("%s: still unreachable: %s", name, exc)
+                if self._stop.is_set():
+                    return
+
+    def _reap(self) -> None:
+        timeout = self.options.heartbeat_timeout
+        if timeout <= 0:
+            return
+        with self._lock:
+            now = time.time()
+            dead = [j for j, t in self._heartbeats.items() if j in self._jobs and now - t > timeout]
+            if not dead:
+                return
+            for job_id in dead:
+                log.warning("job %d: no heartbeat for %.1f s, releasing it", job_id, now - self._heartbeats[job_id])
+            self._release(dead, f"heartbeat timeout ({timeout:g} s)")
+
+    # ================================================================================================
+    # switch state
+    # ================================================================================================
+    def _tables(self, switch: str) -> list[str]:
+        """Tables the controller owns on `switch`, in write order (entries may use what precedes them)."""
+        tables = []
+        for e in self._forwarding.get(switch, ([], []))[0]:
+            if e.table not in tables and e.table not in (T_WORKER, T_JOB):
+                tables.append(e.table)
+        if self.topology.manages_forwarding and T_LPM not in tables:
+            tables.insert(0, T_LPM)
+        return tables + [T_WORKER, T_JOB]
+
+    def _expected(self, switch: str, jobs: dict[int, Job]) -> SwitchState:
+        """What `switch` must hold for `jobs`: forwarding entries, then per job its worker entries,
+        multicast group and job entry (num_slots 0 when the job has no slots there)."""
+        entries, groups = self._forwarding.get(switch, ([], []))
+        entries, groups = list(entries), list(groups)
+        for job in jobs.values():
+            workers = job.workers_on(switch)
+            if not workers:
+                continue
+            rng = job.range_on(switch)
+            grp = job.job_id + MCAST_OFFSET
+            mask = sum(1 << w for w, _ in workers)
+            entries.append(
+                TableEntry(T_JOB, (job.job_id,), "MyIngress.set_job",
+                           (rng.base if rng else 0, rng.size if rng else 0, mask, len(workers), grp, job.generation))
+            )
+            by_id = {w.worker_id: w for w in job.request.workers}
+            for wid, _ in workers:
+                w = by_id[wid]
+                entries.append(
+                    TableEntry(T_WORKER, (job.job_id, wid), "MyEgress.set_worker_addr",
+                               (int(w.mac.replace(":", ""), 16), int(ipaddress.IPv4Address(w.ip)), w.udp_port))
+                )
+            groups.append(MulticastGroup(grp, tuple((port, wid) for wid, port in workers)))
+        return SwitchState.of(entries, groups)
+
+    def _write_switches(self, old: dict[int, Job], new: dict[int, Job]) -> None:
+        """Bring every INA switch from `old`'s expected state to `new`'s; on failure put back what was
+        written and raise UNAVAILABLE."""
+        done: list[str] = []
+        for name in self.ina_switches:
+            before, after = self._expected(name, old), self._expected(name, new)
+            if before.entries == after.entries and before.groups == after.groups:
+                continue
+            sw = self.switches.get(name)
+            try:
+                if sw is None:
+                    raise SwitchError(name, "write", grpc.StatusCode.UNAVAILABLE, "not connected")
+                done.append(name)
+                sw.apply(before, after, self._tables(name))
+            except SwitchError as exc:
+                for back in done:
+                    try:
+                        self.switches[back].reconcile(self._expected(back, old), self._tables(back))
+                    except SwitchError as exc2:
+                        log.error("%s: could not put back the previous state: %s", back, exc2)
+                code = grpc.StatusCode.UNAVAILABLE
+                raise ControllerError(code, f"switch write failed, nothing applied: {exc}") from None
+
+    def reconcile(self) -> dict[str, str]:
+        """Read back every INA switch and repair differences from the stored state."""
+        with self._lock:
+            out = {}
+            for name in self.ina_switches:
+                sw = self.switches.get(name)
+                if sw is None:
+                    out[name] = "not connected"
+                    continue
+                out[name] = str(sw.reconcile(self._expected(name, self._jobs), self._tables(name)))
+            return out
+
+    # ================================================================================================
+    # allocation
+    # ================================================================================================
+    def _pool(self, switch: str) -> int:
+        return self.topology.switches[switch].pool_size
+
+    def _demand(self, job: Job, switch: str) -> JobDemand | None:
+        req = job.request
+        pool = self._pool(switch)
+        if req.requested_slots:
+            requested = req.requested_slots
+        else:
+            requested = max(1, math.ceil(req.tensor_elements / wire.LANES))
+        requested = min(requested, pool)
+        min_slots = max(1, req.min_slots)
+        if pool == 0 or min_slots > requested:
+            return None  # can never get slots here
+        return JobDemand(job.job_id, requested, priority=req.priority, weight=req.weight or 1.0, min_slots=min_slots)
+
+    def _reallocate(self, jobs: dict[int, Job], cause: str, counter: int, fresh: int | None = None) -> tuple[dict[int, Job], int]:
+        """Run the policy on every pool; jobs whose ranges change (and `fresh`) get a new generation."""
+        order = sorted(jobs.values(), key=lambda j: j.seq)
+        demands: dict[str, list[JobDemand]] = {sw: [] for sw in self.ina_switches}
+        current: dict[str, dict[int, SlotRange]] = {sw: {} for sw in self.ina_switches}
+        for job in order:
+            for sw in job.switches():
+                if sw not in demands:
+                    continue
+                d = self._demand(job, sw)
+                if d is not None:
+                    demands[sw].append(d)
+                rng = job.range_on(sw)
+                if rng is not None:
+                    current[sw][job.job_id] = rng
+        alloc = allocate_pools(self._policy, {sw: self._pool(sw) for sw in demands}, demands, current)
+        out: dict[int, Job] = {}
+        for job in order:
+            ranges = {sw: alloc[sw].get(job.job_id) for sw in job.switches() if sw in demands}
+            if ranges == dict(job.ranges) and job.job_id != fresh:
+                out[job.job_id] = job
+                continue
+            generation, counter = counter, counter % MAX_GENERATION + 1
+            held = {sw: r for sw, r in ranges.items() if r is not None}
+            multi = len(job.switches()) > 1
+            backend = ("rina" if multi else "ina") if held else "ring"
+            old_total = sum(r.size for _, r in job.ranges if r is not None)
+            new_total = sum(r.size for r in held.values())
+            if held:
+                what = ", ".join(f"{r.size} slots on {sw}" for sw, r in held.items())
+            elif not demands or all(sw not in demands for sw in job.switches()):
+                what = "no INA switch"
+            else:
+                what = f"no slots (policy {self._policy_name})"
+            if job.job_id == fresh:
+                reason = f"admitted: {what}"
+            elif new_total > old_total:
+                reason = f"upgraded: {what}; {cause}"
+            elif new_total < old_total:
+                reason = f"reduced: {what}; {cause}"
+            else:
+                reason = f"moved: {what}; {cause}"
+            out[job.job_id] = job.with_ranges(ranges, generation=generation, backend=backend, reason=reason)
+        return out, counter
+
+    def _commit(self, new: dict[int, Job], deleted: set[int], counter: int, meta: dict[str, str] | None = None) -> None:
+        """Switches, then database, then agents (the module docstring's steps 2-4). Lock held."""
+        old = self._jobs
+        changed = [j for jid, j in new.items() if old.get(jid) is not j]
+        if not changed and not deleted and not meta and counter == self._next_generation:
+            return
+        self._write_switches(old, new)
+        all_meta = {"next_generation": str(counter), "next_job_id": str(self._next_job_id)}
+        all_meta.update(meta or {})
+        self.store.save(changed, deleted, all_meta)
+        self._jobs = new
+        self._next_generation = counter
+        for job in changed:
+            prev = old.get(job.job_id)
+            if prev is None or prev.generation != job.generation:
+                log.info("job %d: generation %d, %s (%s)", job.job_id, job.generation, job.backend, job.reason)
+            self._publish(job.job_id, pb.AllocationEvent(grant=self._grant(job)))
+        for job_id in deleted:
+            self._publish(job_id, pb.AllocationEvent(grant=self._grant(old[job_id]), released=True))
+            for s in self._subs.pop(job_id, set()):
+                s.close()
+            self._barriers.pop(job_id, None)
+            self._heartbeats.pop(job_id, None)
+        self._cv.notify_all()
+
+    def _publish(self, job_id: int, event: pb.AllocationEvent) -> None:
+        for s in list(self._subs.get(job_id, ())):
+            s.events.put(event)
+
+    # ================================================================================================
+    # grants
+    # ================================================================================================
+    def _grant(self, job: Job) -> pb.JobGrant:
+        g = pb.JobGrant(
+            job_id=job.job_id,
+            generation=job.generation,
+            backend=job.backend,
+            scale=self.options.scale,
+            ina_port=wire.INA_UDP_PORT,
+            lanes=wire.LANES,
+            reason=job.reason,
+        )
+        for sw in job.switches():
+            info = self.topology.switches[sw]
+            rng = job.range_on(sw)
+            g.switches.append(
+                pb.SwitchGrant(
+                    switch=sw,
+                    switch_ip=info.switch_ip if info.ina else "",
+                    switch_mac=info.switch_mac if info.ina else "",
+                    base_slot=rng.base if rng else 0,
+                    num_slots=rng.size if rng else 0,
+                    mcast_grp=job.job_id + MCAST_OFFSET if info.ina else 0,
+                    worker_ids=[w for w, _ in job.workers_on(sw)],
+                    rack=info.rack,
+                )
+            )
+        return g
+
+    def _info(self, job: Job) -> pb.JobInfo:
+        return pb.JobInfo(
+            job_id=job.job_id,
+            name=job.request.name,
+            state="running" if job.backend != "ring" else "waiting",
+            grant=self._grant(job),
+            request=job.request,
+            registered_at=job.registered_at,
+            last_heartbeat=self._heartbeats.get(job.job_id, 0.0),
+        )
+
+    def _job(self, job_id: int) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise ControllerError(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
+        return job
+
+    def _require_running(self) -> None:
+        if not self._running:
+            raise ControllerError(grpc.StatusCode.UNAVAILABLE, "controller is not running")
+
+    # ================================================================================================
+    # agents
+    # ================================================================================================
+    def _validate(self, req: pb.RegisterJobRequest) -> tuple[pb.RegisterJobRequest, tuple[tuple[int, str, int], ...]]:
+        """Check a registration completely before anything changes; fill ip/mac from the topology."""
+
+        def bad(msg: str) -> ControllerError:
+            return ControllerError(grpc.StatusCode.INVALID_ARGUMENT, msg)
+
+        if not req.workers:
+            raise bad("a job needs at least one worker")
+        if len(req.workers) > wire.MAX_WORKERS:
+            raise bad(f"{len(req.workers)} workers: the worker bitmap holds at most {wire.MAX_WORKERS}")
+        if req.tensor_elements < 1:
+            raise bad("tensor_elements must be at least 1")
+        if req.requested_slots > wire.NUM_SLOTS:
+            raise bad(f"requested_slots {req.requested_slots} exceeds the switch pool of {wire.NUM_SLOTS} slots")
+        if req.min_slots > wire.NUM_SLOTS:
+            raise bad(f"min_slots {req.min_slots} exceeds the switch pool of {wire.NUM_SLOTS} slots")
+        if req.requested_slots and req.min_slots > req.requested_slots:
+            raise bad(f"min_slots {req.min_slots} is larger than requested_slots {req.requested_slots}")
+        if not (math.isfinite(req.weight) and req.weight >= 0):
+            raise bad(f"weight {req.weight} must be a finite number >= 0")
+        if len(req.name) > 200:
+            raise bad("name is longer than 200 characters")
+        out = pb.RegisterJobRequest()
+        out.CopyFrom(req)
+        placement = []
+        seen_ids: set[int] = set()
+        seen_addrs: set[tuple[str, int]] = set()
+        for w in out.workers:
+            if w.worker_id >= wire.MAX_WORKERS:
+                raise bad(f"worker_id {w.worker_id} is beyond the {wire.MAX_WORKERS}-bit worker bitmap (0..{wire.MAX_WORKERS - 1})")
+            if w.worker_id in seen_ids:
+                raise bad(f"worker_id {w.worker_id} appears twice")
+            seen_ids.add(w.worker_id)
+            if not w.host:  # an agent that knows only its address: find its host in the topology
+                w.host = next((h.name for h in self.topology.hosts.values() if w.ip and h.ip == w.ip), "")
+            if not w.host:
+                raise bad(
+                    f"worker {w.worker_id}: host is empty and ip {w.ip!r} is no topology host's "
+                    "(name a topology host like h1, or a switch port like s1-p3)"
+                )
+            try:
+                switch, port = self.topology.locate(w.host)
+            except ValueError as exc:
+                raise bad(f"worker {w.worker_id}: {exc}") from None
+            host = self.topology.hosts.get(w.host)
+            if not w.ip and host is not None:
+                w.ip = host.ip
+            if not w.mac and host is not None:
+                w.mac = host.mac
+            try:
+                ipaddress.IPv4Address(w.ip)
+            except ValueError:
+                raise bad(f"worker {w.worker_id}: ip {w.ip!r} is not an IPv4 address") from None
+            parts = w.mac.split(":")
+            if len(parts) != 6 or not all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts):
+                raise bad(f"worker {w.worker_id}: mac {w.mac!r} is not a MAC address")
+            w.mac = w.mac.lower()
+            if not 1 <= w.udp_port <= 65535:
+                raise bad(f"worker {w.worker_id}: udp_port {w.udp_port} is not a port number")
+            if (w.ip, w.udp_port) in seen_addrs:
+                raise bad(f"worker {w.worker_id}: address {w.ip}:{w.udp_port} is used by another worker of the job")
+            seen_addrs.add((w.ip, w.udp_port))
+            placement.append((w.worker_id, switch, port))
+        for job in self._jobs.values():
+            if out.name and job.request.name == out.name:
+                raise ControllerError(grpc.StatusCode.ALREADY_EXISTS, f"a job named {out.name!r} is already registered (job {job.job_id})")
+            for w in job.request.workers:
+                if (w.ip, w.udp_port) in seen_addrs:
+                    raise ControllerError(
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"worker address {w.ip}:{w.udp_port} is already registered by job {job.job_id}",
+                    )
+        return out, tuple(placement)
+
+    def _free_job_id(self) -> int:
+        n = wire.MAX_JOBS - FIRST_JOB_ID
+        for i in range(n):
+            job_id = FIRST_JOB_ID + (self._next_job_id - FIRST_JOB_ID + i) % n
+            if job_id not in self._jobs:
+                return job_id
+        raise ControllerError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"all {n} job ids are in use")
+
+    def register(self, request: pb.RegisterJobRequest) -> pb.JobGrant:
+        with self._lock:
+            self._require_running()
+            req, placement = self._validate(request)
+            job_id = self._free_job_id()
+            job = Job(job_id, self._next_seq, req, placement, time.time(), generation=0)
+            jobs = dict(self._jobs)
+            jobs[job_id] = job
+            new, counter = self._reallocate(jobs, f"job {job_id} admitted", self._next_generation, fresh=job_id)
+            prev_next_id = self._next_job_id
+            self._next_job_id = FIRST_JOB_ID + (job_id - FIRST_JOB_ID + 1) % (wire.MAX_JOBS - FIRST_JOB_ID)
+            try:
+                self._commit(new, set(), counter)
+            except BaseException:
+                self._next_job_id = prev_next_id
+                raise
+            self._next_seq += 1
+            self._heartbeats[job_id] = time.time()
+            return self._grant(self._jobs[job_id])
+
+    def _worker(self, job: Job, worker_id: int) -> None:
+        if worker_id not in job.worker_ids:
+            raise ControllerError(grpc.StatusCode.NOT_FOUND, f"job {job.job_id} has no worker {worker_id}")
+
+    def heartbeat(self, job_id: int, worker_id: int) -> int:
+        with self._lock:
+            self._require_running()
+            job = self._job(job_id)
+            self._worker(job, worker_id)
+            self._heartbeats[job_id] = time.time()
+            return job.generation
+
+    def _release(self, job_ids: list[int], cause: str) -> None:
+        jobs = {j: job for j, job in self._jobs.items() if j not in job_ids}
+        new, counter = self._reallocate(jobs, cause, self._next_generation)
+        self._commit(new, set(job_ids), counter)
+
+    def release(self, job_id: int, cause: str | None = None) -> None:
+        with self._lock:
+            self._require_running()
+            self._job(job_id)
+            self._release([job_id], cause or f"job {job_id} released")
+            log.info("job %d released", job_id)
+
+    def watch(self, job_id: int, worker_id: int) -> Subscription:
+        """A stream of the job's AllocationEvents, starting with its current grant."""
+        with self._lock:
+            self._require_running()
+            job = self._job(job_id)
+            if worker_id:
+                self._worker(job, worker_id)
+            sub = Subscription(job_id, worker_id)
+            sub.events.put(pb.AllocationEvent(grant=self._grant(job)))
+            self._subs.setdefault(job_id, set()).add(sub)
+            return sub
+
+    def unwatch(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subs.get(sub.job_id, set()).discard(sub)
+            sub.close()
+
+    def sync_generation(self, job_id: int, worker_id: int, generation: int, first_missing: int, timeout: float | None = None) -> int:
+        """The barrier after a generation change: returns, once every worker of the job has reported
+        for `generation`, the minimum reported first-missing chunk."""
+        wait = self.options.sync_timeout if timeout is None else min(timeout, self.options.sync_timeout)
+        deadline = time.monotonic() + wait
+        with self._lock:
+            self._require_running()
+            job = self._job(job_id)
+            self._worker(job, worker_id)
+            if generation != job.generation:
+                raise ControllerError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"job {job_id}: generation {generation} is not the current generation {job.generation}",
+                )
+            b = self._barriers.get(job_id)
+            if b is None or b.generation != generation:
+                b = self._barriers[job_id] = _Barrier(generation)
+            if b.resume is None:
+                b.reports[worker_id] = first_missing
+                if set(b.reports) >= set(job.worker_ids):
+                    resume = min(b.reports.values())
+                    self.store.save_barrier(job_id, generation, resume)
+                    b.resume = resume
+                    log.info("job %d: generation %d resumes at chunk %d", job_id, generation, b.resume)
+                    self._cv.notify_all()
+            while b.resume is None:
+                cur = self._jobs.get(job_id)
+                if not self._running:
+                    raise ControllerError(grpc.StatusCode.UNAVAILABLE, "controller is shutting down")
+                if cur is None:
+                    raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} was released")
+                if cur.generation != generation:
+                    raise ControllerError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"job {job_id}: generation {generation} was replaced by {cur.generation} while waiting",
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(cur.worker_ids) - set(b.reports))
+                    raise ControllerError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"job {job_id}: workers {missing} did not report for generation {generation} within {wait:g} s",
+                    )
+                self._cv.wait(left)
+            return b.resume
+
+    # ================================================================================================
+    # operators
+    # ================================================================================================
+    def list_jobs(self) -> list[pb.JobInfo]:
+        with self._lock:
+            return [self._info(j) for j in sorted(self._jobs.values(), key=lambda j: j.job_id)]
+
+    def job_info(self, job_id: int) -> pb.JobInfo:
+        with self._lock:
+            return self._info(self._job(job_id))
+
+    def memory(self) -> pb.MemoryMap:
+        with self._lock:
+            out = pb.MemoryMap()
+            for sw in self.ina_switches:
+                holdings = {j.job_id: j.range_on(sw) for j in self._jobs.values() if j.range_on(sw) is not None}
+                v = memory_view(self._pool(sw), holdings)
+                m = out.switches.add(
+                    switch=sw, pool_size=v.pool_size, used=v.used, free=v.free, largest_free=v.largest_free,
+                    fragmentation=v.fragmentation,
+                )
+                for base, size, job_id in v.ranges:
+                    m.ranges.add(base=base, size=size, job_id=job_id or 0, free=job_id is None)
+            return out
+
+    def stats(self, job_id: int = 0) -> pb.StatsResponse:
+        with self._lock:
+            jobs = [self._job(job_id)] if job_id else sorted(self._jobs.values(), key=lambda j: j.job_id)
+            switches = dict(self.switches)
+        out = pb.StatsResponse()
+        try:
+            for name, sw in switches.items():
+                c = {
+                    n: sw.read_counter(n)
+                    for n in ("MyIngress.ina_aggregated", "MyIngress.ina_duplicates", "MyEgress.ina_results",
+                              "MyIngress.ina_job_drops", "MyIngress.ina_drops")
+                }
+                for reason, value in sorted(c["MyIngress.ina_drops"].items()):
+                    if reason in DROP_NAMES:
+                        out.switch_drops[f"{name}/{DROP_NAMES[reason]}"] = value
+                for job in jobs:
+                    if name not in job.switches():
+                        continue
+                    j = job.job_id
+                    s = out.stats.add(
+                        job_id=j, switch=name,
+                        aggregated=c["MyIngress.ina_aggregated"].get(j, 0),
+                        duplicates=c["MyIngress.ina_duplicates"].get(j, 0),
+                        results=c["MyEgress.ina_results"].get(j, 0),
+                    )
+                    for reason in JOB_DROPS:
+                        s.drops[DROP_NAMES[reason]] = c["MyIngress.ina_job_drops"].get(j * wire.NUM_DROP_REASONS + reason, 0)
+        except SwitchError as exc:
+            raise ControllerError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+        return out
+
+    def policy_info(self) -> pb.PolicyInfo:
+        return pb.PolicyInfo(policy=self._policy_name, available=sorted(POLICIES))
+
+    def set_policy(self, name: str) -> pb.PolicyInfo:
+        with self._lock:
+            self._require_running()
+            try:
+                policy = make_policy(name)
+            except ValueError as exc:
+                raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+            if name == self._policy_name:
+                return self.policy_info()
+            old_name, old_policy = self._policy_name, self._policy
+            self._policy_name, self._policy = name, policy
+            try:
+                new, counter = self._reallocate(dict(self._jobs), f"policy set to {name}", self._next_generation)
+                self._commit(new, set(), counter, meta={"policy": name})
+            except BaseException:
+                self._policy_name, self._policy = old_name, old_policy
+                raise
+            log.info("policy set to %s", name)
+            return self.policy_info()

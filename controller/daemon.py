@@ -1,0 +1,146 @@
+"""``ina-controller``: the controller daemon (switches over P4Runtime, the admission service, SQLite state).
+
+    ina-controller --topology topology.json [--db ina-controller.db] [--listen 127.0.0.1:50060]
+    ina-controller --switch name=s1,addr=127.0.0.1:9559,device_id=1 [--switch ...]
+    ina-controller --topology topology.json --write-runtime DIR     # write sX-runtime.json files and exit
+
+docs/controller.md describes every option, the reallocation protocol and restart behaviour.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from controller.core import DEFAULT_SCALE, Controller, ControllerError, ControllerOptions
+from controller.p4entity import Schema
+from controller.policies import POLICIES
+from controller.service import serve
+from controller.store import StoreError
+from controller.switch import SwitchError
+from controller.topology import Topology, TopologyError, write_runtime_json
+
+DEFAULT_LISTEN = "127.0.0.1:50060"
+REPO = Path(__file__).resolve().parents[1]
+
+log = logging.getLogger("ina-controller")
+
+
+def _election_id(text: str) -> tuple[int, int]:
+    try:
+        parts = [int(p, 0) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HIGH,LOW or LOW (integers)") from None
+    if len(parts) == 1:
+        parts = [0, parts[0]]
+    if len(parts) != 2 or min(parts) < 0 or parts == [0, 0]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HIGH,LOW with non-negative values, not 0,0")
+    return parts[0], parts[1]
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ina-controller", description=__doc__.splitlines()[0])
+    net = p.add_argument_group("switches")
+    net.add_argument("--topology", metavar="FILE", help="p4lang/tutorials topology.json (hosts, switches, links)")
+    net.add_argument(
+        "--switch", action="append", default=[], metavar="SPEC",
+        help="a switch without topology: name=s1,addr=127.0.0.1:9559,device_id=1[,ip=,mac=,rack=,ina=,pool=,runtime=] (repeatable)",
+    )
+    net.add_argument("--p4info", default=str(REPO / "p4src" / "ina.p4info.txt"), help="P4Info text file (default: %(default)s)")
+    net.add_argument(
+        "--device-config", metavar="FILE",
+        help="device config pushed with the P4Info: p4c's BMv2 JSON (build/ina.json) for simple_switch_grpc; "
+        "ina-switch accepts none (the default) or that JSON",
+    )
+    net.add_argument("--election-id", type=_election_id, default=(0, 10), metavar="HIGH,LOW", help="P4Runtime election id (default: 0,10)")
+    net.add_argument("--force-push", action="store_true", help="push the pipeline even if the switch already runs it (resets the switch)")
+    net.add_argument("--connect-timeout", type=_positive, default=10.0, metavar="S", help="wait this long for each switch (default: 10)")
+    net.add_argument("--write-runtime", metavar="DIR", help="write each switch's forwarding entries as sX-runtime.json into DIR and exit")
+    svc = p.add_argument_group("admission service")
+    svc.add_argument("--listen", default=DEFAULT_LISTEN, metavar="ADDR", help="admission service address (default: %(default)s)")
+    svc.add_argument("--db", default="ina-controller.db", metavar="FILE", help="SQLite database (default: %(default)s)")
+    svc.add_argument("--policy", default="first-fit", choices=sorted(POLICIES), help="allocation policy for a new database (default: %(default)s)")
+    svc.add_argument("--heartbeat-timeout", type=float, default=15.0, metavar="S", help="release jobs silent this long; 0: never (default: 15)")
+    svc.add_argument("--sync-timeout", type=_positive, default=30.0, metavar="S", help="longest SyncGeneration wait (default: 30)")
+    svc.add_argument("--scale", type=_positive, default=DEFAULT_SCALE, help="fixed-point scale handed to agents (default: 65536 = 2**16)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    if args.topology and args.switch:
+        raise TopologyError("give --topology or --switch, not both")
+    if args.topology:
+        return Topology.load(args.topology)
+    return Topology.from_specs(args.switch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("ina.p4runtime").setLevel(logging.WARNING)
+    try:
+        topo = _topology(args)
+        if args.write_runtime:
+            schema = Schema.from_file(args.p4info)
+            out = Path(args.write_runtime)
+            out.mkdir(parents=True, exist_ok=True)
+            for name in topo.switches:
+                entries, groups = topo.forwarding(name, schema)
+                write_runtime_json(out / f"{name}-runtime.json", entries, groups, schema,
+                                   p4info=args.p4info, bmv2_json=args.device_config or "build/ina.json")
+                print(out / f"{name}-runtime.json")
+            return 0
+        device_config = Path(args.device_config).read_bytes() if args.device_config else b""
+        options = ControllerOptions(
+            db_path=Path(args.db),
+            p4info_path=Path(args.p4info),
+            device_config=device_config,
+            policy=args.policy,
+            election_id=args.election_id,
+            heartbeat_timeout=args.heartbeat_timeout,
+            sync_timeout=args.sync_timeout,
+            scale=args.scale,
+            force_push=args.force_push,
+            connect_timeout=args.connect_timeout,
+        )
+        ctl = Controller(topo, options)
+        ctl.start()
+    except (TopologyError, StoreError, SwitchError, ControllerError, OSError, ValueError) as exc:
+        print(f"ina-controller: {exc}", file=sys.stderr)
+        return 1
+    try:
+        server, port = serve(ctl, args.listen)
+    except RuntimeError as exc:
+        ctl.stop()
+        print(f"ina-controller: {exc}", file=sys.stderr)
+        return 1
+    host = args.listen.rsplit(":", 1)[0]
+    log.info("admission service on %s:%d, policy %s, %d switch(es), %d job(s)", host, port,
+             ctl.policy_info().policy, len(ctl.switches), len(ctl.list_jobs()))
+    print(f"ina-controller: listening on {host}:{port}", file=sys.stderr, flush=True)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("shutting down")
+    ctl.stop()
+    server.stop(1).wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The job admission gRPC service (controller/admission.proto) in front of a :class:`~controller.core.Controller`.
+
+Each RPC maps to one controller method; a :class:`~controller.core.ControllerError` becomes its gRPC status
+code and message. ``serve()`` starts a grpc server on 127.0.0.1 (port 0 picks a free one).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+from concurrent import futures
+
+import grpc
+
+from controller import admission_pb2 as pb
+from controller import admission_pb2_grpc as pb_grpc
+from controller.core import Controller, ControllerError
+
+__all__ = ["AdmissionService", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+def _guard(context: grpc.ServicerContext, exc: ControllerError):
+    log.info("refused: %s: %s", exc.code.name, exc.message)
+    context.abort(exc.code, exc.message)
+
+
+class AdmissionService(pb_grpc.AdmissionServicer):
+    def __init__(self, controller: Controller) -> None:
+        self.ctl = controller
+
+    # --- agents -------------------------------------------------------------------------------------
+    def RegisterJob(self, request, context):
+        try:
+            return self.ctl.register(request)
+        except ControllerError as exc:
+            _guard(context, exc)
+
+    def Heartbeat(self, request, context):
+        try:
+            return pb.HeartbeatResponse(generation=self.ctl.heartbeat(request.job_id, request.worker_id))
+        except ControllerError as exc:
+            _guard(context, exc)
+
+    def ReleaseJob(self, request, context):
+        try:
+            self.ctl.release(request.job_id)
+            return pb.ReleaseJobResponse()
+        except ControllerError as exc:
+            _guard(context, exc)
+
+    def WatchJob(self, request, context):
+        try:
+            sub = self.ctl.watch(request.job_id, request.worker_id)
+        except ControllerError as exc:
+            _guard(context, exc)
+            return
+        context.add_callback(sub.close)
+        try:
+            while context.is_active():
+                try:
+                    event = sub.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if event is None:
+                    return
+                yield event
+                if event.released:
+                    return
+        finally:
+            self.ctl.unwatch(sub)
+
+    def SyncGeneration(self, request, context):
+        remaining = context.time_remaining()
+        try:
+            resume = self.ctl.sync_generation(
+                request.job_id, request.worker_id, request.generation, request.first_missing_chunk,
+                timeout=remaining if remaining is not None else None,
+            )
+            return pb.SyncGenerationResponse(generation=request.generation, resume_chunk=resume)
+        except ControllerError as exc:
+            _guard(context, exc)
+
+    # --- operators ----------------------------------------------------------------------------------
+    def ListJobs(self, request, context):
+        return pb.ListJobsResponse(jobs=self.ctl.list_jobs())
+
+    def GetJob(self, request, context):
+        try:
+            return self.ctl.job_info(request.job_id)
+        except ControllerError as exc:
+            _guard(context, exc)
+
+    def GetMemory(self, request, context):
+        return self.ctl.memory()
+
+    def GetStats(self, request, context):
+        try:
+            return self.ctl.stats(0 if request.all else request.job_id)
+        except ControllerError as exc:
+            _guard(context, exc)
+
+    def GetPolicy(self, request, context):
+        return self.ctl.policy_info()
+
+    def SetPolicy(self, request, context):
+        try:
+            return self.ctl.set_policy(request.policy)
+        except ControllerError as exc:
+            _guard(context, exc)
+
+
+def serve(controller: Controller, address: str = "127.0.0.1:50060", max_workers: int = 128) -> tuple[grpc.Server, int]:
+    """Start the admission service; returns the server and its bound port.
+
+    Every WatchJob stream and every waiting SyncGeneration holds a thread: `max_workers` bounds how many
+    agents one controller serves at once (128: e.g. 32 jobs of 2 workers with a watch and a sync each).
+    """
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="admission"))
+    pb_grpc.add_AdmissionServicer_to_server(AdmissionService(controller), server)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise RuntimeError(f"cannot listen on {address}: {exc}") from None
+    if port == 0:
+        raise RuntimeError(f"cannot listen on {address}")
+    server.start()
+    return server, port

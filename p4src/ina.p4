@@ -148,11 +148,14 @@ struct metadata_t {
     bit<32> wbit;
     bit<32> bitmap;
     bit<32> other_bitmap;
+    bit<32> stored_seq;    /* seq of the chunk this copy holds */
+    bit<32> age;           /* hdr.ina.seq - stored_seq: 0 same chunk, bit 31 clear newer, set older */
     bit<8>  count;
     bit<8>  overflow;
     bit<32> lane_ovf;      /* bit 31 set if any lane overflowed */
     bit<32> cur;
     bit<32> sum;
+    bit<1>  accept;        /* add this packet to the copy */
     bit<1>  first;
     bit<1>  complete;
     /* egress */
@@ -266,6 +269,7 @@ control MyIngress(inout headers_t hdr,
     register<bit<32>>(NUM_CELLS) ina_bitmap;       /* workers that contributed to this copy */
     register<bit<8>>(NUM_CELLS) ina_count;         /* contributions so far; 0 = empty or complete */
     register<bit<8>>(NUM_CELLS) ina_overflow;      /* 1 if any lane overflowed in this copy */
+    register<bit<32>>(NUM_CELLS) ina_seq;          /* seq of the chunk this copy holds */
     register<bit<32>>(NUM_LANE_CELLS) ina_lanes;   /* the sums */
 
     action drop() {
@@ -420,13 +424,31 @@ control MyIngress(inout headers_t hdr,
             ina_count.write((meta.slot_abs << 1) + 1, 0);
             ina_overflow.write(meta.slot_abs << 1, 0);
             ina_overflow.write((meta.slot_abs << 1) + 1, 0);
+            ina_seq.write(meta.slot_abs << 1, hdr.ina.seq - 1);
+            ina_seq.write((meta.slot_abs << 1) + 1, hdr.ina.seq - 1);
         }
 
         ina_bitmap.read(meta.bitmap, meta.cell);
         ina_count.read(meta.count, meta.cell);
         ina_overflow.read(meta.overflow, meta.cell);
+        ina_seq.read(meta.stored_seq, meta.cell);
 
+        /* A worker's bit not in the copy: its contribution to the round in progress (same seq), or the start
+         * of the copy's next round (newer seq, copy empty or complete). Anything else is a late packet of a
+         * round the copy already finished, which the network delayed or reordered: never added. */
+        meta.age = hdr.ina.seq - meta.stored_seq;
+        meta.accept = 0;
         if ((meta.bitmap & meta.wbit) == 0) {
+            if (meta.count == 0) {
+                if (meta.age != 0 && meta.age[31:31] == 0) {
+                    meta.accept = 1;
+                }
+            } else if (meta.age == 0) {
+                meta.accept = 1;
+            }
+        }
+
+        if (meta.accept == 1) {
             /* 6a. A new contribution: mark it in this copy, clear it in the other (SwitchML's shadow sets). */
             ina_bitmap.write(meta.cell, meta.bitmap | meta.wbit);
             ina_bitmap.read(meta.other_bitmap, meta.other_cell);
@@ -435,6 +457,7 @@ control MyIngress(inout headers_t hdr,
             if (meta.count == 0) {
                 meta.first = 1;
                 meta.overflow = 0;
+                ina_seq.write(meta.cell, hdr.ina.seq);
             }
             meta.count = meta.count + 1;
             meta.complete = 0;
@@ -470,9 +493,9 @@ control MyIngress(inout headers_t hdr,
                 drop();
             }
         } else {
-            /* 6b. Seen before: a completed copy answers its sender alone; an incomplete one drops it. */
+            /* 6b. Seen before: a completed copy answers its sender alone; anything else is dropped. */
             ina_duplicates.count((bit<32>)hdr.ina.job_id);
-            if (meta.count == 0) {
+            if (meta.count == 0 && meta.age == 0 && (meta.bitmap & meta.wbit) != 0) {
                 READ_LANE(0, lane00)  READ_LANE(1, lane01)  READ_LANE(2, lane02)  READ_LANE(3, lane03)
                 READ_LANE(4, lane04)  READ_LANE(5, lane05)  READ_LANE(6, lane06)  READ_LANE(7, lane07)
                 READ_LANE(8, lane08)  READ_LANE(9, lane09)  READ_LANE(10, lane10) READ_LANE(11, lane11)

@@ -5,9 +5,16 @@ Read it side by side with the P4: the stages, tables, actions, counters and regi
 block it models. Control-plane state (tables, multicast groups, counters) is addressed by P4Info names, so
 the P4Runtime server and the tests drive it exactly as they would drive BMv2.
 
-Hot path: struct and numpy only. BMv2 behaviours modelled on purpose: a parser error does not drop by
-itself (ingress checks ``parser_error``); an unset ``egress_spec`` is port 0; ``mark_to_drop`` sets port 511
-and clears ``mcast_grp``; the IPv4 checksum is verified and recomputed over the 20-byte base header.
+Hot path: struct, bytes and Python integers only. The lanes register lives in a bytearray in wire order (the
+numpy array ``ina_lanes`` is a view of it), so a contribution is added to a slot with one SWAR addition on a
+1024-bit integer (32 int32 lanes at once, carries stopped at lane boundaries) and overflow is the P4's
+``(cur ^ sum) & (value ^ sum)`` sign test on all lanes at once; the IPv4 checksum is the 16-bit one's
+complement sum computed as the header's integer value modulo 0xFFFF. Multicast replicas share everything but
+the addresses set_worker_addr writes, so they are joined from pieces cut once per packet.
+
+BMv2 behaviours modelled on purpose: a parser error does not drop by itself (ingress checks
+``parser_error``); an unset ``egress_spec`` is port 0; ``mark_to_drop`` sets port 511 and clears
+``mcast_grp``; the IPv4 checksum is verified and recomputed over the 20-byte base header.
 """
 from __future__ import annotations
 
@@ -31,12 +38,33 @@ _ETH = struct.Struct("!6s6sH")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _UDP = struct.Struct("!HHHH")
 _INA = struct.Struct("!BBHHHIBB")  # same layout as wire.pack_header
+# Everything the INA path reads, from a frame's first byte: etherType; version/ihl, totalLen, protocol; UDP
+# dstPort, length; then ina_t as _INA.
+_INA_HEADERS = struct.Struct("!12xHBxH5xB12xHH2xBBHHHIBB")
 _U16 = struct.Struct("!H")
 _O_IP = wire.ETH_LEN
 _O_UDP = _O_IP + wire.IPV4_LEN
 _O_INA = wire.INA_OFFSET
 _O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
 _INA_END = _O_DATA + wire.INA_DATA_LEN
+_CELL_BYTES = wire.LANES * 4
+# Enum members as plain ints for the hot path (an IntEnum attribute lookup costs as much as a dict lookup).
+_GRADIENT, _RESULT, _BROADCAST = int(MsgType.GRADIENT), int(MsgType.RESULT), int(MsgType.BROADCAST)
+_OVERFLOW = int(wire.Flags.OVERFLOW)
+# SWAR masks over LANES int32 lanes in one big-endian integer: each lane's sign bit, and the bits below it.
+_SIGNS = int.from_bytes(b"\x80\x00\x00\x00" * wire.LANES, "big")
+_LOWS = int.from_bytes(b"\x7f\xff\xff\xff" * wire.LANES, "big")
+
+
+def _csum16_folded(header: bytes | bytearray) -> int:
+    """The folded 16-bit one's complement sum of a 20-byte header (as wire.ipv4_checksum folds it, before ~).
+
+    2**16 is 1 modulo 0xFFFF, so the sum of the 16-bit words equals the header's integer value modulo 0xFFFF;
+    a folded sum is 0 only for an all-zero header and 0xFFFF for any other multiple of 0xFFFF.
+    """
+    x = int.from_bytes(header, "big")
+    r = x % 0xFFFF
+    return 0xFFFF if r == 0 and x else r
 
 
 class PipelineError(ValueError):
@@ -108,6 +136,7 @@ REGISTERS: dict[str, tuple[int, int]] = {  # name -> (bitwidth, size)
     "MyIngress.ina_bitmap": (32, NUM_CELLS),
     "MyIngress.ina_count": (8, NUM_CELLS),
     "MyIngress.ina_overflow": (8, NUM_CELLS),
+    "MyIngress.ina_seq": (32, NUM_CELLS),
     "MyIngress.ina_lanes": (32, NUM_CELLS * wire.LANES),
 }
 
@@ -201,6 +230,8 @@ class InaPipeline:
         # Fast views of the tables the hot path reads (rebuilt on every control-plane write).
         self._job: dict[int, tuple[int, ...]] = {}
         self._worker: dict[tuple[int, int], tuple[int, int, int] | None] = {}
+        # The same entries as _worker, as the bytes the egress writes: (mac, ip, udp_port, worker_id, ip as int).
+        self._worker_bytes: dict[tuple[int, int], tuple[bytes, bytes, bytes, bytes, int] | None] = {}
         self._worker_default_drop = True
         self._lpm = self.tables["MyIngress.ipv4_lpm"]
 
@@ -210,11 +241,18 @@ class InaPipeline:
         self.ina_bitmap = [0] * NUM_CELLS
         self.ina_count = [0] * NUM_CELLS
         self.ina_overflow = [0] * NUM_CELLS
-        self.ina_lanes = np.zeros((NUM_CELLS, wire.LANES), dtype=np.int32)
+        self.ina_seq = [0] * NUM_CELLS
+        # Lanes in wire order (big-endian int32), cell after cell; ina_lanes is a (NUM_CELLS, LANES) view of it.
+        self._lanes_buf = bytearray(NUM_CELLS * _CELL_BYTES)
+        self.ina_lanes = np.frombuffer(self._lanes_buf, dtype=INT32).reshape(NUM_CELLS, wire.LANES)
 
     def register_snapshot(self) -> tuple:
         """A copy of every register, for tests that assert 'no state change'."""
-        return (list(self.ina_owner), list(self.ina_bitmap), list(self.ina_count), list(self.ina_overflow), self.ina_lanes.copy())
+        lanes = self.ina_lanes.astype(np.int32)
+        return (
+            list(self.ina_owner), list(self.ina_bitmap), list(self.ina_count), list(self.ina_overflow), list(self.ina_seq),
+            lanes,
+        )
 
     # --- control plane, by P4Info names ------------------------------------------------------------
     def table(self, name: str) -> Table:
@@ -273,6 +311,12 @@ class InaPipeline:
         self._worker = {
             e.match: (e.params if e.action == "MyEgress.set_worker_addr" else None) for e in workers.entries.values()
         }
+        self._worker_bytes = {
+            match: None if p is None else (
+                p[0].to_bytes(6, "big"), p[1].to_bytes(4, "big"), _U16.pack(p[2]), bytes((match[1] & 0xFF,)), p[1]
+            )
+            for match, p in self._worker.items()
+        }
         self._worker_default_drop = workers.default[0] == "MyEgress.drop"
 
     # --- the packet path ---------------------------------------------------------------------------
@@ -281,9 +325,21 @@ class InaPipeline:
             return self._process(ingress_port, frame)
 
     def _process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        n = len(frame)
+        # --- MyParser, the common case at once: a whole INA packet from a data port goes start -> parse_ethernet
+        # -> parse_ipv4 -> parse_udp -> parse_ina -> accept with no parser error (the general parser below
+        # reaches the same states for it).
+        if ingress_port != wire.CPU_PORT and n >= _INA_END:
+            h = _INA_HEADERS.unpack_from(frame)
+            if h[0] == TYPE_IPV4 and h[1] & 0x0F == 5 and h[3] == PROTO_UDP and h[4] == wire.INA_UDP_PORT:
+                # MyVerifyChecksum, then MyIngress.apply from step 2 on.
+                if _csum16_folded(frame[_O_IP:_O_UDP]) != 0xFFFF:
+                    self.counters["MyIngress.ina_drops"][DropReason.MALFORMED] += 1
+                    return []
+                return self._ina(ingress_port, frame, h)
+
         counters = self.counters
         ina_drops = counters["MyIngress.ina_drops"]
-        n = len(frame)
 
         # --- MyParser ---
         off = 0
@@ -306,8 +362,9 @@ class InaPipeline:
                     ipv4_valid = True
                     ip0 = off + wire.ETH_LEN
                     vihl, proto = frame[ip0], frame[ip0 + 9]
-                    # MyVerifyChecksum: csum16 over the 20-byte base header must verify to zero.
-                    checksum_error = wire.ipv4_checksum(frame[ip0 : ip0 + 20]) != 0
+                    # MyVerifyChecksum: csum16 over the 20-byte base header must verify to zero
+                    # (wire.ipv4_checksum(header) == 0, i.e. the folded sum is 0xFFFF).
+                    checksum_error = _csum16_folded(frame[ip0 : ip0 + 20]) != 0xFFFF
                     if (vihl & 0x0F) == 5 and proto == PROTO_UDP:  # state parse_udp
                         if n - off < _O_INA:
                             parser_error = True
@@ -333,13 +390,17 @@ class InaPipeline:
         if not ina_valid:
             return self._ipv4_lpm(ingress_port, frame)
 
+        return self._ina(ingress_port, frame, _INA_HEADERS.unpack_from(frame))
+
+    def _ina(self, ingress_port: int, frame: bytes, headers: tuple) -> list[tuple[int, bytes]]:
+        """MyIngress.apply from step 4 on, for a valid INA packet (``headers``: _INA_HEADERS of the frame)."""
+        counters = self.counters
+        ina_drops = counters["MyIngress.ina_drops"]
         # 4. INA: validate lengths, job, message type, generation, worker, slot.
-        total_len = _U16.unpack_from(frame, _O_IP + 2)[0]
-        udp_len = _U16.unpack_from(frame, _O_UDP + 4)[0]
+        _, _, total_len, _, _, udp_len, msg_type, _flags, job_id, generation, slot, seq, worker_id, last = headers
         if total_len != wire.INA_IPV4_LEN or udp_len != wire.INA_UDP_LEN:
             ina_drops[DropReason.MALFORMED] += 1
             return []
-        msg_type, _flags, job_id, generation, slot, _seq, worker_id, last = _INA.unpack_from(frame, _O_INA)
         shadow = last & 1
         job = self._job.get(job_id)  # table ina_job
         if job is None:
@@ -349,13 +410,13 @@ class InaPipeline:
         drop_reason = 0
         wbit = (1 << worker_id) & 0xFFFFFFFF  # (bit<32>)1 << worker_id: 0 for worker_id >= 32
         slot_abs = base_slot + slot
-        if msg_type != MsgType.GRADIENT and msg_type != MsgType.BROADCAST:
+        if msg_type != _GRADIENT and msg_type != _BROADCAST:
             drop_reason = DropReason.BAD_MSG_TYPE
         elif generation != job_generation:
             drop_reason = DropReason.STALE_GENERATION
         elif worker_mask & wbit == 0:
             drop_reason = DropReason.FOREIGN_WORKER
-        elif msg_type == MsgType.GRADIENT and (slot >= num_slots or slot_abs >= wire.NUM_SLOTS):
+        elif msg_type == _GRADIENT and (slot >= num_slots or slot_abs >= wire.NUM_SLOTS):
             drop_reason = DropReason.SLOT_OUT_OF_RANGE
         if drop_reason:
             ina_drops[drop_reason] += 1
@@ -363,8 +424,8 @@ class InaPipeline:
             return []
 
         # 5. Broadcast: to every worker of the job, payload as it is.
-        out = bytearray(frame)
-        if msg_type == MsgType.BROADCAST:
+        if msg_type == _BROADCAST:
+            out = bytearray(frame)
             self._multicast_to_job(out)
             return self._replicate(mcast_grp, out, ingress_port)
 
@@ -372,58 +433,71 @@ class InaPipeline:
         cell = (slot_abs << 1) + shadow
         other_cell = (slot_abs << 1) + (shadow ^ 1)
         owner = (job_id << 16) | generation
+        ina_bitmap, ina_count, ina_overflow, ina_seq = self.ina_bitmap, self.ina_count, self.ina_overflow, self.ina_seq
         if self.ina_owner[slot_abs] != owner:
             self.ina_owner[slot_abs] = owner
             c0 = slot_abs << 1
-            self.ina_bitmap[c0] = self.ina_bitmap[c0 + 1] = 0
-            self.ina_count[c0] = self.ina_count[c0 + 1] = 0
-            self.ina_overflow[c0] = self.ina_overflow[c0 + 1] = 0
+            ina_bitmap[c0] = ina_bitmap[c0 + 1] = 0
+            ina_count[c0] = ina_count[c0 + 1] = 0
+            ina_overflow[c0] = ina_overflow[c0 + 1] = 0
+            ina_seq[c0] = ina_seq[c0 + 1] = (seq - 1) & 0xFFFFFFFF
 
-        bitmap = self.ina_bitmap[cell]
-        count = self.ina_count[cell]
-        overflow = self.ina_overflow[cell]
+        bitmap = ina_bitmap[cell]
+        count = ina_count[cell]
+        overflow = ina_overflow[cell]
+        stored_seq = ina_seq[cell]
 
-        if bitmap & wbit == 0:
+        # Accept: the round in progress (same seq), or the next round of an empty or complete copy (newer
+        # seq); a late packet of a finished round is never added.
+        age = (seq - stored_seq) & 0xFFFFFFFF
+        accept = bitmap & wbit == 0 and ((age != 0 and age < 0x80000000) if count == 0 else age == 0)
+
+        if accept:
             # 6a. A new contribution: mark it in this copy, clear it in the other (shadow sets).
-            self.ina_bitmap[cell] = bitmap | wbit
-            self.ina_bitmap[other_cell] &= ~wbit & 0xFFFFFFFF
+            ina_bitmap[cell] = bitmap | wbit
+            ina_bitmap[other_cell] &= ~wbit & 0xFFFFFFFF
             first = count == 0
             if first:
                 overflow = 0
+                ina_seq[cell] = seq
             count = (count + 1) & 0xFF
             complete = count == num_workers
             if complete:
                 count = 0
-            self.ina_count[cell] = count
-            # AGGREGATE_LANE x LANES
-            value = np.frombuffer(frame, dtype=INT32, count=wire.LANES, offset=_O_DATA)
-            lanes = self.ina_lanes[cell]
-            if first:
-                lanes[:] = value
-                total = lanes
+            ina_count[cell] = count
+            # AGGREGATE_LANE x LANES, all lanes at once (see the module docstring)
+            buf = self._lanes_buf
+            o = cell * _CELL_BYTES
+            if first:  # cur = 0: the sum is the value, and no lane can overflow
+                total = frame[_O_DATA:_INA_END]
             else:
-                cur = lanes.copy()
-                np.add(cur, value, out=lanes, casting="unsafe")  # int32 wraps, as bit<32> does
-                total = lanes
-                if (((cur ^ total) & (value ^ total)) < 0).any():
+                cur = int.from_bytes(buf[o : o + _CELL_BYTES], "big")
+                value = int.from_bytes(frame[_O_DATA:_INA_END], "big")
+                s = ((cur & _LOWS) + (value & _LOWS)) ^ ((cur ^ value) & _SIGNS)  # int32 wraps, as bit<32> does
+                if (cur ^ s) & (value ^ s) & _SIGNS:
                     overflow = 1
-            self.ina_overflow[cell] = overflow
+                total = s.to_bytes(_CELL_BYTES, "big")
+            buf[o : o + _CELL_BYTES] = total
+            ina_overflow[cell] = overflow
             counters["MyIngress.ina_aggregated"][job_id] += 1
             if not complete:
                 return []
-            out[_O_DATA:_INA_END] = total.astype(INT32).tobytes()
-            out[_O_INA] = MsgType.RESULT
-            out[_O_INA + 1] = wire.Flags.OVERFLOW if overflow else 0
+            out = bytearray(frame)
+            out[_O_DATA:_INA_END] = total
+            out[_O_INA] = _RESULT
+            out[_O_INA + 1] = _OVERFLOW if overflow else 0
             self._multicast_to_job(out)
             return self._replicate(mcast_grp, out, ingress_port)
 
-        # 6b. Seen before: a completed copy answers its sender alone; an incomplete one drops it.
+        # 6b. Seen before: a completed copy answers its sender alone; anything else is dropped.
         counters["MyIngress.ina_duplicates"][job_id] += 1
-        if count != 0:
+        if count != 0 or age != 0 or bitmap & wbit == 0:
             return []
-        out[_O_DATA:_INA_END] = self.ina_lanes[cell].astype(INT32).tobytes()  # READ_LANE x LANES
-        out[_O_INA] = MsgType.RESULT
-        out[_O_INA + 1] = wire.Flags.OVERFLOW if overflow else 0
+        o = cell * _CELL_BYTES
+        out = bytearray(frame)
+        out[_O_DATA:_INA_END] = self._lanes_buf[o : o + _CELL_BYTES]  # READ_LANE x LANES
+        out[_O_INA] = _RESULT
+        out[_O_INA + 1] = _OVERFLOW if overflow else 0
         self._reply_to_sender(out)
         return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 
@@ -469,11 +543,53 @@ class InaPipeline:
 
     # --- traffic manager ---------------------------------------------------------------------------
     def _replicate(self, group: int, out: bytearray, ingress_port: int) -> list[tuple[int, bytes]]:
+        """Replicas of an INA packet (multicast_to_job): MyEgress with ina_mcast = ina_out = 1 for each.
+
+        The same steps as ``_egress`` for every replica, with what all replicas share done once: the UDP
+        checksum and the IPv4 checksum field are zeroed, the bytes set_worker_addr leaves alone are cut once,
+        and the IPv4 checksum starts from the header's value without its destination address (the header's
+        integer value is that plus the address, see ``_csum16_folded``).
+        """
         if group == 0:  # no multicast group: BMv2 sends to egress_spec, which is unset (port 0)
             return self._egress(ingress_port, 0, 0, out, ina_out=True, ina_mcast=True)
-        emitted = []
-        for port, rid in self.multicast_groups.get(group, ()):
-            emitted += self._egress(ingress_port, port, rid, bytearray(out), ina_out=True, ina_mcast=True)
+        emitted: list[tuple[int, bytes]] = []
+        replicas = self.multicast_groups.get(group, ())
+        if not replicas:
+            return emitted
+        out[_O_UDP + 6 : _O_UDP + 8] = b"\x00\x00"  # UDP checksum 0: the payload changed
+        out[_O_IP + 10 : _O_IP + 12] = b"\x00\x00"  # MyComputeChecksum fills it per replica
+        job_id = (out[_O_INA + 2] << 8) | out[_O_INA + 3]
+        results = self.counters["MyEgress.ina_results"] if out[_O_INA] == _RESULT else None
+        workers = self._worker_bytes
+        default_drop = self._worker_default_drop
+        pack = _U16.pack
+        # Pieces of every rewritten replica: mac | a | ip checksum | b | dst ip | c | dst port | d | worker_id | e
+        a, b, c = bytes(out[6 : _O_IP + 10]), bytes(out[_O_IP + 12 : _O_IP + 16]), bytes(out[_O_UDP : _O_UDP + 2])
+        d, e = bytes(out[_O_UDP + 4 : _O_INA + 12]), bytes(out[_O_INA + 13 :])
+        x_base = int.from_bytes(out[_O_IP : _O_IP + 16], "big") << 32  # the header's value with dst address 0
+        for port, rid in replicas:
+            if port == DROP_PORT:
+                continue
+            addr = workers.get((job_id, rid), False)  # table ina_worker
+            if addr is None:  # an entry whose action is drop
+                continue
+            if addr is False:  # a miss: the default action
+                if default_drop:
+                    continue
+                r = bytearray(out)
+                if results is not None:
+                    results[job_id] += 1
+                r[_O_IP + 10 : _O_IP + 12] = pack(0xFFFF - _csum16_folded(r[_O_IP : _O_IP + 20]))
+            else:  # action set_worker_addr
+                if results is not None:
+                    results[job_id] += 1
+                mac, ip, udp_port, worker_id, ip_value = addr
+                x = x_base + ip_value
+                folded = x % 0xFFFF or (0xFFFF if x else 0)
+                r = b"".join((mac, a, pack(0xFFFF - folded), b, ip, c, udp_port, d, worker_id, e))
+            if port == wire.CPU_PORT:  # packet_in header: ingress_port:9, _pad:7
+                r = pack((ingress_port & 0x1FF) << 7) + r
+            emitted.append((port, bytes(r)))
         return emitted
 
     # --- MyEgress.apply, MyComputeChecksum, MyDeparser ---------------------------------------------
@@ -484,26 +600,23 @@ class InaPipeline:
             return []
         if ina_mcast:
             job_id = _U16.unpack_from(out, _O_INA + 2)[0]
-            addr = self._worker.get((job_id, egress_rid), False)  # table ina_worker
+            addr = self._worker_bytes.get((job_id, egress_rid), False)  # table ina_worker
             if addr is False:
                 if self._worker_default_drop:
                     return []
             elif addr is None:  # an entry whose action is drop
                 return []
             else:  # action set_worker_addr
-                mac, ip, udp_port = addr
-                out[0:6] = mac.to_bytes(6, "big")
-                out[_O_IP + 16 : _O_IP + 20] = ip.to_bytes(4, "big")
-                out[_O_UDP + 2 : _O_UDP + 4] = _U16.pack(udp_port)
+                out[0:6], out[_O_IP + 16 : _O_IP + 20], out[_O_UDP + 2 : _O_UDP + 4] = addr[:3]
                 out[_O_INA + 12] = egress_rid & 0xFF  # hdr.ina.worker_id
         if ina_out:
             out[_O_UDP + 6 : _O_UDP + 8] = b"\x00\x00"  # UDP checksum 0: the payload changed
             if out[_O_INA] == MsgType.RESULT:
                 self.counters["MyEgress.ina_results"][_U16.unpack_from(out, _O_INA + 2)[0]] += 1
         # MyComputeChecksum: update_checksum over the base IPv4 header.
-        if len(out) >= _O_UDP and _U16.unpack_from(out, 12)[0] == TYPE_IPV4:
+        if len(out) >= _O_UDP and out[12] == 0x08 and out[13] == 0x00:  # etherType TYPE_IPV4
             out[_O_IP + 10 : _O_IP + 12] = b"\x00\x00"
-            out[_O_IP + 10 : _O_IP + 12] = _U16.pack(wire.ipv4_checksum(out[_O_IP : _O_IP + 20]))
+            out[_O_IP + 10 : _O_IP + 12] = _U16.pack(0xFFFF - _csum16_folded(out[_O_IP : _O_IP + 20]))
         if egress_port == wire.CPU_PORT:  # packet_in header: ingress_port:9, _pad:7
             out[0:0] = _U16.pack((ingress_port & 0x1FF) << 7)
         return [(egress_port, bytes(out))]

@@ -131,3 +131,15 @@ def gradient(
 
 def dissect(frame: bytes) -> Ether:
     return Ether(frame)
+
+
+def process_target(kind: str, request) -> Target:
+    """A switch process target (``--target ina-switch`` or ``--target bmv2``) for one test.
+
+    The switch runs in a network namespace of its own with ports 1..10, each a veth pair to a host end;
+    control goes over P4Runtime, frames through raw sockets on the host ends (tests/integration/switch_process.py).
+    Skips when not root, or for BMv2 when simple_switch_grpc or build/ina.json is missing.
+    """
+    from tests.integration.switch_process import process_target as start
+
+    return start(kind, request)

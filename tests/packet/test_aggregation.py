@@ -234,3 +234,33 @@ def test_broadcast_goes_to_every_worker_unchanged(target):
         assert ina.msg_type == wire.MsgType.BROADCAST and ina.lanes == payload and ina.seq == 42 and ina.worker_id == w.wid
         assert res[w.port]["IP"].dst == w.ip and res[w.port]["UDP"].dport == w.udp_port
     assert target.read_counter("MyIngress.ina_aggregated", 8) == 0
+
+
+def test_late_retransmission_never_enters_a_later_round(target):
+    """A retransmission the network delayed past its round (reordering) must not be added to the slot copy's
+    next round, nor to a round in progress: the copy remembers which chunk it holds."""
+    workers = make_workers(2)
+    install_job(target, 6, workers, base=0, num_slots=1)
+    rounds = [(0, 0), (1, 1), (2, 0), (3, 1)]  # (chunk, shadow) through the single slot
+    stale = gradient(workers[0], 6, 0, [1000] * wire.LANES, seq=0, shadow=0, flags=wire.Flags.RETRANSMIT)
+    for chunk, shadow in rounds[:2]:
+        for w in workers:
+            target.send(w.port, gradient(w, 6, 0, [chunk + 1] * wire.LANES, seq=chunk, shadow=shadow))
+        assert len(target.receive(expect=2)) == 2
+    # Chunk 0's retransmission arrives now: worker 0 has moved on (its bit in copy 0 is cleared).
+    target.send(1, stale)
+    assert target.receive(expect=0, timeout=0.05) == []
+    # Chunk 2 starts in copy 0; the stale packet arrives again mid-round.
+    target.send(2, gradient(workers[1], 6, 0, [3] * wire.LANES, seq=2, shadow=0))
+    target.send(1, stale)
+    assert target.receive(expect=0, timeout=0.05) == []
+    target.send(1, gradient(workers[0], 6, 0, [3] * wire.LANES, seq=2, shadow=0))
+    res = _results(target.receive(expect=2))
+    assert all(r[wire.INA].lanes == [6] * wire.LANES and r[wire.INA].seq == 2 for r in res.values())
+    # And once chunk 2 is complete, the two-rounds-old packet neither restarts the copy nor gets an answer.
+    target.send(1, stale)
+    assert target.receive(expect=0, timeout=0.05) == []
+    target.send(2, gradient(workers[1], 6, 0, [3] * wire.LANES, seq=2, shadow=0, flags=wire.Flags.RETRANSMIT))
+    out = target.receive(expect=1)
+    assert [dissect(f)[wire.INA].lanes for _, f in out] == [[6] * wire.LANES]
+    assert target.read_counter("MyIngress.ina_duplicates", 6) == 4

@@ -31,9 +31,10 @@ def _state(target):
 def _assert_same_state(before, after):
     if before is None:
         return
-    for a, b in zip(before[:4], after[:4]):
-        assert a == b
-    assert (before[4] == after[4]).all()
+    *scalars_before, lanes_before = before
+    *scalars_after, lanes_after = after
+    assert scalars_before == scalars_after
+    assert (lanes_before == lanes_after).all()
 
 
 def _finish_slot(target, workers):

@@ -1,0 +1,366 @@
+"""Throughput of ``ina-switch`` over veth, as a ratio to a plain Python AF_PACKET echo on the same path.
+
+    python bench/switch_bench.py [--workers 2 4] [--seconds 3] [--window 128] [--json results.json]
+
+Needs root. For each worker count N it builds, inside network namespaces it creates (and always removes):
+one switch namespace with ports 1..N and N worker namespaces, each joined to the switch by a veth pair.
+Every worker is a process in its own namespace that keeps ``--window`` chunks in flight (SwitchML's
+scheme: chunk c in slot c mod W, shadow copy (c div W) mod 2, next chunk sent when a result comes back,
+everything in flight resent after a 20 ms silence) and checks each result is the exact sum.
+
+Two runs per N, on the same machine, in the same process:
+
+- ceiling: the switch namespace runs a bare Python echo (epoll, recv, send the frame back on its port),
+  the least work a Python program can do per frame on this path. Each worker counts its own frames
+  coming back, so per frame in there is exactly one frame out, as in the switch run on average.
+- ina-switch: the real process (``ina-switch -i 1@sw-eth1 ... -- --grpc-server-addr 127.0.0.1:PORT``),
+  configured over P4Runtime with one job of N workers.
+
+It prints aggregated packets per second (gradient packets the switch consumed), results per second
+(completed slots, each multicast to N workers) and the ratio of aggregated packets per second to the
+echo's frames per second. Everything stops by itself (each run is ``--seconds`` long plus about one second
+of set-up), and the namespaces are removed even when something fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from inaproto import wire  # noqa: E402
+
+JOB_ID, GROUP = 1, 1
+SWITCH_MAC = bytes.fromhex("0200000000fe")
+SWITCH_IP = bytes([10, 0, 0, 254])
+RTO = 0.02
+_HDR = struct.Struct("!HIBB")  # slot, seq, worker_id, reserved|shadow at ina offset 6
+_SEQ = struct.Struct("!I")
+O_INA = wire.INA_OFFSET
+O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
+
+
+def worker_mac(i: int) -> bytes:
+    return bytes.fromhex(f"0200000001{i + 1:02x}")
+
+
+def worker_ip(i: int) -> bytes:
+    return bytes([10, 0, 1, i + 1])
+
+
+def worker_lanes(i: int) -> list[int]:
+    return [(lane * 1000 + i * 7 - 500) for lane in range(wire.LANES)]
+
+
+# --- roles run inside the namespaces -------------------------------------------------------------------
+def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, seconds: float, echo: bool, generation: int) -> dict:
+    """One worker: windowed sender and result checker on a raw socket; returns its counts as a dict.
+
+    Prints ``ready`` once set up, then reads the wall-clock start time from stdin (all workers start together).
+    """
+    import numpy as np
+
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    sock.setsockopt(263, 23, 1)  # PACKET_IGNORE_OUTGOING
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind((iface, 0x0003))
+    lanes = np.array(worker_lanes(wid), dtype=np.int32)
+    header = wire.InaHeader(wire.MsgType.GRADIENT, 0, JOB_ID, generation, 0, 0, wid, 0)
+    template = bytearray(
+        wire.udp_frame(worker_mac(wid), SWITCH_MAC, worker_ip(wid), SWITCH_IP, 40000 + wid, wire.INA_UDP_PORT,
+                       wire.encode_payload(header, lanes))
+    )
+    if echo:
+        expected = bytes(template[O_DATA:])
+    else:
+        total = sum(np.array(worker_lanes(i), dtype=np.int64) for i in range(workers))
+        expected = total.astype(">i4").tobytes()
+    send, pack_into = sock.send, _HDR.pack_into
+
+    def send_chunk(c: int, flags: int = 0) -> None:
+        template[O_INA + 1] = flags
+        pack_into(template, O_INA + 6, c % window, c, wid, (c // window) & 1)
+        send(template)
+
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    buf = bytearray(2048)
+    view = memoryview(buf)
+    recv_into, unpack_from = sock.recv_into, _SEQ.unpack_from
+    in_flight = {}  # slot -> chunk
+    print("ready", flush=True)
+    start_at = float(sys.stdin.readline())
+    while time.time() < start_at:
+        time.sleep(0.001)
+    t_begin, t_end = start_at + warmup, start_at + warmup + seconds
+    base = None  # results when the measured window began
+    results = bad = resent = 0
+    stalls = []
+    for c in range(window):
+        in_flight[c] = c
+        send_chunk(c)
+    now = time.time()
+    while now < t_end:
+        if not poller.poll(RTO * 1000):
+            for c in in_flight.values():
+                send_chunk(c, wire.Flags.RETRANSMIT)
+                resent += 1
+            now = time.time()
+            stalls.append(round(now - start_at, 3))
+            continue
+        for _ in range(256):
+            try:
+                n = recv_into(buf, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            if n != wire.INA_FRAME_LEN:
+                continue
+            seq = unpack_from(buf, O_INA + 8)[0]
+            slot = seq % window
+            if in_flight.get(slot) != seq:
+                continue  # a late duplicate
+            results += 1
+            if view[O_DATA:n] != expected:
+                bad += 1
+            nxt = seq + window
+            in_flight[slot] = nxt
+            send_chunk(nxt)
+        now = time.time()
+        if base is None and now >= t_begin:
+            base = results
+    measured = results - base if base is not None else 0
+    sock.close()
+    return {"worker": wid, "results": results, "measured": measured, "bad": bad, "resent": resent, "stalls": stalls[:10]}
+
+
+def run_echo(ifaces: list[str], stop_after: float) -> dict:
+    """The ceiling: a bare Python AF_PACKET echo that sends every frame back out of the port it came in on."""
+    socks = []
+    for iface in ifaces:
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        s.setsockopt(263, 23, 1)
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            s.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+        s.bind((iface, 0x0003))
+        socks.append(s)
+    ep = select.epoll()
+    table = {}
+    for s in socks:
+        ep.register(s.fileno(), select.EPOLLIN)
+        table[s.fileno()] = (s.recv, s.send)
+    print("ready", flush=True)
+    echoed = 0
+    deadline = time.monotonic() + stop_after
+    dontwait = socket.MSG_DONTWAIT
+    while time.monotonic() < deadline:
+        for fd, _ in ep.poll(0.2):
+            recv, send = table[fd]
+            for _ in range(64):
+                try:
+                    frame = recv(65536, dontwait)
+                except BlockingIOError:
+                    break
+                send(frame)
+                echoed += 1
+    return {"echoed": echoed}
+
+
+# --- the driver -------------------------------------------------------------------------------------------
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def _install_job(client, n: int, window: int) -> None:
+    client.insert_entry("MyIngress.ina_job", (JOB_ID,), "MyIngress.set_job", (0, window, (1 << n) - 1, n, GROUP, 0))
+    client.set_multicast_group(GROUP, [(i + 1, i) for i in range(n)])
+    for i in range(n):
+        client.insert_entry("MyEgress.ina_worker", (JOB_ID, i), "MyEgress.set_worker_addr",
+                            (int.from_bytes(worker_mac(i), "big"), int.from_bytes(worker_ip(i), "big"), 40000 + i))
+
+
+class Switch:
+    """ina-switch in the switch namespace with one job of n workers (started for one run: it must not be
+    running while the echo is, since it would read every frame too)."""
+
+    def __init__(self, net, n: int, window: int, log_dir: Path) -> None:
+        from tests.integration.switch_process import SwitchProcess
+        from tests.p4rt_client import P4RuntimeTestClient
+
+        self.n, self.window, self.generation = n, window, 0
+        self.process = SwitchProcess(net, log_dir, core_args=["-L", "warn"])
+        try:
+            self.client = P4RuntimeTestClient(self.process.address, self.process.device_id, 1, device_config=b"")
+            _install_job(self.client, n, window)
+        except BaseException:
+            self.process.stop()
+            raise
+
+    def next_generation(self) -> int:
+        self.generation += 1
+        self.client.modify_entry("MyIngress.ina_job", (JOB_ID,), "MyIngress.set_job",
+                                 (0, self.window, (1 << self.n) - 1, self.n, GROUP, self.generation))
+        return self.generation
+
+    def close(self) -> None:
+        self.client.close()
+        self.process.stop()
+
+
+def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
+    """One measured run: the echo or ina-switch alone in the switch namespace, n workers; returns its figures."""
+    from tests.integration.netns import Process
+
+    budget = args.warmup + args.seconds + 10
+    middle = switch = None
+    generation = 0
+    workers: list[subprocess.Popen] = []
+    try:
+        if mode == "echo":
+            ifaces = [net.switch_ifaces[p] for p in net.ports]
+            middle = net.network.track(Process([sys.executable, __file__, "--role-echo", str(budget), *ifaces],
+                                               log_dir / f"echo-{n}.log", namespace=net.switch_ns))
+            middle.wait_until(lambda: "ready" in middle.log_path.read_text(), 15, "echo ready")
+            pid = middle.pid
+        else:
+            switch = Switch(net, n, args.window, log_dir)
+            generation = switch.next_generation()
+            aggregated0 = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID)
+            pid = switch.process.process.pid
+        for i, p in enumerate(net.ports):
+            ns, iface = net.hosts[p]
+            argv = [sys.executable, __file__, "--role-worker", iface, str(i), str(n), str(args.window), str(args.warmup),
+                    str(args.seconds), mode, str(generation)]
+            workers.append(subprocess.Popen(ns.exec_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for w in workers:
+            if w.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a {mode} worker did not start (exit code {w.poll()})")
+        start_at = time.time() + 0.2
+        for w in workers:
+            w.stdin.write(f"{start_at}\n")
+            w.stdin.close()
+            w.stdin = None
+        time.sleep(max(0.0, start_at + args.warmup - time.time()))
+        cpu0, (busy0, total0) = _cpu_seconds(pid), _machine_jiffies()
+        time.sleep(max(0.0, start_at + args.warmup + args.seconds - time.time()))
+        cpu1, (busy1, total1) = _cpu_seconds(pid), _machine_jiffies()
+        outs = [json.loads(w.communicate(timeout=budget)[0]) for w in workers]
+        aggregated = None
+        if switch is not None:
+            aggregated = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID) - aggregated0
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        if middle is not None:
+            middle.stop()
+        if switch is not None:
+            switch.close()
+    frames = sum(o["measured"] for o in outs) / args.seconds  # per worker, one frame back per frame sent
+    return {
+        "mode": mode, "workers": n, "frames_per_s": frames,
+        "results_per_s": frames / n if mode == "switch" else None,
+        "bad_results": sum(o["bad"] for o in outs), "resent": sum(o["resent"] for o in outs),
+        "middle_cpu": (cpu1 - cpu0) / args.seconds, "machine_cpu": (busy1 - busy0) / max(1, total1 - total0) * os.cpu_count(),
+        "switch_counter_aggregated": aggregated,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/switch_bench.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4], help="worker counts to run (default 2 4)")
+    parser.add_argument("--seconds", type=float, default=2.5, help="measured seconds per run (default 2.5)")
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds before measuring (default 0.5)")
+    parser.add_argument("--window", type=int, default=128, help="chunks in flight per worker = slots of the job (default 128)")
+    parser.add_argument("--rounds", type=int, default=3, help="echo/switch pairs per worker count, alternated (default 3)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench/switch_bench.py: needs root (network namespaces, raw sockets)", file=sys.stderr)
+        return 1
+    if not 1 <= args.window <= wire.NUM_SLOTS or any(not 1 <= n <= 32 for n in args.workers):
+        parser.error("need 1-32 workers and a window of 1-1024 slots")
+    from tests.integration.netns import Network, sweep_stale
+    from tests.integration.switch_process import SwitchNetwork
+
+    def on_alarm(*_):
+        raise TimeoutError("benchmark budget exceeded")
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    expected = len(args.workers) * args.rounds * 2 * (args.warmup + args.seconds + 3) + 10
+    signal.alarm(int(expected * 2))  # a hung run must not outlive its budget: everything is cleaned up below
+    sweep_stale()
+    print(f"ina-switch vs a bare Python AF_PACKET echo over veth: {wire.INA_FRAME_LEN}-byte INA frames, window "
+          f"{args.window} chunks per worker, {args.seconds:g} s per run, {args.rounds} rounds; {os.cpu_count()} CPUs",
+          flush=True)
+    runs = []
+    summary = []
+    with tempfile.TemporaryDirectory(prefix="switch-bench-") as tmp:
+        for n in args.workers:
+            with Network("bench") as network:
+                net = SwitchNetwork(network, range(1, n + 1), separate_hosts=True)
+                for r in range(args.rounds):
+                    for mode in ("echo", "switch"):
+                        res = run_once(net, mode, n, args, Path(tmp))
+                        res["round"] = r
+                        runs.append(res)
+                        print(f"  N={n} round {r + 1} {mode:6s}: {res['frames_per_s']:9,.0f} frames/s  (process CPU "
+                              f"{res['middle_cpu']:.0%}, machine {res['machine_cpu']:.0%} of {os.cpu_count()} CPUs, "
+                              f"resent {res['resent']}, bad {res['bad_results']})", flush=True)
+            echo = [x["frames_per_s"] for x in runs if x["workers"] == n and x["mode"] == "echo"]
+            agg = [x["frames_per_s"] for x in runs if x["workers"] == n and x["mode"] == "switch"]
+            e, a = statistics.median(echo), statistics.median(agg)
+            summary.append({"workers": n, "ceiling_frames_per_s": e, "aggregated_per_s": a, "results_per_s": a / n,
+                            "ratio": a / e if e else 0.0, "best_ceiling": max(echo), "best_aggregated": max(agg),
+                            "best_ratio": max(agg) / max(echo) if max(echo) else 0.0})
+    signal.alarm(0)
+    print()
+    print(f"{'workers':>7}  {'ceiling (echo) frames/s':>23}  {'ina-switch aggregated pkts/s':>28}  {'results/s':>9}  "
+          f"{'ratio':>5}  {'best-of ratio':>13}")
+    for x in summary:
+        print(f"{x['workers']:>7}  {x['ceiling_frames_per_s']:>23,.0f}  {x['aggregated_per_s']:>28,.0f}  "
+              f"{x['results_per_s']:>9,.0f}  {x['ratio']:>5.2f}  {x['best_ratio']:>13.2f}")
+    print("(medians over rounds; aggregated = gradient packets summed per second, results = completed slots per second,\n"
+          " each multicast to every worker; ratio = aggregated / echo frames per second; best-of ratio = best switch run /\n"
+          " best echo run, less sensitive to other load on the machine)")
+    bad = sum(x["bad_results"] for x in runs)
+    if bad:
+        print(f"ERROR: {bad} frames came back wrong (not the exact sum, or not the echoed frame)", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps({"runs": runs, "summary": summary, "args": {k: (str(v) if isinstance(v, Path) else v)
+                                         for k, v in vars(args).items()}}, indent=2))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in ("--role-worker", "--role-echo"):
+    if sys.argv[1] == "--role-worker":
+        a = sys.argv[2:]
+        out = run_worker(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4]), float(a[5]), a[6] == "echo", int(a[7]))
+    else:
+        out = run_echo(sys.argv[3:], float(sys.argv[2]))
+    print(json.dumps(out), flush=True)
+    sys.exit(0)
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,424 @@
+"""Packet I/O of ``ina-switch``: AF_PACKET sockets on the named interfaces, frames through the pipeline model.
+
+One I/O thread polls every port socket (epoll) and, per readable socket, reads up to ``BATCH`` frames,
+runs each through ``pipeline.process(port, frame)`` and sends every frame it returns (multicast replicas
+included) on the egress port's socket. The CPU port is bridged to the P4Runtime server: frames the
+pipeline sends to it become packet-ins (``packet_in`` callback), and packet-outs handed to
+``inject_packet_out`` (from the gRPC threads) are processed by the I/O thread like frames received on the
+CPU port.
+
+The per-packet path does no logging unless the level is debug or trace, and pcap writing and fault
+injection cost nothing when they are off.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from softswitch.faults import FaultConfig, FaultInjector
+from softswitch.pcap import PcapWriter
+
+ETH_P_ALL = 0x0003
+SOL_PACKET = 263
+PACKET_ADD_MEMBERSHIP = 1
+PACKET_MR_PROMISC = 1
+PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: a packet socket does not see its own (or anyone's) outgoing frames
+PACKET_OUTGOING = 4
+BATCH = 64  # frames read from one socket before the next poll
+RECV_SIZE = 65536  # larger than any frame a veth delivers (GSO off or on)
+SOCKET_BUFFER = 4 << 20
+IDLE_FLUSH = 0.2  # seconds: pcap files are flushed when the switch has been idle this long
+DROP_PORT = 511
+
+TRACE = 5
+logging.addLevelName(TRACE, "TRACE")
+log = logging.getLogger("ina-switch")
+
+PacketIn = Callable[[bytes], None]
+
+
+class DataPlaneError(RuntimeError):
+    """A port that cannot be opened (no such interface, no permission)."""
+
+
+@dataclass
+class PortStats:
+    rx: int = 0
+    tx: int = 0
+    tx_errors: int = 0
+
+
+@dataclass
+class DataPlaneStats:
+    ports: dict[int, PortStats] = field(default_factory=dict)
+    no_port: int = 0  # frames the pipeline sent to a port without an interface
+    not_live: int = 0  # frames received before a pipeline was configured (--no-p4)
+    packet_in: int = 0
+    packet_out: int = 0
+
+
+def open_port_socket(iface: str, *, promiscuous: bool = True) -> tuple[socket.socket, bool]:
+    """A raw AF_PACKET socket bound to ``iface``, and whether the kernel hides outgoing frames from it.
+
+    Where it cannot (kernels before 4.20), the caller must skip frames whose pkttype is PACKET_OUTGOING.
+    """
+    try:
+        # Protocol 0 at creation, ETH_P_ALL at bind: no frame of another interface is ever queued on it.
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    except PermissionError:
+        raise DataPlaneError("raw AF_PACKET sockets need root (or CAP_NET_RAW)") from None
+    try:
+        try:
+            sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+            ignores_outgoing = True
+        except OSError:  # kernels before 4.20: outgoing frames are filtered by pkttype instead
+            ignores_outgoing = False
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+        try:
+            sock.bind((iface, ETH_P_ALL))
+        except OSError as e:
+            raise DataPlaneError(f"cannot open interface {iface!r}: {e.strerror or e}") from None
+        if promiscuous:  # as BMv2 (libpcap) does; the membership ends with the socket
+            ifindex = socket.if_nametoindex(iface)
+            sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, struct.pack("iHH8s", ifindex, PACKET_MR_PROMISC, 0, b""))
+    except BaseException:
+        sock.close()
+        raise
+    return sock, ignores_outgoing
+
+
+def interface_is_up(sock: socket.socket, iface: str) -> bool:
+    """IFF_UP of an interface (SIOCGIFFLAGS on any socket of its namespace)."""
+    import fcntl
+
+    try:
+        flags = struct.unpack_from("16sH", fcntl.ioctl(sock.fileno(), 0x8913, struct.pack("16sH22x", iface.encode(), 0)))[1]
+    except OSError:
+        return True  # cannot tell: say nothing
+    return bool(flags & 0x1)
+
+
+class DataPlane:
+    """Moves frames between interfaces and the pipeline on one I/O thread.
+
+    Args:
+        pipeline: an object with ``process(ingress_port, frame) -> [(egress_port, frame)]``.
+        interfaces: switch port -> interface name.
+        cpu_port: the P4Runtime packet-in/packet-out port, or None (frames to it are then dropped).
+        packet_in: called with each frame (packet_in header included) the pipeline sends to the CPU port.
+        faults: fault injection for INA packets, or None.
+        pcap_dir: write ``<iface>_in.pcap`` and ``<iface>_out.pcap`` there, or None.
+        live: whether a pipeline is configured, or a function that tells (asked per packet until it says
+            yes); frames received while not live are dropped uncounted, as BMv2 does before it has a program.
+        dump_packet_data: log this many bytes of every frame received and sent, at info level.
+    """
+
+    def __init__(
+        self,
+        pipeline,
+        interfaces: dict[int, str],
+        *,
+        cpu_port: int | None = None,
+        packet_in: PacketIn | None = None,
+        faults: FaultConfig | None = None,
+        pcap_dir: str | None = None,
+        live: bool | Callable[[], bool] = True,
+        dump_packet_data: int = 0,
+    ) -> None:
+        self.pipeline = pipeline
+        self.interfaces = dict(interfaces)
+        self.cpu_port = cpu_port
+        self.packet_in = packet_in
+        self._live = False
+        self._live_fn: Callable[[], bool] | None = None
+        self.set_live(live)
+        self.dump_packet_data = dump_packet_data
+        self.stats = DataPlaneStats(ports={p: PortStats() for p in self.interfaces})
+        self.faults = FaultInjector(faults) if faults is not None and faults.active else None
+        self._pcap_dir = pcap_dir
+        self._sockets: dict[int, socket.socket] = {}
+        self._ignores_outgoing: dict[int, bool] = {}
+        self._pcap_in: dict[int, PcapWriter] = {}
+        self._pcap_out: dict[int, PcapWriter] = {}
+        self._packet_outs: collections.deque[bytes] = collections.deque()
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._packet_id = 0
+
+    # --- life cycle -------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Open every port (DataPlaneError names the first that fails) and the pcap files."""
+        try:
+            for port, iface in self.interfaces.items():
+                self._sockets[port], self._ignores_outgoing[port] = open_port_socket(iface)
+                log.info("Adding interface %s as port %d", iface, port)
+                if not interface_is_up(self._sockets[port], iface):
+                    log.warning("interface %s (port %d) is down: frames sent to it are lost until it is up", iface, port)
+            if self._pcap_dir is not None:
+                for port, iface in self.interfaces.items():
+                    self._pcap_in[port] = PcapWriter(os.path.join(self._pcap_dir, f"{iface}_in.pcap"))
+                    self._pcap_out[port] = PcapWriter(os.path.join(self._pcap_dir, f"{iface}_out.pcap"))
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self) -> None:
+        """Open the ports if needed and start the I/O thread."""
+        if not self._sockets and self.interfaces:
+            self.open()
+        self._thread = threading.Thread(target=self._run, name="dataplane", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the I/O thread, close the sockets, flush and close the pcap files."""
+        self._stopping = True
+        self._kick()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self.close()
+
+    def close(self) -> None:
+        for sock in self._sockets.values():
+            sock.close()
+        self._sockets.clear()
+        for w in (*self._pcap_in.values(), *self._pcap_out.values()):
+            w.close()
+        if self._wake >= 0 and (self._thread is None or not self._thread.is_alive()):
+            os.close(self._wake)
+            self._wake = -1
+
+    def set_live(self, live: bool | Callable[[], bool]) -> None:
+        """Whether a forwarding pipeline config is set: a value, or a function the I/O thread asks."""
+        if callable(live):
+            self._live, self._live_fn = False, live
+        else:
+            self._live, self._live_fn = bool(live), None
+
+    @property
+    def live(self) -> bool:
+        if not self._live and self._live_fn is not None and self._live_fn():
+            self._live = True
+        return self._live
+
+    def inject_packet_out(self, frame: bytes) -> None:
+        """A packet-out (packet_out header included) from the P4Runtime server; thread-safe."""
+        self._packet_outs.append(bytes(frame))
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._wake >= 0:
+            try:
+                os.eventfd_write(self._wake, 1)
+            except OSError:
+                pass
+
+    # --- the I/O loop -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # never die silently: the process keeps serving gRPC, so say why packets stopped
+            log.exception("data plane stopped by an unexpected error")
+
+    def _loop(self) -> None:
+        ep = select.epoll()
+        recvs = {}
+        for port, sock in self._sockets.items():
+            ep.register(sock.fileno(), select.EPOLLIN)
+            recvs[sock.fileno()] = (port, sock.recv, self._ignores_outgoing[port], sock)
+        ep.register(self._wake, select.EPOLLIN)
+        wake_fd = self._wake
+        sends = {port: sock.send for port, sock in self._sockets.items()}
+        self._sends = sends
+        process = self.pipeline.process
+        port_stats = self.stats.ports
+        dontwait = socket.MSG_DONTWAIT
+        monotonic = time.monotonic
+        pcaps = bool(self._pcap_in)
+        dirty = False  # pcap data written since the last flush
+        batch = BATCH
+        # Everything that needs per-packet bookkeeping takes the slow path; decided once.
+        fast = not (pcaps or self.faults is not None or log.isEnabledFor(logging.DEBUG)
+                    or (self.dump_packet_data and log.isEnabledFor(logging.INFO)))
+        live = self.live
+        outq: list[tuple[int, bytes]] = []
+        try:
+            while not self._stopping:
+                timeout = -1.0
+                if dirty:
+                    timeout = IDLE_FLUSH
+                if self.faults is not None and self.faults.holding:
+                    deadline = self.faults.next_deadline()
+                    timeout = max(0.0, min(timeout if timeout >= 0 else 1.0, deadline - monotonic()))
+                events = ep.poll(timeout)
+                if not events:
+                    if dirty:
+                        self._flush_pcaps()
+                        dirty = False
+                    if self.faults is not None and self.faults.holding:
+                        self._release_due(monotonic())
+                    continue
+                for fd, _ev in events:
+                    if fd == wake_fd:
+                        try:
+                            os.eventfd_read(wake_fd)
+                        except BlockingIOError:
+                            pass
+                        while self._packet_outs:
+                            self._packet_out(self._packet_outs.popleft())
+                        continue
+                    port, recv, ignores_outgoing, sock = recvs[fd]
+                    stats = port_stats[port]
+                    for _ in range(batch):
+                        try:
+                            if ignores_outgoing:
+                                frame = recv(RECV_SIZE, dontwait)
+                            else:
+                                frame, addr = sock.recvfrom(RECV_SIZE, dontwait)
+                                if addr[2] == PACKET_OUTGOING:
+                                    continue
+                        except BlockingIOError:
+                            break
+                        except OSError as e:  # ENETDOWN once when the interface goes down; it resumes when up
+                            log.warning("port %d (%s): %s", port, self.interfaces[port], e.strerror or e)
+                            break
+                        stats.rx += 1
+                        if not live:
+                            live = self.live
+                            if not live:
+                                self.stats.not_live += 1
+                                continue
+                        if fast:
+                            outq += process(port, frame)
+                        else:
+                            self._ingress(port, frame)
+                            dirty = pcaps
+                # Outputs leave after the round's inputs: a worker woken by its first result finds the others
+                # queued already (fewer wake-ups); per egress port the order is the processing order.
+                if outq:
+                    for eport, out in outq:
+                        send = sends.get(eport)
+                        if send is None:
+                            self._unsendable(eport, out)
+                            continue
+                        try:
+                            send(out)
+                            port_stats[eport].tx += 1
+                        except OSError as e:
+                            self._send_error(eport, e)
+                    outq = []
+                if self.faults is not None and self.faults.holding:
+                    self._release_due(monotonic())
+        finally:
+            ep.close()
+            self._flush_pcaps()
+
+    # --- the slow path: pcap, faults, per-packet logs ---------------------------------------------
+    def _ingress(self, port: int, frame: bytes) -> None:
+        now = time.time()
+        pcap = self._pcap_in.get(port)
+        if pcap is not None:
+            pcap.write(frame, now)
+        if self.faults is not None:
+            frames = self.faults.ingress(port, frame, time.monotonic())
+            if not frames:
+                self._packet_id += 1
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("[%d.0] [cxt 0] Fault injection dropped packet received on port %d", self._packet_id, port)
+        else:
+            frames = (frame,)
+        for f in frames:
+            self._pipeline(port, f)
+
+    def _pipeline(self, port: int, frame: bytes) -> None:
+        self._packet_id += 1
+        pid = self._packet_id
+        debug = log.isEnabledFor(logging.DEBUG)
+        if debug:
+            log.debug("[%d.0] [cxt 0] Processing packet received on port %d", pid, port)
+        if self.dump_packet_data and log.isEnabledFor(logging.INFO):
+            log.info("[%d.0] [cxt 0] Packet data: %s", pid, frame[: self.dump_packet_data].hex(" "))
+        outs = self.pipeline.process(port, frame)
+        if debug:
+            if not outs:
+                log.debug("[%d.0] [cxt 0] Dropping packet at the end of ingress", pid)
+            elif len(outs) > 1:
+                log.debug("[%d.0] [cxt 0] Multicast: %d replicas", pid, len(outs))
+        for copy_id, (eport, out) in enumerate(outs):
+            self._egress(pid, copy_id, eport, out)
+
+    def _egress(self, pid: int, copy_id: int, eport: int, out: bytes) -> None:
+        if self.faults is not None and eport in self._sockets:
+            frames = self.faults.egress(eport, out, time.monotonic())
+            if not frames and log.isEnabledFor(logging.DEBUG):
+                log.debug("[%d.%d] [cxt 0] Fault injection dropped packet for port %d", pid, copy_id, eport)
+        else:
+            frames = (out,)
+        for f in frames:
+            self._transmit(pid, copy_id, eport, f)
+
+    def _transmit(self, pid: int, copy_id: int, eport: int, frame: bytes) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("[%d.%d] [cxt 0] Transmitting packet of size %d out of port %d", pid, copy_id, len(frame), eport)
+        if self.dump_packet_data and log.isEnabledFor(logging.INFO):
+            log.info("[%d.%d] [cxt 0] Packet data: %s", pid, copy_id, frame[: self.dump_packet_data].hex(" "))
+        send = self._sends.get(eport)
+        if send is None:
+            self._unsendable(eport, frame)
+            return
+        pcap = self._pcap_out.get(eport)
+        if pcap is not None:
+            pcap.write(frame)
+        try:
+            send(frame)
+            self.stats.ports[eport].tx += 1
+        except OSError as e:
+            self._send_error(eport, e)
+
+    def _release_due(self, now: float) -> None:
+        for direction, port, frame in self.faults.due(now):
+            if direction == "in":
+                self._pipeline(port, frame)
+            else:
+                self._transmit(self._packet_id, 0, port, frame)
+
+    # --- the CPU port -----------------------------------------------------------------------------
+    def _packet_out(self, frame: bytes) -> None:
+        self.stats.packet_out += 1
+        if self.cpu_port is None:
+            log.warning("packet-out ignored: no --cpu-port")
+            return
+        if not self.live:
+            self.stats.not_live += 1
+            return
+        self._pipeline(self.cpu_port, frame)
+
+    def _unsendable(self, eport: int, frame: bytes) -> None:
+        if eport == self.cpu_port and self.packet_in is not None:
+            self.stats.packet_in += 1
+            try:
+                self.packet_in(frame)
+            except Exception:
+                log.exception("packet-in to the P4Runtime server failed")
+            return
+        self.stats.no_port += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("no interface for port %d: packet dropped", eport)
+
+    def _send_error(self, eport: int, error: OSError) -> None:
+        self.stats.ports[eport].tx_errors += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("transmit on port %d failed: %s", eport, error)
+
+    def _flush_pcaps(self) -> None:
+        for w in (*self._pcap_in.values(), *self._pcap_out.values()):
+            w.flush()

@@ -1,0 +1,167 @@
+"""The ina-switch command line (softswitch/cli.py): simple_switch_grpc's shape, one-line errors, program checks."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from softswitch import cli
+from softswitch.faults import FaultSpec
+from tests.integration import bmv2json
+
+BASE = ["--device-id", "1", "-i", "1@veth1", "-i", "2@veth2"]
+
+
+def _opts(*argv: str) -> cli.SwitchOptions:
+    opts = cli.parse_args(list(argv))
+    assert isinstance(opts, cli.SwitchOptions)
+    return opts
+
+
+def test_simple_switch_grpc_command_line_shape():
+    opts = _opts(*BASE, "--log-console", "-L", "info", "--no-p4", "--", "--grpc-server-addr", "127.0.0.1:50001", "--cpu-port", "255")
+    assert opts.device_id == 1
+    assert opts.interfaces == {1: "veth1", 2: "veth2"}
+    assert opts.no_p4 and opts.program is None
+    assert opts.grpc_addr == "127.0.0.1:50001" and opts.cpu_port == 255
+    assert opts.log_console and opts.log_level == "info"
+
+
+def test_defaults_are_bmv2s_but_loopback():
+    opts = _opts("--no-p4")
+    assert opts.device_id == 0  # as BMv2
+    assert opts.grpc_addr == "127.0.0.1:9559"  # BMv2 binds 0.0.0.0: never a wildcard here
+    assert opts.cpu_port is None and opts.pcap_dir is None and opts.log_level == "trace"
+    assert not opts.faults.active
+
+
+def test_program_positional(tmp_path):
+    opts = _opts(*BASE, str(tmp_path / "ina.json"))
+    assert opts.program == str(tmp_path / "ina.json") and not opts.no_p4
+
+
+def test_pcap_directory(tmp_path):
+    assert _opts("--no-p4", "--pcap", str(tmp_path)).pcap_dir == str(tmp_path)
+    assert _opts("--no-p4", "--pcap").pcap_dir == "."
+    assert _opts("--pcap", "prog.json").program == "prog.json"  # BMv2's --pcap takes its directory as --pcap=DIR
+    with pytest.raises(cli.UsageError, match="does not exist"):
+        cli.parse_args(["--no-p4", "--pcap", str(tmp_path / "nope")])
+
+
+def test_faults_from_the_command_line():
+    opts = _opts("--no-p4", "--fault-drop", "0.1", "--fault-dup", "2:0.5", "--fault-seed", "9", "--fault-port", "2",
+                 "--fault-direction", "in")
+    f = opts.faults
+    assert f.default == FaultSpec(drop=0.1) and dict(f.per_port)[2] == FaultSpec(drop=0.1, dup=0.5)
+    assert f.seed == 9 and f.ports == {2} and f.direction == "in"
+
+
+def test_accepted_with_a_warning():
+    opts = _opts("--no-p4", "--thrift-port", "9090", "--", "--cpu-port", "64", "--disable-swap")
+    assert any("thrift" in w for w in opts.warnings)
+    assert any("255" in w for w in opts.warnings)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--no-p4", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["--no-p4", "-i", "1"], "expected PORT@IFACE"),
+        (["--no-p4", "-i", "x@eth0"], "not a number"),
+        (["--no-p4", "-i", "511@eth0"], "0..510"),
+        (["--no-p4", "-i", "1@"], "expected PORT@IFACE"),
+        (["--no-p4", "-i", "1@a-name-longer-than-15"], "not a valid interface name"),
+        (["--no-p4", "-i", "1@a", "-i", "1@b"], "port 1 is given twice"),
+        (["--no-p4", "-i", "1@a", "-i", "2@a"], "interface a is given twice"),
+        (["--no-p4", "-L", "loud"], "invalid choice"),
+        (["--no-p4", "--log-console", "--log-file", "x"], "exclusive"),
+        ([], "please specify an input JSON"),
+        (["--no-p4", "--grpc-server-addr", "127.0.0.1:1"], "is a target option: put it after '--'"),
+        (["--no-p4", "--", "--cpu-port", "0"], "not within 1..510"),
+        (["--no-p4", "-i", "255@a", "--", "--cpu-port", "255"], "also given to an interface"),
+        (["--no-p4", "--", "--grpc-server-addr", "nonsense"], "is not HOST:PORT"),
+        (["--no-p4", "--", "--drop-port", "64"], "port 511 only"),
+        (["--no-p4", "--", "--dp-grpc-server-addr", "0.0.0.0:50052"], "not supported"),
+        (["--no-p4", "--", "--unknown-target-flag"], "unrecognized arguments"),
+        (["--no-p4", "--nanolog", "ipc:///tmp/x"], "not supported"),
+        (["--no-p4", "--use-files", "0"], "not supported"),
+        (["--no-p4", "--fault-drop", "1.5"], "not within [0, 1]"),
+        (["--no-p4", "--device-id", "-1"], "non-negative"),
+    ],
+)
+def test_mistakes_are_usage_errors(argv, needle):
+    with pytest.raises(cli.UsageError) as e:
+        cli.parse_args(argv)
+    assert needle in str(e.value)
+
+
+def test_main_prints_one_line_and_returns_non_zero(capsys):
+    assert cli.main(["--no-p4", "--frobnicate"]) != 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("ina-switch: error: ") and "--frobnicate" in err
+    assert "Traceback" not in err
+
+
+def test_help_and_versions(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for opt in ("--device-id", "-i PORT@IFACE", "--pcap", "--log-file", "--fault-drop", "--grpc-server-addr", "--cpu-port"):
+        assert opt in out
+    assert cli.main(["--version"]) == 0 and "ina-switch" in capsys.readouterr().out
+    assert cli.main(["--json-version"]) == 0 and capsys.readouterr().out.strip().startswith("2.")
+
+
+def test_model_json_is_accepted(tmp_path):
+    path = bmv2json.write(bmv2json.model_json(), tmp_path / "ina.json")
+    assert cli.check_program(str(path)) == path.read_bytes()
+
+
+def _refused(tmp_path, doc) -> str:
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
+    with pytest.raises(cli.ProgramError) as e:
+        cli.check_program(str(path))
+    return str(e.value)
+
+
+def test_unknown_table_is_refused_with_its_name(tmp_path):
+    assert "MyIngress.acl" in _refused(tmp_path, bmv2json.with_unknown_table(bmv2json.model_json()))
+
+
+def test_missing_register_counter_or_action_is_refused(tmp_path):
+    doc = bmv2json.model_json()
+    doc["register_arrays"] = [r for r in doc["register_arrays"] if r["name"] != "MyIngress.ina_lanes"]
+    assert "MyIngress.ina_lanes" in _refused(tmp_path, doc)
+    doc = bmv2json.model_json()
+    doc["counter_arrays"][0]["size"] = 7
+    assert "MyIngress.ina_aggregated" in _refused(tmp_path, doc)
+    doc = bmv2json.model_json()
+    next(a for a in doc["actions"] if a["name"] == "MyIngress.ipv4_forward")["runtime_data"][1]["bitwidth"] = 16
+    assert "MyIngress.ipv4_forward" in _refused(tmp_path, doc)
+
+
+def test_wrong_widths_are_refused(tmp_path):
+    doc = bmv2json.model_json()
+    ina = next(t for t in doc["header_types"] if t["name"] == "ina_t")
+    next(f for f in ina["fields"] if f[0] == "job_id")[1] = 8
+    assert "hdr.ina.job_id is 8 bits wide" in _refused(tmp_path, doc)
+    doc = bmv2json.model_json()
+    next(r for r in doc["register_arrays"] if r["name"] == "MyIngress.ina_count")["bitwidth"] = 16
+    assert "MyIngress.ina_count" in _refused(tmp_path, doc)
+
+
+def test_not_json_or_wrong_version_is_refused(tmp_path):
+    assert "not JSON" in _refused(tmp_path, "{nope")
+    doc = bmv2json.model_json()
+    doc["__meta__"]["version"] = [3, 0]
+    assert "version 3.0" in _refused(tmp_path, doc)
+    with pytest.raises(cli.ProgramError, match="cannot read"):
+        cli.check_program(str(tmp_path / "missing.json"))
+
+
+def test_main_refuses_a_program_in_one_line(tmp_path, capsys):
+    path = bmv2json.write(bmv2json.with_unknown_table(bmv2json.model_json()), tmp_path / "other.json")
+    assert cli.main(["--device-id", "1", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "MyIngress.acl" in err

@@ -5,7 +5,7 @@ P4SRC    := p4src/ina.p4
 BUILD    := build
 PYTEST   := $(PYTHON) -m pytest
 
-.PHONY: install demo test test-fast p4 proto bench stop clean help
+.PHONY: install demo test test-fast p4 proto bench bench-switch stop clean help
 
 help:
 	@echo "make install   system and Python dependencies (Debian 12, as root for the system part)"
@@ -47,7 +47,12 @@ controller/admission_pb2.py: controller/admission.proto
 	sed -i 's/^import admission_pb2 as admission__pb2/from controller import admission_pb2 as admission__pb2/' controller/admission_pb2_grpc.py
 
 bench:
-	$(PYTHON) bench/model_bench.py
+	$(PYTHON) bench/switch_bench.py
+	$(PYTHON) bench/agent_bench.py
+	$(PYTHON) bench/sim_bench.py
+
+bench-switch:
+	$(PYTHON) bench/switch_bench.py
 
 stop:
 	$(PYTHON) -m topologies.cleanup

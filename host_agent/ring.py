@@ -373,6 +373,19 @@ class TcpRingLink:
                 "workers disagree on the array length, dtype or call order",
                 peer_rank=self.left_rank, peer_addr=self.peers[self.left_rank])
 
+    def abort(self) -> None:
+        """Make an ``exchange`` blocked in another thread (and every later one) fail at once.
+
+        Shuts both connections down without closing them, so the neighbours' exchanges fail too;
+        ``close`` still releases the sockets. Safe to call from any thread, more than once.
+        """
+        for sock in (self._right, self._left):
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
     def close(self) -> None:
         for sock in (self._right, self._left):
             if sock is not None:

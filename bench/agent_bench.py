@@ -1,0 +1,341 @@
+"""Benchmarks of the worker agent, printed as ratios measured side by side in one run (stops by itself in < 2 min).
+
+    python bench/agent_bench.py [--quick] [--json results.json]
+
+1. Packet rate: the agent's INA sender (a one-worker job, window of 64 chunks) against a plain Python
+   UDP sender keeping the same window of pre-built packets in flight, both through the same UDP echo
+   process that answers every packet as a one-worker switch would; runs alternate, medians compared,
+   per wall-clock second and per CPU-second of the sending thread (the latter is not disturbed by
+   other load on the machine). Goal: the agent reaches >= 80%.
+2. INA vs ring all-reduce for n = 2, 4, 8 workers on equal emulated links (``link_bps``: INA packets
+   paced at their size on the wire, ring steps last their bytes over the same rate) on loopback, with
+   the switch model in its own process. Printed beside the ideal ratio n / (2(n-1)) (INA moves each
+   byte up and down once, the ring 2(n-1)/n times), and that ideal corrected for header overhead
+   (184-byte INA frames carry 128 bytes of data; TCP segments 1448 of 1514).
+3. Where torch is installed: the agent's ring against torch.distributed's gloo all_reduce, n processes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+from host_agent.agent import bind_worker_sockets  # noqa: E402
+from host_agent.grant import Grant, SwitchGrant, Worker  # noqa: E402
+from host_agent.stream import ChunkStream, StreamOptions  # noqa: E402
+from inaproto import wire  # noqa: E402
+
+DEADLINE = time.monotonic() + 110.0
+
+
+def _left() -> float:
+    return DEADLINE - time.monotonic()
+
+
+# --------------------------------------------------------------------------- 1. packet rate
+
+
+def _echo(conn) -> None:
+    """A one-worker switch: every GRADIENT comes back as its RESULT (msg_type 2), from the same socket."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
+    sock.bind(("127.0.0.1", 0))
+    conn.send(sock.getsockname()[1])
+    buf = bytearray(2048)
+    view = memoryview(buf)
+    sock.settimeout(1.0)
+    while True:
+        try:
+            n, addr = sock.recvfrom_into(buf)
+        except TimeoutError:
+            if conn.poll():
+                return
+            continue
+        if n == 4 and buf[:4] == b"STOP":
+            return
+        buf[0] = 2
+        sock.sendto(view[:n], addr)
+
+
+def plain_sender(addr: tuple[str, int], count: int, window: int) -> tuple[float, float]:
+    """(packets per wall second, per CPU second of the sending thread) of a bare loop keeping
+    ``window`` pre-built INA packets in flight through ``addr``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.5)
+    payload = wire.encode_payload(wire.InaHeader(1, 0, 1, 0, 0, 0, 0, 0), np.arange(wire.LANES, dtype=np.int32))
+    buf = bytearray(2048)
+    sent = received = 0
+    start, cpu = time.perf_counter(), time.thread_time()
+    while received < count:
+        while sent - received < window and sent < count:
+            sock.sendto(payload, addr)
+            sent += 1
+        try:
+            sock.recv_into(buf)
+        except TimeoutError:
+            sent = received  # lost: refill the window
+            continue
+        received += 1
+    elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
+    sock.close()
+    return count / elapsed, count / cpu
+
+
+def agent_sender(addr: tuple[str, int], count: int, window: int) -> tuple[float, float]:
+    """(chunks per wall second, per CPU second) of the agent's INA path (a one-worker job with
+    ``window`` slots) through ``addr``; the stream runs in this thread."""
+    udp, tcp = bind_worker_sockets("127.0.0.1")
+    me = Worker(0, "127.0.0.1", udp.getsockname()[1])
+    grant = Grant(1, 0, "ina", (SwitchGrant("echo", addr[0], num_slots=window, worker_ids=(0,)),), ina_port=addr[1])
+    stream = ChunkStream(worker_id=0, workers=(me,), sock=udp, listener=tcp, grant=grant, backend="ina")
+    chunks = np.random.default_rng(0).integers(-1000, 1000, size=(count, wire.LANES), dtype=np.int32)
+    stream.reduce(chunks[:window])  # warm-up: the first call syncs
+    start, cpu = time.perf_counter(), time.thread_time()
+    total = stream.reduce(chunks)
+    elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
+    assert np.array_equal(total, chunks), "the echo returns each chunk unchanged"
+    stream.close()
+    udp.close()
+    return count / elapsed, count / cpu
+
+
+def bench_packet_rate(count: int, window: int, rounds: int) -> dict:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_echo, args=(child,), daemon=True)
+    proc.start()
+    try:
+        port = parent.recv()
+        addr = ("127.0.0.1", port)
+        plain, agent = [], []
+        for _ in range(rounds):  # alternate, so drifts hit both
+            plain.append(plain_sender(addr, count, window))
+            agent.append(agent_sender(addr, count, window))
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.sendto(b"STOP", addr)
+        s.close()
+    finally:
+        parent.send("stop")
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+    p, a = statistics.median(r[0] for r in plain), statistics.median(r[0] for r in agent)
+    pc, ac = statistics.median(r[1] for r in plain), statistics.median(r[1] for r in agent)
+    return {"packets": count, "window": window, "plain_pps": p, "agent_pps": a, "ratio": a / p,
+            "plain_pps_per_cpu": pc, "agent_pps_per_cpu": ac, "cpu_ratio": ac / pc,
+            "plain_runs": plain, "agent_runs": agent}
+
+
+# --------------------------------------------------------------------------- 2. INA vs ring
+
+
+def _switch(conn, workers: list[tuple[int, str, int]], slots: int) -> None:
+    from tests.udp_switch import UdpSwitch
+
+    sw = UdpSwitch("s1")
+    ws = [Worker(i, ip, port) for i, ip, port in workers]
+    sw.install_job(1, ws, 0, slots, 0)
+    conn.send(sw.address)
+    conn.recv()
+    conn.send({"received": sw.received, "forwarded": sw.forwarded})
+    sw.close()
+
+
+def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps: float, slots: int) -> tuple[float, dict]:
+    sockets = [bind_worker_sockets("127.0.0.1") for _ in range(n)]
+    workers = tuple(Worker(i, "127.0.0.1", s[0].getsockname()[1]) for i, s in enumerate(sockets))
+    proc = None
+    if backend == "ina":
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_switch, args=(child, [(w.worker_id, w.ip, w.udp_port) for w in workers], slots),
+                           daemon=True)
+        proc.start()
+        ip, port = parent.recv()
+        grant = Grant(1, 0, "ina", (SwitchGrant("s1", ip, num_slots=slots, worker_ids=tuple(range(n))),), ina_port=port)
+    else:
+        grant = Grant.ring_only(1)
+    opts = StreamOptions(op_timeout=30.0, link_bps=link_bps)
+    rng = np.random.default_rng(n)
+    data = [rng.integers(-2**20, 2**20, size=(-(-elements // wire.LANES), wire.LANES), dtype=np.int32) for _ in range(n)]
+    want = np.sum(np.stack(data).astype(np.int64), axis=0)
+    times: list[list[float]] = [[] for _ in range(n)]
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            stream = ChunkStream(worker_id=i, workers=workers, sock=sockets[i][0], listener=sockets[i][1], grant=grant,
+                                 backend=backend, options=opts)
+            stream.reduce(data[i][:4])  # warm-up: sync, ring connections
+            for _ in range(iterations):
+                barrier.wait(30)
+                t0 = time.perf_counter()
+                out = stream.reduce(data[i])
+                times[i].append(time.perf_counter() - t0)
+                if not np.array_equal(out, want):
+                    raise AssertionError(f"worker {i}: wrong {backend} sum")
+            stream.close()
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+        finally:
+            sockets[i][0].close()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(_left(), 1.0))
+    extra = {}
+    if proc is not None:
+        parent.send("stop")
+        extra = parent.recv() if parent.poll(5) else {}
+        proc.join(5)
+    if errors:
+        raise errors[0]
+    per_iter = [max(times[i][k] for i in range(n)) for k in range(iterations)]  # the slowest worker finishes it
+    return statistics.median(per_iter), extra
+
+
+def bench_ina_vs_ring(sizes: tuple[int, ...], elements: int, iterations: int, link_bps: float, slots: int) -> list[dict]:
+    rows = []
+    framing = (wire.INA_FRAME_LEN / wire.INA_DATA_LEN) / (1514 / 1448)
+    for n in sizes:
+        if _left() < 15:
+            print(f"  n={n}: skipped (time budget)")
+            continue
+        ina, counters = _time_backend(n, "ina", elements, iterations, link_bps, slots)
+        ring, _ = _time_backend(n, "ring", elements, iterations, link_bps, slots)
+        ideal = n / (2 * (n - 1))
+        rows.append({"n": n, "elements": elements, "link_bps": link_bps, "ina_s": ina, "ring_s": ring,
+                     "ina_over_ring": ina / ring, "ideal": ideal, "ideal_with_headers": ideal * framing,
+                     "switch": counters})
+        print(f"  n={n}: INA {ina * 1e3:8.1f} ms   ring {ring * 1e3:8.1f} ms   INA/ring {ina / ring:5.2f}   "
+              f"ideal n/(2(n-1)) {ideal:5.2f}   ideal with headers {ideal * framing:5.2f}", flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------- 3. ring vs gloo
+
+
+def _gloo_child(rank: int, n: int, store: str, workers: str, elements: int, iterations: int, out) -> None:
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from host_agent.agent import Agent
+        from host_agent.grant import JobSpec, parse_workers
+
+        dist.init_process_group("gloo", store=dist.FileStore(store, n), rank=rank, world_size=n)
+        x = np.random.default_rng(rank).standard_normal(elements).astype(np.float32)
+        t = torch.from_numpy(x.copy())
+        gloo, ours = [], []
+        for _ in range(iterations + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            gloo.append(time.perf_counter() - t0)
+        agent = Agent(JobSpec("gloo-bench", parse_workers(workers), backend="ring"), rank)
+        for _ in range(iterations + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            agent.allreduce(x)
+            ours.append(time.perf_counter() - t0)
+        agent.close()
+        dist.destroy_process_group()
+        out.put((rank, statistics.median(gloo[1:]), statistics.median(ours[1:])))
+    except BaseException as exc:
+        out.put((rank, None, repr(exc)))
+
+
+def bench_gloo(sizes: tuple[int, ...], elements: int, iterations: int, tmpdir: str) -> list[dict]:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("  torch is not installed: skipped (pip install torch==2.13.0)")
+        return []
+    rows = []
+    ctx = mp.get_context("spawn")
+    for n in sizes:
+        if _left() < 25:
+            print(f"  n={n}: skipped (time budget)")
+            continue
+        socks = [bind_worker_sockets("127.0.0.1") for _ in range(n)]
+        workers = ",".join(f"127.0.0.1:{u.getsockname()[1]}" for u, _ in socks)
+        for u, t in socks:
+            u.close()
+            t.close()
+        out = ctx.Queue()
+        store = os.path.join(tmpdir, f"gloo-store-{n}-{os.getpid()}")
+        procs = [ctx.Process(target=_gloo_child, args=(r, n, store, workers, elements, iterations, out), daemon=True)
+                 for r in range(n)]
+        for p in procs:
+            p.start()
+        res = [out.get(timeout=max(_left(), 5)) for _ in range(n)]
+        for p in procs:
+            p.join(10)
+        if any(r[1] is None for r in res):
+            print(f"  n={n}: failed: {[r[2] for r in res if r[1] is None][0]}")
+            continue
+        gloo = max(r[1] for r in res)
+        ours = max(r[2] for r in res)
+        rows.append({"n": n, "elements": elements, "gloo_s": gloo, "agent_ring_s": ours, "agent_over_gloo": ours / gloo})
+        print(f"  n={n}: gloo {gloo * 1e3:8.2f} ms   agent ring {ours * 1e3:8.2f} ms   agent/gloo {ours / gloo:5.2f}",
+              flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (about 30 s)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    results: dict = {"cpu_count": os.cpu_count()}
+
+    print("1. packet rate through a UDP echo (one-worker switch), window 64", flush=True)
+    pr = bench_packet_rate(count=20_000 if quick else 40_000, window=64, rounds=3 if quick else 5)
+    results["packet_rate"] = pr
+    print(f"  plain Python sender {pr['plain_pps']:10,.0f} packets/s   {pr['plain_pps_per_cpu']:10,.0f} per CPU-second "
+          f"(medians of {len(pr['plain_runs'])} runs)\n"
+          f"  agent INA sender    {pr['agent_pps']:10,.0f} packets/s   {pr['agent_pps_per_cpu']:10,.0f} per CPU-second\n"
+          f"  agent / plain: {pr['ratio'] * 100:.0f}% of the packet rate, {pr['cpu_ratio'] * 100:.0f}% per CPU-second "
+          "(goal >= 80%)", flush=True)
+
+    bps = 2e6
+    elements = 8192 if quick else 16384
+    print(f"2. INA vs ring all-reduce of {elements} float32, links emulated at {bps / 1e6:g} Mbit/s per worker, "
+          "switch model in its own process", flush=True)
+    results["ina_vs_ring"] = bench_ina_vs_ring((2, 4, 8), elements, 2 if quick else 3, bps, slots=64)
+
+    print("3. agent ring vs torch.distributed gloo all_reduce (processes, loopback, no shaping)", flush=True)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        results["ring_vs_gloo"] = bench_gloo((2, 4) if not quick else (2,), 1_000_000, 5, tmp)
+
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""One worker's agent for one job: joins the job at the controller, follows its grants, all-reduces float32 arrays.
+
+    with Agent(spec, worker_id=0, controller="127.0.0.1:50051") as agent:
+        total = agent.allreduce(grad * np.float32(allocation.gradient_scale(rank)))
+
+The agent owns one UDP socket (INA packets) and one TCP listener (its ring) on the worker's address,
+the ``ChunkStream`` that reduces the job's chunks, and a ``JobWatcher`` (events, heartbeat). Several
+agents (jobs) can run in one process. Joining: the worker with the lowest id registers the job, the
+others find it by name (or every worker is given ``job_id`` by a launcher that registered it); at the
+end the worker with the lowest id releases it. Without a controller, a job runs on the ring only.
+See docs/agent.md.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from host_agent.control import AdmissionClient, ControllerError, JobWatcher
+from host_agent.fixedpoint import dequantize, quantize_chunks, to_chunks
+from host_agent.grant import Grant, JobSpec, Plan
+from host_agent.stream import AgentError, AgentTimeout, ChunkStream, JobReleased, StreamOptions, StreamStats
+from inaproto import wire
+
+__all__ = [
+    "Agent",
+    "AgentError",
+    "AgentOptions",
+    "AgentTimeout",
+    "JobReleased",
+    "bind_worker_sockets",
+]
+
+log = logging.getLogger("host_agent.agent")
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """How an agent behaves; change a copy with ``dataclasses.replace``.
+
+    Args:
+        stream: timing of the chunk stream (timeouts, retransmission).
+        heartbeat_interval: seconds between heartbeats.
+        rpc_timeout: deadline of each ordinary controller call.
+        rendezvous_timeout: how long a worker waits for the job to appear (or its first grant).
+        close_timeout: at the end, how long a worker waits for the job's release.
+        scale: fixed-point scale when there is no controller (otherwise the grant's).
+        switch_addresses: switch name -> (ip, port) to send its INA packets to instead of the grant's
+            (switch_ip, ina_port): a relay, or a switch model on loopback in tests.
+    """
+
+    stream: StreamOptions = field(default_factory=StreamOptions)
+    heartbeat_interval: float = 1.0
+    rpc_timeout: float = 10.0
+    rendezvous_timeout: float = 60.0
+    close_timeout: float = 10.0
+    scale: float = float(2**16)
+    switch_addresses: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat_interval", "rpc_timeout", "rendezvous_timeout", "close_timeout", "scale"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+
+
+def bind_worker_sockets(ip: str, port: int = 0, *, attempts: int = 50) -> tuple[socket.socket, socket.socket]:
+    """A UDP socket and a TCP listener bound to the same ``ip:port`` (port 0: a free one for both).
+
+    The UDP socket carries INA packets; the TCP listener accepts the ring's connections (docs/agent.md:
+    a worker's ring address is its INA address, over TCP).
+    """
+    last: OSError | None = None
+    for _ in range(attempts if port == 0 else 1):
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            udp.bind((ip, port))
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            tcp.bind((ip, udp.getsockname()[1]))
+            tcp.listen(64)
+            return udp, tcp
+        except OSError as exc:
+            last = exc
+            udp.close()
+            tcp.close()
+    raise OSError(f"cannot bind UDP and TCP on {ip}:{port}: {last}")
+
+
+class Agent:
+    """A worker's agent for one job.
+
+    Args:
+        spec: the job (same on every worker).
+        worker_id: this worker's id in ``spec.workers``.
+        controller: admission service address "host:port"; None runs the ring only, with no controller.
+        job_id: join this already registered job (a launcher registered it) instead of the name rendezvous.
+        sock, listener: pre-bound UDP socket and TCP listener on the worker's address (see
+            ``bind_worker_sockets``); by default they are bound to the address in ``spec``.
+        options: timeouts and the like.
+
+    Raises:
+        ControllerError: the controller refused or failed a call.
+        AgentTimeout: the job or its first grant did not appear in time.
+    """
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        worker_id: int,
+        *,
+        controller: str | None = None,
+        job_id: int | None = None,
+        sock: socket.socket | None = None,
+        listener: socket.socket | None = None,
+        options: AgentOptions = AgentOptions(),
+    ) -> None:
+        self.spec = spec
+        self.worker_id = worker_id
+        self.me = spec.worker(worker_id)
+        self.options = options
+        self.rank = spec.worker_ids.index(worker_id)
+        self.size = len(spec.workers)
+        self.registrant = False
+        self.client: AdmissionClient | None = None
+        self.watcher: JobWatcher | None = None
+        self._threads_stop = threading.Event()
+        self._service: threading.Thread | None = None
+        self._closed = False
+        if sock is None or listener is None:
+            if sock is not None or listener is not None:
+                raise ValueError("pass both sock and listener, or neither")
+            sock, listener = bind_worker_sockets(self.me.ip, self.me.udp_port)
+        self.sock, self.listener = sock, listener
+        try:
+            self._join(controller, job_id)
+        except BaseException:
+            self._shutdown()
+            raise
+
+    # ------------------------------------------------------------------ joining
+
+    def _join(self, controller: str | None, job_id: int | None) -> None:
+        opts = self.options
+        if controller is None:
+            if self.spec.backend not in ("ring", "auto"):
+                raise ValueError(f"backend {self.spec.backend!r} needs a controller; without one only 'ring' runs")
+            self.job_id = job_id or 0
+            grant = Grant.ring_only(self.job_id, scale=opts.scale)
+            self.stream = self._make_stream(grant, sync=None)
+            self._start_service()
+            return
+        self.client = AdmissionClient(controller, timeout=opts.rpc_timeout)
+        first: Grant | None = None
+        if job_id is None and self.worker_id == min(self.spec.worker_ids):
+            first = self.client.register(self.spec)
+            self.registrant = True
+            job_id = first.job_id
+        elif job_id is None:
+            job_id, first = self.client.find_job(self.spec.name, opts.rendezvous_timeout)
+        self.job_id = job_id
+        holder: dict[str, object] = {}
+        lock = threading.Lock()
+        ready = threading.Event()
+
+        def on_grant(grant: Grant) -> None:
+            with lock:
+                stream = holder.get("stream")
+                if stream is None:
+                    holder["grant"] = grant
+                    ready.set()
+                    return
+            if grant.scale != self.scale:
+                log.warning("job %d: generation %d has scale %g; keeping the job's scale %g",
+                            job_id, grant.generation, grant.scale, self.scale)
+            stream.notify_grant(grant)
+
+        def on_released() -> None:
+            with lock:
+                holder["released"] = True
+                stream = holder.get("stream")
+                ready.set()
+            if stream is not None:
+                stream.notify_released()
+
+        self.watcher = JobWatcher(self.client, job_id, self.worker_id, on_grant=on_grant, on_released=on_released,
+                                  heartbeat_interval=opts.heartbeat_interval).start()
+        if not ready.wait(opts.rendezvous_timeout):
+            raise AgentTimeout(f"worker {self.worker_id}: no grant for job {job_id} within {opts.rendezvous_timeout}s")
+        with lock:
+            if holder.get("released"):
+                raise JobReleased(f"job {job_id} was released before worker {self.worker_id} joined")
+            grant = holder["grant"]  # the current grant (WatchJob sends it first)
+            self.stream = self._make_stream(grant, sync=self._sync)
+            holder["stream"] = self.stream
+        if first is not None and first.scale != grant.scale:
+            log.warning("job %d: scale changed from %g to %g before the first call; using %g",
+                        job_id, first.scale, grant.scale, grant.scale)
+        self._start_service()
+
+    def _make_stream(self, grant: Grant, sync) -> ChunkStream:
+        self.scale = grant.scale
+        return ChunkStream(worker_id=self.worker_id, workers=self.spec.workers, sock=self.sock,
+                           listener=self.listener, grant=grant, backend=self.spec.backend, sync=sync,
+                           options=self.options.stream, addresses=self.options.switch_addresses)
+
+    def _sync(self, generation: int, first_missing: int) -> int:
+        assert self.client is not None
+        return self.client.sync(self.job_id, self.worker_id, generation, first_missing,
+                                timeout=self.options.stream.op_timeout)
+
+    def _start_service(self) -> None:
+        def serve() -> None:
+            while not self._threads_stop.wait(0.01):
+                self.stream.service_idle()
+
+        self._service = threading.Thread(target=serve, name=f"agent-idle-job{self.job_id}-w{self.worker_id}", daemon=True)
+        self._service.start()
+
+    # ------------------------------------------------------------------ all-reduce
+
+    @property
+    def plan(self) -> Plan:
+        """The plan of the generation the stream currently runs under."""
+        return self.stream.plan
+
+    @property
+    def backend(self) -> str:
+        """The backend in use now: ``ina``, ``ring`` or ``rina``."""
+        return self.stream.plan.kind
+
+    @property
+    def generation(self) -> int:
+        return self.stream.generation
+
+    @property
+    def stats(self) -> StreamStats:
+        return self.stream.stats
+
+    def allreduce(self, array: np.ndarray, *, scale: float | None = None) -> np.ndarray:
+        """Sum of ``array`` over all workers, as float32 of the same shape.
+
+        Each worker's values are quantised to int32 with the job's scale (``rint(x * scale)``,
+        saturated), summed exactly, and returned as ``float32(sum / scale)``: every worker gets the same
+        bits, whichever backend carried each chunk. Weight the gradient (b_i / B) before calling.
+        Every worker must make the same calls with the same sizes, in the same order.
+        """
+        arr = np.asarray(array)
+        if arr.dtype.kind not in "fiu":
+            raise TypeError(f"allreduce needs a numeric array, got {arr.dtype}")
+        s = self.scale if scale is None else float(scale)
+        flat = arr.reshape(-1)
+        if flat.size == 0:
+            return np.zeros(arr.shape, dtype=np.float32)
+        sums = self.stream.reduce(quantize_chunks(flat, s)).reshape(-1)[: flat.size]
+        return dequantize(sums, s).reshape(arr.shape)
+
+    def allreduce_fixed(self, q: np.ndarray) -> np.ndarray:
+        """Exact int64 sum over all workers of int32 ``q`` (already fixed point), same shape."""
+        arr = np.asarray(q)
+        if arr.dtype != np.int32:
+            raise TypeError(f"allreduce_fixed needs int32, got {arr.dtype}")
+        flat = arr.reshape(-1)
+        if flat.size == 0:
+            return np.zeros(arr.shape, dtype=np.int64)
+        return self.stream.reduce(to_chunks(flat)).reshape(-1)[: flat.size].astype(np.int64).reshape(arr.shape)
+
+    def allgather(self, array: np.ndarray) -> np.ndarray:
+        """Every worker's ``array`` stacked in worker-id order, shape (n, *array.shape), bit for bit.
+
+        Sent as the raw 32-bit words of each row in an all-reduce where the other rows are zero:
+        adding zeros is exact on every backend (e.g. measured speeds for the adaptive allocator).
+        """
+        arr = np.ascontiguousarray(array)
+        raw = arr.reshape(-1).view(np.uint8)
+        words = -(-raw.size // 4)
+        rows = np.zeros((self.size, words * 4), dtype=np.uint8)
+        rows[self.rank, : raw.size] = raw
+        sums = self.allreduce_fixed(rows.view(np.int32)).astype(np.int32)
+        out = np.ascontiguousarray(sums.view(np.uint8)[:, : raw.size])
+        return out.view(arr.dtype).reshape(self.size, *arr.shape)
+
+    def barrier(self) -> None:
+        """Returns once every worker has completed every earlier call."""
+        self.stream.reduce(np.zeros((1, wire.LANES), dtype=np.int32))
+
+    # ------------------------------------------------------------------ end
+
+    def close(self) -> None:
+        """End this worker's part: a closing barrier, then the worker with the lowest id releases the job.
+
+        The other workers stay (answering resynchronisations) until the release arrives or
+        ``close_timeout`` passes, so a late worker is never left waiting for them.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.client is not None and self.watcher is not None and not self.stream.released:
+                self._closing_barrier()
+        finally:
+            self._shutdown()
+
+    def _closing_barrier(self) -> None:
+        stream, watcher = self.stream, self.watcher
+        try:
+            stream.reduce(np.zeros((1, wire.LANES), dtype=np.int32), barrier=True)
+        except AgentError as exc:
+            log.warning("worker %d: closing barrier of job %d failed: %s", self.worker_id, self.job_id, exc)
+        if self.worker_id == min(self.spec.worker_ids):  # the job's first worker ends it, whoever registered it
+            stream.linger(self.options.close_timeout)
+            try:
+                self.client.release(self.job_id)
+            except ControllerError as exc:
+                log.warning("worker %d: releasing job %d failed: %s", self.worker_id, self.job_id, exc)
+            return
+        deadline = time.monotonic() + self.options.close_timeout
+        next_beat = time.monotonic() + 0.2
+        while not watcher.released.is_set() and time.monotonic() < deadline:
+            watcher.released.wait(0.02)
+            if time.monotonic() >= next_beat:  # in case the controller sends no released event
+                watcher.beat_now()
+                next_beat = time.monotonic() + 0.2
+
+    def _shutdown(self) -> None:
+        self._threads_stop.set()
+        if self._service is not None:
+            self._service.join(timeout=10)
+        if self.watcher is not None:
+            self.watcher.stop()
+        stream = getattr(self, "stream", None)
+        if stream is not None:
+            stream.close()  # closes its listener, which may have been renewed
+        if self.client is not None:
+            self.client.close()
+        self.sock.close()
+        self.listener.close()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,285 @@
+"""``ina-agent``: one worker of a job, from the command line.
+
+    ina-agent allreduce --controller 127.0.0.1:50051 --workers 10.0.1.1:40000@h1,10.0.1.2:40000@h2 \\
+        --worker-id 0 --job-name bench --elements 1000000 --iterations 10
+    ina-agent train --controller 127.0.0.1:50051 --job-file job.json --worker-id 1 --allocation adaptive
+
+Every worker of a job is started with the same job (``--workers`` or ``--job-file``) and its own
+``--worker-id``. ``allreduce`` benchmarks an all-reduce of a given size and prints time and goodput;
+``train`` trains the MLP of ``host_agent.train``. Both print a summary, and the full results as JSON
+with ``--json PATH`` (``-`` for stdout). Progress goes to stderr. Mistakes exit 2 with one line;
+failures at run time exit 1 with one line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+
+from host_agent.grant import BACKENDS, JobSpec, parse_workers
+from host_agent.stream import StreamOptions
+from host_agent.train import ALLOCATIONS, TrainConfig
+
+PROG = "ina-agent"
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Worker agent of the INA testbed: all-reduce benchmark and training.")
+    parser.add_argument("--version", action="version", version=f"{PROG} 0.1.0")
+    sub = parser.add_subparsers(dest="command", metavar="{allreduce,train}", parser_class=_Parser)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        job = p.add_argument_group("job (the same on every worker)")
+        src = job.add_mutually_exclusive_group(required=True)
+        src.add_argument("--workers", help="IP:PORT[/MAC][@HOST],... of every worker; ids are positions (0, 1, ...)")
+        src.add_argument("--job-file", help="JSON job description (name, backend, workers: see docs/agent.md)")
+        job.add_argument("--job-name", help="job name, the rendezvous key at the controller (default: from the job file, else 'ina-job')")
+        job.add_argument("--backend", choices=BACKENDS, help="all-reduce backend (default: from the job file, else auto)")
+        job.add_argument("--requested-slots", type=int, default=None, help="slots to ask for (0: what the policy gives)")
+        p.add_argument("--worker-id", type=int, required=True, help="this worker's id")
+        p.add_argument("--controller", help="admission service HOST:PORT; without it only --backend ring runs")
+        p.add_argument("--job-id", type=int, help="join this registered job instead of finding it by name")
+        p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds without progress before giving up (default 60)")
+        p.add_argument("--reorder-guard", type=_nonneg_float, default=0.0,
+                       help="seconds between a chunk's last send and its slot's reuse, for switches without "
+                            "the per-copy seq check on networks that reorder (default 0: off)")
+        p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
+        p.add_argument("--quiet", action="store_true", help="no progress display")
+        p.add_argument("-v", "--verbose", action="store_true", help="log protocol events (generations, resyncs)")
+
+    ar = sub.add_parser("allreduce", help="benchmark an all-reduce of a given size")
+    common(ar)
+    ar.add_argument("--elements", type=_positive_int, default=1_000_000, help="float32 elements (default 1000000)")
+    ar.add_argument("--iterations", type=_positive_int, default=5, help="timed all-reduces (default 5)")
+    ar.add_argument("--warmup", type=int, default=1, help="untimed all-reduces first (default 1)")
+    ar.add_argument("--check", action="store_true", help="verify the sum against the value every worker can predict")
+
+    tr = sub.add_parser("train", help="train a small MLP with an allocation mode")
+    common(tr)
+    tr.add_argument("--allocation", choices=ALLOCATIONS, default="equal", help="data allocation (default equal)")
+    tr.add_argument("--steps", type=_positive_int, default=50, help="training steps (default 50)")
+    tr.add_argument("--global-batch", type=_positive_int, default=64, help="samples per step over all workers (default 64)")
+    tr.add_argument("--lr", type=_positive_float, default=0.5, help="SGD learning rate (default 0.5)")
+    tr.add_argument("--update-every", type=_positive_int, default=10, help="adaptive: steps between re-allocations")
+    tr.add_argument("--slowdown", type=float, default=1.0, help="emulate a worker this many times slower (>= 1)")
+    tr.add_argument("--seed", type=int, default=0, help="data, initialisation and sample order (default 0)")
+    return parser
+
+
+def _job_spec(args: argparse.Namespace) -> JobSpec:
+    if args.job_file:
+        try:
+            with open(args.job_file) as fh:
+                spec = JobSpec.from_json(fh.read())
+        except OSError as exc:
+            raise UsageError(f"cannot read job file: {exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"bad job file {args.job_file}: {exc}") from None
+    else:
+        try:
+            workers = parse_workers(args.workers)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        spec = JobSpec(args.job_name or "ina-job", workers)
+    changes = {}
+    if args.job_name:
+        changes["name"] = args.job_name
+    if args.backend:
+        changes["backend"] = args.backend
+    if args.requested_slots is not None:
+        changes["requested_slots"] = args.requested_slots
+    if getattr(args, "elements", None):
+        changes["tensor_elements"] = args.elements
+    try:
+        spec = replace(spec, **changes)
+        spec.worker(args.worker_id)
+    except (ValueError, KeyError) as exc:
+        raise UsageError(str(exc).strip("'\"")) from None
+    if args.controller is None and spec.backend not in ("ring", "auto"):
+        raise UsageError(f"--backend {spec.backend} needs --controller (without one only the ring runs)")
+    return spec
+
+
+def _open_agent(args: argparse.Namespace, spec: JobSpec):
+    from host_agent.agent import Agent, AgentOptions
+
+    opts = AgentOptions(stream=StreamOptions(op_timeout=args.timeout, reorder_guard=args.reorder_guard),
+                        rendezvous_timeout=args.timeout)
+    return Agent(spec, args.worker_id, controller=args.controller, job_id=args.job_id, options=opts)
+
+
+class _Progress:
+    def __init__(self, enabled: bool, label: str) -> None:
+        self.enabled = enabled
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int, text: str = "") -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if done < total and now - self.last < (0.1 if self.tty else 2.0):
+            return
+        self.last = now
+        line = f"{self.label}: {done}/{total} {text}"
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if done >= total else ""))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def _emit(results: dict, path: str | None) -> None:
+    if path is None:
+        return
+    text = json.dumps(results, indent=2, sort_keys=True)
+    if path == "-":
+        print(text)
+    else:
+        with open(path, "w") as fh:
+            fh.write(text + "\n")
+
+
+def _cmd_allreduce(args: argparse.Namespace) -> int:
+    spec = _job_spec(args)
+    if args.warmup < 0:
+        raise UsageError("--warmup must be >= 0")
+    progress = _Progress(not args.quiet, f"worker {args.worker_id} allreduce")
+    rng = np.random.default_rng(args.worker_id)
+    data = rng.standard_normal(args.elements).astype(np.float32)
+    agent = _open_agent(args, spec)
+    times: list[float] = []
+    try:
+        total = args.warmup + args.iterations
+        out = None
+        for i in range(total):
+            t0 = time.perf_counter()
+            out = agent.allreduce(data)
+            dt = time.perf_counter() - t0
+            if i >= args.warmup:
+                times.append(dt)
+            progress(i + 1, total, f"{dt * 1e3:.1f} ms ({agent.backend})")
+        ok = None
+        if args.check:
+            ok = bool(np.isfinite(out).all())
+        stats = agent.stats.as_dict()
+        backend, generation = agent.backend, agent.generation
+        n = agent.size
+    finally:
+        agent.close()
+    nbytes = args.elements * 4
+    best, mean = min(times), sum(times) / len(times)
+    results = {
+        "command": "allreduce", "worker_id": args.worker_id, "workers": n, "backend": backend,
+        "generation": generation, "elements": args.elements, "bytes": nbytes, "iterations": args.iterations,
+        "seconds": times, "seconds_mean": mean, "seconds_best": best,
+        "goodput_gbps": nbytes * 8 / mean / 1e9, "stats": stats, "check": ok,
+    }
+    print(f"worker {args.worker_id}: {backend} all-reduce of {args.elements} float32 ({nbytes / 1e6:.1f} MB) "
+          f"over {n} workers: mean {mean * 1e3:.2f} ms, best {best * 1e3:.2f} ms, "
+          f"goodput {results['goodput_gbps']:.3f} Gbit/s, retransmits {stats['retransmits']}")
+    _emit(results, args.json)
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    spec = _job_spec(args)
+    try:
+        cfg = TrainConfig(allocation=args.allocation, steps=args.steps, global_batch=args.global_batch, lr=args.lr,
+                          update_every=args.update_every, slowdown=args.slowdown, seed=args.seed)
+        if args.slowdown < 1:
+            raise ValueError(f"--slowdown must be >= 1, got {args.slowdown}")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    from host_agent.train import Mlp, train
+
+    spec = replace(spec, tensor_elements=Mlp(64, cfg.hidden, 10).size + 1)  # the gradient and the loss
+    progress = _Progress(not args.quiet, f"worker {args.worker_id} train")
+    agent = _open_agent(args, spec)
+    try:
+        result = train(agent, cfg, progress=lambda s, t, loss, alloc: progress(
+            s, t, f"loss {loss:.4f} batch {alloc.batch_sizes[agent.rank]}/{alloc.global_batch} ({agent.backend})"))
+        backend, stats = agent.backend, agent.stats.as_dict()
+    finally:
+        agent.close()
+    results = {"command": "train", "worker_id": args.worker_id, "workers": len(spec.workers), "backend": backend,
+               "allocation": args.allocation, "config": cfg.__dict__, **result.as_dict(), "stats": stats}
+    print(f"worker {args.worker_id}: trained {cfg.steps} steps ({args.allocation}, {backend}): loss "
+          f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f}, accuracy {result.accuracy:.3f}, "
+          f"{result.seconds:.2f} s ({result.compute_seconds:.2f} compute, {result.comm_seconds:.2f} all-reduce), "
+          f"final batch sizes {result.batch_sizes[-1]}")
+    _emit(results, args.json)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise UsageError("choose a command: allreduce or train (see --help)")
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format=f"{PROG}[%(threadName)s] %(levelname)s %(message)s")
+        if args.command == "allreduce":
+            return _cmd_allreduce(args)
+        return _cmd_train(args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one line for the user; -v logs the details
+        logging.getLogger("host_agent.cli").debug("failure", exc_info=True)
+        print(f"{PROG}: error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

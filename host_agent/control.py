@@ -1,0 +1,218 @@
+"""The agent's client of the controller's admission service (controller/admission.proto).
+
+One error type, ``ControllerError``, wraps ``grpc.RpcError`` with its status code and details. The
+event stream (``WatchJob``) and the heartbeat run in ``JobWatcher``'s background threads, which hand
+grants and releases to a callback; everything else is a plain blocking call with a deadline.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import grpc
+
+from controller import admission_pb2 as pb
+from controller import admission_pb2_grpc as pb_grpc
+from host_agent.grant import Grant, JobSpec
+from host_agent.stream import AgentError, AgentTimeout, StaleGeneration
+
+__all__ = ["AdmissionClient", "ControllerError", "JobWatcher"]
+
+log = logging.getLogger("host_agent.control")
+
+
+class ControllerError(AgentError):
+    """A call to the controller failed; ``code`` is the gRPC status code (None if not from gRPC)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, details: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.details = details
+
+
+def _wrap(what: str, exc: grpc.RpcError) -> ControllerError:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    name = code.name if code is not None else "ERROR"
+    return ControllerError(f"{what}: {name}: {details}", code, details or "")
+
+
+class AdmissionClient:
+    """Blocking calls to the admission service at ``address`` ("host:port")."""
+
+    def __init__(self, address: str, *, timeout: float = 10.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.AdmissionStub(self.channel)
+
+    def wait_ready(self, timeout: float) -> None:
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise ControllerError(f"controller at {self.address} did not answer within {timeout}s",
+                                  grpc.StatusCode.UNAVAILABLE) from None
+
+    def register(self, spec: JobSpec) -> Grant:
+        try:
+            return Grant.from_proto(self.stub.RegisterJob(spec.register_request(), timeout=self.timeout))
+        except grpc.RpcError as exc:
+            raise _wrap(f"RegisterJob({spec.name!r})", exc) from None
+
+    def find_job(self, name: str, timeout: float) -> tuple[int, Grant]:
+        """The running job called ``name`` (registered by another worker): polls ListJobs until it appears."""
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            try:
+                jobs = self.stub.ListJobs(pb.ListJobsRequest(), timeout=self.timeout).jobs
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise _wrap("ListJobs", exc) from None
+                jobs = []
+            found = [j for j in jobs if j.name == name and j.state != "released"]
+            if found:
+                if len(found) > 1:
+                    log.warning("%d running jobs are called %r; joining the newest", len(found), name)
+                job = max(found, key=lambda j: (j.registered_at, j.job_id))
+                return int(job.job_id), Grant.from_proto(job.grant)
+            if time.monotonic() > deadline:
+                raise AgentTimeout(f"no job called {name!r} appeared at {self.address} within {timeout}s "
+                                   "(the worker with the lowest id registers it)")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    def get_grant(self, job_id: int) -> Grant:
+        try:
+            return Grant.from_proto(self.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=self.timeout).grant)
+        except grpc.RpcError as exc:
+            raise _wrap(f"GetJob({job_id})", exc) from None
+
+    def heartbeat(self, job_id: int, worker_id: int) -> int:
+        try:
+            return int(self.stub.Heartbeat(pb.HeartbeatRequest(job_id=job_id, worker_id=worker_id),
+                                           timeout=self.timeout).generation)
+        except grpc.RpcError as exc:
+            raise _wrap(f"Heartbeat({job_id}, {worker_id})", exc) from None
+
+    def release(self, job_id: int) -> None:
+        try:
+            self.stub.ReleaseJob(pb.ReleaseJobRequest(job_id=job_id), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise _wrap(f"ReleaseJob({job_id})", exc) from None
+
+    def sync(self, job_id: int, worker_id: int, generation: int, first_missing: int, timeout: float) -> int:
+        """SyncGeneration: the resume chunk; StaleGeneration on FAILED_PRECONDITION."""
+        req = pb.SyncGenerationRequest(job_id=job_id, worker_id=worker_id, generation=generation,
+                                       first_missing_chunk=first_missing)
+        try:
+            resp = self.stub.SyncGeneration(req, timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise StaleGeneration(exc.details()) from None
+            raise _wrap(f"SyncGeneration(job {job_id}, generation {generation})", exc) from None
+        if resp.generation != generation:
+            raise StaleGeneration(f"controller answered for generation {resp.generation}, not {generation}")
+        return int(resp.resume_chunk)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class JobWatcher:
+    """Follows a job: WatchJob events and a heartbeat, each in a daemon thread, until ``stop``.
+
+    ``on_grant(grant)`` gets every grant (the current one first); ``on_released()`` is called once when
+    the job is gone (a released event, or NOT_FOUND from either call). A broken event stream is
+    reopened with backoff; it delivers the current grant first again, so nothing is missed.
+    """
+
+    def __init__(self, client: AdmissionClient, job_id: int, worker_id: int, *,
+                 on_grant: Callable[[Grant], None], on_released: Callable[[], None],
+                 heartbeat_interval: float = 1.0) -> None:
+        self.client, self.job_id, self.worker_id = client, job_id, worker_id
+        self.on_grant, self.on_released = on_grant, on_released
+        self.heartbeat_interval = heartbeat_interval
+        self.first_grant = threading.Event()
+        self.released = threading.Event()
+        self._stop = threading.Event()
+        self._call = None
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._watch, name=f"watch-job{job_id}-w{worker_id}", daemon=True),
+            threading.Thread(target=self._beat, name=f"heartbeat-job{job_id}-w{worker_id}", daemon=True),
+        ]
+        self.error: BaseException | None = None
+
+    def start(self) -> JobWatcher:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _gone(self) -> None:
+        if not self.released.is_set():
+            self.released.set()
+            self.on_released()
+
+    def _watch(self) -> None:
+        delay = 0.05
+        while not self._stop.is_set():
+            try:
+                call = self.client.stub.WatchJob(pb.WatchJobRequest(job_id=self.job_id, worker_id=self.worker_id))
+                with self._lock:
+                    self._call = call
+                if self._stop.is_set():
+                    call.cancel()
+                    return
+                for event in call:
+                    delay = 0.05
+                    if event.released:
+                        self._gone()
+                        return
+                    self.on_grant(Grant.from_proto(event.grant))
+                    self.first_grant.set()
+                if self._stop.is_set():
+                    return
+            except grpc.RpcError as exc:
+                if self._stop.is_set() or exc.code() == grpc.StatusCode.CANCELLED:
+                    return
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    self._gone()
+                    return
+                log.warning("worker %d: job %d event stream broke (%s); reopening", self.worker_id, self.job_id,
+                            exc.code().name)
+            except BaseException as exc:  # a callback failed: report, keep watching
+                self.error = exc
+                log.exception("worker %d: handling an event of job %d failed", self.worker_id, self.job_id)
+            self._stop.wait(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_interval):
+            try:
+                self.client.heartbeat(self.job_id, self.worker_id)
+            except ControllerError as exc:
+                if exc.code == grpc.StatusCode.NOT_FOUND:
+                    self._gone()
+                    return
+                log.debug("heartbeat failed: %s", exc)
+
+    def beat_now(self) -> None:
+        """One heartbeat now (used while waiting for the release at the end)."""
+        try:
+            self.client.heartbeat(self.job_id, self.worker_id)
+        except ControllerError as exc:
+            if exc.code == grpc.StatusCode.NOT_FOUND:
+                self._gone()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._call is not None:
+                self._call.cancel()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5)

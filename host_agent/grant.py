@@ -1,0 +1,293 @@
+"""A job's workers, the controller's grant, and the plan every worker derives from them, as plain values.
+
+Classes mirror the admission service's messages (controller/admission.proto): ``Worker``,
+``SwitchGrant`` and ``Grant`` are frozen copies of ``Worker``, ``SwitchGrant`` and ``JobGrant``.
+``plan_for`` turns a grant and the requested backend into a ``Plan``: which workers aggregate in which
+switch, which of them form the ring, who represents a rack. Every worker computes the same plan from
+the same grant, so no further coordination is needed. See docs/agent.md ("Backends").
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from inaproto import wire
+
+__all__ = [
+    "BACKENDS",
+    "Grant",
+    "JobSpec",
+    "Plan",
+    "Rack",
+    "SwitchGrant",
+    "Worker",
+    "parse_workers",
+    "plan_for",
+]
+
+BACKENDS = ("auto", "ina", "ring", "rina")
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker of a job (proto ``Worker``). Its ring listens on TCP ``ip:udp_port`` (same number as its INA socket)."""
+
+    worker_id: int
+    ip: str
+    udp_port: int
+    mac: str = ""
+    host: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.worker_id < wire.MAX_WORKERS:
+            raise ValueError(f"worker id {self.worker_id} out of range 0..{wire.MAX_WORKERS - 1}")
+        try:
+            ipaddress.IPv4Address(self.ip)
+        except ValueError:
+            raise ValueError(f"worker {self.worker_id}: {self.ip!r} is not an IPv4 address") from None
+        if not 0 <= self.udp_port < 65536:
+            raise ValueError(f"worker {self.worker_id}: port {self.udp_port} out of range")
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.ip, self.udp_port)
+
+    def to_proto(self):
+        from controller import admission_pb2 as pb
+
+        return pb.Worker(worker_id=self.worker_id, ip=self.ip, udp_port=self.udp_port, mac=self.mac, host=self.host)
+
+    @classmethod
+    def from_proto(cls, msg: Any) -> Worker:
+        return cls(int(msg.worker_id), msg.ip, int(msg.udp_port), msg.mac, msg.host)
+
+
+def parse_workers(text: str) -> tuple[Worker, ...]:
+    """Workers from ``IP:PORT[/MAC][@HOST],...``; worker ids are the positions in the list.
+
+    Raises ValueError naming the bad item.
+    """
+    out = []
+    for i, item in enumerate(x.strip() for x in text.split(",")):
+        if not item:
+            raise ValueError(f"worker {i}: empty entry in worker list {text!r}")
+        rest, _, host = item.partition("@")
+        rest, _, mac = rest.partition("/")
+        ip, sep, port = rest.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"worker {i}: {item!r} is not IP:PORT[/MAC][@HOST]")
+        out.append(Worker(i, ip, int(port), mac, host))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What every worker of a job is started with (the same on all of them).
+
+    ``name`` is the rendezvous key: the worker with the lowest id registers the job, the others find
+    it by name (docs/agent.md, "Joining a job"). ``backend`` is one of ``BACKENDS``.
+    ``tensor_elements`` (elements all-reduced per step) sizes the job at the controller: with
+    ``requested_slots`` 0 it asks for ceil(tensor_elements / 32) slots, as many as the policy allows.
+    """
+
+    name: str
+    workers: tuple[Worker, ...]
+    backend: str = "auto"
+    tensor_elements: int = 1_000_000
+    priority: int = 0
+    requested_slots: int = 0
+    weight: float = 0.0
+    min_slots: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workers", tuple(sorted(self.workers, key=lambda w: w.worker_id)))
+        if not self.name:
+            raise ValueError("a job needs a name")
+        if not self.workers:
+            raise ValueError(f"job {self.name!r} has no workers")
+        ids = [w.worker_id for w in self.workers]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"job {self.name!r}: worker ids must be unique, got {ids}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.tensor_elements < 1:
+            raise ValueError(f"tensor_elements (elements all-reduced per step, a sizing hint) must be >= 1, "
+                             f"got {self.tensor_elements}")
+
+    @property
+    def worker_ids(self) -> tuple[int, ...]:
+        return tuple(w.worker_id for w in self.workers)
+
+    def worker(self, worker_id: int) -> Worker:
+        for w in self.workers:
+            if w.worker_id == worker_id:
+                return w
+        raise KeyError(f"job {self.name!r} has no worker {worker_id} (workers: {list(self.worker_ids)})")
+
+    def register_request(self):
+        from controller import admission_pb2 as pb
+
+        return pb.RegisterJobRequest(
+            name=self.name, workers=[w.to_proto() for w in self.workers], tensor_elements=self.tensor_elements,
+            priority=self.priority, requested_slots=self.requested_slots, weight=self.weight, min_slots=self.min_slots,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "name": self.name, "backend": self.backend, "tensor_elements": self.tensor_elements,
+            "priority": self.priority, "requested_slots": self.requested_slots, "weight": self.weight,
+            "min_slots": self.min_slots,
+            "workers": [{"worker_id": w.worker_id, "ip": w.ip, "udp_port": w.udp_port, "mac": w.mac, "host": w.host}
+                        for w in self.workers],
+        }, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        d = json.loads(text)
+        if not isinstance(d, dict) or "workers" not in d or "name" not in d:
+            raise ValueError("a job file is a JSON object with 'name' and 'workers'")
+        workers = tuple(Worker(int(w["worker_id"]), str(w["ip"]), int(w["udp_port"]), str(w.get("mac", "")),
+                               str(w.get("host", ""))) for w in d["workers"])
+        keys = ("backend", "tensor_elements", "priority", "requested_slots", "weight", "min_slots")
+        return cls(str(d["name"]), workers, **{k: d[k] for k in keys if k in d})
+
+
+@dataclass(frozen=True)
+class SwitchGrant:
+    """The job's slots on one switch (proto ``SwitchGrant``)."""
+
+    switch: str
+    switch_ip: str
+    switch_mac: str = ""
+    base_slot: int = 0
+    num_slots: int = 0
+    mcast_grp: int = 0
+    worker_ids: tuple[int, ...] = ()
+    rack: str = ""
+
+    @classmethod
+    def from_proto(cls, msg: Any) -> SwitchGrant:
+        return cls(msg.switch, msg.switch_ip, msg.switch_mac, int(msg.base_slot), int(msg.num_slots),
+                   int(msg.mcast_grp), tuple(int(w) for w in msg.worker_ids), msg.rack)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The controller's grant for a job (proto ``JobGrant``)."""
+
+    job_id: int
+    generation: int
+    backend: str
+    switches: tuple[SwitchGrant, ...] = ()
+    scale: float = float(2**16)
+    ina_port: int = wire.INA_UDP_PORT
+    lanes: int = wire.LANES
+    reason: str = ""
+
+    @classmethod
+    def from_proto(cls, msg: Any) -> Grant:
+        return cls(int(msg.job_id), int(msg.generation), msg.backend or "ring",
+                   tuple(SwitchGrant.from_proto(s) for s in msg.switches),
+                   float(msg.scale) if msg.scale > 0 else float(2**16),
+                   int(msg.ina_port) or wire.INA_UDP_PORT, int(msg.lanes) or wire.LANES, msg.reason)
+
+    @classmethod
+    def ring_only(cls, job_id: int = 0, generation: int = 0, scale: float = float(2**16)) -> Grant:
+        """The grant a job without a controller works under: ring all-reduce, no switch."""
+        return cls(job_id, generation, "ring", (), scale, reason="no controller")
+
+
+@dataclass(frozen=True)
+class Rack:
+    """Workers that aggregate in one switch: slots ``[0, num_slots)`` of the job's range there."""
+
+    switch: str
+    address: tuple[str, int]  # where INA packets go: (switch_ip, ina_port)
+    num_slots: int
+    worker_ids: tuple[int, ...]
+
+    @property
+    def representative(self) -> int:
+        return self.worker_ids[0]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the job's all-reduce runs under one generation.
+
+    kind ``ina``: one rack holds every worker, its switch's results are final.
+    kind ``ring``: every worker is a ring member, no switch.
+    kind ``rina``: racks aggregate in their switches; the ring joins each rack's representative and
+    the workers of racks without slots; representatives broadcast the global sums into their racks.
+    """
+
+    kind: str
+    generation: int
+    racks: tuple[Rack, ...] = ()
+    ring: tuple[int, ...] = ()  # worker ids of the ring members, ascending (rank order)
+    reason: str = ""
+    _rack_of: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rack_of.update({w: r for r in self.racks for w in r.worker_ids})
+
+    def rack_of(self, worker_id: int) -> Rack | None:
+        return self._rack_of.get(worker_id)
+
+    def is_representative(self, worker_id: int) -> bool:
+        rack = self.rack_of(worker_id)
+        return rack is not None and rack.representative == worker_id
+
+    def describe(self) -> str:
+        if self.kind == "ring":
+            return f"ring of {len(self.ring)}"
+        racks = ", ".join(f"{r.switch}: workers {list(r.worker_ids)} on {r.num_slots} slots" for r in self.racks)
+        if self.kind == "ina":
+            return f"ina ({racks})"
+        return f"rina (racks {racks}; ring {list(self.ring)})"
+
+
+def _effective(requested: str, granted: str) -> str:
+    if requested == "ring" or granted not in ("ina", "rina"):
+        return "ring"
+    if requested == "ina":
+        return "ina" if granted == "ina" else "ring"
+    return granted  # rina or auto: what the grant offers (an ina grant is rina with one rack)
+
+
+def plan_for(grant: Grant, worker_ids: Iterable[int], requested: str = "auto",
+             addresses: Mapping[str, tuple[str, int]] | None = None) -> Plan:
+    """The plan of every worker of the job under ``grant`` for the requested backend.
+
+    ``ina`` runs only where one switch with slots holds every worker, and falls back to the ring
+    otherwise; ``rina`` and ``auto`` take what the grant offers (racks with slots aggregate in-network,
+    the rest join the ring); ``ring`` never uses a switch. ``addresses`` overrides where a switch's INA
+    packets go (switch name -> (ip, port)), e.g. for a relay; by default ``(switch_ip, ina_port)``.
+    """
+    ids = tuple(sorted(worker_ids))
+    if requested not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {requested!r}")
+    if grant.lanes != wire.LANES:
+        raise ValueError(f"grant uses {grant.lanes} lanes per packet; this agent speaks {wire.LANES}")
+    kind = _effective(requested, grant.backend)
+    racks: list[Rack] = []
+    if kind != "ring":
+        seen: set[int] = set()
+        for sg in grant.switches:
+            members = tuple(sorted(w for w in sg.worker_ids if w in ids and w not in seen))
+            if sg.num_slots > 0 and members:
+                address = (addresses or {}).get(sg.switch, (sg.switch_ip, grant.ina_port))
+                racks.append(Rack(sg.switch, address, sg.num_slots, members))
+                seen.update(members)
+        if len(racks) == 1 and set(racks[0].worker_ids) == set(ids):
+            return Plan("ina", grant.generation, tuple(racks), (), grant.reason)
+        if kind == "ina" or not racks:
+            racks, kind = [], "ring"
+    if kind == "ring":
+        return Plan("ring", grant.generation, (), ids, grant.reason)
+    in_racks = {w for r in racks for w in r.worker_ids}
+    ring = tuple(sorted({r.representative for r in racks} | (set(ids) - in_racks)))
+    return Plan("rina", grant.generation, tuple(racks), ring, grant.reason)
+

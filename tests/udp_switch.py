@@ -1,0 +1,621 @@
+"""In-process test doubles for the agent: the switch pipeline behind a UDP socket, and a fake admission service.
+
+``UdpSwitch`` runs ``softswitch.pipeline.InaPipeline`` on 127.0.0.x: each datagram it receives becomes an
+Ethernet/IPv4/UDP frame on the ingress port of its sender, and each frame the pipeline emits is sent as
+a datagram to the frame's destination IP and UDP port. Seeded faults (drop, duplicate, reorder) in both
+directions make loss recovery testable without root. ``FakeAdmission`` serves the admission service
+(controller/admission.proto) on 127.0.0.1 and programs the switches the way the controller does
+(docs/protocol.md): the ``ina_job`` entry, the job's multicast group and its ``ina_worker`` entries.
+Tests move, shrink, revoke and restore a job's slots with ``FakeAdmission.reallocate``.
+"""
+from __future__ import annotations
+
+import heapq
+import ipaddress
+import queue
+import random
+import select
+import socket
+import struct
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+
+from controller import admission_pb2 as pb
+from controller import admission_pb2_grpc as pb_grpc
+from host_agent.agent import bind_worker_sockets
+from host_agent.grant import JobSpec, Worker
+from inaproto import wire
+from softswitch.pipeline import InaPipeline
+
+SWITCH_MAC = bytes.fromhex("0200000000fe")
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_CMSG_SPACE = socket.CMSG_SPACE(16)
+
+
+def _mac_bytes(worker_id: int) -> bytes:
+    return bytes.fromhex(f"0200000001{worker_id + 1:02x}")
+
+
+@dataclass
+class Faults:
+    """Per-datagram fault probabilities, applied independently to packets into and out of the switch."""
+
+    drop: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0  # held back for up to reorder_delay seconds, so later packets overtake it
+    reorder_delay: float = 0.002
+
+
+class UdpSwitch:
+    """The pipeline model behind a UDP socket at ``address``; a daemon thread forwards until ``close``.
+
+    Args:
+        name: switch name (as in SwitchGrant.switch).
+        ip, port: where workers send INA packets (port 0: any free port).
+        faults: fault injection; change it any time with ``set_faults``.
+        seed: the fault generator's seed.
+        pipeline: an existing pipeline (e.g. one the real controller programs over P4Runtime).
+    """
+
+    def __init__(self, name: str = "s1", ip: str = "127.0.0.1", port: int = 0, *, faults: Faults | None = None,
+                 seed: int = 0, pipeline: InaPipeline | None = None) -> None:
+        self.name = name
+        self.pipeline = pipeline if pipeline is not None else InaPipeline()  # or one a controller programs
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
+        self.sock.bind((ip, port))
+        self.address: tuple[str, int] = self.sock.getsockname()[:2]
+        self.ip_bytes = ipaddress.IPv4Address(ip).packed
+        self.faults = faults or Faults()
+        self.rng = random.Random(seed)
+        self.ports: dict[tuple[str, int], int] = {}  # sender address -> switch port
+        self.received = 0
+        self.forwarded = 0
+        self.dropped = 0
+        self._queue: list = []  # heap of (release time, order, "in"/"out", payload, address)
+        self._order = 0
+        self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"udp-switch-{name}", daemon=True)
+        self._thread.start()
+
+    # --- control plane, as the controller writes it --------------------------------------------------
+    def attach(self, ip: str, udp_port: int, switch_port: int | None = None) -> int:
+        """The switch port of the worker at ``ip:udp_port`` (``switch_port``, or allocated on first use from 1)."""
+        key = (ip, udp_port)
+        if switch_port is not None:
+            self.ports[key] = switch_port
+        elif key not in self.ports:
+            self.ports[key] = len(self.ports) + 1
+        return self.ports[key]
+
+    def install_job(self, job_id: int, workers: list[Worker], base: int, num_slots: int, generation: int,
+                    mcast_grp: int | None = None) -> int:
+        """``ina_job`` entry, multicast group and ``ina_worker`` entries for ``workers``; returns the group."""
+        grp = mcast_grp if mcast_grp is not None else job_id + 1
+        mask = sum(1 << w.worker_id for w in workers)
+        params = (base, num_slots, mask, len(workers), grp, generation & 0xFFFF)
+        p = self.pipeline
+        if (job_id,) in p.table("MyIngress.ina_job").entries:
+            p.modify_entry("MyIngress.ina_job", (job_id,), "MyIngress.set_job", params)
+        else:
+            p.insert_entry("MyIngress.ina_job", (job_id,), "MyIngress.set_job", params)
+        p.set_multicast_group(grp, [(self.attach(w.ip, w.udp_port), w.worker_id) for w in workers])
+        table = p.table("MyEgress.ina_worker")
+        for w in workers:
+            entry = (int.from_bytes(_mac_bytes(w.worker_id), "big"), int(ipaddress.IPv4Address(w.ip)), w.udp_port)
+            if (job_id, w.worker_id) in table.entries:
+                p.modify_entry("MyEgress.ina_worker", (job_id, w.worker_id), "MyEgress.set_worker_addr", entry)
+            else:
+                p.insert_entry("MyEgress.ina_worker", (job_id, w.worker_id), "MyEgress.set_worker_addr", entry)
+        return grp
+
+    def remove_job(self, job_id: int) -> None:
+        p = self.pipeline
+        if (job_id,) in p.table("MyIngress.ina_job").entries:
+            p.delete_entry("MyIngress.ina_job", (job_id,))
+        for match in [m for m in p.table("MyEgress.ina_worker").entries if m[0] == job_id]:
+            p.delete_entry("MyEgress.ina_worker", match)
+
+    def set_faults(self, faults: Faults) -> None:
+        self.faults = faults
+
+    def counter(self, name: str, index: int) -> int:
+        return self.pipeline.counter(name)[index]
+
+    # --- data plane ----------------------------------------------------------------------------------
+    # Every datagram goes through one queue ordered by release time: its kernel receive time (ingress)
+    # or its emission time (egress), plus a random hold of at most `reorder_delay` when the reorder
+    # fault picks it. So a packet is overtaken only by packets that arrived less than reorder_delay
+    # after it, however long the switch's socket queue is: bounded reordering, which the agent's
+    # optional reorder_guard can be set against (docs/agent.md, "Loss recovery").
+
+    def _schedule(self, kind: str, payload: bytes, addr: tuple[str, int], at: float) -> None:
+        f = self.faults
+        r = self.rng.random
+        if f.drop and r() < f.drop:
+            self.dropped += 1
+            return
+        copies = 2 if f.duplicate and r() < f.duplicate else 1
+        for _ in range(copies):
+            hold = r() * f.reorder_delay if f.reorder and r() < f.reorder else 0.0
+            self._order += 1
+            heapq.heappush(self._queue, (at + hold, self._order, kind, payload, addr))
+
+    def _ingress(self, data: bytes, src: tuple[str, int]) -> None:
+        port = self.ports.get(src, 0)
+        frame = wire.udp_frame(_mac_bytes(port), SWITCH_MAC, ipaddress.IPv4Address(src[0]).packed, self.ip_bytes,
+                               src[1], wire.INA_UDP_PORT, data)
+        now = time.time()
+        for _port, out in self.pipeline.process(port, frame):
+            if len(out) < wire.INA_OFFSET:
+                continue
+            dst_ip = socket.inet_ntoa(out[30:34])
+            dport = int.from_bytes(out[36:38], "big")
+            self._schedule("out", out[wire.INA_OFFSET :], (dst_ip, dport), now)
+
+    def _run(self) -> None:
+        sock = self.sock
+        sock.setblocking(False)
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        queue_ = self._queue
+        while not self._stop.is_set():
+            while True:  # everything waiting in the socket, stamped with its kernel receive time
+                try:
+                    data, anc, _flags, src = sock.recvmsg(4096, _CMSG_SPACE)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    if self._stop.is_set():
+                        return
+                    break
+                at = time.time()
+                for level, kind, cdata in anc:
+                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(cdata) >= 16:
+                        sec, nsec = struct.unpack("qq", cdata[:16])
+                        at = sec + nsec * 1e-9
+                self.received += 1
+                self._schedule("in", data, src, at)
+            now = time.time()
+            while queue_ and queue_[0][0] <= now:
+                _, _, kind, payload, addr = heapq.heappop(queue_)
+                if kind == "in":
+                    self._ingress(payload, addr)
+                else:
+                    try:
+                        sock.sendto(payload, addr)
+                        self.forwarded += 1
+                    except OSError:
+                        pass
+            if queue_:
+                wait = max(queue_[0][0] - time.time(), 0.0)
+                if wait == 0.0:
+                    continue
+                poller.poll(wait * 1000.0)
+            else:
+                poller.poll(50)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+    def __enter__(self) -> UdpSwitch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_switches(names: list[str], **kwargs) -> list[UdpSwitch]:
+    """One UdpSwitch per name, on 127.0.1.1, 127.0.1.2, ... and one common port (the grant's ina_port)."""
+    for _ in range(50):
+        first = UdpSwitch(names[0], "127.0.1.1", 0, **kwargs)
+        port = first.address[1]
+        out = [first]
+        try:
+            for i, name in enumerate(names[1:], start=2):
+                out.append(UdpSwitch(name, f"127.0.1.{i}", port, **kwargs))
+            return out
+        except OSError:
+            for s in out:
+                s.close()
+    raise OSError("could not bind the switches on a common port")
+
+
+# ----------------------------------------------------------------------------- fake admission service
+
+
+@dataclass
+class _Job:
+    job_id: int
+    request: pb.RegisterJobRequest
+    workers: list[Worker]
+    generation: int
+    grant: pb.JobGrant
+    registered_at: float
+    state: str = "running"
+    last_heartbeat: float = 0.0
+    watchers: list[queue.Queue] = field(default_factory=list)
+    sync_reports: dict[int, dict[int, int]] = field(default_factory=dict)
+    sync_resolved: dict[int, int] = field(default_factory=dict)
+    heartbeats: int = 0
+    syncs: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+class FakeAdmission(pb_grpc.AdmissionServicer):
+    """The admission service over UdpSwitches, for agent tests (no P4Runtime, no persistence).
+
+    Args:
+        switches: rack name -> UdpSwitch, or None for a rack without INA.
+        rack_of_host: Worker.host -> rack name; workers of unknown hosts are in no rack (ring only).
+        slots: slots granted per job per INA switch at registration (0: none, the job runs on the ring).
+        scale: the fixed-point scale of every grant.
+        sync_timeout: SyncGeneration's wait for every worker before DEADLINE_EXCEEDED.
+    """
+
+    def __init__(self, switches: dict[str, UdpSwitch | None], rack_of_host: dict[str, str], *, slots: int = 64,
+                 scale: float = float(2**16), sync_timeout: float = 30.0) -> None:
+        self.switches = switches
+        self.rack_of_host = rack_of_host
+        self.slots = slots
+        self.scale = scale
+        self.sync_timeout = sync_timeout
+        self.jobs: dict[int, _Job] = {}
+        self.cond = threading.Condition()
+        self._next_job = 1
+        self._next_base: dict[str, int] = {name: 0 for name in switches}
+        ports = {s.address[1] for s in switches.values() if s is not None}
+        if len(ports) > 1:
+            raise ValueError("all switches must listen on the same port (the grant has one ina_port)")
+        self.ina_port = ports.pop() if ports else wire.INA_UDP_PORT
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+        pb_grpc.add_AdmissionServicer_to_server(self, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{port}"
+        self.server.start()
+
+    def close(self) -> None:
+        with self.cond:
+            for job in self.jobs.values():
+                for q in job.watchers:
+                    q.put(None)
+        self.server.stop(grace=0.5).wait()
+
+    def __enter__(self) -> FakeAdmission:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- grants ----------------------------------------------------------------------------------------
+    def _racks(self, workers: list[Worker]) -> dict[str, list[Worker]]:
+        racks: dict[str, list[Worker]] = {}
+        for w in workers:
+            rack = self.rack_of_host.get(w.host)
+            if rack is not None:
+                racks.setdefault(rack, []).append(w)
+        return racks
+
+    def _program(self, job: _Job, slots: dict[str, int], bases: dict[str, int], reason: str) -> None:
+        """Write the switches for ``job``'s new generation, then build its grant (caller holds cond)."""
+        racks = self._racks(job.workers)
+        grants = []
+        for rack, members in sorted(racks.items()):
+            switch = self.switches.get(rack)
+            n = slots.get(rack, 0) if switch is not None else 0
+            base = bases.get(rack, 0)
+            if switch is not None:
+                if n > 0:
+                    switch.install_job(job.job_id, members, base, n, job.generation)
+                else:
+                    switch.remove_job(job.job_id)
+            grants.append(pb.SwitchGrant(
+                switch=rack, switch_ip=switch.address[0] if switch else "", switch_mac="02:00:00:00:00:fe",
+                base_slot=base, num_slots=n, mcast_grp=job.job_id + 1 if n else 0,
+                worker_ids=[w.worker_id for w in members], rack=rack))
+        with_slots = [g for g in grants if g.num_slots > 0]
+        if len(with_slots) == 1 and len(with_slots[0].worker_ids) == len(job.workers):
+            backend = "ina"
+        elif with_slots:
+            backend = "rina"
+        else:
+            backend = "ring"
+        job.grant = pb.JobGrant(job_id=job.job_id, generation=job.generation, backend=backend, switches=grants,
+                                scale=self.scale, ina_port=self.ina_port, lanes=wire.LANES, reason=reason)
+
+    def reallocate(self, job_id: int, slots: dict[str, int] | int, bases: dict[str, int] | int | None = None,
+                   reason: str = "reallocated") -> int:
+        """A new generation for the job with ``slots`` (per rack, or the same on every rack) at ``bases``.
+
+        Switches are programmed first, then every watcher gets the event. Pending SyncGeneration calls
+        of older generations fail with FAILED_PRECONDITION. Returns the new generation.
+        """
+        with self.cond:
+            job = self.jobs[job_id]
+            racks = self._racks(job.workers)
+            if isinstance(slots, int):
+                slots = {r: slots for r in racks}
+            if bases is None:
+                bases = {g.rack: g.base_slot for g in job.grant.switches}
+            elif isinstance(bases, int):
+                bases = {r: bases for r in racks}
+            job.generation += 1
+            self._program(job, slots, bases, reason)
+            self._publish(job)
+            self.cond.notify_all()
+            return job.generation
+
+    def _publish(self, job: _Job, released: bool = False) -> None:
+        event = pb.AllocationEvent(grant=job.grant, released=released)
+        for q in job.watchers:
+            q.put(event)
+
+    def job_named(self, name: str, timeout: float = 10.0) -> _Job:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for job in self.jobs.values():
+                    if job.request.name == name and job.state != "released":
+                        return job
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no job {name!r}")
+                self.cond.wait(left)
+
+    def job_id(self, name: str) -> int:
+        """The id of the newest job called ``name``, released or not."""
+        with self.cond:
+            return max(j.job_id for j in self.jobs.values() if j.request.name == name)
+
+    def wait_sync(self, job_id: int, generation: int, timeout: float = 10.0) -> int:
+        """Block until every worker has synced on ``generation``; the resume chunk."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            job = self.jobs[job_id]
+            while generation not in job.sync_resolved:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"job {job_id} did not sync on generation {generation}")
+                self.cond.wait(left)
+            return job.sync_resolved[generation]
+
+    # --- the service -------------------------------------------------------------------------------------
+    def RegisterJob(self, request, context):
+        if not request.name or not request.workers:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs a name and workers")
+        if request.tensor_elements < 1:  # as the controller does
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tensor_elements must be at least 1")
+        workers = [Worker.from_proto(w) for w in request.workers]
+        with self.cond:
+            if any(j.request.name == request.name and j.state != "released" for j in self.jobs.values()):
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"job {request.name!r} exists")
+            job_id = self._next_job
+            self._next_job += 1
+            job = _Job(job_id, request, workers, 1, pb.JobGrant(), time.time())
+            n = request.requested_slots or self.slots
+            slots, bases = {}, {}
+            for rack in self._racks(workers):
+                if self.switches.get(rack) is not None:
+                    slots[rack] = n
+                    bases[rack] = self._next_base[rack]
+                    self._next_base[rack] += n
+            self._program(job, slots, bases, "admitted")
+            self.jobs[job_id] = job
+            self.cond.notify_all()
+            return job.grant
+
+    def _job(self, job_id: int, context) -> _Job:
+        job = self.jobs.get(job_id)
+        if job is None or job.state == "released":
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id}")
+        return job
+
+    def Heartbeat(self, request, context):
+        with self.cond:
+            job = self._job(request.job_id, context)
+            job.last_heartbeat = time.time()
+            job.heartbeats += 1
+            return pb.HeartbeatResponse(generation=job.generation)
+
+    def release(self, job_id: int) -> None:
+        """Release a job as the controller does (its entries leave the switches; watchers get ``released``)."""
+        with self.cond:
+            job = self.jobs[job_id]
+            job.state = "released"
+            for switch in self.switches.values():
+                if switch is not None:
+                    switch.remove_job(job.job_id)
+            self._publish(job, released=True)
+            self.cond.notify_all()
+
+    def ReleaseJob(self, request, context):
+        with self.cond:
+            self._job(request.job_id, context)
+            self.release(request.job_id)
+            return pb.ReleaseJobResponse()
+
+    def WatchJob(self, request, context):
+        q: queue.Queue = queue.Queue()
+        with self.cond:
+            job = self._job(request.job_id, context)
+            job.watchers.append(q)
+            q.put(pb.AllocationEvent(grant=job.grant))
+        try:
+            while context.is_active():
+                try:
+                    event = q.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if event is None:
+                    return
+                yield event
+                if event.released:
+                    return
+        finally:
+            with self.cond:
+                if q in job.watchers:
+                    job.watchers.remove(q)
+
+    def SyncGeneration(self, request, context):
+        deadline = time.monotonic() + self.sync_timeout
+        with self.cond:
+            job = self._job(request.job_id, context)
+            gen = request.generation
+            job.syncs.append((request.worker_id, gen, request.first_missing_chunk))
+            if gen != job.generation:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"generation {gen} is not current ({job.generation})")
+            if gen in job.sync_resolved:
+                return pb.SyncGenerationResponse(generation=gen, resume_chunk=job.sync_resolved[gen])
+            reports = job.sync_reports.setdefault(gen, {})
+            reports[request.worker_id] = request.first_missing_chunk
+            if len(reports) == len(job.workers):
+                job.sync_resolved[gen] = min(reports.values())
+                self.cond.notify_all()
+            while gen not in job.sync_resolved:
+                left = deadline - time.monotonic()
+                if job.generation != gen or job.state == "released":
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"generation {gen} was superseded")
+                if left <= 0:
+                    missing = sorted({w.worker_id for w in job.workers} - set(reports))
+                    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"workers {missing} did not report")
+                self.cond.wait(min(left, 0.1))
+            return pb.SyncGenerationResponse(generation=gen, resume_chunk=job.sync_resolved[gen])
+
+    def ListJobs(self, request, context):
+        with self.cond:
+            return pb.ListJobsResponse(jobs=[self._info(j) for j in self.jobs.values()])
+
+    def GetJob(self, request, context):
+        with self.cond:
+            job = self.jobs.get(request.job_id)
+            if job is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id}")
+            return self._info(job)
+
+    @staticmethod
+    def _info(job: _Job) -> pb.JobInfo:
+        return pb.JobInfo(job_id=job.job_id, name=job.request.name, state=job.state, grant=job.grant,
+                          request=job.request, registered_at=job.registered_at, last_heartbeat=job.last_heartbeat)
+
+
+# ----------------------------------------------------------------------------- local jobs
+
+
+def local_job(n: int, name: str = "job", *, backend: str = "auto", hosts: list[str] | None = None,
+              ip: str = "127.0.0.1") -> tuple[JobSpec, list[tuple[socket.socket, socket.socket]]]:
+    """A job of ``n`` workers on ``ip`` with their sockets bound (worker i on host ``hosts[i]``, default "h{i}")."""
+    sockets = [bind_worker_sockets(ip) for _ in range(n)]
+    hosts = hosts or [f"h{i}" for i in range(n)]
+    workers = tuple(Worker(i, ip, s[0].getsockname()[1], "", hosts[i]) for i, s in enumerate(sockets))
+    return JobSpec(name, workers, backend=backend), sockets
+
+
+def run_workers(n: int, fn, *, timeout: float = 60.0) -> list:
+    """``fn(i)`` in n threads; results in order; the first exception is raised after all have ended."""
+    results: list = [None] * n
+
+    def target(i: int) -> None:
+        try:
+            results[i] = fn(i)
+        except BaseException as exc:  # reported below
+            results[i] = exc
+
+    threads = [threading.Thread(target=target, args=(i,), name=f"worker-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(deadline - time.monotonic(), 0))
+    alive = [t.name for t in threads if t.is_alive()]
+    if alive:
+        raise TimeoutError(f"workers still running after {timeout}s: {alive}")
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+class LocalCluster:
+    """Switches, a fake controller and one job's workers on loopback, for agent tests.
+
+    Args:
+        racks: the rack of each worker (worker i on host "h{i}").
+        ina_racks: racks whose switch does INA (default: all); the others have no switch.
+        slots, scale: what the fake controller grants per INA rack.
+        faults, seed: fault injection on every switch.
+        backend: requested backend of the job.
+        options: the agents' options.
+    """
+
+    def __init__(self, racks: list[str], *, ina_racks: set[str] | None = None, slots: int = 64,
+                 scale: float = float(2**16), faults: Faults | None = None, seed: int = 0, backend: str = "auto",
+                 options=None, name: str = "job") -> None:
+        from host_agent.agent import AgentOptions
+
+        names = sorted(set(racks))
+        ina = [r for r in names if ina_racks is None or r in ina_racks]
+        self.switches: dict[str, UdpSwitch | None] = {r: None for r in names}
+        if ina:
+            for sw in make_switches(ina, faults=faults, seed=seed):
+                self.switches[sw.name] = sw
+        self.racks = racks
+        self.fake = FakeAdmission(self.switches, {f"h{i}": r for i, r in enumerate(racks)}, slots=slots, scale=scale)
+        self.options = options or AgentOptions()
+        self.spec, self.sockets = self.new_job(name, backend)
+
+    def new_job(self, name: str, backend: str = "auto", workers: list[int] | None = None):
+        """Another job on the same hosts: (spec, sockets); ``workers`` picks hosts (default: all)."""
+        idx = list(range(len(self.racks))) if workers is None else workers
+        spec, sockets = local_job(len(idx), name, backend=backend, hosts=[f"h{i}" for i in idx])
+        return spec, sockets
+
+    def switch(self, rack: str | None = None) -> UdpSwitch:
+        sw = [s for r, s in sorted(self.switches.items()) if s is not None and (rack is None or r == rack)]
+        return sw[0]
+
+    def run(self, fn, *, spec: JobSpec | None = None, sockets=None, timeout: float = 60.0, controller: bool = True,
+            options=None) -> list:
+        """``fn(agent)`` on every worker of the job (threads); agents are closed after it; results in order."""
+        from host_agent.agent import Agent
+
+        spec = spec or self.spec
+        sockets = sockets or self.sockets
+
+        def worker(i: int):
+            agent = Agent(spec, spec.workers[i].worker_id, controller=self.fake.address if controller else None,
+                          sock=sockets[i][0], listener=sockets[i][1], options=options or self.options)
+            try:
+                return fn(agent)
+            finally:
+                agent.close()
+
+        return run_workers(len(spec.workers), worker, timeout=timeout)
+
+    def close(self) -> None:
+        self.fake.close()
+        for sw in self.switches.values():
+            if sw is not None:
+                sw.close()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def quantised_sum(arrays: list, scale: float = float(2**16)):
+    """What every agent must return: float32(exact int64 sum of rint(x * scale) / scale), saturated like quantize."""
+    import numpy as np
+
+    from host_agent.fixedpoint import dequantize, quantize
+
+    total = np.sum(np.stack([quantize(np.asarray(a).reshape(-1), scale).astype(np.int64) for a in arrays]), axis=0)
+    return dequantize(total, scale).reshape(np.asarray(arrays[0]).shape)

@@ -1,0 +1,100 @@
+"""``ina-agent``: usage errors, the all-reduce benchmark and training with each allocation mode, against the fake controller."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from host_agent import cli
+from tests.udp_switch import LocalCluster, run_workers
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "choose a command"),
+    (["frobnicate"], "invalid choice"),
+    (["allreduce", "--worker-id", "0"], "one of the arguments --workers --job-file is required"),
+    (["allreduce", "--workers", "10.0.0.1", "--worker-id", "0"], "is not IP:PORT"),
+    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "4"], "has no worker 4"),
+    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--elements", "0"], "must be >= 1"),
+    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--backend", "ina"], "needs --controller"),
+    (["allreduce", "--job-file", "/nonexistent.json", "--worker-id", "0"], "cannot read job file"),
+    (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--allocation", "greedy"], "invalid choice"),
+    (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--slowdown", "0.5"], "slowdown must be >= 1"),
+    (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--lr", "-1"], "must be > 0"),
+])
+def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ina-agent: error: ") and message in err
+
+
+def test_runtime_failure_exits_1_with_one_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "host_agent.cli", "allreduce", "--workers", "127.0.0.1:0", "--worker-id", "0",
+         "--controller", "127.0.0.1:1", "--timeout", "2", "--quiet"],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "UNAVAILABLE" in proc.stderr
+
+
+def test_bad_job_file_is_a_usage_error(tmp_path, capsys) -> None:
+    path = tmp_path / "job.json"
+    path.write_text('{"name": "x"}')
+    assert cli.main(["train", "--job-file", str(path), "--worker-id", "0"]) == 2
+    assert "bad job file" in capsys.readouterr().err
+
+
+def _worker_list(cl: LocalCluster) -> str:
+    ports = []
+    for udp, tcp in cl.sockets:  # the CLI binds its own sockets on these addresses
+        ports.append(udp.getsockname()[1])
+        udp.close()
+        tcp.close()
+    return ",".join(f"127.0.0.1:{p}@h{i}" for i, p in enumerate(ports))
+
+
+def test_allreduce_benchmark_prints_time_goodput_and_json(tmp_path, capsys) -> None:
+    n = 3
+    with LocalCluster(["s1"] * n, slots=16) as cl:
+        workers = _worker_list(cl)
+        codes = run_workers(n, lambda i: cli.main([
+            "allreduce", "--controller", cl.fake.address, "--workers", workers, "--worker-id", str(i),
+            "--job-name", "bench", "--elements", "5000", "--iterations", "3", "--quiet",
+            "--json", str(tmp_path / f"w{i}.json")]))
+    assert codes == [0] * n
+    out = capsys.readouterr().out
+    assert out.count("ina all-reduce of 5000 float32") == n and "goodput" in out
+    for i in range(n):
+        res = json.loads((tmp_path / f"w{i}.json").read_text())
+        assert res["backend"] == "ina" and res["workers"] == n and len(res["seconds"]) == 3
+        assert res["goodput_gbps"] > 0 and res["stats"]["calls"] == 4  # warm-up and 3 timed
+
+
+@pytest.mark.parametrize("allocation", ["equal", "static", "adaptive"])
+def test_train_allocation_modes(allocation, tmp_path) -> None:
+    """Every worker ends with the same model; the loss falls; adaptive gives the slow worker fewer samples."""
+    n = 3
+    with LocalCluster(["s1"] * n, slots=16) as cl:
+        workers = _worker_list(cl)
+
+        def worker(i: int) -> int:
+            argv = ["train", "--controller", cl.fake.address, "--workers", workers, "--worker-id", str(i),
+                    "--job-name", f"train-{allocation}", "--allocation", allocation, "--steps", "40",
+                    "--global-batch", "60", "--update-every", "8", "--quiet", "--json", str(tmp_path / f"w{i}.json")]
+            if i == 2 and allocation != "equal":
+                argv += ["--slowdown", "4"]
+            return cli.main(argv)
+
+        assert run_workers(n, worker) == [0] * n
+    res = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(n)]
+    assert len({r["final_params_digest"] for r in res}) == 1
+    assert res[0]["losses"] == res[1]["losses"] == res[2]["losses"]
+    assert res[0]["losses"][-1] < 0.5 * res[0]["losses"][0]
+    final = res[0]["batch_sizes"][-1]
+    assert sum(final) == 60
+    if allocation == "equal":
+        assert final == [20, 20, 20]
+    else:
+        assert final[2] < min(final[0], final[1]), f"{allocation}: the slow worker should get fewer samples: {final}"

@@ -1,0 +1,179 @@
+"""PyTorch integration: the agent against torch.distributed (gloo), the DDP hook, the weighted sampler.
+
+Skipped where torch is not installed (it is the optional extra ``torch``).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from host_agent.allocation import static_allocation  # noqa: E402
+from host_agent.torch_hook import AgentHookState, WeightedBatchSampler, get_hook, mean_hook, register_hook, weighted_hook  # noqa: E402
+from tests.udp_switch import LocalCluster  # noqa: E402
+
+
+class _FakeAgent:
+    rank, size = 1, 4
+
+    def allreduce(self, array: np.ndarray) -> np.ndarray:
+        return array * 4
+
+
+def test_state_checks_its_fields_and_registry() -> None:
+    alloc = static_allocation([1.0, 3.0, 2.0, 2.0], 16)
+    state = AgentHookState.for_allocation(_FakeAgent(), alloc)
+    assert state.weight == alloc.batch_sizes[1] / 16
+    with pytest.raises(ValueError, match="weight"):
+        AgentHookState(_FakeAgent(), weight=0.0)
+    with pytest.raises(TypeError, match="allreduce"):
+        AgentHookState(object())
+    assert get_hook("weighted") is weighted_hook and get_hook("mean") is mean_hook
+    with pytest.raises(KeyError, match="registered"):
+        get_hook("nope")
+    with pytest.raises(ValueError):
+        register_hook("mean", mean_hook)
+
+
+def test_hook_scales_and_returns_the_bucket() -> None:
+    class Bucket:
+        def __init__(self, t):
+            self.t = t
+
+        def buffer(self):
+            return self.t
+
+    state = AgentHookState(_FakeAgent(), weight=0.25)
+    t = torch.arange(6, dtype=torch.float32)
+    out = weighted_hook(state, Bucket(t)).wait()
+    assert out is t and t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # 0.25 * 4 = 1
+    assert mean_hook(state, Bucket(torch.ones(2))).wait().tolist() == [1.0, 1.0]
+
+
+def test_weighted_batch_sampler_splits_each_global_batch() -> None:
+    alloc = static_allocation([1.0, 2.0, 1.0], 12)
+    samplers = [WeightedBatchSampler(50, alloc, r, seed=3) for r in range(3)]
+    steps = [list(s) for s in samplers]
+    assert all(len(s) == len(samplers[0]) == 4 for s in steps)
+    for step in range(4):
+        batch = [i for r in range(3) for i in steps[r][step]]
+        assert [len(steps[r][step]) for r in range(3)] == list(alloc.batch_sizes)
+        assert len(set(batch)) == 12
+    samplers[0].set_epoch(1)
+    assert list(samplers[0]) != steps[0]
+    with pytest.raises(ValueError, match="global batch"):
+        samplers[0].set_allocation(static_allocation([1.0, 1.0, 1.0], 9))
+
+
+# --------------------------------------------------------------------------- against gloo, in processes
+
+
+def _child(rank: int, n: int, store_path: str, workers: str, controller: str | None, job: str, task: str, out) -> None:
+    try:
+        import torch.distributed as dist
+
+        from host_agent.agent import Agent
+        from host_agent.grant import JobSpec, parse_workers
+
+        torch.manual_seed(0)
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, n), rank=rank, world_size=n)
+        spec = JobSpec(job, parse_workers(workers), backend="auto" if controller else "ring")
+        agent = Agent(spec, rank, controller=controller)
+        try:
+            if task == "allreduce":
+                rng = np.random.default_rng(rank)
+                # multiples of 1/256 below 2**12: exact in fixed point (scale 2**16) and in float32 sums
+                x = (rng.integers(-2**20, 2**20, size=5000) / 256.0).astype(np.float32)
+                t = torch.from_numpy(x.copy())
+                dist.all_reduce(t, op=dist.ReduceOp.SUM)
+                out.put((rank, agent.backend, agent.allreduce(x).tobytes(), t.numpy().tobytes()))
+            else:
+                out.put((rank, agent.backend, *_train_both(agent, rank, n)))
+        finally:
+            agent.close()
+            dist.destroy_process_group()
+    except BaseException:
+        out.put((rank, "error", traceback.format_exc(), None))
+
+
+def _train_both(agent, rank: int, n: int):
+    """Train the same model twice, with DDP's gloo all-reduce and with the agent's hook; final parameters."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    gen = torch.Generator().manual_seed(1)
+    X = torch.randn(240, 10, generator=gen)
+    y = (X[:, :3].sum(dim=1) > 0).long()
+    alloc = static_allocation([1.0] * n, 48)
+    sampler = WeightedBatchSampler(len(X), alloc, rank, seed=5)
+    finals = []
+    for use_hook in (False, True):
+        torch.manual_seed(2)
+        model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+        ddp = DDP(model)
+        if use_hook:
+            ddp.register_comm_hook(AgentHookState.for_allocation(agent, alloc), get_hook("weighted"))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.2)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for idx in sampler:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(ddp(X[idx]), y[idx]).backward()
+                opt.step()
+        finals.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().tobytes())
+    return finals[0], finals[1]
+
+
+def _spawn(n: int, tmp_path, workers: str, controller: str | None, job: str, task: str) -> list:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    store = str(tmp_path / f"store-{task}")
+    procs = [ctx.Process(target=_child, args=(r, n, store, workers, controller, job, task, out)) for r in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        results = sorted(out.get(timeout=120) for _ in range(n))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    for r in results:
+        assert r[1] != "error", r[2]
+    return results
+
+
+def _worker_list(cl: LocalCluster) -> str:
+    ports = []
+    for udp, tcp in cl.sockets:
+        ports.append(udp.getsockname()[1])
+        udp.close()
+        tcp.close()
+    return ",".join(f"127.0.0.1:{p}@h{i}" for i, p in enumerate(ports))
+
+
+@pytest.mark.skipif(os.cpu_count() is None, reason="needs processes")
+def test_ring_allreduce_equals_gloo_allreduce(tmp_path) -> None:
+    n = 3
+    with LocalCluster(["s1"] * n) as cl:  # only for its free ports: the ring runs without a controller
+        workers = _worker_list(cl)
+        results = _spawn(n, tmp_path, workers, None, "vs-gloo", "allreduce")
+    for _, backend, ours, gloo in results:
+        assert backend == "ring"
+        assert ours == gloo
+
+
+def test_training_through_the_ina_hook_matches_gloo(tmp_path) -> None:
+    n = 2
+    with LocalCluster(["s1"] * n, slots=16) as cl:
+        workers = _worker_list(cl)
+        results = _spawn(n, tmp_path, workers, cl.fake.address, "ddp", "train")
+    for _, backend, gloo, hooked in results:
+        assert backend == "ina"
+        a, b = np.frombuffer(gloo, dtype=np.float32), np.frombuffer(hooked, dtype=np.float32)
+        np.testing.assert_allclose(b, a, rtol=0, atol=2e-4)  # fixed point: |error| <= n / 2 / 2**16 per step
+    assert results[0][3] == results[1][3], "every worker holds the same model"

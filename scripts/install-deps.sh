@@ -14,3 +14,9 @@ else
     echo "note: not root or no apt-get: skipping system packages ($APT_PACKAGES); integration tests need them" >&2
 fi
 "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[test]"
+# Optional: PyTorch for the DDP communication hook and its tests. 2.13.0 installs from local disk on these
+# machines; elsewhere it downloads, and without it the torch tests are skipped.
+if [ "${INA_SKIP_TORCH:-0}" != 1 ] && ! "$PYTHON" -c "import torch" 2>/dev/null; then
+    "$PYTHON" -m pip install -q --disable-pip-version-check "torch==2.13.0" \
+        || echo "note: torch==2.13.0 not installed; the PyTorch hook tests will be skipped" >&2
+fi

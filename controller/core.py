@@ -180,13 +180,16 @@ class Controller:
             for name in self.ina_switches:
                 self._forwarding[name] = self.topology.forwarding(name, self.schema)
                 self._check_groups(name)
+            lost: set[int] = set()
             for name in self.ina_switches:
-                self._bring_up(name)
+                lost |= self._bring_up(name)
             now = time.time()
             self._heartbeats = {job_id: now for job_id in self._jobs}
             self._running = True
             with self._lock:
-                new, counter = self._reallocate(dict(self._jobs), "controller restarted", self._next_generation)
+                new, counter = self._reallocate(
+                    dict(self._jobs), "controller restarted", self._next_generation, refresh=lost
+                )
                 self._commit(new, set(), counter)
             if self.store.get_meta("policy") is None:
                 self.store.save(meta={"policy": self._policy_name})
@@ -205,8 +208,13 @@ class Controller:
                     f"switch {name}: multicast group {g.group_id} of its runtime JSON collides with job groups {lo}..{hi}",
                 )
 
-    def _bring_up(self, name: str) -> None:
-        """Connect (primary or fail), push the pipeline if the switch does not run it, reconcile."""
+    def _bring_up(self, name: str) -> set[int]:
+        """Connect (primary or fail), push the pipeline if the switch does not run it, reconcile.
+
+        Returns the jobs whose slot state on this switch may be gone (the pipeline was pushed, or their
+        ``ina_job`` entry was missing or altered): they need a new generation, so that the data plane
+        resets their slots and their workers resynchronise instead of waiting for results that no
+        register holds any more."""
         info = self.topology.switches[name]
         old = self.switches.pop(name, None)
         if old is not None:
@@ -229,10 +237,18 @@ class Controller:
             with self._lock:
                 report = sw.reconcile(self._expected(name, self._jobs), self._tables(name))
                 log.info("%s: reconciled (%s)", name, report)
+                held = {j.job_id for j in self._jobs.values() if j.range_on(name) is not None}
+                if pushed:
+                    lost = held
+                else:
+                    repaired = {e.match[0] for e in report.inserted + report.modified
+                                if getattr(e, "table", None) == "MyIngress.ina_job" and e.match}
+                    lost = held & repaired
         except BaseException:
             sw.close()
             raise
         self.switches[name] = sw
+        return lost
 
     def stop(self) -> None:
         self._stop.set()
@@ -272,7 +288,13 @@ class Controller:
                     continue
                 try:
                     log.warning("%s: session lost, reconnecting", name)
-                    self._bring_up(name)
+                    lost = self._bring_up(name)
+                    if lost:
+                        with self._lock:
+                            new, counter = self._reallocate(
+                                dict(self._jobs), f"switch {name} lost its state", self._next_generation, refresh=lost
+                            )
+                            self._commit(new, set(), counter)
                 except (SwitchError, ControllerError) as exc:
                     log.warning("%s: still unreachable: %s", name, exc)
                 if self._stop.is_set():
@@ -384,8 +406,11 @@ class Controller:
             return None  # can never get slots here
         return JobDemand(job.job_id, requested, priority=req.priority, weight=req.weight or 1.0, min_slots=min_slots)
 
-    def _reallocate(self, jobs: dict[int, Job], cause: str, counter: int, fresh: int | None = None) -> tuple[dict[int, Job], int]:
-        """Run the policy on every pool; jobs whose ranges change (and `fresh`) get a new generation."""
+    def _reallocate(
+        self, jobs: dict[int, Job], cause: str, counter: int, fresh: int | None = None, refresh: set[int] = frozenset()
+    ) -> tuple[dict[int, Job], int]:
+        """Run the policy on every pool; jobs whose ranges change, `fresh` (just admitted) and `refresh`
+        (whose switch state was lost) get a new generation."""
         order = sorted(jobs.values(), key=lambda j: j.seq)
         demands: dict[str, list[JobDemand]] = {sw: [] for sw in self.ina_switches}
         current: dict[str, dict[int, SlotRange]] = {sw: {} for sw in self.ina_switches}
@@ -403,7 +428,7 @@ class Controller:
         out: dict[int, Job] = {}
         for job in order:
             ranges = {sw: alloc[sw].get(job.job_id) for sw in job.switches() if sw in demands}
-            if ranges == dict(job.ranges) and job.job_id != fresh:
+            if ranges == dict(job.ranges) and job.job_id != fresh and job.job_id not in refresh:
                 out[job.job_id] = job
                 continue
             generation, counter = counter, counter % MAX_GENERATION + 1
@@ -424,6 +449,8 @@ class Controller:
                 reason = f"upgraded: {what}; {cause}"
             elif new_total < old_total:
                 reason = f"reduced: {what}; {cause}"
+            elif job.job_id in refresh and ranges == dict(job.ranges):
+                reason = f"renewed: {what}; {cause}"
             else:
                 reason = f"moved: {what}; {cause}"
             out[job.job_id] = job.with_ranges(ranges, generation=generation, backend=backend, reason=reason)
@@ -571,6 +598,9 @@ class Controller:
             w.mac = w.mac.lower()
             if not 1 <= w.udp_port <= 65535:
                 raise bad(f"worker {w.worker_id}: udp_port {w.udp_port} is not a port number")
+            if w.udp_port == wire.INA_UDP_PORT:
+                raise bad(f"worker {w.worker_id}: udp_port {w.udp_port} is the INA port: results sent to it would "
+                          "be taken for gradients by every switch on the way")
             if (w.ip, w.udp_port) in seen_addrs:
                 raise bad(f"worker {w.worker_id}: address {w.ip}:{w.udp_port} is used by another worker of the job")
             seen_addrs.add((w.ip, w.udp_port))

@@ -317,10 +317,10 @@ control MyIngress(inout headers_t hdr,
         }
         actions = {
             set_job;
-            NoAction;
+            @defaultonly NoAction;
         }
         size = MAX_JOBS;
-        default_action = NoAction();
+        const default_action = NoAction();
     }
 
     /* Results and broadcasts leave from the address the worker sent to. */
@@ -376,6 +376,11 @@ control MyIngress(inout headers_t hdr,
         /* 4. INA: validate lengths, job, message type, generation, worker, slot. */
         if (hdr.ipv4.totalLen != INA_IPV4_LEN || hdr.udp.length != INA_UDP_LEN) {
             ina_drops.count((bit<32>)DROP_MALFORMED);
+            drop();
+            exit;
+        }
+        if (hdr.ina.job_id >= MAX_JOBS) {  /* job ids index the per-job counters: none beyond them */
+            ina_drops.count((bit<32>)DROP_UNKNOWN_JOB);
             drop();
             exit;
         }
@@ -546,10 +551,10 @@ control MyEgress(inout headers_t hdr,
         }
         actions = {
             set_worker_addr;
-            drop;
+            @defaultonly drop;
         }
         size = 8192;
-        default_action = drop();
+        const default_action = drop();
     }
 
     apply {

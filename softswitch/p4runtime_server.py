@@ -785,7 +785,8 @@ class P4RuntimeServer:
                     p.delete_entry(name, m)
                 except LookupError:
                     pass
-            p.set_default_action(name, table.spec.default_action, ())
+            if not table.spec.const_default:
+                p.set_default_action(name, table.spec.default_action, ())
         for g in list(p.multicast_groups):
             try:
                 p.delete_multicast_group(g)
@@ -970,6 +971,8 @@ class P4RuntimeServer:
                 raise _fail(Code.INVALID_ARGUMENT, "Non-empty key for default entry")
             if te.priority:
                 raise _fail(Code.INVALID_ARGUMENT, "Non-zero priority for default entry")
+            if p.tables[t.name].spec.const_default:  # as PI: the P4's const default_action stays
+                raise _fail(Code.PERMISSION_DENIED, f"Cannot change the const default action of table {t.name}")
             if te.HasField("action"):
                 action, params = self._action(t, te.action)
                 p.set_default_action(t.name, action, params)

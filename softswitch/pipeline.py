@@ -67,6 +67,17 @@ def _csum16_folded(header: bytes | bytearray) -> int:
     return 0xFFFF if r == 0 and x else r
 
 
+def _ipv4_checksum_ok(header: bytes | bytearray) -> bool:
+    """BMv2's verify_checksum(csum16): the checksum of the other 19 bytes' fields equals the field exactly
+    (so 0xFFFF is not accepted where the computed value is 0x0000, although both fold to the same sum)."""
+    x = int.from_bytes(header, "big")
+    field = (x >> 64) & 0xFFFF  # hdrChecksum: bytes 10-11 of 20
+    x ^= field << 64
+    r = x % 0xFFFF
+    folded = 0xFFFF if r == 0 and x else r
+    return field == 0xFFFF - folded
+
+
 class PipelineError(ValueError):
     """A control-plane request that names something the program does not have, or bad values."""
 
@@ -78,6 +89,8 @@ class TableSpec:
     actions: tuple[str, ...]
     size: int
     default_action: str
+    default_only: frozenset[str] = frozenset()  # @defaultonly actions
+    const_default: bool = False  # const default_action
 
 
 @dataclass(frozen=True)
@@ -114,13 +127,23 @@ TABLES: dict[str, TableSpec] = {
             1024,
             "MyIngress.drop",
         ),
-        TableSpec("MyIngress.ina_job", (("hdr.ina.job_id", 16, "exact"),), ("MyIngress.set_job", "NoAction"), wire.MAX_JOBS, "NoAction"),
+        TableSpec(
+            "MyIngress.ina_job",
+            (("hdr.ina.job_id", 16, "exact"),),
+            ("MyIngress.set_job", "NoAction"),
+            wire.MAX_JOBS,
+            "NoAction",
+            default_only=frozenset({"NoAction"}),
+            const_default=True,
+        ),
         TableSpec(
             "MyEgress.ina_worker",
             (("hdr.ina.job_id", 16, "exact"), ("standard_metadata.egress_rid", 16, "exact")),
             ("MyEgress.set_worker_addr", "MyEgress.drop"),
             8192,
             "MyEgress.drop",
+            default_only=frozenset({"MyEgress.drop"}),
+            const_default=True,
         ),
     )
 }
@@ -173,6 +196,8 @@ class Table:
                     raise PipelineError(f"{spec.name}: {fname} has bits set beyond its prefix length")
             elif not 0 <= value < (1 << width):
                 raise PipelineError(f"{spec.name}: {fname} value {value} does not fit in {width} bits")
+        if action in spec.default_only:
+            raise PipelineError(f"{spec.name}: action {action} is @defaultonly: it cannot be used in an entry")
         self.check_action(action, params)
 
     def check_action(self, action: str, params: tuple[int, ...]) -> None:
@@ -282,6 +307,8 @@ class InaPipeline:
 
     def set_default_action(self, table: str, action: str, params: tuple[int, ...] = ()) -> None:
         t = self.table(table)
+        if t.spec.const_default:
+            raise PipelineError(f"{table}: the default action is const and cannot be changed")
         t.check_action(action, tuple(params))
         with self.lock:
             t.default = (action, tuple(params))
@@ -290,6 +317,8 @@ class InaPipeline:
     def set_multicast_group(self, group: int, replicas: list[tuple[int, int]]) -> None:
         if not 0 < group < (1 << 16):
             raise PipelineError(f"multicast group id {group} out of range 1..65535")
+        if any(int(p) == DROP_PORT for p, _ in replicas):
+            raise PipelineError(f"multicast group {group}: port {DROP_PORT} is the drop port, not a replica port")
         with self.lock:
             self.multicast_groups[group] = tuple((int(p), int(r)) for p, r in replicas)
 
@@ -333,7 +362,7 @@ class InaPipeline:
             h = _INA_HEADERS.unpack_from(frame)
             if h[0] == TYPE_IPV4 and h[1] & 0x0F == 5 and h[3] == PROTO_UDP and h[4] == wire.INA_UDP_PORT:
                 # MyVerifyChecksum, then MyIngress.apply from step 2 on.
-                if _csum16_folded(frame[_O_IP:_O_UDP]) != 0xFFFF:
+                if not _ipv4_checksum_ok(frame[_O_IP:_O_UDP]):
                     self.counters["MyIngress.ina_drops"][DropReason.MALFORMED] += 1
                     return []
                 return self._ina(ingress_port, frame, h)
@@ -364,7 +393,7 @@ class InaPipeline:
                     vihl, proto = frame[ip0], frame[ip0 + 9]
                     # MyVerifyChecksum: csum16 over the 20-byte base header must verify to zero
                     # (wire.ipv4_checksum(header) == 0, i.e. the folded sum is 0xFFFF).
-                    checksum_error = _csum16_folded(frame[ip0 : ip0 + 20]) != 0xFFFF
+                    checksum_error = not _ipv4_checksum_ok(frame[ip0 : ip0 + 20])
                     if (vihl & 0x0F) == 5 and proto == PROTO_UDP:  # state parse_udp
                         if n - off < _O_INA:
                             parser_error = True
@@ -402,7 +431,7 @@ class InaPipeline:
             ina_drops[DropReason.MALFORMED] += 1
             return []
         shadow = last & 1
-        job = self._job.get(job_id)  # table ina_job
+        job = self._job.get(job_id) if job_id < wire.MAX_JOBS else None  # job ids beyond the counters; table ina_job
         if job is None:
             ina_drops[DropReason.UNKNOWN_JOB] += 1
             return []

@@ -7,6 +7,7 @@ const integers, typedef'd bit widths) and derives P4Info the way p4c does: contr
 the low 24 bits of the Jenkins one-at-a-time hash of the name, probing linearly in sorted-name order.
 
     python -m tests.p4source > p4src/ina.p4info.txt   # regenerate the hand-kept P4Info where p4c is absent
+    python -m tests.p4source --compare A B             # compare two P4Infos up to the order of their lists
 """
 from __future__ import annotations
 
@@ -133,11 +134,14 @@ def derive_p4info(src: P4Source | None = None) -> p4info_pb2.P4Info:
             actions[f"{control}.{name}"] = [(pn, src.width(pt)) for pt, pn in plist]
         for name, tbody in re.findall(r"table\s+(\w+)\s*\{(.*?\n    \})", body, re.S):
             keys = re.findall(r"([\w.]+)\s*:\s*(exact|lpm|ternary)\s*;", re.search(r"key\s*=\s*\{(.*?)\}", tbody, re.S).group(1))
-            acts = re.findall(r"(\w+)\s*;", re.search(r"actions\s*=\s*\{(.*?)\}", tbody, re.S).group(1))
+            acts = re.findall(r"(@defaultonly\s+)?(\w+)\s*;", re.search(r"actions\s*=\s*\{(.*?)\}", tbody, re.S).group(1))
+            full = lambda a: "NoAction" if a == "NoAction" else f"{control}.{a}"  # noqa: E731
+            const_default = re.search(r"const\s+default_action\s*=\s*(\w+)\s*\(", tbody)
             tables[f"{control}.{name}"] = {
                 "keys": [(k, _field_width(src, k), kind) for k, kind in keys],
-                "actions": ["NoAction" if a == "NoAction" else f"{control}.{a}" for a in acts],
+                "actions": [(full(a), bool(only)) for only, a in acts],
                 "size": src.value(re.search(r"size\s*=\s*(\w+)\s*;", tbody).group(1)),
+                "const_default": full(const_default.group(1)) if const_default else None,
             }
     ctrl_headers = {h: a for h, a in src.header_annotations.items()}
     ctrl_names = {h: re.search(r"\"(\w+)\"", a).group(1) for h, a in ctrl_headers.items()}
@@ -162,8 +166,13 @@ def derive_p4info(src: P4Source | None = None) -> p4info_pb2.P4Info:
             mf = t.match_fields.add(id=i, name=key, bitwidth=width)
             mf.match_type = {"exact": p4info_pb2.MatchField.EXACT, "lpm": p4info_pb2.MatchField.LPM,
                              "ternary": p4info_pb2.MatchField.TERNARY}[kind]
-        for a in tables[name]["actions"]:
-            t.action_refs.add(id=action_ids[a])
+        for a, default_only in tables[name]["actions"]:
+            ref = t.action_refs.add(id=action_ids[a])
+            if default_only:
+                ref.annotations.append("@defaultonly")
+                ref.scope = p4info_pb2.ActionRef.DEFAULT_ONLY
+        if tables[name]["const_default"]:
+            t.const_default_action_id = action_ids[tables[name]["const_default"]]
         t.size = tables[name]["size"]
     for name in sorted(actions, key=lambda n: action_ids[n]):
         a = info.actions.add()
@@ -192,5 +201,33 @@ def derive_p4info(src: P4Source | None = None) -> p4info_pb2.P4Info:
     return info
 
 
-if __name__ == "__main__":
+def canonical(info: p4info_pb2.P4Info) -> p4info_pb2.P4Info:
+    """A copy with every top-level list sorted by id: p4c emits in declaration order, this file by id."""
+    out = p4info_pb2.P4Info()
+    out.CopyFrom(info)
+    for field_name in ("tables", "actions", "counters", "registers", "controller_packet_metadata"):
+        items = sorted(getattr(out, field_name), key=lambda x: x.preamble.id)
+        copies = [type(x)() for x in items]
+        for c, x in zip(copies, items):
+            c.CopyFrom(x)
+        out.ClearField(field_name)
+        getattr(out, field_name).extend(copies)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--compare"] and len(argv) == 3:
+        a, b = (canonical(text_format.Parse(Path(f).read_text(), p4info_pb2.P4Info())) for f in argv[1:])
+        if a != b:
+            print(f"P4Info differs: {argv[1]} vs {argv[2]}")
+            return 1
+        print("P4Info identical (up to order)")
+        return 0
     print(text_format.MessageToString(derive_p4info()), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -179,3 +179,33 @@ def test_no_route_dropped_and_counted(target):
 def test_non_ipv4_dropped(target):
     target.send(1, raw(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(pdst="10.0.0.254")))
     assert target.receive(expect=0, timeout=0.05) == []
+
+
+def test_job_ids_beyond_the_counters_are_unknown_even_with_an_entry(target):
+    """ina_job is keyed on 16 bits but the per-job counters have MAX_JOBS cells: ids beyond never aggregate."""
+    workers = make_workers(2)
+    install_job(target, 300, workers, base=0, num_slots=4, mcast_grp=7)
+    target.send(1, gradient(workers[0], 300, 0, [1] * wire.LANES))
+    target.send(2, gradient(workers[1], 300, 0, [1] * wire.LANES))
+    assert target.receive(expect=0, timeout=0.05) == []
+    assert target.read_counter("MyIngress.ina_drops", DropReason.UNKNOWN_JOB) == 2
+    install_job(target, 5, workers, base=0, num_slots=4)  # and the switch keeps working
+    target.send(1, gradient(workers[0], 5, 0, [1] * wire.LANES))
+    target.send(2, gradient(workers[1], 5, 0, [1] * wire.LANES))
+    assert len(target.receive(expect=2)) == 2
+
+
+def test_ipv4_checksum_is_compared_exactly(target):
+    """BMv2 computes csum16 over the other fields and compares: 0xFFFF is not accepted for 0x0000."""
+    target.insert_entry("MyIngress.ipv4_lpm", ((0x0A000000, 8),), "MyIngress.ipv4_forward", (0x020000000009, 4))
+    for ident in range(65536):  # find a header whose correct checksum is 0x0000
+        pkt = Ether(dst=SWITCH_MAC) / IP(src="10.0.1.1", dst="10.0.2.2", id=ident) / UDP(sport=1, dport=2)
+        if Ether(raw(pkt))[IP].chksum == 0:
+            break
+    good = raw(pkt)
+    bad = good[:24] + b"\xff\xff" + good[26:]  # the same one's-complement sum, but not what csum16 gives
+    target.send(1, good)
+    assert [p for p, _ in target.receive(expect=1)] == [4]
+    target.send(1, bad)
+    assert target.receive(expect=0, timeout=0.05) == []
+    assert target.read_counter("MyIngress.ina_drops", DropReason.MALFORMED) == 1

@@ -391,6 +391,7 @@ BAD_REGISTRATIONS = [
     (dict(workers=[W(0, ip="10.0.1")]), grpc.StatusCode.INVALID_ARGUMENT, "not an IPv4 address"),
     (dict(workers=[W(0, mac="zz:00:00:00:00:01")]), grpc.StatusCode.INVALID_ARGUMENT, "not a MAC address"),
     (dict(workers=[W(0, udp_port=0)]), grpc.StatusCode.INVALID_ARGUMENT, "not a port number"),
+    (dict(workers=[W(0, udp_port=47000)]), grpc.StatusCode.INVALID_ARGUMENT, "is the INA port"),
     (dict(workers=[W(0), W(1, ip="10.0.1.3", udp_port=41000)]), grpc.StatusCode.INVALID_ARGUMENT, "used by another worker"),
     (dict(tensor_elements=0), grpc.StatusCode.INVALID_ARGUMENT, "tensor_elements"),
     (dict(requested_slots=1025), grpc.StatusCode.INVALID_ARGUMENT, "exceeds the switch pool"),

@@ -56,3 +56,17 @@ def test_model_default_actions_match_p4():
         body = re.search(rf"table\s+{table}\s*\{{(.*?)\n    \}}", src.controls[control], re.S).group(1)
         default = re.search(r"default_action\s*=\s*(\w+)\(\)", body).group(1)
         assert spec.default_action == ("NoAction" if default == "NoAction" else f"{control}.{default}")
+
+
+def test_model_refuses_what_the_p4_forbids():
+    import pytest
+
+    p = pipeline.InaPipeline()
+    with pytest.raises(pipeline.PipelineError, match="defaultonly"):
+        p.insert_entry("MyEgress.ina_worker", (1, 0), "MyEgress.drop")
+    with pytest.raises(pipeline.PipelineError, match="defaultonly"):
+        p.insert_entry("MyIngress.ina_job", (1,), "NoAction")
+    with pytest.raises(pipeline.PipelineError, match="const"):
+        p.set_default_action("MyEgress.ina_worker", "MyEgress.set_worker_addr", (1, 2, 3))
+    with pytest.raises(pipeline.PipelineError, match="drop port"):
+        p.set_multicast_group(3, [(1, 0), (511, 1)])

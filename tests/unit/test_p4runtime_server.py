@@ -398,22 +398,32 @@ def test_lpm_rules_and_reads(loaded):
 
 def test_default_entries(loaded):
     with P4RuntimeTestClient(loaded.address, DEVICE, 1) as client:
-        addr = (0x020000000009, 0x0A000009, 4000)
-        client.set_default_action("MyEgress.ina_worker", "MyEgress.set_worker_addr", addr)
-        assert loaded.pipeline.tables["MyEgress.ina_worker"].default == ("MyEgress.set_worker_addr", addr)
+        nexthop = (0x020000000009, 3)
+        client.set_default_action("MyIngress.ipv4_lpm", "MyIngress.ipv4_forward", nexthop)
+        assert loaded.pipeline.tables["MyIngress.ipv4_lpm"].default == ("MyIngress.ipv4_forward", nexthop)
         e = p4runtime_pb2.Entity()
         e.table_entry.is_default_action = True  # table_id 0: every table's default entry
         got = {x.table_entry.table_id: x.table_entry for x in client.read(e)}
         assert len(got) == 3 and all(t.is_default_action for t in got.values())
         ids = {t.preamble.name: t.preamble.id for t in client.p4info.tables}
         assert got[ids["MyIngress.ina_job"]].action.action.action_id == client.names.actions["NoAction"].preamble.id
-        params = got[ids["MyEgress.ina_worker"]].action.action.params
-        assert [p.value for p in params] == [bytes.fromhex("020000000009"), bytes.fromhex("0a000009"), bytes.fromhex("0fa0")]
-        reset = client.table_entry("MyEgress.ina_worker", None)  # MODIFY without action: back to the P4's default
+        params = got[ids["MyIngress.ipv4_lpm"]].action.action.params
+        assert [p.value for p in params] == [bytes.fromhex("020000000009"), b"\x03"]  # canonical (shortest) bytestrings
+        reset = client.table_entry("MyIngress.ipv4_lpm", None)  # MODIFY without action: back to the P4's default
         client.write(_upd(Update.MODIFY, reset))
-        assert loaded.pipeline.tables["MyEgress.ina_worker"].default == ("MyEgress.drop", ())
+        assert loaded.pipeline.tables["MyIngress.ipv4_lpm"].default == ("MyIngress.drop", ())
         with pytest.raises(P4RuntimeError) as info:
             client.write(_upd(Update.DELETE, reset))
+        assert info.value.errors[0][1] == "INVALID_ARGUMENT"
+        # ina_job and ina_worker have a const default action, and their default-only action cannot be an entry
+        with pytest.raises(P4RuntimeError) as info:
+            client.set_default_action("MyEgress.ina_worker", "MyEgress.set_worker_addr", (1, 2, 3))
+        assert info.value.errors[0][1] == "PERMISSION_DENIED"
+        with pytest.raises(P4RuntimeError) as info:
+            client.insert_entry("MyEgress.ina_worker", (1, 0), "MyEgress.drop")
+        assert info.value.errors[0][1] == "INVALID_ARGUMENT"
+        with pytest.raises(P4RuntimeError) as info:
+            client.insert_entry("MyIngress.ina_job", (1,), "NoAction")
         assert info.value.errors[0][1] == "INVALID_ARGUMENT"
 
 

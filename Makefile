@@ -5,11 +5,13 @@ P4SRC    := p4src/ina.p4
 BUILD    := build
 PYTEST   := $(PYTHON) -m pytest
 
-.PHONY: install demo test test-fast p4 proto bench bench-switch stop clean help
+.PHONY: install demo demo-model run test test-fast p4 proto bench bench-switch stop clean help
 
 help:
 	@echo "make install   system and Python dependencies (Debian 12, as root for the system part)"
-	@echo "make demo      install, then aggregate gradients through the embedded switch"
+	@echo "make demo      install, then run experiment 1 (INA vs ring vs Rina, small) on the embedded switch (root)"
+	@echo "make demo-model a scripted aggregation through the pipeline model, no root"
+	@echo "make run EXP=allreduce|hetero|multijob|loss ARGS=--small   one experiment (ina-exp)"
 	@echo "make test      every test tier (integration tiers need root; bmv2 runs where simple_switch_grpc is)"
 	@echo "make test-fast unit and packet tiers only"
 	@echo "make p4        compile p4src/ with p4c into $(BUILD)/ (needs p4c on PATH)"
@@ -22,7 +24,15 @@ install:
 	./scripts/install-deps.sh
 
 demo: install
+	ina-exp run allreduce --small
+
+demo-model:
 	$(PYTHON) -m softswitch.demo
+
+EXP  ?= allreduce
+ARGS ?= --small
+run:
+	ina-exp run $(EXP) $(ARGS)
 
 test:
 	$(PYTEST) tests -q

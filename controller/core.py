@@ -182,7 +182,10 @@ class Controller:
                 self._check_groups(name)
             lost: set[int] = set()
             for name in self.ina_switches:
-                lost |= self._bring_up(name)
+                # With no job to keep, start the switches clean: a pushed pipeline also clears the registers,
+                # which may hold slot owners of another controller's jobs that our job ids and generations
+                # would otherwise collide with.
+                lost |= self._bring_up(name, force_push=not jobs)
             now = time.time()
             self._heartbeats = {job_id: now for job_id in self._jobs}
             self._running = True
@@ -208,7 +211,7 @@ class Controller:
                     f"switch {name}: multicast group {g.group_id} of its runtime JSON collides with job groups {lo}..{hi}",
                 )
 
-    def _bring_up(self, name: str) -> set[int]:
+    def _bring_up(self, name: str, force_push: bool = False) -> set[int]:
         """Connect (primary or fail), push the pipeline if the switch does not run it, reconcile.
 
         Returns the jobs whose slot state on this switch may be gone (the pipeline was pushed, or their
@@ -231,7 +234,9 @@ class Controller:
                     f"switch {name} at {info.address}: another controller is primary (election id {primary}, ours "
                     f"{self.options.election_id}); stop it or use a higher --election-id",
                 )
-            pushed = sw.ensure_pipeline(self.schema.p4info, self.options.device_config, force=self.options.force_push)
+            pushed = sw.ensure_pipeline(
+                self.schema.p4info, self.options.device_config, force=self.options.force_push or force_push
+            )
             if pushed:
                 log.info("%s: pipeline pushed", name)
             with self._lock:

@@ -1,0 +1,171 @@
+"""ina-exp end to end (root): every experiment's --tiny configuration builds its testbed, measures, writes
+results.json / results.csv / a PNG, and leaves no process, namespace or interface behind; Ctrl-C (SIGINT)
+in the middle of a run stops everything and keeps what was measured; usage errors are one line.
+
+The whole file takes about two minutes on the 2-core machine (docs/experiments.md has the timings).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mininet")
+
+from simulator.calibration import load_calibration  # noqa: E402
+from topologies import state as run_state  # noqa: E402
+from topologies.cleanup import root_interfaces  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+BESIDE = Path(sys.executable).parent / "ina-exp"
+INA_EXP = [str(BESIDE)] if BESIDE.exists() else [sys.executable, "-m", "topologies.runner"]
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes whose arguments contain ``text`` (the run's own output folder:
+    every agent and controller the runner starts names it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd and "pytest" not in cmd:
+            found.append(f"{entry.name}: {cmd[:200]}")
+    return found
+
+
+def unowned_ports() -> set[str]:
+    """``ina-*`` switch ports in the root namespace that no live run records (another test's live
+    network is allowed to exist; a port nobody owns is a leftover)."""
+    live: set[str] = set()
+    for path in run_state.state_files():
+        try:
+            st = run_state.RunState.load(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if st.owner_alive:
+            live.update(st.interfaces)
+    return {n for n in root_interfaces() if n.startswith("ina-") and n not in live}
+
+
+def assert_nothing_left(out: Path, pid: int, ports_before: set[str]) -> None:
+    deadline = time.monotonic() + 10
+    while processes_mentioning(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(out)) == []
+    path = run_state.STATE_DIR / f"run-{pid}.json"
+    if path.exists():  # tolerated only as a record of things already gone (make stop drops such records)
+        processes, interfaces = run_state.RunState.load(path).snapshot()
+        alive = [p for p in processes if run_state.process_alive(p.pid, p.start_time)]
+        assert alive == [], f"the runner left processes running: {alive}"
+        assert not set(interfaces) & root_interfaces(), "the runner left interfaces behind"
+        path.unlink()
+    assert unowned_ports() - ports_before == set()
+
+
+def run(args: list[str], out: Path, timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([*INA_EXP, *args, "--out", str(out)], capture_output=True, text=True, timeout=timeout)
+    return proc, time.monotonic() - t0
+
+
+def results_of(out: Path, name: str) -> tuple[Path, dict]:
+    run_dir = (out / name / "latest").resolve()
+    return run_dir, json.loads((run_dir / "results.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["allreduce", "hetero", "multijob", "loss"])
+def test_tiny_configuration_runs_end_to_end(name, tmp_path):
+    ports_before = unowned_ports()
+    proc = subprocess.Popen([*INA_EXP, "run", name, "--tiny", "--out", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr[-3000:]
+    run_dir, doc = results_of(tmp_path, name)
+    assert doc["status"] == "complete" and not doc["errors"], doc["errors"]
+    assert doc["config"] == doc["config"] | {}  # present, as the preset
+    assert doc["options"]["size"] == "tiny" and doc["options"]["switch"] == "ina-switch"
+    assert doc["rows"] and all(not r.get("error") for r in doc["rows"])
+    assert (run_dir / "results.csv").read_text().count("\n") == len(doc["rows"]) + 1
+    png = run_dir / f"{name}.png"
+    assert png.read_bytes()[:8] == PNG
+    assert stdout.strip().splitlines()[-1] == f"plot: {png}"
+    assert f"[{name} " in stderr  # progress lines
+    assert_nothing_left(tmp_path, proc.pid, ports_before)
+
+    rows = doc["rows"]
+    if name == "allreduce":
+        kinds = {(r["workers"], r["backend"]) for r in rows if r["kind"] == "allreduce"}
+        assert kinds == {(2, "ina"), (2, "ring"), (2, "rina"), (4, "ina"), (4, "ring"), (4, "rina")}
+        assert {r["granted_backend"] for r in rows if r["kind"] == "allreduce" and r["backend"] != "rina"} == {"ina", "ring"}
+        cal = load_calibration(run_dir / "calibration.json")  # the simulator's own format and checks
+        assert cal.ina_rtt_us > 0 and cal.switch_pps and "ina-exp allreduce" in cal.source
+        assert doc["summary"]["points"][1]["ina_ring_ratio"] > 0
+    elif name == "multijob":
+        jobs = [r for r in rows if r["kind"] == "job"]
+        assert {(r["supply"], r["policy"]) for r in jobs} == {(1.0, "equal"), (1.0, "first-fit"), (0.5, "equal"),
+                                                              (0.5, "first-fit"), (0.0, "none")}
+        assert all(r["throughput_mbps"] > 0 for r in jobs)
+        assert {r["slots_at_admission"] for r in jobs if r["supply"] == 0.0} == {0}
+        sims = [r for r in rows if r["kind"] == "sim"]
+        assert len(sims) == len(jobs) and all(r["sim_s"] > 0 for r in sims)
+        load_calibration(run_dir / "calibration.json")
+        assert doc["summary"]["simulator"]["jobs_compared"] == len(jobs)
+    elif name == "loss":
+        points = doc["summary"]["points"]
+        assert [p["loss"] for p in points] == [0.0, 0.05]
+        assert points[1]["retransmits_per_chunk"] > 0  # the switch really dropped INA packets
+        assert "--fault-drop 0.05" in (run_dir / "runs" / "02-loss5-ina" / "logs" / "s1.log").read_text().splitlines()[0]
+    elif name == "hetero":
+        train = {(r["scenario"], r["mode"]): r for r in rows if r["kind"] == "train"}
+        assert set(train) == {("ratio 1:1", "equal"), ("ratio 1:1", "static"), ("ratio 3:1", "equal"), ("ratio 3:1", "static")}
+        assert all(r["same_model"] for r in train.values())  # every worker ends with the same parameters
+        # static allocation gives the 3x slower worker (worker 0) the smallest share
+        split = train[("ratio 3:1", "static")]["final_batch"]
+        assert split[0] == min(split) and sum(split) == doc["config"]["global_batch"]
+
+
+def test_ctrl_c_mid_run_stops_everything_and_keeps_the_measurements(tmp_path):
+    ports_before = unowned_ports()
+    proc = subprocess.Popen([*INA_EXP, "run", "allreduce", "--tiny", "--no-calibrate", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    deadline = time.monotonic() + 120
+    # Interrupt while the second measurement's agents run (one row is already measured).
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "backend=ring: 1+" in line:
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGINT)
+            break
+    else:
+        proc.kill()
+        pytest.fail("no progress line: " + "".join(lines))
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    run_dir, doc = results_of(tmp_path, "allreduce")
+    assert doc["status"] == "interrupted"
+    assert len(doc["rows"]) >= 1 and doc["rows"][0]["backend"] == "ina"
+    assert (run_dir / "allreduce.png").exists()  # a plot of what was measured
+    assert_nothing_left(tmp_path, proc.pid, ports_before)
+
+
+def test_usage_errors_exit_non_zero_with_one_line(tmp_path):
+    for args, code in ((["run", "nope"], 2), (["run", "allreduce", "--workers", "1"], 2), (["frobnicate"], 2)):
+        proc = subprocess.run([*INA_EXP, *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == code
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("ina-exp: error: ")
+    assert not list(tmp_path.iterdir())

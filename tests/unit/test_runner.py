@@ -1,0 +1,328 @@
+"""ina-exp without a testbed: aggregation, summaries and plots of every experiment from synthetic rows,
+results files (written as measured, kept on failure and interrupt), configuration overrides, and the
+command line's one-line usage errors. No root needed."""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from topologies import runner
+from topologies.experiments import EXPERIMENTS, get_experiment, load_all
+from topologies.experiments.aggregate import (
+    allreduce_row,
+    framed_ina_ring_ratio,
+    ideal_ina_ring_ratio,
+    ina_wire_seconds,
+    per_call_max,
+    ring_wire_seconds,
+)
+from topologies.experiments.base import Experiment, RunOptions, flatten_row, rows_to_csv
+from topologies.experiments.calibrate import calibration_from, ring_fraction
+from topologies.experiments.hetero import time_to_target, train_row
+from topologies.experiments.multijob import MultijobExperiment, pool_size
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def worker(seconds, *, backend="ina", elements=8192, retransmits=0, check=None, chunks=256):
+    return {"seconds": list(seconds), "backend": backend, "elements": elements, "bytes": 4 * elements, "check": check,
+            "stats": {"retransmits": retransmits, "packets_sent": chunks, "resyncs": 0, "chunks": chunks,
+                      "generation_history": [[1, backend, 0]]},
+            "runner": {"launched_s": 0.0, "exited_s": 2.0}}
+
+
+# --- aggregation -------------------------------------------------------------------------------------------
+def test_a_call_takes_as_long_as_its_slowest_worker():
+    assert per_call_max([{"seconds": [1, 2, 3]}, {"seconds": [2, 1, 4]}]) == [2, 2, 4]
+    assert per_call_max([{"seconds": [1, 2]}, {"seconds": [3]}]) == [3]  # a short list bounds the calls
+    assert per_call_max([{"seconds": []}, {"seconds": [1]}]) == []
+
+
+def test_allreduce_row_has_median_goodput_counters_and_exactness():
+    row = allreduce_row([worker([0.2, 0.3, 0.25], retransmits=2, check=True), worker([0.1, 0.4, 0.2], retransmits=3, check=True)],
+                        backend="ina", workers=2)
+    assert row["seconds"] == [0.2, 0.4, 0.25]
+    assert row["seconds_median"] == 0.25 and row["seconds_min"] == 0.2 and row["seconds_max"] == 0.4
+    assert math.isclose(row["goodput_mbps"], 8192 * 4 * 8 / 0.25 / 1e6)
+    assert row["retransmits"] == 5 and row["granted_backend"] == "ina" and row["exact"] is True
+    assert allreduce_row([worker([0.1]), worker([0.1])])["exact"] is None  # nobody checked
+    assert allreduce_row([worker([0.1], check=True), worker([0.1], check={"exact": False})])["exact"] is False
+    assert allreduce_row([worker([0.1], backend="ring"), worker([0.1], backend="ina")])["granted_backend"] == ["ina", "ring"]
+
+
+def test_ideal_ratios_and_wire_times():
+    assert ideal_ina_ring_ratio(2) == 1.0 and math.isclose(ideal_ina_ring_ratio(8), 8 / 14)
+    # INA frames carry 128 of 184 bytes, TCP 1448 of 1514: the framed ratio is higher.
+    assert framed_ina_ring_ratio(8) > ideal_ina_ring_ratio(8)
+    assert math.isclose(framed_ina_ring_ratio(4), (184 / 128) / (1.5 * 1514 / 1448))
+    assert math.isclose(ina_wire_seconds(128 * 100, 1.0), 100 * 184 * 8 / 1e6)
+    assert ring_wire_seconds(1000, 1, 1.0) == 0.0
+    assert math.isclose(ring_wire_seconds(1448, 2, 1.0), 1514 * 8 / 1e6)
+
+
+def test_rows_to_csv_takes_the_union_of_columns_and_json_for_lists():
+    text = rows_to_csv([{"a": 1, "b": [1, 2]}, {"a": 2, "c": None, "d": {"x": 1}}])
+    lines = text.splitlines()
+    assert lines[0] == "a,b,c,d"
+    assert lines[1] == '1,"[1, 2]",,'
+    assert flatten_row({"x": None, "y": (1,)}) == {"x": "", "y": "[1]"}
+
+
+def test_calibration_from_probes_is_a_valid_simulator_calibration():
+    probes = [
+        {"probe": "ina-1slot", "bytes": 128 * 1000, "seconds_median": 0.2, "workers": 2},
+        {"probe": "ina-pps", "bytes": 128 * 1000, "seconds_median": 0.05, "workers": 2},
+        {"probe": "ring-latency", "bytes": 1024, "seconds_median": 0.001, "workers": 2},
+    ]
+    rows = [{"backend": "ring", "workers": 4, "bytes": 65536, "seconds_median": 1.5 * 65536 * 8 / 2e6 / 0.9}]
+    frac = ring_fraction(rows, 2.0)
+    assert math.isclose(frac, 0.9)
+    cal = calibration_from(probes, ring_goodput=frac, source="test")
+    assert math.isclose(cal.ina_rtt_us, 200.0)  # 128 B per 200 us
+    assert math.isclose(cal.switch_pps, 2 * 1000 / 0.05)
+    assert math.isclose(cal.ring_step_latency_us, 500.0)
+    assert cal.frame_bytes == 184 and cal.payload_bytes == 128 and cal.source == "test"
+    assert calibration_from([], ring_goodput=None, source="x").ina_rtt_us == 5.0  # defaults kept
+
+
+def test_train_row_wait_fractions_and_time_to_target():
+    base = {"losses": [2.0, 1.0, 0.5, 0.4], "batch_sizes": [[10, 20]] * 4, "accuracy": 0.9, "backend": "ina",
+            "final_params_digest": "ab"}
+    results = [dict(base, worker_id=1, seconds=2.0, comm_seconds=1.5, compute_seconds=0.4),
+               dict(base, worker_id=0, seconds=2.0, comm_seconds=0.5, compute_seconds=1.4)]
+    row = train_row(results, scenario="s", mode="equal", global_batch=30)
+    assert row["wait_fraction"] == [0.0, 0.5] and row["comm_fraction"] == [0.25, 0.75]
+    assert row["step_ms"] == 500.0 and row["samples_per_s"] == 60.0 and row["same_model"]
+    assert time_to_target(row, 0.5) == 1.5  # 3 steps of 0.5 s
+    assert time_to_target(row, 0.1) is None
+    assert time_to_target(dict(row, step_seconds=[0.1, 0.2, 0.3, 0.4]), 1.0) == pytest.approx(0.3)
+
+
+def test_multijob_scenarios_run_zero_supply_once():
+    cfg = MultijobExperiment.make_config("small", {"policies": ("equal", "priority"), "supply": (1.0, 0.5, 0.0)})
+    exp = MultijobExperiment(cfg, ctx=None)
+    assert exp.scenarios() == [(2, 1.0, "equal"), (2, 1.0, "priority"), (2, 0.5, "equal"), (2, 0.5, "priority"), (2, 0.0, "none")]
+    assert pool_size(3, 4, 0.25) == 3 and pool_size(2, 4, 0.0) == 0
+    jobs = exp.jobs_for(2, run=7)
+    assert [j.hosts for j in jobs] == [("h1", "h2", "h3", "h4"), ("h5", "h6", "h7", "h8")]
+    assert [j.priority for j in jobs] == [0, 1] and [j.weight for j in jobs] == [2.0, 1.0]
+    assert {j.udp_port for j in jobs} == {47107}
+
+
+# --- every experiment: summary, report and plot from synthetic rows ------------------------------------------
+def synthetic_rows(name: str, cfg) -> list[dict]:
+    if name == "allreduce":
+        rows = []
+        for n in cfg.workers:
+            for b, t in (("ina", 0.38), ("ring", 0.2 * n), ("rina", 0.5 * n)):
+                rows.append(allreduce_row([worker([t, t * 1.1])] * n, kind="allreduce", workers=n, backend=b))
+        rows.append({"kind": "allreduce", "workers": 2, "backend": "ina", "error": "boom"})
+        return rows
+    if name == "multijob":
+        rows = []
+        for J in cfg.jobs:
+            for s in cfg.supply:
+                for p in (cfg.policies if s else ("none",)):
+                    for k in range(1, J + 1):
+                        r = allreduce_row([worker([0.38] * 3)] * 4, kind="job", jobs=J, supply=s, pool=pool_size(J, 4, s),
+                                          policy=p, job=k)
+                        r.update(busy_s=1.2 + 0.05 * k, throughput_mbps=0.6, slots_at_admission=4, backends=["ina"])
+                        rows.append(r)
+                        rows.append({"kind": "sim", "jobs": J, "supply": s, "pool": r["pool"], "policy": p, "job": k,
+                                     "testbed_s": r["busy_s"], "sim_s": 1.2, "rel_diff": (r["busy_s"] - 1.2) / 1.2})
+        return rows
+    if name == "loss":
+        rows = [allreduce_row([worker([0.2 + p * 10], check=True, retransmits=int(p * 1000))] * 2, kind="loss", loss=p,
+                              backend="ina") | {"retransmits_per_chunk": p * 2} for p in cfg.loss]
+        rows.append(allreduce_row([worker([0.3], backend="ring")] * 2, kind="loss", loss=0.0, backend="ring"))
+        return rows
+    if name == "hetero":
+        rows = []
+        for r in cfg.ratios:
+            for m in cfg.modes:
+                res = [{"worker_id": i, "seconds": 1.0 * r, "comm_seconds": 0.1 if i == 0 else 0.5, "compute_seconds": 0.5,
+                        "losses": [2.0, 1.0, 0.5], "batch_sizes": [[10, 20, 20]], "accuracy": 0.8, "backend": "ina"}
+                       for i in range(cfg.workers)]
+                rows.append(train_row(res, scenario=f"ratio {r:g}:1", ratio=r, mode=m, global_batch=cfg.global_batch))
+        for m in cfg.modes:
+            res = [{"worker_id": i, "seconds": 0.8, "comm_seconds": 0.2, "losses": [2.0, 0.5], "batch_sizes": [[25, 25]],
+                    "accuracy": 0.8} for i in range(cfg.workers - 1)]
+            rows.append(train_row(res, scenario=f"{cfg.workers - 1} fast", ratio=None, mode=m, global_batch=cfg.global_batch))
+        return rows
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", ["allreduce", "hetero", "multijob", "loss"])
+@pytest.mark.parametrize("size", ["tiny", "full"])
+def test_every_experiment_summarizes_reports_and_plots(name, size, tmp_path):
+    cls = get_experiment(name)
+    cfg = cls.make_config(size)
+    rows = synthetic_rows(name, cfg)
+    summary = cls.summarize(rows, cfg)
+    json.dumps(summary)  # JSON-able
+    lines = cls.report(summary)
+    assert lines and all(isinstance(x, str) for x in lines)
+    path = tmp_path / f"{name}.png"
+    cls.plot(rows, summary, cfg, path)
+    assert path.read_bytes()[:8] == PNG
+
+
+def test_summaries_state_the_figures():
+    cfg = get_experiment("allreduce").make_config("tiny")
+    s = get_experiment("allreduce").summarize(synthetic_rows("allreduce", cfg), cfg)
+    p4 = next(p for p in s["points"] if p["workers"] == 4)
+    assert math.isclose(p4["ina_ring_ratio"], 0.38 / 0.8) and math.isclose(p4["ideal_ratio"], 4 / 6)
+    assert s["errors"] == 1
+    lcfg = get_experiment("loss").make_config("small")
+    ls = get_experiment("loss").summarize(synthetic_rows("loss", lcfg), lcfg)
+    assert ls["all_exact"] is True and ls["points"][0]["relative_goodput"] == 1.0 and ls["ring_goodput_mbps"]
+    mcfg = get_experiment("multijob").make_config("small")
+    ms = get_experiment("multijob").summarize(synthetic_rows("multijob", mcfg), mcfg)
+    assert ms["simulator"]["jobs_compared"] == 14 and ms["simulator"]["within_tolerance"] == 14
+    hcfg = get_experiment("hetero").make_config("small")
+    hs = get_experiment("hetero").summarize(synthetic_rows("hetero", hcfg), hcfg)
+    assert set(hs["membership"]["equal"]) == {"fast_only", "with_slow", "slow_replaced"}
+
+
+# --- configuration -----------------------------------------------------------------------------------------
+def test_registry_names_aliases_and_presets():
+    assert list(load_all()) == ["allreduce", "hetero", "multijob", "loss"]
+    assert get_experiment("exp3") is EXPERIMENTS["multijob"]
+    with pytest.raises(KeyError, match="valid: allreduce"):
+        get_experiment("nope")
+    for cls in EXPERIMENTS.values():
+        presets = cls.presets()
+        assert set(presets) == {"tiny", "small", "full"}
+        for cfg in presets.values():
+            assert dataclasses.is_dataclass(cfg)
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(cfg, dataclasses.fields(cfg)[0].name, None)
+            json.dumps(dataclasses.asdict(cfg))
+
+
+def test_experiment_options_replace_preset_fields():
+    cls = get_experiment("allreduce")
+    ns = runner.experiment_parser(cls).parse_args(["--workers", "2,8", "--bw", "5", "--no-calibrate"])
+    cfg = cls.make_config("small", vars(ns))
+    assert cfg.workers == (2, 8) and cfg.bw_mbps == 5.0 and cfg.calibrate is False
+    assert cfg.elements == cls.presets()["small"].elements  # untouched
+    with pytest.raises(Exception, match="workers must be between 2 and 16"):
+        cls.make_config("small", {"workers": (1,)})
+
+
+# --- the run: results as measured, kept on failure and interrupt --------------------------------------------
+@dataclass(frozen=True)
+class FakeConfig:
+    points: int = 3
+    fail_at: int | None = None
+    interrupt_at: int | None = None
+
+
+class FakeExperiment(Experiment):
+    name = "fake"
+    title = "a fake experiment"
+    Config = FakeConfig
+
+    @classmethod
+    def presets(cls):
+        return {"tiny": FakeConfig(), "small": FakeConfig(), "full": FakeConfig()}
+
+    def run(self):
+        for i in range(self.config.points):
+            if i == self.config.fail_at:
+                raise RuntimeError("measurement exploded")
+            if i == self.config.interrupt_at:
+                raise KeyboardInterrupt
+            self.ctx.progress(f"point {i}")
+            self.ctx.record({"i": i, "value": i * 2, "list": [i]})
+            saved = json.loads((self.ctx.out_dir / "results.json").read_text())
+            assert len(saved["rows"]) == i + 1 and saved["status"] == "running"  # written as measured
+
+    @staticmethod
+    def summarize(rows, config):
+        return {"total": sum(r["value"] for r in rows)}
+
+    @staticmethod
+    def plot(rows, summary, config, path):
+        from topologies.experiments.plotting import figure, save
+
+        fig, axes = figure()
+        axes[0][0].plot([r["i"] for r in rows], [r["value"] for r in rows])
+        save(fig, path, "fake")
+
+    @staticmethod
+    def report(summary):
+        return [f"total {summary['total']}"]
+
+
+def run_fake(tmp_path, **cfg):
+    out, err = io.StringIO(), io.StringIO()
+    options = RunOptions(out=str(tmp_path), size="tiny")
+    code, plot = runner.run_experiment(FakeExperiment, FakeConfig(**cfg), options, out, err)
+    run_dir = Path(out.getvalue().split("results: ")[1].split()[0]).parent
+    return code, plot, json.loads((run_dir / "results.json").read_text()), out.getvalue(), err.getvalue(), run_dir
+
+
+def test_a_run_writes_json_csv_jsonl_and_png_and_ends_with_the_plot_path(tmp_path):
+    code, plot, doc, out, err, run_dir = run_fake(tmp_path)
+    assert code == 0 and doc["status"] == "complete"
+    assert doc["config"] == {"points": 3, "fail_at": None, "interrupt_at": None}
+    assert doc["options"]["switch"] == "ina-switch" and doc["summary"] == {"total": 6}
+    assert (run_dir / "results.csv").read_text().splitlines()[0] == "i,value,list"
+    assert len((run_dir / "measurements.jsonl").read_text().splitlines()) == 3
+    assert plot.read_bytes()[:8] == PNG and out.strip().splitlines()[-1] == f"plot: {plot}"
+    assert "total 6" in out and "[fake 0:00] point 2" in err
+    assert run_dir.parent.name == "fake" and (run_dir.parent / "latest").resolve() == run_dir.resolve()
+
+
+def test_a_failed_run_keeps_what_was_measured(tmp_path):
+    code, plot, doc, out, err, run_dir = run_fake(tmp_path, fail_at=2)
+    assert code == 1 and doc["status"] == "failed" and len(doc["rows"]) == 2
+    assert "measurement exploded" in doc["errors"][0] and "Traceback" in doc["traceback"]
+    assert plot is not None and plot.exists()
+    assert "fake failed: RuntimeError: measurement exploded" in err
+
+
+def test_an_interrupted_run_keeps_what_was_measured(tmp_path):
+    code, plot, doc, out, err, run_dir = run_fake(tmp_path, interrupt_at=1)
+    assert code == 130 and doc["status"] == "interrupted" and len(doc["rows"]) == 1 and plot.exists()
+
+
+# --- command line ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    ([], "choose a command"),
+    (["bogus"], "invalid choice"),
+    (["run"], "name an experiment"),
+    (["run", "nope"], "unknown experiment 'nope'"),
+    (["run", "allreduce", "--workers", "x"], "expected comma-separated integers"),
+    (["run", "allreduce", "--bogus"], "unrecognized arguments: --bogus"),
+    (["run", "all", "--workers", "2"], "need one experiment"),
+    (["run", "allreduce", "--workers", "1"], "workers must be between 2 and 16"),
+    (["run", "loss", "--switch", "nope"], "invalid choice"),
+    (["run", "multijob", "--policies", "fair"], "policies must be some of"),
+    (["run", "allreduce", "--tiny", "--small"], "not allowed with argument"),
+    (["list", "extra"], "unrecognized arguments"),
+])
+def test_usage_errors_are_one_line_and_exit_2(argv, message):
+    out, err = io.StringIO(), io.StringIO()
+    assert runner.main(argv, out=out, err=err) == 2
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ina-exp: error: ") and message in lines[0], lines
+
+
+def test_list_and_run_help_show_every_experiment_and_its_options():
+    out = io.StringIO()
+    assert runner.main(["list", "-v"], out=out) == 0
+    text = out.getvalue()
+    for name in ("allreduce", "hetero", "multijob", "loss"):
+        assert name in text
+    assert "--tiny:" in text
+    out = io.StringIO()
+    assert runner.main(["run", "multijob", "--help"], out=out) == 0
+    assert "--supply" in out.getvalue() and "--switch" in out.getvalue()

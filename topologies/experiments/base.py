@@ -1,0 +1,258 @@
+"""What every experiment shares: its class shape, the run context, progress lines and incremental results.
+
+An experiment is a class with a frozen ``Config`` dataclass, three presets (``tiny`` for CI, ``small`` for
+a demo, ``full``), a ``run()`` that measures and calls ``ctx.record(row)`` after every measurement, and two
+static functions that turn rows into a summary and a PNG. The run context writes, as it goes, into
+``results/<experiment>/<timestamp>/``:
+
+| file | content |
+|---|---|
+| ``results.json`` | status, options, the experiment's config, environment, every row, the summary, file names |
+| ``results.csv`` | one line per row (lists as JSON) |
+| ``measurements.jsonl`` | one row per line, appended as measured (what survives a crash) |
+| ``<experiment>.png`` | the plot |
+| ``runs/<label>/`` | each testbed's run directory: topology.json, switch/controller/agent logs, agent JSON |
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Mapping, TextIO
+
+__all__ = [
+    "SIZES",
+    "Experiment",
+    "ExperimentError",
+    "RunOptions",
+    "RunContext",
+    "ResultStore",
+    "flatten_row",
+    "rows_to_csv",
+]
+
+SIZES = ("tiny", "small", "full")
+
+
+class ExperimentError(RuntimeError):
+    """An experiment cannot run as configured (missing tool, bad option); one line for the user."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Options of one ``ina-exp run``, common to every experiment (written into results.json)."""
+
+    switch: str = "ina-switch"  # ina-switch | bmv2
+    size: str = "small"  # tiny | small | full
+    out: str = "results"
+    log_level: str = "warn"  # the switches' -L level (info/warn keep the packet path fast)
+    agent_timeout: float = 180.0  # seconds one measurement's agents may take before they are stopped
+    quiet: bool = False
+
+
+class Experiment:
+    """Base of every experiment. Subclasses set the class attributes and implement :meth:`run`.
+
+    Class attributes:
+        name: the ``ina-exp run`` name; aliases: other names (``exp1``).
+        title: one line for ``ina-exp list`` and the plot.
+        Config: a frozen dataclass; ``presets()`` gives its tiny/small/full values.
+        options: experiment options for the command line, ``(flag, field, type, help)``; a value given
+            replaces that field of the preset (lists: comma-separated).
+        needs_faults: the experiment uses ina-switch's fault options (not available on BMv2).
+    """
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    title: ClassVar[str] = ""
+    Config: ClassVar[type] = object
+    options: ClassVar[tuple[tuple[str, str, Any, str], ...]] = ()
+    needs_faults: ClassVar[bool] = False
+
+    def __init__(self, config: Any, ctx: "RunContext") -> None:
+        self.config = config
+        self.ctx = ctx
+
+    # --- configuration -------------------------------------------------------------------------------
+    @classmethod
+    def presets(cls) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def make_config(cls, size: str, overrides: Mapping[str, Any] | None = None) -> Any:
+        """The ``size`` preset with ``overrides`` (field -> value; None means keep the preset's)."""
+        presets = cls.presets()
+        if size not in presets:
+            raise ExperimentError(f"{cls.name}: no {size!r} configuration (sizes: {', '.join(presets)})")
+        changes = {k: v for k, v in (overrides or {}).items() if v is not None}
+        try:
+            return dataclasses.replace(presets[size], **changes)
+        except (TypeError, ValueError) as exc:
+            raise ExperimentError(f"{cls.name}: {exc}") from None
+
+    # --- the work ------------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Measure; call ``self.ctx.record(row)`` after every measurement."""
+        raise NotImplementedError
+
+    @staticmethod
+    def summarize(rows: list[dict], config: Any) -> dict:
+        """Aggregate rows into the summary written into results.json (and printed)."""
+        return {}
+
+    @staticmethod
+    def plot(rows: list[dict], summary: dict, config: Any, path: Path) -> None:
+        """Write the experiment's PNG to ``path``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def report(summary: dict) -> list[str]:
+        """Lines printed at the end of a run (the figures)."""
+        return []
+
+
+def flatten_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row for CSV: nested values (lists, dicts) become JSON text, None an empty cell."""
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, (list, tuple, dict)):
+            out[k] = json.dumps(v, sort_keys=True)
+        elif v is None:
+            out[k] = ""
+        else:
+            out[k] = v
+    return out
+
+
+def rows_to_csv(rows: Iterable[Mapping[str, Any]]) -> str:
+    """CSV text of rows whose keys may differ (columns: union of keys, in first-seen order)."""
+    rows = [flatten_row(r) for r in rows]
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow(r)
+    return buf.getvalue()
+
+
+def _environment() -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "argv": sys.argv,
+    }
+    try:
+        repo = Path(__file__).resolve().parents[2]
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        if out.returncode == 0:
+            env["git_commit"] = out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return env
+
+
+class ResultStore:
+    """results.json, results.csv and measurements.jsonl of one experiment run, rewritten after every row."""
+
+    def __init__(self, out_dir: Path, experiment: str, title: str, options: RunOptions, config: Any) -> None:
+        self.out_dir = out_dir
+        self.doc: dict[str, Any] = {
+            "experiment": experiment,
+            "title": title,
+            "status": "running",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "finished": None,
+            "options": dataclasses.asdict(options),
+            "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config),
+            "environment": _environment(),
+            "rows": [],
+            "summary": {},
+            "files": {},
+            "errors": [],
+        }
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = self.out_dir / "measurements.jsonl"
+        self.jsonl.touch()
+        self.save()
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.doc["rows"]
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        with self.jsonl.open("a") as fh:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.out_dir / "results.json.tmp"
+        tmp.write_text(json.dumps(self.doc, indent=2, default=str) + "\n")
+        os.replace(tmp, self.out_dir / "results.json")
+        if self.rows:
+            (self.out_dir / "results.csv").write_text(rows_to_csv(self.rows))
+
+
+class RunContext:
+    """What an experiment uses while it runs: options, output folder, progress lines, ``record``."""
+
+    def __init__(self, experiment: type[Experiment], config: Any, options: RunOptions, out_dir: Path,
+                 stream: TextIO | None = None) -> None:
+        self.experiment = experiment
+        self.config = config
+        self.options = options
+        self.out_dir = out_dir
+        self.runs_dir = out_dir / "runs"
+        self.store = ResultStore(out_dir, experiment.name, experiment.title, options, config)
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.monotonic()
+        self._run_count = 0
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.store.rows
+
+    def progress(self, text: str) -> None:
+        """One progress line on stderr: ``[allreduce 0:42] text``."""
+        if self.options.quiet:
+            return
+        elapsed = int(time.monotonic() - self.started)
+        self.stream.write(f"[{self.experiment.name} {elapsed // 60}:{elapsed % 60:02d}] {text}\n")
+        self.stream.flush()
+
+    def record(self, row: dict) -> None:
+        """Keep one measurement (written at once to measurements.jsonl, results.json and results.csv)."""
+        self.store.add(row)
+
+    def error(self, text: str) -> None:
+        """Note a failed measurement (the run goes on; ``ina-exp`` exits 1 at the end)."""
+        self.store.doc["errors"].append(text)
+        self.store.save()
+        self.progress(f"FAILED: {text}")
+
+    def new_run_dir(self, label: str) -> Path:
+        """A fresh testbed run directory ``runs/<nn>-<label>``."""
+        self._run_count += 1
+        path = self.runs_dir / f"{self._run_count:02d}-{label}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def testbed(self, topo: Any, label: str, **kwargs: Any):
+        """A :class:`~topologies.experiments.testbed.Testbed` for this run's switch target and options."""
+        from topologies.experiments.testbed import Testbed
+
+        return Testbed(topo, run_dir=self.new_run_dir(label), target=self.options.switch,
+                       log_level=self.options.log_level, agent_timeout=self.options.agent_timeout,
+                       progress=self.progress, **kwargs)

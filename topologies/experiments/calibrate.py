@@ -1,0 +1,94 @@
+"""Measured constants for ``ina-sim`` (simulator/calibration.py's format) and the testbed-vs-simulator check.
+
+The probes run on an unshaped star of two workers, so that what they measure is the software path, not a
+link: one INA slot (the round trip, ``ina_rtt_us = payload / throughput``), many INA slots (the packet
+rate the agents and switch sustain, ``switch_pps``), and a one-chunk ring all-reduce (the latency of a
+ring step). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
+measured time). :func:`calibration_from` combines whatever was measured with the simulator's defaults and
+checks the result with ``simulator.calibration``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from inaproto import wire
+from simulator.calibration import Calibration
+from topologies.experiments.aggregate import allreduce_row, median
+from topologies.experiments.testbed import AgentJob, Testbed
+
+__all__ = ["PROBES", "run_probes", "calibration_from", "ring_fraction", "write_calibration"]
+
+PROBES = ("ina-1slot", "ina-pps", "ring-latency")
+
+
+def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
+               record: Callable[[dict], None], progress: Callable[[str], None]) -> list[dict]:
+    """Run the calibration probes on a started two-worker testbed; each result is recorded as a row."""
+    hosts = ("h1", "h2")
+    plans = [
+        ("ina-1slot", "ina", 1, elements),
+        ("ina-pps", "ina", 64, elements),
+        ("ring-latency", "ring", None, wire.LANES * 8),
+    ]
+    rows = []
+    for k, (probe, backend, slots, elems) in enumerate(plans):
+        progress(f"calibration probe {probe} ({backend}, {elems} elements, slots {slots or '-'})")
+        job = AgentJob(f"probe-{probe}", hosts, "allreduce", backend=backend, requested_slots=slots,
+                       args=("--elements", str(elems), "--iterations", str(iterations), "--warmup", "1"),
+                       udp_port=udp_port + k)
+        workers = bed.run_jobs([job])[job.name]
+        row = allreduce_row(workers, kind="probe", probe=probe, workers=len(hosts), backend=backend, slots=slots)
+        record(row)
+        rows.append(row)
+    return rows
+
+
+def ring_fraction(rows: Sequence[Mapping[str, Any]], link_mbps: float) -> float | None:
+    """Ring goodput as a share of the link rate, as ina-sim's ring formula uses it (payload bytes only,
+    so TCP/IP framing is part of the fraction): 2(n-1)/n * B / link rate over the measured time, median
+    over ring rows (n >= 2)."""
+    shares = []
+    for r in rows:
+        if r.get("backend") == "ring" and r.get("seconds_median") and int(r.get("workers", 0)) >= 2 and r.get("kind") != "probe":
+            n = int(r["workers"])
+            ideal = 2 * (n - 1) / n * int(r["bytes"]) * 8 / (link_mbps * 1e6)
+            shares.append(min(1.0, ideal / float(r["seconds_median"])))
+    return median(shares)
+
+
+def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float | None, source: str) -> Calibration:
+    """A :class:`Calibration` from probe rows (see :data:`PROBES`); unmeasured fields keep their defaults."""
+    by = {r.get("probe"): r for r in probes}
+    fields: dict[str, Any] = {"payload_bytes": wire.INA_DATA_LEN, "frame_bytes": wire.INA_FRAME_LEN, "source": source}
+    one = by.get("ina-1slot")
+    if one and one.get("seconds_median"):
+        bps = float(one["bytes"]) / float(one["seconds_median"])
+        fields["ina_rtt_us"] = wire.INA_DATA_LEN / bps * 1e6
+    pps = by.get("ina-pps")
+    if pps and pps.get("seconds_median"):
+        chunks = math.ceil(float(pps["bytes"]) / wire.INA_DATA_LEN)
+        fields["switch_pps"] = int(pps.get("workers", 2)) * chunks / float(pps["seconds_median"])
+    lat = by.get("ring-latency")
+    if lat and lat.get("seconds_median"):
+        n = int(lat.get("workers", 2))
+        fields["ring_step_latency_us"] = float(lat["seconds_median"]) / (2 * (n - 1)) * 1e6
+    if ring_goodput:
+        fields["ring_goodput_fraction"] = float(ring_goodput)
+    return Calibration(**fields)
+
+
+def write_calibration(cal: Calibration, path: Path) -> Path:
+    path.write_text(cal.to_json())
+    return path
+
+
+def calibration_dict(cal: Calibration) -> dict:
+    return dataclasses.asdict(cal)
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,172 @@
+"""Experiment 4: exactness and goodput of INA all-reduce under injected packet loss (0-5 %).
+
+The kernel here has no netem, so loss comes from ina-switch's fault injection: for each rate P the switch
+is started with ``--fault-drop P`` (every port, both directions, INA packets only; seeded, so a run is
+repeatable). A star of ``workers`` hosts on ``bw_mbps`` links runs an INA job (``--check``: every worker
+verifies its result) at each rate; the ring, which the switch's faults do not touch (TCP), is measured
+once as a reference. Per rate: goodput (tensor bytes per second of the median call), retransmissions per
+chunk sent, and whether every result was exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from topologies.experiments import register
+from topologies.experiments.aggregate import allreduce_row
+from topologies.experiments.base import Experiment
+from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Experiment 4's configuration.
+
+    Args:
+        loss: drop probabilities injected by the switch (0..0.05 is the range of interest).
+        workers: workers of the job.
+        elements, iterations, warmup: the all-reduces at each rate.
+        bw_mbps: host links (Mbit/s).
+        slots: INA slots of the job.
+        seed: the switch's fault seed.
+        ring_reference: also measure the ring once (unaffected by the switch's faults).
+    """
+
+    loss: tuple[float, ...] = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05)
+    workers: int = 4
+    elements: int = 16384
+    iterations: int = 5
+    warmup: int = 1
+    bw_mbps: float = 2.0
+    slots: int = 8
+    seed: int = 1
+    ring_reference: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "loss", tuple(float(p) for p in self.loss))
+        if not self.loss or any(not 0 <= p < 1 for p in self.loss):
+            raise ValueError(f"loss rates must be in [0, 1), got {list(self.loss)}")
+        if self.workers < 2 or self.elements < 1 or self.iterations < 1 or self.slots < 1 or not self.bw_mbps > 0:
+            raise ValueError("workers >= 2; elements, iterations, slots, bw_mbps > 0")
+
+
+@register
+class LossExperiment(Experiment):
+    name = "loss"
+    aliases = ("exp4",)
+    title = "Exactness and goodput of INA all-reduce vs injected loss rate"
+    Config = LossConfig
+    needs_faults = True
+    options = (
+        ("--loss", "loss", "floats", "drop probabilities, e.g. 0,0.01,0.05"),
+        ("--workers", "workers", int, "workers"),
+        ("--elements", "elements", int, "float32 elements per all-reduce"),
+        ("--iterations", "iterations", int, "timed all-reduces per rate"),
+        ("--bw", "bw_mbps", float, "link bandwidth, Mbit/s"),
+        ("--slots", "slots", int, "INA slots of the job"),
+        ("--seed", "seed", int, "fault seed"),
+    )
+
+    @classmethod
+    def presets(cls) -> dict[str, LossConfig]:
+        return {
+            "tiny": LossConfig(loss=(0.0, 0.05), workers=2, elements=4096, iterations=2, ring_reference=False),
+            "small": LossConfig(loss=(0.0, 0.01, 0.02, 0.05), elements=8192, iterations=3),
+            "full": LossConfig(),
+        }
+
+    def run(self) -> None:
+        from topologies.topos import StarTopo
+
+        cfg, ctx = self.config, self.ctx
+        hosts = tuple(f"h{i}" for i in range(1, cfg.workers + 1))
+        args = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup), "--check")
+        plans = [("ina", p) for p in cfg.loss]
+        if cfg.ring_reference:
+            plans.append(("ring", 0.0))
+        for k, (backend, p) in enumerate(plans, start=1):
+            faults = {"drop": p, "seed": cfg.seed} if p > 0 else None
+            ctx.progress(f"loss {p:.1%} backend={backend} ({k}/{len(plans)}): {cfg.workers} workers, {cfg.bw_mbps:g} Mbit/s, "
+                         f"{cfg.warmup}+{cfg.iterations} all-reduces of {cfg.elements} float32")
+            opts = {"faults": faults} if faults else {}
+            with ctx.testbed(StarTopo(cfg.workers, bw=cfg.bw_mbps), f"loss{p * 100:g}-{backend}", switch_opts=opts) as bed:
+                job = AgentJob(f"loss-{k}", hosts, "allreduce", backend=backend, args=args,
+                               requested_slots=cfg.slots if backend == "ina" else None, udp_port=INA_UDP_BASE + k)
+                try:
+                    workers = bed.run_jobs([job])[job.name]
+                except AgentFailure as exc:
+                    ctx.error(f"loss {p:.1%} {backend}: {exc}")
+                    ctx.record({"kind": "loss", "loss": p, "backend": backend, "error": str(exc)})
+                    continue
+            row = allreduce_row(workers, kind="loss", loss=p, backend=backend, workers=cfg.workers, bw_mbps=cfg.bw_mbps,
+                                slots=cfg.slots if backend == "ina" else None)
+            chunks = sum(int((w.get("stats") or {}).get("chunks", 0)) for w in workers)
+            row["retransmits_per_chunk"] = row["retransmits"] / chunks if chunks else None
+            row["checks"] = [w.get("check") for w in workers]
+            ctx.record(row)
+            exact = {True: "exact", False: "NOT EXACT", None: "unchecked"}[row["exact"]]
+            ctx.progress(f"  median {row['seconds_median'] * 1e3:.0f} ms, goodput {row['goodput_mbps']:.2f} Mbit/s, "
+                         f"{row['retransmits']} retransmits, {exact}")
+
+    @staticmethod
+    def summarize(rows: list[dict], config: LossConfig) -> dict:
+        ina = sorted((r for r in rows if r.get("kind") == "loss" and r.get("backend") == "ina" and r.get("seconds_median")),
+                     key=lambda r: r["loss"])
+        ring = [r for r in rows if r.get("kind") == "loss" and r.get("backend") == "ring" and r.get("seconds_median")]
+        points = [{"loss": r["loss"], "goodput_mbps": r["goodput_mbps"], "seconds_median": r["seconds_median"],
+                   "retransmits_per_chunk": r.get("retransmits_per_chunk"), "exact": r["exact"]} for r in ina]
+        base = points[0]["goodput_mbps"] if points and points[0]["loss"] == 0 else None
+        for p in points:
+            p["relative_goodput"] = p["goodput_mbps"] / base if base else None
+        return {
+            "points": points,
+            "ring_goodput_mbps": ring[0]["goodput_mbps"] if ring else None,
+            "all_exact": all(p["exact"] is True for p in points) if points else None,
+            "unchecked": sum(1 for p in points if p["exact"] is None),
+            "errors": sum(1 for r in rows if r.get("error")),
+        }
+
+    @staticmethod
+    def report(summary: dict) -> list[str]:
+        lines = []
+        for p in summary.get("points", []):
+            rel = f" ({p['relative_goodput']:.0%} of lossless)" if p.get("relative_goodput") else ""
+            exact = {True: "exact", False: "NOT EXACT", None: "unchecked"}[p["exact"]]
+            lines.append(f"loss {p['loss']:.1%}: INA goodput {p['goodput_mbps']:.2f} Mbit/s{rel}, "
+                         f"{p['retransmits_per_chunk'] or 0:.3f} retransmits per chunk, {exact}")
+        if summary.get("ring_goodput_mbps"):
+            lines.append(f"ring (TCP, no injected loss): {summary['ring_goodput_mbps']:.2f} Mbit/s")
+        return lines
+
+    @staticmethod
+    def plot(rows: list[dict], summary: dict, config: LossConfig, path: Path) -> None:
+        from topologies.experiments.plotting import COLORS, figure, legend, note, save
+
+        fig, axes = figure(2)
+        ax, ax2 = axes[0]
+        pts = summary.get("points", [])
+        xs = [p["loss"] * 100 for p in pts]
+        ax.plot(xs, [p["goodput_mbps"] for p in pts], "o-", color=COLORS["ina"], label="INA")
+        for p in pts:
+            if p["exact"] is False:
+                ax.plot(p["loss"] * 100, p["goodput_mbps"], "x", color="red", ms=12, mew=2)
+        if summary.get("ring_goodput_mbps"):
+            ax.axhline(summary["ring_goodput_mbps"], ls="--", color=COLORS["ring"], label="ring (TCP; faults hit INA only)")
+        ax.set_xlabel("injected loss rate (%)")
+        ax.set_ylabel("goodput (Mbit/s of tensor per worker)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        legend(ax, fontsize=8)
+        ax.set_title(f"{config.workers} workers, {config.bw_mbps:g} Mbit/s links, {config.slots} slots", fontsize=9)
+        ax2.bar(xs, [p.get("retransmits_per_chunk") or 0 for p in pts], width=0.3 if len(xs) > 1 else 0.5, color=COLORS["ina"])
+        for x, p in zip(xs, pts):
+            label = {True: "exact", False: "WRONG", None: "unchecked"}[p["exact"]]
+            ax2.annotate(label, (x, p.get("retransmits_per_chunk") or 0), ha="center", va="bottom", fontsize=8,
+                         color="green" if p["exact"] else "red")
+        ax2.set_xlabel("injected loss rate (%)")
+        ax2.set_ylabel("retransmissions per chunk sent")
+        ax2.grid(alpha=0.3, axis="y")
+        ax2.set_title("loss recovery and exactness of every result", fontsize=9)
+        note(fig, f"ina-switch --fault-drop P (every port, both directions, seed {config.seed}); {config.iterations} timed "
+                  f"all-reduces of {config.elements} float32 per rate; exact = every worker's result equals the exact sum")
+        save(fig, path, LossExperiment.title)

@@ -107,8 +107,21 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--lr", type=_positive_float, default=0.5, help="SGD learning rate (default 0.5)")
     tr.add_argument("--update-every", type=_positive_int, default=10, help="adaptive: steps between re-allocations")
     tr.add_argument("--slowdown", type=float, default=1.0, help="emulate a worker this many times slower (>= 1)")
+    tr.add_argument("--slowdown-at", metavar="STEP:FACTOR", type=_step_factor, default=None,
+                    help="from STEP on, this worker's slowdown becomes FACTOR (a mid-run speed change)")
     tr.add_argument("--seed", type=int, default=0, help="data, initialisation and sample order (default 0)")
     return parser
+
+
+def _step_factor(text: str) -> tuple[int, float]:
+    try:
+        step, factor = text.split(":")
+        value = (int(step), float(factor))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected STEP:FACTOR, e.g. 20:3, got {text!r}") from None
+    if value[0] < 0 or not value[1] >= 1:
+        raise argparse.ArgumentTypeError(f"STEP must be >= 0 and FACTOR >= 1, got {text!r}")
+    return value
 
 
 def _job_spec(args: argparse.Namespace) -> JobSpec:
@@ -236,7 +249,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     spec = _job_spec(args)
     try:
         cfg = TrainConfig(allocation=args.allocation, steps=args.steps, global_batch=args.global_batch, lr=args.lr,
-                          update_every=args.update_every, slowdown=args.slowdown, seed=args.seed)
+                          update_every=args.update_every, slowdown=args.slowdown, slowdown_at=args.slowdown_at,
+                          seed=args.seed)
         if args.slowdown < 1:
             raise ValueError(f"--slowdown must be >= 1, got {args.slowdown}")
     except ValueError as exc:

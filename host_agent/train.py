@@ -126,6 +126,8 @@ class TrainConfig:
         seed: data, initialisation and sample order.
         update_every: adaptive: steps between re-allocations.
         slowdown: this worker's emulated slowness (compute takes ``slowdown`` times longer).
+        slowdown_at: ``(step, factor)``: from that step on, this worker's slowdown is ``factor`` (a
+            mid-run speed change, which adaptive allocation should follow and static cannot).
         min_batch: smallest per-worker batch.
     """
 
@@ -138,6 +140,7 @@ class TrainConfig:
     seed: int = 0
     update_every: int = 10
     slowdown: float = 1.0
+    slowdown_at: tuple[int, float] | None = None
     min_batch: int = 1
 
     def __post_init__(self) -> None:
@@ -147,6 +150,8 @@ class TrainConfig:
             raise ValueError("steps, global_batch, hidden and update_every must be >= 1")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be finite and > 0, got {self.lr}")
+        if self.slowdown_at is not None and (self.slowdown_at[0] < 0 or not self.slowdown_at[1] >= 1):
+            raise ValueError(f"slowdown_at must be (step >= 0, factor >= 1), got {self.slowdown_at}")
         if self.samples < self.global_batch:
             raise ValueError(f"samples ({self.samples}) must be at least one global batch ({self.global_batch})")
 
@@ -202,6 +207,8 @@ def train(agent: Reducer, cfg: TrainConfig, *, progress: Callable[[int, int, flo
     start = time.perf_counter()
     perm, epoch = None, -1
     for step in range(cfg.steps):
+        if cfg.slowdown_at is not None and step == cfg.slowdown_at[0]:
+            slow = SlowdownCompute(cfg.slowdown_at[1])  # compute() looks it up at every call
         if adaptive is not None and adaptive.due(step, steps_per_epoch) and meter.samples:
             measured = agent.allgather(np.array([meter.take()], dtype=np.float64))[:, 0]
             adaptive = adaptive.update(list(measured))

@@ -128,3 +128,34 @@ def test_stream_options_are_checked() -> None:
         StreamOptions(rto_min=1.0, rto_initial=0.1)
     with pytest.raises(ValueError, match="reorder_guard"):
         StreamOptions(reorder_guard=-1)
+
+
+def test_train_slowdown_changes_mid_run(monkeypatch):
+    """--slowdown-at STEP:FACTOR: the worker's emulated speed changes at that step (experiment 2)."""
+    import host_agent.train as train_mod
+    from host_agent.cli import _step_factor
+
+    used = []
+
+    class Recording(train_mod.SlowdownCompute):
+        def __call__(self, fn, *args, **kwargs):
+            used.append(self.factor)
+            return fn(*args, **kwargs)
+
+    class Alone:  # a one-worker reducer
+        size, rank = 1, 0
+
+        def allreduce(self, x):
+            return x
+
+        def allgather(self, x):
+            return x[None, :]
+
+    monkeypatch.setattr(train_mod, "SlowdownCompute", Recording)
+    cfg = train_mod.TrainConfig(allocation="adaptive", steps=4, global_batch=16, slowdown=2.0, slowdown_at=(2, 5.0))
+    train_mod.train(Alone(), cfg)
+    assert used == [2.0, 2.0, 5.0, 5.0]
+    assert _step_factor("3:2.5") == (3, 2.5)
+    for bad in ("3", "x:2", "3:0.5", "-1:2"):
+        with pytest.raises(Exception):
+            _step_factor(bad)

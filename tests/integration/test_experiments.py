@@ -67,7 +67,7 @@ def assert_nothing_left(out: Path, pid: int, ports_before: set[str]) -> None:
         processes, interfaces = run_state.RunState.load(path).snapshot()
         alive = [p for p in processes if run_state.process_alive(p.pid, p.start_time)]
         assert alive == [], f"the runner left processes running: {alive}"
-        assert not set(interfaces) & root_interfaces(), "the runner left interfaces behind"
+        assert not set(interfaces) & set(root_interfaces()), "the runner left interfaces behind"
         path.unlink()
     assert unowned_ports() - ports_before == set()
 

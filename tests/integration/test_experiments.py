@@ -106,6 +106,8 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
     if name == "allreduce":
         kinds = {(r["workers"], r["backend"]) for r in rows if r["kind"] == "allreduce"}
         assert kinds == {(2, "ina"), (2, "ring"), (2, "rina"), (4, "ina"), (4, "ring"), (4, "rina")}
+        # exact sums for INA, ring and Rina in namespaces through ina-switch: every worker checked its result
+        assert all(r["exact"] is True for r in rows if r["kind"] == "allreduce"), [r.get("exact") for r in rows]
         assert {r["granted_backend"] for r in rows if r["kind"] == "allreduce" and r["backend"] != "rina"} == {"ina", "ring"}
         cal = load_calibration(run_dir / "calibration.json")  # the simulator's own format and checks
         assert cal.ina_rtt_us > 0 and cal.switch_pps and "ina-exp allreduce" in cal.source
@@ -124,6 +126,7 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         points = doc["summary"]["points"]
         assert [p["loss"] for p in points] == [0.0, 0.05]
         assert points[1]["retransmits_per_chunk"] > 0  # the switch really dropped INA packets
+        assert all(p["exact"] is True for p in points)  # and every result is still the exact sum
         assert "--fault-drop 0.05" in (run_dir / "runs" / "02-loss5-ina" / "logs" / "s1.log").read_text().splitlines()[0]
     elif name == "hetero":
         train = {(r["scenario"], r["mode"]): r for r in rows if r["kind"] == "train"}

@@ -95,7 +95,8 @@ class AllreduceExperiment(Experiment):
 
         cfg, ctx = self.config, self.ctx
         port = INA_UDP_BASE
-        common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup))
+        common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
+                  "--check")  # every worker compares its result with the exact sum of all inputs
         for n in cfg.workers:
             star_backends = [b for b in cfg.backends if b in ("ina", "ring")]
             plans: list[tuple[str, Any, list[str]]] = []

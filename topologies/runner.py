@@ -39,24 +39,23 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one value")
-    return values
+def _number_list(cast: type, what: str):
+    """An argparse type for comma-separated values of `cast` (at least one)."""
+
+    def parse(text: str) -> tuple:
+        try:
+            values = tuple(cast(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError("expected at least one value")
+        return values
+
+    return parse
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one value")
-    return values
+_ints = _number_list(int, "integers")
+_floats = _number_list(float, "numbers")
 
 
 def _strs(text: str) -> tuple[str, ...]:

@@ -1,72 +1,73 @@
 # In-network aggregation testbed. `make demo` installs and runs the demo; `make test` runs the tests.
+# Everything runs from the virtual environment that `make install` creates in .venv/ (PYTHON= picks the
+# interpreter that creates it). Root is needed for apt (install) and for namespaces (demo, integration tests):
+# run as root, or `sudo make demo`: make calls .venv/bin/... by path, so sudo's PATH does not matter.
 PYTHON   ?= python3
+VENV     ?= .venv
+BIN      := $(abspath $(VENV))/bin
+PY       := $(BIN)/python
+STAMP    := $(VENV)/.installed
 P4C      ?= p4c-bm2-ss
 P4SRC    := p4src/ina.p4
 BUILD    := build
-PYTEST   := $(PYTHON) -m pytest
+PYTEST   := $(PY) -m pytest
 
-.PHONY: install demo demo-model run test test-fast p4 proto bench bench-switch stop clean help
+.DEFAULT_GOAL := help
+.PHONY: help install demo demo-model run test test-fast p4 proto bench bench-switch stop clean
 
-help:
-	@echo "make install   system and Python dependencies (Debian 12, as root for the system part)"
-	@echo "make demo      install, then run experiment 1 (INA vs ring vs Rina, small) on the embedded switch (root)"
-	@echo "make demo-model a scripted aggregation through the pipeline model, no root"
-	@echo "make run EXP=allreduce|hetero|multijob|loss ARGS=--small   one experiment (ina-exp)"
-	@echo "make test      every test tier (integration tiers need root; bmv2 runs where simple_switch_grpc is)"
-	@echo "make test-fast unit and packet tiers only"
-	@echo "make p4        compile p4src/ with p4c into $(BUILD)/ (needs p4c on PATH)"
-	@echo "make proto     regenerate the admission service stubs (protoc, grpc_python_plugin)"
-	@echo "make bench     benchmarks that print ratios measured side by side"
-	@echo "make stop      remove every namespace, interface and process a testbed run left behind"
-	@echo "make clean     remove build products"
+help: ## this list
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-install:
-	./scripts/install-deps.sh
+install: ## system packages (as root) and the Python environment in .venv/ (PyTorch CPU optional)
+	PYTHON="$(PYTHON)" VENV="$(VENV)" ./scripts/install-deps.sh
 
-demo: install
-	ina-exp run allreduce --small
+$(STAMP): pyproject.toml scripts/install-deps.sh
+	PYTHON="$(PYTHON)" VENV="$(VENV)" ./scripts/install-deps.sh
 
-demo-model:
-	$(PYTHON) -m softswitch.demo
+demo: install ## install, then run experiment 1 (INA vs ring vs Rina, small) on the embedded switch (root)
+	$(BIN)/ina-exp run allreduce --small
+
+demo-model: $(STAMP) ## a scripted aggregation through the pipeline model, no root
+	$(PY) -m softswitch.demo
 
 EXP  ?= allreduce
 ARGS ?= --small
-run:
-	ina-exp run $(EXP) $(ARGS)
+run: $(STAMP) ## one experiment: make run EXP=allreduce|hetero|multijob|loss ARGS=--small
+	$(BIN)/ina-exp run $(EXP) $(ARGS)
 
-test:
+test: $(STAMP) ## every test tier (integration needs root; bmv2 runs where simple_switch_grpc and p4c are on PATH)
 	$(PYTEST) tests -q
 
-test-fast:
+test-fast: $(STAMP) ## unit and packet tiers only (no root)
 	$(PYTEST) tests -q -m "unit or packet"
 
-p4: $(BUILD)/ina.json
+p4: $(BUILD)/ina.json ## compile p4src/ with p4c into build/ and compare its P4Info with the committed one
 
-$(BUILD)/ina.json: $(P4SRC)
-	@command -v $(P4C) >/dev/null || { echo "make p4: $(P4C) is not on PATH; install p4c (p4lang) to compile $(P4SRC). The committed p4src/ina.p4info.txt is kept by hand until then."; exit 1; }
+$(BUILD)/ina.json: $(P4SRC) | $(STAMP)
+	@command -v $(P4C) >/dev/null || { echo "make p4: $(P4C) is not on PATH; install p4c (see README, 'Using real BMv2 and p4c') to compile $(P4SRC)"; exit 1; }
 	mkdir -p $(BUILD)
 	$(P4C) --p4v 16 --p4runtime-files $(BUILD)/ina.p4info.txt -o $(BUILD)/ina.json $(P4SRC)
-	@$(PYTHON) -m tests.p4source --compare $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt \
+	@$(PY) -m tests.p4source --compare $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt \
 		|| echo "note: review with: diff $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt"
 
-proto: controller/admission_pb2.py
+proto: controller/admission_pb2.py ## regenerate the admission service stubs (protoc, grpc_python_plugin)
 
 controller/admission_pb2.py: controller/admission.proto
 	protoc -I controller --python_out=controller --grpc_out=controller \
 		--plugin=protoc-gen-grpc=$$(command -v grpc_python_plugin) controller/admission.proto
 	sed -i 's/^import admission_pb2 as admission__pb2/from controller import admission_pb2 as admission__pb2/' controller/admission_pb2_grpc.py
 
-bench:
-	$(PYTHON) bench/switch_bench.py
-	$(PYTHON) bench/agent_bench.py
-	$(PYTHON) bench/sim_bench.py
+bench: $(STAMP) ## benchmarks that print ratios measured side by side (root)
+	$(PY) bench/switch_bench.py
+	$(PY) bench/agent_bench.py
+	$(PY) bench/sim_bench.py
 
-bench-switch:
-	$(PYTHON) bench/switch_bench.py
+bench-switch: $(STAMP) ## the switch benchmark alone
+	$(PY) bench/switch_bench.py
 
-stop:
-	$(PYTHON) -m topologies.cleanup
+stop: $(STAMP) ## remove every namespace, interface and process a testbed run left behind
+	$(PY) -m topologies.cleanup
 
-clean:
+clean: ## remove build products (keeps .venv; rm -rf .venv to reinstall from scratch)
 	rm -rf $(BUILD) .pytest_cache
-	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

@@ -22,9 +22,9 @@ from controller.service import serve
 from controller.store import StoreError
 from controller.switch import SwitchError
 from controller.topology import Topology, TopologyError, write_runtime_json
+from inaproto.commands import REPO, repo_path
 
 DEFAULT_LISTEN = "127.0.0.1:50060"
-REPO = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("ina-controller")
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in topo.switches:
                 entries, groups = topo.forwarding(name, schema)
                 write_runtime_json(out / f"{name}-runtime.json", entries, groups, schema,
-                                   p4info=args.p4info, bmv2_json=args.device_config or "build/ina.json")
+                                   p4info=args.p4info, bmv2_json=str(Path(args.device_config or repo_path("build/ina.json")).absolute()))
                 print(out / f"{name}-runtime.json")
             return 0
         device_config = Path(args.device_config).read_bytes() if args.device_config else b""

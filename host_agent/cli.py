@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import threading
 import time
 from dataclasses import replace
 from typing import Sequence
@@ -299,5 +301,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+AGENT_THREAD_PREFIXES = ("watch-job", "heartbeat-job", "agent-idle-job", "ring-")
+
+
+def run() -> None:
+    """The console entry point: ``main``, then an exit that cannot hang.
+
+    ``Agent.close`` cancels the job's event stream, ends its threads and closes its channel, so the
+    interpreter normally exits by itself. Should one of the agent's own threads still be alive (a stuck
+    controller call), the results are already written and flushed: exit at once rather than wait in gRPC's
+    finalizers at interpreter shutdown, and say so.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    stuck = [t.name for t in threading.enumerate() if t.is_alive() and t.name.startswith(AGENT_THREAD_PREFIXES)]
+    if stuck:
+        print(f"{PROG}: warning: threads still running at exit ({', '.join(stuck)}); exiting without waiting",
+              file=sys.stderr, flush=True)
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -164,9 +164,10 @@ class JobWatcher:
                 call = self.client.stub.WatchJob(pb.WatchJobRequest(job_id=self.job_id, worker_id=self.worker_id))
                 with self._lock:
                     self._call = call
-                if self._stop.is_set():
-                    call.cancel()
-                    return
+                    if self._stop.is_set():  # stop() ran before this call existed
+                        self._call = None
+                        call.cancel()
+                        return
                 for event in call:
                     delay = 0.05
                     if event.released:
@@ -208,11 +209,17 @@ class JobWatcher:
             if exc.code == grpc.StatusCode.NOT_FOUND:
                 self._gone()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel the event stream and end both threads, so no gRPC call outlives the agent's channel (a
+        call left to the interpreter's finalizers can hang the process at exit)."""
         self._stop.set()
         with self._lock:
-            if self._call is not None:
-                self._call.cancel()
+            call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
         for t in self._threads:
             if t is not threading.current_thread():
-                t.join(timeout=5)
+                t.join(timeout=timeout)
+                if t.is_alive():
+                    log.warning("worker %d: thread %s of job %d did not end within %g s", self.worker_id, t.name,
+                                self.job_id, timeout)

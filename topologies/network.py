@@ -60,7 +60,7 @@ class InaNetwork:
         self.topo = topo
         self.plan: NetworkPlan = topo.plan
         self.target = target
-        self.run_dir = Path(run_dir) if run_dir else run_state.RUNS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.run_dir = Path(run_dir).resolve() if run_dir else run_state.RUNS_DIR / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.install_routes = install_routes
         self.p4info = Path(p4info) if p4info else DEFAULT_P4INFO
         self.switch_opts = dict(switch_opts or {})

@@ -40,6 +40,7 @@ from mininet.log import debug
 from mininet.node import Host, Switch
 from mininet.util import makeIntfPair
 
+from inaproto.commands import REPO, Command, command_argv
 from topologies import state as run_state
 from topologies.plan import Route
 
@@ -57,7 +58,7 @@ __all__ = [
     "DEFAULT_BMV2_JSON",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = REPO
 DEFAULT_P4INFO = REPO_ROOT / "p4src" / "ina.p4info.txt"
 DEFAULT_BMV2_JSON = REPO_ROOT / "build" / "ina.json"
 TARGETS = ("ina-switch", "bmv2", "auto")
@@ -93,14 +94,7 @@ def resolve_target(target: str) -> tuple[str, list[str]]:
         if not bmv2:
             raise FileNotFoundError("target bmv2: simple_switch_grpc is not on PATH (install BMv2, or use target ina-switch)")
         return "bmv2", [bmv2]
-    # Prefer the console script next to this interpreter (no pyenv shim in between), then PATH, then -m.
-    beside = Path(sys.executable).parent / "ina-switch"
-    if beside.exists():
-        return "ina-switch", [str(beside)]
-    found = shutil.which("ina-switch")
-    if found:
-        return "ina-switch", [found]
-    return "ina-switch", [sys.executable, "-m", "softswitch.cli"]
+    return "ina-switch", command_argv(Command.SWITCH)
 
 
 _run_dir: Path | None = None

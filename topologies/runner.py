@@ -227,7 +227,7 @@ def run_experiment(exp_cls: Any, config: Any, options: Any, out: TextIO, err: Te
     """Run one experiment to its results folder; (exit status, plot path)."""
     from topologies.experiments.base import ExperimentError, RunContext
 
-    out_dir = _out_dir(Path(options.out), exp_cls.name)
+    out_dir = _out_dir(Path(options.out).resolve(), exp_cls.name)  # child processes run in other folders
     ctx = RunContext(exp_cls, config, options, out_dir, stream=err)
     ctx.progress(f"{exp_cls.title}")
     ctx.progress(f"{options.size} configuration on {options.switch}: {dataclasses.asdict(config)}")

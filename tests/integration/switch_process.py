@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from inaproto import wire
+from inaproto.commands import Command, command_argv
 from tests.integration.netns import Namespace, Network, Process, TcpForward
 from tests.integration.ptfutil import HostPorts
 
@@ -43,10 +44,7 @@ def switch_command(kind: str) -> list[str]:
         if path is None:
             raise FileNotFoundError("simple_switch_grpc is not on PATH")
         return [path]
-    script = Path(sys.executable).parent / "ina-switch"
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-m", "softswitch.cli"]
+    return command_argv(Command.SWITCH)
 
 
 class SwitchNetwork:

@@ -24,6 +24,7 @@ import pytest
 from controller import admission_pb2 as pb
 from controller import admission_pb2_grpc as pb_grpc
 from inaproto import wire
+from inaproto.commands import Command, command_argv
 from tests.integration.netns import Network, Process, TcpForward, wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("softswitch.cli") is None, reason="ina-switch is not there yet")
@@ -63,7 +64,7 @@ class Bed:
             doc["links"].append([name, f"s1-p{i}"])
             ifaces += ["-i", f"{i}@p{i}"]
         self.switch = net.track(Process(
-            ["ina-switch", "--device-id", "1", *ifaces, "--no-p4", "-L", "warn", "--log-console", "--",
+            [*command_argv(Command.SWITCH), "--device-id", "1", *ifaces, "--no-p4", "-L", "warn", "--log-console", "--",
              "--grpc-server-addr", f"127.0.0.1:{GRPC_PORT}"],
             tmp / "switch.log", namespace=self.sw))
         self.switch.wait_until(lambda: self.sw.tcp_port_open(GRPC_PORT), 20, "ina-switch gRPC")
@@ -79,7 +80,7 @@ class Bed:
 
     def start_controller(self) -> None:
         self.controller = self.net.track(Process(
-            ["ina-controller", "--topology", str(self.topology), "--db", str(self.tmp / "ctl.db"), "--listen", self.listen,
+            [*command_argv(Command.CONTROLLER), "--topology", str(self.topology), "--db", str(self.tmp / "ctl.db"), "--listen", self.listen,
              "--heartbeat-timeout", "0", "--sync-timeout", "20"],
             self.tmp / f"controller-{time.monotonic_ns()}.log"))
 
@@ -96,7 +97,7 @@ class Bed:
         self.controller.stop()
 
     def inactl(self, *argv: str) -> str:
-        out = subprocess.run(["inactl", "--controller", self.listen, *argv], capture_output=True, text=True, timeout=30)
+        out = subprocess.run([*command_argv(Command.CTL), "--controller", self.listen, *argv], capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         return out.stdout
 

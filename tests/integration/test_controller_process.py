@@ -23,6 +23,7 @@ from controller import admission_pb2 as pb
 from controller import admission_pb2_grpc as pb_grpc
 from controller.p4entity import Schema
 from controller.switch import Switch, SwitchOptions
+from inaproto.commands import Command, command_argv
 from tests.integration.netns import Process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ class Bench:
         for k in range(1, n_switches + 1):
             addr = f"127.0.0.1:{free_port()}"
             if importlib.util.find_spec("softswitch.cli") is not None:
-                argv = ["ina-switch", "--device-id", str(k), "--no-p4", "-L", "warn", "--log-console", "--",
+                argv = [*command_argv(Command.SWITCH), "--device-id", str(k), "--no-p4", "-L", "warn", "--log-console", "--",
                         "--grpc-server-addr", addr]
             else:
                 argv = [sys.executable, "-c", STAND_IN, str(k), addr]
@@ -82,7 +83,7 @@ class Bench:
         return proc
 
     def start_controller(self, *extra: str, wait: bool = True, listen: str | None = None) -> Process:
-        argv = ["ina-controller", "--topology", str(self.topology), "--db", str(self.db),
+        argv = [*command_argv(Command.CONTROLLER), "--topology", str(self.topology), "--db", str(self.db),
                 "--listen", listen or self.listen, "--heartbeat-timeout", "0", "--log-level", "info", *extra]
         proc = self.track(Process(argv, self.tmp / f"controller-{len(self.procs)}.log"))
         if wait:
@@ -171,7 +172,7 @@ def test_admission_installs_the_exact_entries_in_the_switch_process(bench):
     assert g.generation != b.generation
     assert bench.switch_jobs()["jobs"] == {b.job_id: (0, 16, 0b11, 2, b.job_id + 1, g.generation)}
     # inactl against the daemon
-    out = subprocess.run(["inactl", "--controller", bench.listen, "memory", "--json"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run([*command_argv(Command.CTL), "--controller", bench.listen, "memory", "--json"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and json.loads(out.stdout)["switches"][0]["used"] == 16
 
 

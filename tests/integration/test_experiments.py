@@ -19,12 +19,12 @@ import pytest
 pytest.importorskip("mininet")
 
 from simulator.calibration import load_calibration  # noqa: E402
+from inaproto.commands import REPO, Command, command_argv
 from topologies import state as run_state  # noqa: E402
 from topologies.cleanup import root_interfaces  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
-BESIDE = Path(sys.executable).parent / "ina-exp"
-INA_EXP = [str(BESIDE)] if BESIDE.exists() else [sys.executable, "-m", "topologies.runner"]
+INA_EXP = command_argv(Command.EXP)
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -86,12 +86,14 @@ def results_of(out: Path, name: str) -> tuple[Path, dict]:
 @pytest.mark.parametrize("name", ["allreduce", "hetero", "multijob", "loss"])
 def test_tiny_configuration_runs_end_to_end(name, tmp_path):
     ports_before = unowned_ports()
-    proc = subprocess.Popen([*INA_EXP, "run", name, "--tiny", "--out", str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    # As a user runs it: the default, relative results folder, from a folder that is not the checkout.
+    proc = subprocess.Popen([*INA_EXP, "run", name, "--tiny"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-3000:]
-    run_dir, doc = results_of(tmp_path, name)
+    run_dir, doc = results_of(tmp_path / "results", name)
     assert doc["status"] == "complete" and not doc["errors"], doc["errors"]
+    assert doc["stopped_after_results"] == []  # every agent exited by itself
     assert doc["config"] == doc["config"] | {}  # present, as the preset
     assert doc["options"]["size"] == "tiny" and doc["options"]["switch"] == "ina-switch"
     assert doc["rows"] and all(not r.get("error") for r in doc["rows"])
@@ -100,7 +102,7 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
     assert png.read_bytes()[:8] == PNG
     assert stdout.strip().splitlines()[-1] == f"plot: {png}"
     assert f"[{name} " in stderr  # progress lines
-    assert_nothing_left(tmp_path, proc.pid, ports_before)
+    assert_nothing_left(tmp_path / "results", proc.pid, ports_before)
 
     rows = doc["rows"]
     if name == "allreduce":
@@ -135,6 +137,20 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         # static allocation gives the 3x slower worker (worker 0) the smallest share
         split = train[("ratio 3:1", "static")]["final_batch"]
         assert split[0] == min(split) and sum(split) == doc["config"]["global_batch"]
+
+
+def test_relative_out_from_the_checkout_root(tmp_path):
+    """``--out`` relative to the checkout (where the README's commands run): every path handed to the
+    controller, switches and agents is absolute, so they find their files from their own working folders."""
+    out = Path(os.path.relpath(tmp_path / "res", REPO))
+    proc = subprocess.run([*INA_EXP, "run", "allreduce", "--tiny", "--no-calibrate", "--workers", "2",
+                           "--backends", "ina", "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir, doc = results_of(tmp_path / "res", "allreduce")
+    assert doc["status"] == "complete" and [r["exact"] for r in doc["rows"] if r["kind"] == "allreduce"] == [True]
+    topology = json.loads((run_dir / "runs" / "01-n2-star" / "controller-topology.json").read_text())
+    assert topology  # written where the controller read it
+    assert proc.stdout.strip().splitlines()[-1] == f"plot: {run_dir / 'allreduce.png'}"
 
 
 def test_ctrl_c_mid_run_stops_everything_and_keeps_the_measurements(tmp_path):

@@ -13,6 +13,7 @@ from controller.core import Controller, ControllerError, ControllerOptions
 from controller.p4entity import Schema
 from controller.testing import Harness, worker
 from controller.topology import Topology, read_runtime_json
+from inaproto.commands import REPO
 
 TOPO = {
     "hosts": {"h1": {"ip": "10.0.1.1/24", "mac": "08:00:00:00:01:11"}, "h2": {"ip": "10.0.2.2/24", "mac": "08:00:00:00:02:22"}},
@@ -33,7 +34,7 @@ def test_write_runtime_exports_tutorials_runtime_json(tmp_path):
     code, out, _ = run(["--topology", str(tmp_path / "topology.json"), "--write-runtime", str(tmp_path / "rt")])
     assert code == 0 and out.split() == [str(tmp_path / "rt" / "s1-runtime.json"), str(tmp_path / "rt" / "s2-runtime.json")]
     doc = json.loads((tmp_path / "rt" / "s2-runtime.json").read_text())
-    assert doc["target"] == "bmv2" and doc["bmv2_json"] == "build/ina.json"
+    assert doc["target"] == "bmv2" and doc["bmv2_json"] == str(REPO / "build" / "ina.json")  # absolute: the checkout's
     assert {"table": "MyIngress.ipv4_lpm", "match": {"hdr.ipv4.dstAddr": ["10.0.1.1", 32]},
             "action_name": "MyIngress.ipv4_forward", "action_params": {"dstAddr": "08:00:00:00:01:11", "port": 2}} in doc["table_entries"]
     entries, _ = read_runtime_json(tmp_path / "rt" / "s2-runtime.json", Schema.from_file("p4src/ina.p4info.txt"))

@@ -242,13 +242,17 @@ def test_p4runtime_shell_packet_out_and_in(switch, shell):
     assert port == wire.CPU_PORT
     switch.server.send_packet_in(out)
 
-    msgs = list(pin.sniff(timeout=1.0))
-    assert len(msgs) == 2
-    first, second = (m.packet for m in msgs)
-    md = {m.metadata_id: m.value for m in first.metadata}
-    assert md == {1: bytes([wire.CPU_PORT]), 2: b"\x00"} and first.payload == frame
-    md = {m.metadata_id: m.value for m in second.metadata}
-    assert md[1] == b"\x04" and second.payload == out[2:]
+    # The two packet-ins come from two sources (the stream's own packet-out path and the data plane): the
+    # server promises no order between them, so they are matched by their ingress-port metadata (id 1).
+    msgs = []
+    deadline = time.monotonic() + 10
+    while len(msgs) < 2 and time.monotonic() < deadline:
+        msgs += [m.packet for m in pin.sniff(timeout=0.1)]
+    by_port = {next(md.value for md in m.metadata if md.metadata_id == 1): m for m in msgs}
+    assert len(msgs) == 2 and set(by_port) == {bytes([wire.CPU_PORT]), b"\x04"}
+    from_cpu, from_lpm = by_port[bytes([wire.CPU_PORT])], by_port[b"\x04"]
+    assert {m.metadata_id: m.value for m in from_cpu.metadata} == {1: bytes([wire.CPU_PORT]), 2: b"\x00"}
+    assert from_cpu.payload == frame and from_lpm.payload == out[2:]
     assert switch.server.packets_in == 2
 
 

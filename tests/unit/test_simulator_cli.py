@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from controller.policies import POLICIES
+from inaproto.commands import Command, command_argv
 from simulator.cli import main
 from simulator.trace import read_trace
 
@@ -112,8 +113,6 @@ def test_policy_all_means_every_registered_policy(tmp_path):
 
 
 def test_console_script_usage_error_exits_nonzero():
-    exe = shutil.which("ina-sim")
-    cmd = [exe] if exe else [sys.executable, "-m", "simulator.cli"]
-    proc = subprocess.run([*cmd, "run"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([*command_argv(Command.SIM), "run"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("ina-sim run: error:")

@@ -181,6 +181,7 @@ class ResultStore:
             "summary": {},
             "files": {},
             "errors": [],
+            "stopped_after_results": [],  # agents the runner had to stop after they wrote results (should stay empty)
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.out_dir / "measurements.jsonl"
@@ -242,6 +243,11 @@ class RunContext:
         self.store.save()
         self.progress(f"FAILED: {text}")
 
+    def lingered(self, worker: str) -> None:
+        """Note an agent that wrote its results but had to be stopped (the runner's fallback fired)."""
+        self.store.doc["stopped_after_results"].append(worker)
+        self.store.save()
+
     def new_run_dir(self, label: str) -> Path:
         """A fresh testbed run directory ``runs/<nn>-<label>``."""
         self._run_count += 1
@@ -255,4 +261,4 @@ class RunContext:
 
         return Testbed(topo, run_dir=self.new_run_dir(label), target=self.options.switch,
                        log_level=self.options.log_level, agent_timeout=self.options.agent_timeout,
-                       progress=self.progress, **kwargs)
+                       progress=self.progress, on_linger=self.lingered, **kwargs)

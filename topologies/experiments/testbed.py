@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from inaproto.commands import REPO, Command, command_argv
 from topologies import state as run_state
 from topologies.experiments.base import ExperimentError
 from topologies.experiments.forward import LoopbackForward
 
 __all__ = ["AgentJob", "AgentFailure", "Testbed", "agent_command", "free_port", "REPO"]
 
-REPO = Path(__file__).resolve().parents[2]
 BMV2_PROGRAM = REPO / "build" / "ina.json"
 INA_UDP_BASE = 47100  # agents' UDP/TCP port (the switch's INA port is 47000)
 EXIT_GRACE = 15.0  # seconds an agent may take to exit after writing its results
@@ -48,16 +48,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _executable(name: str, module: str) -> list[str]:
-    """The console script beside this Python (not a pyenv shim), else ``python -m module``."""
-    beside = Path(sys.executable).parent / name
-    if beside.exists():
-        return [str(beside)]
-    return [sys.executable, "-m", module]
-
-
 def agent_command() -> list[str]:
-    return _executable("ina-agent", "host_agent.cli")
+    return command_argv(Command.AGENT)
 
 
 class AgentFailure(RuntimeError):
@@ -111,6 +103,7 @@ class Testbed:
         controller: start the controller (False: agents run ring-only, without one).
         agent_timeout: longest wait for one job's agents.
         progress: where progress lines go.
+        on_linger: called with "<job> worker <id>" when an agent had to be stopped after writing its results.
     """
 
     def __init__(
@@ -127,9 +120,10 @@ class Testbed:
         agent_timeout: float = 180.0,
         heartbeat_timeout: float = 15.0,
         progress: Callable[[str], None] | None = None,
+        on_linger: Callable[[str], None] | None = None,
     ) -> None:
         self.topo = topo
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).resolve()  # handed to child processes, which run elsewhere
         self.target = target
         self.switch_opts = dict(switch_opts or {})
         self.switch_opts.setdefault("log_level", log_level)
@@ -139,6 +133,7 @@ class Testbed:
         self.agent_timeout = agent_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.progress = progress or (lambda text: None)
+        self.on_linger = on_linger or (lambda worker: None)
         self.net = None
         self.controller: subprocess.Popen | None = None
         self.controller_port: int | None = None
@@ -237,7 +232,7 @@ class Testbed:
         log_path = self.run_dir / "logs" / f"controller-{k}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = [
-            *_executable("ina-controller", "controller.daemon"),
+            *command_argv(Command.CONTROLLER),
             "--topology", str(self.controller_topology(pool)), "--db", str(db), "--listen", self.controller_address,
             "--policy", self.policy, "--heartbeat-timeout", str(self.heartbeat_timeout), "--log-level", "warning",
         ]
@@ -438,6 +433,7 @@ class Testbed:
                             # stream finalizer at interpreter shutdown). Its work is done; stop it.
                             self._exited[p.pid] = now
                             self.lingered.append(f"{job.name} worker {wid}")
+                            self.on_linger(f"{job.name} worker {wid}")
                             self.progress(f"  {job.name} worker {wid} wrote its results but did not exit within "
                                           f"{EXIT_GRACE:g} s; stopping it")
                             _end(p)

@@ -232,7 +232,7 @@ def test_custom_file_registers_topologies_and_switches() -> None:
 def test_mn_custom_pingall(tmp_path: Path) -> None:
     switch = "inaswitch" + (f",executable={SWITCH_COMMAND}" if SWITCH_COMMAND else "")
     proc = subprocess.run(
-        ["mn", "--custom", str(CUSTOM), "--topo", "star,2", "--switch", switch, "--controller", "none", "--test", "pingall"],
+        [str(Path(sys.executable).parent / "mn"), "--custom", str(CUSTOM), "--topo", "star,2", "--switch", switch, "--controller", "none", "--test", "pingall"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, "INA_RUN_DIR": str(tmp_path / "run")},
     )
     assert "Results: 0% dropped (2/2 received)" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

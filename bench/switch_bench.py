@@ -30,7 +30,6 @@ import select
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -47,8 +46,6 @@ JOB_ID, GROUP = 1, 1
 SWITCH_MAC = bytes.fromhex("0200000000fe")
 SWITCH_IP = bytes([10, 0, 0, 254])
 RTO = 0.02
-_HDR = struct.Struct("!HIBB")  # slot, seq, worker_id, reserved|shadow at ina offset 6
-_SEQ = struct.Struct("!I")
 O_INA = wire.INA_OFFSET
 O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
 
@@ -88,18 +85,18 @@ def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, s
     else:
         total = sum(np.array(worker_lanes(i), dtype=np.int64) for i in range(workers))
         expected = total.astype(">i4").tobytes()
-    send, pack_into = sock.send, _HDR.pack_into
+    send, pack_into = sock.send, wire.HEADER.pack_into
+    gradient = int(wire.MsgType.GRADIENT)
 
     def send_chunk(c: int, flags: int = 0) -> None:
-        template[O_INA + 1] = flags
-        pack_into(template, O_INA + 6, c % window, c, wid, (c // window) & 1)
+        pack_into(template, O_INA, gradient, flags, JOB_ID, generation, c % window, c, wid, (c // window) & 1)
         send(template)
 
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     buf = bytearray(2048)
     view = memoryview(buf)
-    recv_into, unpack_from = sock.recv_into, _SEQ.unpack_from
+    recv_into, unpack_from = sock.recv_into, wire.HEADER.unpack_from
     in_flight = {}  # slot -> chunk
     print("ready", flush=True)
     start_at = float(sys.stdin.readline())
@@ -128,7 +125,7 @@ def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, s
                 break
             if n != wire.INA_FRAME_LEN:
                 continue
-            seq = unpack_from(buf, O_INA + 8)[0]
+            seq = unpack_from(buf, O_INA)[5]
             slot = seq % window
             if in_flight.get(slot) != seq:
                 continue  # a late duplicate

@@ -19,7 +19,6 @@ import heapq
 import logging
 import select
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -31,7 +30,7 @@ import numpy as np
 from host_agent.fixedpoint import join_split, split_chunks
 from host_agent.grant import Grant, Plan, Rack, Worker, plan_for
 from host_agent.ring import RingAllReduce, RingError, TcpRingLink
-from inaproto import wire
+from inaproto import rina_repair, wire
 
 __all__ = [
     "AgentError",
@@ -48,22 +47,12 @@ log = logging.getLogger("host_agent.stream")
 LANES = wire.LANES
 CHUNK_BYTES = wire.INA_DATA_LEN
 PAYLOAD = wire.INA_PAYLOAD_LEN
-_HDR = struct.Struct("!BBHHHIBB")  # wire.pack_header's layout; the last byte is reserved:7 | shadow:1
-assert _HDR.size == wire.INA_HEADER_LEN
+_HDR = wire.HEADER  # unpacks to (msg_type, flags, job_id, generation, slot, seq, worker_id, reserved:7 | shadow:1)
 GRADIENT, RESULT, BROADCAST = int(wire.MsgType.GRADIENT), int(wire.MsgType.RESULT), int(wire.MsgType.BROADCAST)
 F_RETRANSMIT, F_OVERFLOW = int(wire.Flags.RETRANSMIT), int(wire.Flags.OVERFLOW)
-_BE = np.dtype(">i4")
-# One INA packet (ina_t then ina_data_t) as a numpy record: a run's packets are built in one pass.
-_PACKET = np.dtype([("msg_type", "u1"), ("flags", "u1"), ("job_id", ">u2"), ("generation", ">u2"), ("slot", ">u2"),
-                    ("seq", ">u4"), ("worker_id", "u1"), ("last", "u1"), ("lanes", ">i4", (LANES,))])
-assert _PACKET.itemsize == PAYLOAD
-
-# Rina repair messages, worker -> representative, plain UDP to the representative's INA socket:
-# magic, job, generation, worker, cumulative ack (every chunk below it has its global result),
-# then an optional bitmap of missing chunks starting at the ack (bit i = chunk ack + i).
-_NACK = struct.Struct("!4sHHBxQ")
-_NACK_MAGIC = b"RNAK"
-_NACK_BITS = 8 * 256
+_BE = wire.LANES_DTYPE
+_PACKET = wire.PAYLOAD_DTYPE  # a run's packets are built in one pass
+_NACK, _NACK_MAGIC, _NACK_BITS = rina_repair.NACK, rina_repair.NACK_MAGIC, rina_repair.NACK_BITS
 _BOUND_SHIFT = 6  # ring overflow guard: each member adds ceil(max|x| / 64); see _ring_segment
 _BOUND_LIMIT = 1 << (31 - _BOUND_SHIFT)
 
@@ -666,7 +655,7 @@ class ChunkStream:
         rec["slot"] = rel % S
         rec["seq"] = (rel + base) & 0xFFFFFFFF
         rec["worker_id"] = wid
-        rec["last"] = (rel // S) & 1
+        rec["reserved_shadow"] = (rel // S) & 1
         rec["lanes"] = seg.contrib[i0:]
         pkts = memoryview(rec.tobytes())
         del rec, rel

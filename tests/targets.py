@@ -14,6 +14,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import raw
 
 from inaproto import wire
+from inaproto.scapy_layer import INA
 from softswitch.pipeline import InaPipeline
 
 SWITCH_MAC = "02:00:00:00:00:fe"
@@ -122,7 +123,7 @@ def gradient(
         Ether(src=worker.mac, dst=SWITCH_MAC)
         / IP(src=worker.ip, dst=SWITCH_IP)
         / UDP(sport=worker.udp_port, dport=wire.INA_UDP_PORT)
-        / wire.INA(
+        / INA(
             msg_type=msg_type, flags=flags, job_id=job_id, generation=generation, slot=slot, seq=seq,
             worker_id=worker.wid, shadow=shadow, lanes=[int(v) for v in lanes],
         )

@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from inaproto import wire  # noqa: E402
+from inaproto.job_entries import JobEntries, WorkerAddress, job_entries  # noqa: E402
 
 JOB_ID, GROUP = 1, 1
 SWITCH_MAC = bytes.fromhex("0200000000fe")
@@ -188,12 +189,17 @@ def _machine_jiffies() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
+def _job_entries(n: int, window: int, generation: int) -> JobEntries:
+    workers = [WorkerAddress(i, i + 1, worker_mac(i), worker_ip(i), 40000 + i) for i in range(n)]
+    return job_entries(JOB_ID, workers, base_slot=0, num_slots=window, generation=generation, mcast_grp=GROUP)
+
+
 def _install_job(client, n: int, window: int) -> None:
-    client.insert_entry("MyIngress.ina_job", (JOB_ID,), "MyIngress.set_job", (0, window, (1 << n) - 1, n, GROUP, 0))
-    client.set_multicast_group(GROUP, [(i + 1, i) for i in range(n)])
-    for i in range(n):
-        client.insert_entry("MyEgress.ina_worker", (JOB_ID, i), "MyEgress.set_worker_addr",
-                            (int.from_bytes(worker_mac(i), "big"), int.from_bytes(worker_ip(i), "big"), 40000 + i))
+    entries = _job_entries(n, window, 0)
+    client.insert_entry(entries.job.table, entries.job.match, entries.job.action, entries.job.params)
+    client.set_multicast_group(entries.group.group_id, list(entries.group.replicas))
+    for e in entries.workers:
+        client.insert_entry(e.table, e.match, e.action, e.params)
 
 
 class Switch:
@@ -215,8 +221,8 @@ class Switch:
 
     def next_generation(self) -> int:
         self.generation += 1
-        self.client.modify_entry("MyIngress.ina_job", (JOB_ID,), "MyIngress.set_job",
-                                 (0, self.window, (1 << self.n) - 1, self.n, GROUP, self.generation))
+        job = _job_entries(self.n, self.window, self.generation).job
+        self.client.modify_entry(job.table, job.match, job.action, job.params)
         return self.generation
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ import grpc
 from controller import admission_pb2 as pb
 from controller import admission_pb2_grpc as pb_grpc
 from host_agent.grant import Grant, JobSpec
+from inaproto.backends import JobState
 from host_agent.stream import AgentError, AgentTimeout, StaleGeneration
 
 __all__ = ["AdmissionClient", "ControllerError", "JobWatcher"]
@@ -72,7 +73,7 @@ class AdmissionClient:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise _wrap("ListJobs", exc) from None
                 jobs = []
-            found = [j for j in jobs if j.name == name and j.state != "released"]
+            found = [j for j in jobs if j.name == name and j.state != JobState.RELEASED]
             if found:
                 if len(found) > 1:
                     log.warning("%d running jobs are called %r; joining the newest", len(found), name)

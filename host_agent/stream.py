@@ -31,6 +31,7 @@ from host_agent.fixedpoint import join_split, split_chunks
 from host_agent.grant import Grant, Plan, Rack, Worker, plan_for
 from host_agent.ring import RingAllReduce, RingError, TcpRingLink
 from inaproto import rina_repair, wire
+from inaproto.backends import Backend, BackendChoice
 
 __all__ = [
     "AgentError",
@@ -277,7 +278,7 @@ class ChunkStream:
         sock: socket.socket,
         listener: socket.socket,
         grant: Grant,
-        backend: str = "auto",
+        backend: BackendChoice = BackendChoice.AUTO,
         sync: Callable[[int, int], int] | None = None,
         options: StreamOptions = StreamOptions(),
         addresses: Mapping[str, tuple[str, int]] | None = None,
@@ -420,7 +421,7 @@ class ChunkStream:
                 except BaseException as exc:
                     self._broken = exc
                     log.warning("worker %d: replay while idle failed: %s", self.worker_id, exc)
-            elif self._plan.kind == "rina":
+            elif self._plan.kind == Backend.RINA:
                 self._drain_idle()
         finally:
             self._lock.release()
@@ -429,7 +430,7 @@ class ChunkStream:
         """Rina representative at the end: answer repair requests until the rack has acknowledged everything."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            if self._plan.kind != "rina" or not self._plan.is_representative(self.worker_id):
+            if self._plan.kind != Backend.RINA or not self._plan.is_representative(self.worker_id):
                 return
             end = self.first_missing()
             rack = self._plan.rack_of(self.worker_id)
@@ -588,12 +589,12 @@ class ChunkStream:
 
     def _run_segment(self, seg: _Segment, i0: int) -> None:
         plan = self._plan
-        if plan.kind == "ring":
+        if plan.kind == Backend.RING:
             self._lag = max(self._lag, seg.K - i0)
             self._ring_segment(seg, i0, plan.ring, seg.contrib[i0:], None, rina=False)
             return
         rack = plan.rack_of(self.worker_id)
-        if plan.kind == "ina":
+        if plan.kind == Backend.INA:
             self._lag = max(self._lag, rack.num_slots)
             self._ina_window(seg, i0, rack, "final")
             return

@@ -5,7 +5,6 @@ The same tests run against the in-process model (``model``), the ``ina-switch`` 
 """
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,6 +13,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import raw
 
 from inaproto import wire
+from inaproto.job_entries import WorkerAddress, job_entries
 from inaproto.scapy_layer import INA
 from softswitch.pipeline import InaPipeline
 
@@ -92,18 +92,13 @@ def install_job(
     target: Target, job_id: int, workers: list[Worker], base: int, num_slots: int, generation: int = 0, mcast_grp: int | None = None
 ) -> int:
     """The table entries and multicast group the controller writes for one job; returns the group id."""
-    grp = mcast_grp if mcast_grp is not None else job_id + 1
-    mask = sum(1 << w.wid for w in workers)
-    target.insert_entry("MyIngress.ina_job", (job_id,), "MyIngress.set_job", (base, num_slots, mask, len(workers), grp, generation))
-    target.set_multicast_group(grp, [(w.port, w.wid) for w in workers])
-    for w in workers:
-        target.insert_entry(
-            "MyEgress.ina_worker",
-            (job_id, w.wid),
-            "MyEgress.set_worker_addr",
-            (int(w.mac.replace(":", ""), 16), int(ipaddress.IPv4Address(w.ip)), w.udp_port),
-        )
-    return grp
+    entries = job_entries(job_id, [WorkerAddress(w.wid, w.port, w.mac, w.ip, w.udp_port) for w in workers],
+                          base_slot=base, num_slots=num_slots, generation=generation, mcast_grp=mcast_grp)
+    target.insert_entry(entries.job.table, entries.job.match, entries.job.action, entries.job.params)
+    target.set_multicast_group(entries.group.group_id, list(entries.group.replicas))
+    for e in entries.workers:
+        target.insert_entry(e.table, e.match, e.action, e.params)
+    return entries.group.group_id
 
 
 def gradient(

@@ -21,10 +21,11 @@ from typing import Mapping
 
 import numpy as np
 
-from host_agent.control import AdmissionClient, ControllerError, JobWatcher
+from host_agent.control import AdmissionClient, JobWatcher
+from host_agent.errors import AgentError, AgentTimeout, ControllerError, JobReleased
 from host_agent.fixedpoint import dequantize, quantize_chunks, to_chunks
 from host_agent.grant import Grant, JobSpec, Plan
-from host_agent.stream import AgentError, AgentTimeout, ChunkStream, JobReleased, StreamOptions, StreamStats
+from host_agent.stream import ChunkStream, StreamOptions, StreamStats
 from inaproto import wire
 from inaproto.backends import BackendChoice
 

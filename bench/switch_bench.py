@@ -194,14 +194,6 @@ def _job_entries(n: int, window: int, generation: int) -> JobEntries:
     return job_entries(JOB_ID, workers, base_slot=0, num_slots=window, generation=generation, mcast_grp=GROUP)
 
 
-def _install_job(client, n: int, window: int) -> None:
-    entries = _job_entries(n, window, 0)
-    client.insert_entry(entries.job.table, entries.job.match, entries.job.action, entries.job.params)
-    client.set_multicast_group(entries.group.group_id, list(entries.group.replicas))
-    for e in entries.workers:
-        client.insert_entry(e.table, e.match, e.action, e.params)
-
-
 class Switch:
     """ina-switch in the switch namespace with one job of n workers (started for one run: it must not be
     running while the echo is, since it would read every frame too)."""
@@ -214,7 +206,7 @@ class Switch:
         self.process = SwitchProcess(net, log_dir, core_args=["-L", "warn"])
         try:
             self.client = P4RuntimeTestClient(self.process.address, self.process.device_id, 1, device_config=b"")
-            _install_job(self.client, n, window)
+            _job_entries(n, window, 0).insert_into(self.client)
         except BaseException:
             self.process.stop()
             raise

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import ClassVar, Iterable
+from typing import Any, ClassVar, Iterable
 
 __all__ = ["MCAST_OFFSET", "JobEntries", "JobEntry", "JobGroup", "WorkerAddress", "WorkerEntry", "job_entries",
            "job_group"]
@@ -95,6 +95,14 @@ class JobEntries:
     job: JobEntry
     workers: tuple[WorkerEntry, ...]
     group: JobGroup
+
+    def insert_into(self, target: Any) -> None:
+        """Insert everything into a fresh ``target`` that has ``insert_entry(table, match, action, params)`` and
+        ``set_multicast_group(group, replicas)`` (the pipeline model, the test P4Runtime client, test targets)."""
+        target.insert_entry(self.job.table, self.job.match, self.job.action, self.job.params)
+        target.set_multicast_group(self.group.group_id, list(self.group.replicas))
+        for e in self.workers:
+            target.insert_entry(e.table, e.match, e.action, e.params)
 
 
 def _mac(mac: str | bytes | int) -> int:

@@ -40,10 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ips = [ipaddress.IPv4Address(f"10.0.1.{i + 1}").packed for i in range(k)]
     entries = job_entries(job_id, [WorkerAddress(i, i + 1, macs[i], ips[i], 40000 + i) for i in range(k)],
                           base_slot=0, num_slots=args.slots, generation=0, mcast_grp=group)
-    switch.insert_entry(entries.job.table, entries.job.match, entries.job.action, entries.job.params)
-    switch.set_multicast_group(entries.group.group_id, list(entries.group.replicas))
-    for e in entries.workers:
-        switch.insert_entry(e.table, e.match, e.action, e.params)
+    entries.insert_into(switch)
 
     rng = np.random.default_rng(0)
     grads = rng.normal(0, 1, size=(k, args.elements)).astype(np.float32)

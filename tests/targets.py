@@ -94,10 +94,7 @@ def install_job(
     """The table entries and multicast group the controller writes for one job; returns the group id."""
     entries = job_entries(job_id, [WorkerAddress(w.wid, w.port, w.mac, w.ip, w.udp_port) for w in workers],
                           base_slot=base, num_slots=num_slots, generation=generation, mcast_grp=mcast_grp)
-    target.insert_entry(entries.job.table, entries.job.match, entries.job.action, entries.job.params)
-    target.set_multicast_group(entries.group.group_id, list(entries.group.replicas))
-    for e in entries.workers:
-        target.insert_entry(e.table, e.match, e.action, e.params)
+    entries.insert_into(target)
     return entries.group.group_id
 
 

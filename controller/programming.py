@@ -99,8 +99,12 @@ class SwitchProgrammer:
                 sw.apply(before, after, self.tables(name))
             except SwitchError as exc:
                 for back in done:
+                    back_sw = self.switches.get(back)  # the monitor thread may have dropped a lost session meanwhile
+                    if back_sw is None:
+                        log.error("%s: could not put back the previous state: not connected (reconciled on reconnect)", back)
+                        continue
                     try:
-                        self.switches[back].reconcile(self.expected(back, old), self.tables(back))
+                        back_sw.reconcile(self.expected(back, old), self.tables(back))
                     except SwitchError as exc2:
                         log.error("%s: could not put back the previous state: %s", back, exc2)
                 code = grpc.StatusCode.UNAVAILABLE

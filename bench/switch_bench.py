@@ -30,7 +30,6 @@ import select
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -42,13 +41,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from inaproto import wire  # noqa: E402
+from inaproto.job_entries import JobEntries, WorkerAddress, job_entries  # noqa: E402
 
 JOB_ID, GROUP = 1, 1
 SWITCH_MAC = bytes.fromhex("0200000000fe")
 SWITCH_IP = bytes([10, 0, 0, 254])
 RTO = 0.02
-_HDR = struct.Struct("!HIBB")  # slot, seq, worker_id, reserved|shadow at ina offset 6
-_SEQ = struct.Struct("!I")
 O_INA = wire.INA_OFFSET
 O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
 
@@ -88,18 +86,18 @@ def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, s
     else:
         total = sum(np.array(worker_lanes(i), dtype=np.int64) for i in range(workers))
         expected = total.astype(">i4").tobytes()
-    send, pack_into = sock.send, _HDR.pack_into
+    send, pack_into = sock.send, wire.HEADER.pack_into
+    gradient = int(wire.MsgType.GRADIENT)
 
     def send_chunk(c: int, flags: int = 0) -> None:
-        template[O_INA + 1] = flags
-        pack_into(template, O_INA + 6, c % window, c, wid, (c // window) & 1)
+        pack_into(template, O_INA, gradient, flags, JOB_ID, generation, c % window, c, wid, (c // window) & 1)
         send(template)
 
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     buf = bytearray(2048)
     view = memoryview(buf)
-    recv_into, unpack_from = sock.recv_into, _SEQ.unpack_from
+    recv_into, unpack_from = sock.recv_into, wire.HEADER.unpack_from
     in_flight = {}  # slot -> chunk
     print("ready", flush=True)
     start_at = float(sys.stdin.readline())
@@ -128,7 +126,7 @@ def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, s
                 break
             if n != wire.INA_FRAME_LEN:
                 continue
-            seq = unpack_from(buf, O_INA + 8)[0]
+            seq = unpack_from(buf, O_INA)[5]
             slot = seq % window
             if in_flight.get(slot) != seq:
                 continue  # a late duplicate
@@ -191,12 +189,9 @@ def _machine_jiffies() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
-def _install_job(client, n: int, window: int) -> None:
-    client.insert_entry("MyIngress.ina_job", (JOB_ID,), "MyIngress.set_job", (0, window, (1 << n) - 1, n, GROUP, 0))
-    client.set_multicast_group(GROUP, [(i + 1, i) for i in range(n)])
-    for i in range(n):
-        client.insert_entry("MyEgress.ina_worker", (JOB_ID, i), "MyEgress.set_worker_addr",
-                            (int.from_bytes(worker_mac(i), "big"), int.from_bytes(worker_ip(i), "big"), 40000 + i))
+def _job_entries(n: int, window: int, generation: int) -> JobEntries:
+    workers = [WorkerAddress(i, i + 1, worker_mac(i), worker_ip(i), 40000 + i) for i in range(n)]
+    return job_entries(JOB_ID, workers, base_slot=0, num_slots=window, generation=generation, mcast_grp=GROUP)
 
 
 class Switch:
@@ -211,15 +206,15 @@ class Switch:
         self.process = SwitchProcess(net, log_dir, core_args=["-L", "warn"])
         try:
             self.client = P4RuntimeTestClient(self.process.address, self.process.device_id, 1, device_config=b"")
-            _install_job(self.client, n, window)
+            _job_entries(n, window, 0).insert_into(self.client)
         except BaseException:
             self.process.stop()
             raise
 
     def next_generation(self) -> int:
         self.generation += 1
-        self.client.modify_entry("MyIngress.ina_job", (JOB_ID,), "MyIngress.set_job",
-                                 (0, self.window, (1 << self.n) - 1, self.n, GROUP, self.generation))
+        job = _job_entries(self.n, self.window, self.generation).job
+        self.client.modify_entry(job.table, job.match, job.action, job.params)
         return self.generation
 
     def close(self) -> None:

@@ -19,26 +19,31 @@ workers). A job's entries are deleted only when it is released.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import grpc
 
 from controller import admission_pb2 as pb
+from controller.barrier import GenerationBarriers
+from controller.errors import ControllerError
 from controller.memory import allocate_pools, memory_view
-from controller.p4entity import MulticastGroup, Schema, TableEntry
+from controller.p4entity import Schema
 from controller.policies import POLICIES, AllocationPolicy, JobDemand, SlotRange, make_policy
 from controller.store import Job, Store
-from controller.switch import Switch, SwitchError, SwitchOptions, SwitchState
+from controller.programming import FIRST_JOB_ID, SwitchProgrammer
+from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import Topology
+from controller.validation import validate_registration
 from inaproto import wire
+from inaproto.backends import Backend, JobState
+from inaproto.job_entries import JobEntry, job_group
 
 __all__ = ["ControllerOptions", "ControllerError", "Controller", "Subscription", "DEFAULT_SCALE"]
 
@@ -46,11 +51,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SCALE = 2.0**16  # fixed point: int32 = round(float32 * scale)
 MAX_GENERATION = 0xFFFF  # bit<16>; generations cycle 1..65535 (0 is never handed out)
-FIRST_JOB_ID = 1  # job ids 1..MAX_JOBS-1; 0 stays unused so that an unset job_id is never a job
-MCAST_OFFSET = 1  # a job's multicast group on every switch: job_id + 1
-T_JOB = "MyIngress.ina_job"
-T_WORKER = "MyEgress.ina_worker"
-T_LPM = "MyIngress.ipv4_lpm"
 DROP_NAMES = {r.value: r.name.lower() for r in wire.DropReason}
 # Reasons counted per job in ina_job_drops (the others happen before a job is known).
 JOB_DROPS = (wire.DropReason.SLOT_OUT_OF_RANGE, wire.DropReason.FOREIGN_WORKER,
@@ -72,15 +72,6 @@ class ControllerOptions:
     monitor_interval: float = 0.5  # heartbeat reaping and switch health checks
 
 
-class ControllerError(Exception):
-    """A request the controller refuses: a gRPC status code and one readable line."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 class Subscription:
     """One WatchJob stream: AllocationEvents in a queue; None after close()."""
 
@@ -98,13 +89,6 @@ class Subscription:
         if not self.closed:
             self.closed = True
             self.events.put(None)
-
-
-@dataclass
-class _Barrier:
-    generation: int
-    reports: dict[int, int] = field(default_factory=dict)  # worker_id -> first missing chunk
-    resume: int | None = None
 
 
 class Controller:
@@ -125,7 +109,7 @@ class Controller:
         self._cv = threading.Condition(self._lock)
         self.store: Store | None = None
         self.switches: dict[str, Switch] = {}
-        self._forwarding: dict[str, tuple[list[TableEntry], list[MulticastGroup]]] = {}
+        self.programmer = SwitchProgrammer(topology, self.switches)
         self._jobs: dict[int, Job] = {}
         self._policy_name = options.policy
         self._policy: AllocationPolicy = make_policy(options.policy)
@@ -134,7 +118,7 @@ class Controller:
         self._next_seq = 1
         self._heartbeats: dict[int, float] = {}  # job_id -> time.time() of the last heartbeat
         self._subs: dict[int, set[Subscription]] = {}
-        self._barriers: dict[int, _Barrier] = {}
+        self._barriers = GenerationBarriers(self._cv)
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         self._running = False
@@ -145,7 +129,7 @@ class Controller:
     # ================================================================================================
     @property
     def ina_switches(self) -> list[str]:
-        return [name for name, info in self.topology.switches.items() if info.ina]
+        return self.programmer.ina_switches
 
     def start(self) -> None:
         """Load the database, become primary on every INA switch, push the pipeline if needed,
@@ -173,13 +157,12 @@ class Controller:
         self._next_seq = max((j.seq for j in jobs), default=0) + 1
         for job_id, (generation, resume) in self.store.load_barriers().items():
             if job_id in self._jobs and self._jobs[job_id].generation == generation:
-                self._barriers[job_id] = _Barrier(generation, resume=resume)
+                self._barriers.restore(job_id, generation, resume)
         if jobs:
             log.info("loaded %d job(s) from %s", len(jobs), self.options.db_path)
         try:
             for name in self.ina_switches:
-                self._forwarding[name] = self.topology.forwarding(name, self.schema)
-                self._check_groups(name)
+                self.programmer.load_forwarding(name, self.schema)
             lost: set[int] = set()
             for name in self.ina_switches:
                 # With no job to keep, start the switches clean: a pushed pipeline also clears the registers,
@@ -201,15 +184,6 @@ class Controller:
             raise
         self._monitor = threading.Thread(target=self._monitor_loop, name="controller-monitor", daemon=True)
         self._monitor.start()
-
-    def _check_groups(self, name: str) -> None:
-        lo, hi = FIRST_JOB_ID + MCAST_OFFSET, wire.MAX_JOBS - 1 + MCAST_OFFSET
-        for g in self._forwarding[name][1]:
-            if lo <= g.group_id <= hi:
-                raise ControllerError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"switch {name}: multicast group {g.group_id} of its runtime JSON collides with job groups {lo}..{hi}",
-                )
 
     def _bring_up(self, name: str, force_push: bool = False) -> set[int]:
         """Connect (primary or fail), push the pipeline if the switch does not run it, reconcile.
@@ -240,14 +214,14 @@ class Controller:
             if pushed:
                 log.info("%s: pipeline pushed", name)
             with self._lock:
-                report = sw.reconcile(self._expected(name, self._jobs), self._tables(name))
+                report = self.programmer.reconcile(name, self._jobs, sw)
                 log.info("%s: reconciled (%s)", name, report)
                 held = {j.job_id for j in self._jobs.values() if j.range_on(name) is not None}
                 if pushed:
                     lost = held
                 else:
                     repaired = {e.match[0] for e in report.inserted + report.modified
-                                if getattr(e, "table", None) == "MyIngress.ina_job" and e.match}
+                                if getattr(e, "table", None) == JobEntry.table and e.match}
                     lost = held & repaired
         except BaseException:
             sw.close()
@@ -321,65 +295,6 @@ class Controller:
     # ================================================================================================
     # switch state
     # ================================================================================================
-    def _tables(self, switch: str) -> list[str]:
-        """Tables the controller owns on `switch`, in write order (entries may use what precedes them)."""
-        tables = []
-        for e in self._forwarding.get(switch, ([], []))[0]:
-            if e.table not in tables and e.table not in (T_WORKER, T_JOB):
-                tables.append(e.table)
-        if self.topology.manages_forwarding and T_LPM not in tables:
-            tables.insert(0, T_LPM)
-        return tables + [T_WORKER, T_JOB]
-
-    def _expected(self, switch: str, jobs: dict[int, Job]) -> SwitchState:
-        """What `switch` must hold for `jobs`: forwarding entries, then per job its worker entries,
-        multicast group and job entry (num_slots 0 when the job has no slots there)."""
-        entries, groups = self._forwarding.get(switch, ([], []))
-        entries, groups = list(entries), list(groups)
-        for job in jobs.values():
-            workers = job.workers_on(switch)
-            if not workers:
-                continue
-            rng = job.range_on(switch)
-            grp = job.job_id + MCAST_OFFSET
-            mask = sum(1 << w for w, _ in workers)
-            entries.append(
-                TableEntry(T_JOB, (job.job_id,), "MyIngress.set_job",
-                           (rng.base if rng else 0, rng.size if rng else 0, mask, len(workers), grp, job.generation))
-            )
-            by_id = {w.worker_id: w for w in job.request.workers}
-            for wid, _ in workers:
-                w = by_id[wid]
-                entries.append(
-                    TableEntry(T_WORKER, (job.job_id, wid), "MyEgress.set_worker_addr",
-                               (int(w.mac.replace(":", ""), 16), int(ipaddress.IPv4Address(w.ip)), w.udp_port))
-                )
-            groups.append(MulticastGroup(grp, tuple((port, wid) for wid, port in workers)))
-        return SwitchState.of(entries, groups)
-
-    def _write_switches(self, old: dict[int, Job], new: dict[int, Job]) -> None:
-        """Bring every INA switch from `old`'s expected state to `new`'s; on failure put back what was
-        written and raise UNAVAILABLE."""
-        done: list[str] = []
-        for name in self.ina_switches:
-            before, after = self._expected(name, old), self._expected(name, new)
-            if before.entries == after.entries and before.groups == after.groups:
-                continue
-            sw = self.switches.get(name)
-            try:
-                if sw is None:
-                    raise SwitchError(name, "write", grpc.StatusCode.UNAVAILABLE, "not connected")
-                done.append(name)
-                sw.apply(before, after, self._tables(name))
-            except SwitchError as exc:
-                for back in done:
-                    try:
-                        self.switches[back].reconcile(self._expected(back, old), self._tables(back))
-                    except SwitchError as exc2:
-                        log.error("%s: could not put back the previous state: %s", back, exc2)
-                code = grpc.StatusCode.UNAVAILABLE
-                raise ControllerError(code, f"switch write failed, nothing applied: {exc}") from None
-
     def reconcile(self) -> dict[str, str]:
         """Read back every INA switch and repair differences from the stored state."""
         with self._lock:
@@ -389,7 +304,7 @@ class Controller:
                 if sw is None:
                     out[name] = "not connected"
                     continue
-                out[name] = str(sw.reconcile(self._expected(name, self._jobs), self._tables(name)))
+                out[name] = str(self.programmer.reconcile(name, self._jobs))
             return out
 
     # ================================================================================================
@@ -439,7 +354,7 @@ class Controller:
             generation, counter = counter, counter % MAX_GENERATION + 1
             held = {sw: r for sw, r in ranges.items() if r is not None}
             multi = len(job.switches()) > 1
-            backend = ("rina" if multi else "ina") if held else "ring"
+            backend = (Backend.RINA if multi else Backend.INA) if held else Backend.RING
             old_total = sum(r.size for _, r in job.ranges if r is not None)
             new_total = sum(r.size for r in held.values())
             if held:
@@ -467,7 +382,7 @@ class Controller:
         changed = [j for jid, j in new.items() if old.get(jid) is not j]
         if not changed and not deleted and not meta and counter == self._next_generation:
             return
-        self._write_switches(old, new)
+        self.programmer.write(old, new)
         all_meta = {"next_generation": str(counter), "next_job_id": str(self._next_job_id)}
         all_meta.update(meta or {})
         self.store.save(changed, deleted, all_meta)
@@ -482,7 +397,7 @@ class Controller:
             self._publish(job_id, pb.AllocationEvent(grant=self._grant(old[job_id]), released=True))
             for s in self._subs.pop(job_id, set()):
                 s.close()
-            self._barriers.pop(job_id, None)
+            self._barriers.discard(job_id)
             self._heartbeats.pop(job_id, None)
         self._cv.notify_all()
 
@@ -497,7 +412,7 @@ class Controller:
         g = pb.JobGrant(
             job_id=job.job_id,
             generation=job.generation,
-            backend=job.backend,
+            backend=str(job.backend),
             scale=self.options.scale,
             ina_port=wire.INA_UDP_PORT,
             lanes=wire.LANES,
@@ -513,7 +428,7 @@ class Controller:
                     switch_mac=info.switch_mac if info.ina else "",
                     base_slot=rng.base if rng else 0,
                     num_slots=rng.size if rng else 0,
-                    mcast_grp=job.job_id + MCAST_OFFSET if info.ina else 0,
+                    mcast_grp=job_group(job.job_id) if info.ina else 0,
                     worker_ids=[w for w, _ in job.workers_on(sw)],
                     rack=info.rack,
                 )
@@ -524,7 +439,7 @@ class Controller:
         return pb.JobInfo(
             job_id=job.job_id,
             name=job.request.name,
-            state="running" if job.backend != "ring" else "waiting",
+            state=str(JobState.RUNNING if job.backend != Backend.RING else JobState.WAITING),
             grant=self._grant(job),
             request=job.request,
             registered_at=job.registered_at,
@@ -544,83 +459,6 @@ class Controller:
     # ================================================================================================
     # agents
     # ================================================================================================
-    def _validate(self, req: pb.RegisterJobRequest) -> tuple[pb.RegisterJobRequest, tuple[tuple[int, str, int], ...]]:
-        """Check a registration completely before anything changes; fill ip/mac from the topology."""
-
-        def bad(msg: str) -> ControllerError:
-            return ControllerError(grpc.StatusCode.INVALID_ARGUMENT, msg)
-
-        if not req.workers:
-            raise bad("a job needs at least one worker")
-        if len(req.workers) > wire.MAX_WORKERS:
-            raise bad(f"{len(req.workers)} workers: the worker bitmap holds at most {wire.MAX_WORKERS}")
-        if req.tensor_elements < 1:
-            raise bad("tensor_elements must be at least 1")
-        if req.requested_slots > wire.NUM_SLOTS:
-            raise bad(f"requested_slots {req.requested_slots} exceeds the switch pool of {wire.NUM_SLOTS} slots")
-        if req.min_slots > wire.NUM_SLOTS:
-            raise bad(f"min_slots {req.min_slots} exceeds the switch pool of {wire.NUM_SLOTS} slots")
-        if req.requested_slots and req.min_slots > req.requested_slots:
-            raise bad(f"min_slots {req.min_slots} is larger than requested_slots {req.requested_slots}")
-        if not (math.isfinite(req.weight) and req.weight >= 0):
-            raise bad(f"weight {req.weight} must be a finite number >= 0")
-        if len(req.name) > 200:
-            raise bad("name is longer than 200 characters")
-        out = pb.RegisterJobRequest()
-        out.CopyFrom(req)
-        placement = []
-        seen_ids: set[int] = set()
-        seen_addrs: set[tuple[str, int]] = set()
-        for w in out.workers:
-            if w.worker_id >= wire.MAX_WORKERS:
-                raise bad(f"worker_id {w.worker_id} is beyond the {wire.MAX_WORKERS}-bit worker bitmap (0..{wire.MAX_WORKERS - 1})")
-            if w.worker_id in seen_ids:
-                raise bad(f"worker_id {w.worker_id} appears twice")
-            seen_ids.add(w.worker_id)
-            if not w.host:  # an agent that knows only its address: find its host in the topology
-                w.host = next((h.name for h in self.topology.hosts.values() if w.ip and h.ip == w.ip), "")
-            if not w.host:
-                raise bad(
-                    f"worker {w.worker_id}: host is empty and ip {w.ip!r} is no topology host's "
-                    "(name a topology host like h1, or a switch port like s1-p3)"
-                )
-            try:
-                switch, port = self.topology.locate(w.host)
-            except ValueError as exc:
-                raise bad(f"worker {w.worker_id}: {exc}") from None
-            host = self.topology.hosts.get(w.host)
-            if not w.ip and host is not None:
-                w.ip = host.ip
-            if not w.mac and host is not None:
-                w.mac = host.mac
-            try:
-                ipaddress.IPv4Address(w.ip)
-            except ValueError:
-                raise bad(f"worker {w.worker_id}: ip {w.ip!r} is not an IPv4 address") from None
-            parts = w.mac.split(":")
-            if len(parts) != 6 or not all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts):
-                raise bad(f"worker {w.worker_id}: mac {w.mac!r} is not a MAC address")
-            w.mac = w.mac.lower()
-            if not 1 <= w.udp_port <= 65535:
-                raise bad(f"worker {w.worker_id}: udp_port {w.udp_port} is not a port number")
-            if w.udp_port == wire.INA_UDP_PORT:
-                raise bad(f"worker {w.worker_id}: udp_port {w.udp_port} is the INA port: results sent to it would "
-                          "be taken for gradients by every switch on the way")
-            if (w.ip, w.udp_port) in seen_addrs:
-                raise bad(f"worker {w.worker_id}: address {w.ip}:{w.udp_port} is used by another worker of the job")
-            seen_addrs.add((w.ip, w.udp_port))
-            placement.append((w.worker_id, switch, port))
-        for job in self._jobs.values():
-            if out.name and job.request.name == out.name:
-                raise ControllerError(grpc.StatusCode.ALREADY_EXISTS, f"a job named {out.name!r} is already registered (job {job.job_id})")
-            for w in job.request.workers:
-                if (w.ip, w.udp_port) in seen_addrs:
-                    raise ControllerError(
-                        grpc.StatusCode.ALREADY_EXISTS,
-                        f"worker address {w.ip}:{w.udp_port} is already registered by job {job.job_id}",
-                    )
-        return out, tuple(placement)
-
     def _free_job_id(self) -> int:
         n = wire.MAX_JOBS - FIRST_JOB_ID
         for i in range(n):
@@ -632,7 +470,7 @@ class Controller:
     def register(self, request: pb.RegisterJobRequest) -> pb.JobGrant:
         with self._lock:
             self._require_running()
-            req, placement = self._validate(request)
+            req, placement = validate_registration(request, self.topology, self._jobs.values())
             job_id = self._free_job_id()
             job = Job(job_id, self._next_seq, req, placement, time.time(), generation=0)
             jobs = dict(self._jobs)
@@ -704,37 +542,10 @@ class Controller:
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"job {job_id}: generation {generation} is not the current generation {job.generation}",
                 )
-            b = self._barriers.get(job_id)
-            if b is None or b.generation != generation:
-                b = self._barriers[job_id] = _Barrier(generation)
-            if b.resume is None:
-                b.reports[worker_id] = first_missing
-                if set(b.reports) >= set(job.worker_ids):
-                    resume = min(b.reports.values())
-                    self.store.save_barrier(job_id, generation, resume)
-                    b.resume = resume
-                    log.info("job %d: generation %d resumes at chunk %d", job_id, generation, b.resume)
-                    self._cv.notify_all()
-            while b.resume is None:
-                cur = self._jobs.get(job_id)
-                if not self._running:
-                    raise ControllerError(grpc.StatusCode.UNAVAILABLE, "controller is shutting down")
-                if cur is None:
-                    raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} was released")
-                if cur.generation != generation:
-                    raise ControllerError(
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"job {job_id}: generation {generation} was replaced by {cur.generation} while waiting",
-                    )
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    missing = sorted(set(cur.worker_ids) - set(b.reports))
-                    raise ControllerError(
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"job {job_id}: workers {missing} did not report for generation {generation} within {wait:g} s",
-                    )
-                self._cv.wait(left)
-            return b.resume
+            return self._barriers.sync(
+                job, worker_id, generation, first_missing, deadline=deadline, wait=wait, current=lambda j: self._jobs.get(j),
+                running=lambda: self._running, save=self.store.save_barrier,
+            )
 
     # ================================================================================================
     # operators

@@ -21,11 +21,13 @@ from typing import Mapping
 
 import numpy as np
 
-from host_agent.control import AdmissionClient, ControllerError, JobWatcher
+from host_agent.control import AdmissionClient, JobWatcher
+from host_agent.errors import AgentError, AgentTimeout, ControllerError, JobReleased
 from host_agent.fixedpoint import dequantize, quantize_chunks, to_chunks
 from host_agent.grant import Grant, JobSpec, Plan
-from host_agent.stream import AgentError, AgentTimeout, ChunkStream, JobReleased, StreamOptions, StreamStats
+from host_agent.stream import ChunkStream, StreamOptions, StreamStats
 from inaproto import wire
+from inaproto.backends import BackendChoice
 
 __all__ = [
     "Agent",
@@ -147,7 +149,7 @@ class Agent:
     def _join(self, controller: str | None, job_id: int | None) -> None:
         opts = self.options
         if controller is None:
-            if self.spec.backend not in ("ring", "auto"):
+            if self.spec.backend not in (BackendChoice.RING, BackendChoice.AUTO):
                 raise ValueError(f"backend {self.spec.backend!r} needs a controller; without one only 'ring' runs")
             self.job_id = job_id or 0
             grant = Grant.ring_only(self.job_id, scale=opts.scale)

@@ -24,9 +24,10 @@ from typing import Sequence
 
 import numpy as np
 
-from host_agent.grant import BACKENDS, JobSpec, parse_workers
+from host_agent.grant import JobSpec, parse_workers
 from host_agent.stream import StreamOptions
 from host_agent.train import ALLOCATIONS, TrainConfig
+from inaproto.backends import BackendChoice
 
 PROG = "ina-agent"
 
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         src.add_argument("--workers", help="IP:PORT[/MAC][@HOST],... of every worker; ids are positions (0, 1, ...)")
         src.add_argument("--job-file", help="JSON job description (name, backend, workers: see docs/agent.md)")
         job.add_argument("--job-name", help="job name, the rendezvous key at the controller (default: from the job file, else 'ina-job')")
-        job.add_argument("--backend", choices=BACKENDS, help="all-reduce backend (default: from the job file, else auto)")
+        job.add_argument("--backend", choices=list(BackendChoice), help="all-reduce backend (default: from the job file, else auto)")
         job.add_argument("--requested-slots", type=int, default=None, help="slots to ask for (0: what the policy gives)")
         p.add_argument("--worker-id", type=int, required=True, help="this worker's id")
         p.add_argument("--controller", help="admission service HOST:PORT; without it only --backend ring runs")
@@ -155,7 +156,7 @@ def _job_spec(args: argparse.Namespace) -> JobSpec:
         spec.worker(args.worker_id)
     except (ValueError, KeyError) as exc:
         raise UsageError(str(exc).strip("'\"")) from None
-    if args.controller is None and spec.backend not in ("ring", "auto"):
+    if args.controller is None and spec.backend not in (BackendChoice.RING, BackendChoice.AUTO):
         raise UsageError(f"--backend {spec.backend} needs --controller (without one only the ring runs)")
     return spec
 

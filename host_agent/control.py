@@ -1,6 +1,6 @@
 """The agent's client of the controller's admission service (controller/admission.proto).
 
-One error type, ``ControllerError``, wraps ``grpc.RpcError`` with its status code and details. The
+One error type, ``host_agent.errors.ControllerError``, wraps ``grpc.RpcError`` with its status code and details. The
 event stream (``WatchJob``) and the heartbeat run in ``JobWatcher``'s background threads, which hand
 grants and releases to a callback; everything else is a plain blocking call with a deadline.
 """
@@ -16,20 +16,12 @@ import grpc
 from controller import admission_pb2 as pb
 from controller import admission_pb2_grpc as pb_grpc
 from host_agent.grant import Grant, JobSpec
-from host_agent.stream import AgentError, AgentTimeout, StaleGeneration
+from inaproto.backends import JobState
+from host_agent.errors import AgentTimeout, ControllerError, StaleGeneration
 
 __all__ = ["AdmissionClient", "ControllerError", "JobWatcher"]
 
 log = logging.getLogger("host_agent.control")
-
-
-class ControllerError(AgentError):
-    """A call to the controller failed; ``code`` is the gRPC status code (None if not from gRPC)."""
-
-    def __init__(self, message: str, code: grpc.StatusCode | None = None, details: str = ""):
-        super().__init__(message)
-        self.code = code
-        self.details = details
 
 
 def _wrap(what: str, exc: grpc.RpcError) -> ControllerError:
@@ -48,13 +40,6 @@ class AdmissionClient:
         self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.AdmissionStub(self.channel)
 
-    def wait_ready(self, timeout: float) -> None:
-        try:
-            grpc.channel_ready_future(self.channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            raise ControllerError(f"controller at {self.address} did not answer within {timeout}s",
-                                  grpc.StatusCode.UNAVAILABLE) from None
-
     def register(self, spec: JobSpec) -> Grant:
         try:
             return Grant.from_proto(self.stub.RegisterJob(spec.register_request(), timeout=self.timeout))
@@ -72,7 +57,7 @@ class AdmissionClient:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                     raise _wrap("ListJobs", exc) from None
                 jobs = []
-            found = [j for j in jobs if j.name == name and j.state != "released"]
+            found = [j for j in jobs if j.name == name and j.state != JobState.RELEASED]
             if found:
                 if len(found) > 1:
                     log.warning("%d running jobs are called %r; joining the newest", len(found), name)
@@ -83,12 +68,6 @@ class AdmissionClient:
                                    "(the worker with the lowest id registers it)")
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
-
-    def get_grant(self, job_id: int) -> Grant:
-        try:
-            return Grant.from_proto(self.stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=self.timeout).grant)
-        except grpc.RpcError as exc:
-            raise _wrap(f"GetJob({job_id})", exc) from None
 
     def heartbeat(self, job_id: int, worker_id: int) -> int:
         try:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from inaproto import wire
+from inaproto.backends import Backend, BackendChoice
 
 __all__ = [
-    "BACKENDS",
     "Grant",
     "JobSpec",
     "Plan",
@@ -27,7 +27,13 @@ __all__ = [
     "plan_for",
 ]
 
-BACKENDS = ("auto", "ina", "ring", "rina")
+
+
+def _choice(value: str) -> BackendChoice:
+    try:
+        return BackendChoice(value)
+    except ValueError:
+        raise ValueError(f"backend must be one of {', '.join(BackendChoice)}, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -87,14 +93,14 @@ class JobSpec:
     """What every worker of a job is started with (the same on all of them).
 
     ``name`` is the rendezvous key: the worker with the lowest id registers the job, the others find
-    it by name (docs/agent.md, "Joining a job"). ``backend`` is one of ``BACKENDS``.
+    it by name (docs/agent.md, "Joining a job"). ``backend`` is a ``BackendChoice`` (a string is converted).
     ``tensor_elements`` (elements all-reduced per step) sizes the job at the controller: with
     ``requested_slots`` 0 it asks for ceil(tensor_elements / 32) slots, as many as the policy allows.
     """
 
     name: str
     workers: tuple[Worker, ...]
-    backend: str = "auto"
+    backend: BackendChoice = BackendChoice.AUTO
     tensor_elements: int = 1_000_000
     priority: int = 0
     requested_slots: int = 0
@@ -110,8 +116,7 @@ class JobSpec:
         ids = [w.worker_id for w in self.workers]
         if len(set(ids)) != len(ids):
             raise ValueError(f"job {self.name!r}: worker ids must be unique, got {ids}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        object.__setattr__(self, "backend", _choice(self.backend))
         if self.tensor_elements < 1:
             raise ValueError(f"tensor_elements (elements all-reduced per step, a sizing hint) must be >= 1, "
                              f"got {self.tensor_elements}")
@@ -179,7 +184,7 @@ class Grant:
 
     job_id: int
     generation: int
-    backend: str
+    backend: Backend
     switches: tuple[SwitchGrant, ...] = ()
     scale: float = float(2**16)
     ina_port: int = wire.INA_UDP_PORT
@@ -188,7 +193,7 @@ class Grant:
 
     @classmethod
     def from_proto(cls, msg: Any) -> Grant:
-        return cls(int(msg.job_id), int(msg.generation), msg.backend or "ring",
+        return cls(int(msg.job_id), int(msg.generation), Backend(msg.backend or Backend.RING),
                    tuple(SwitchGrant.from_proto(s) for s in msg.switches),
                    float(msg.scale) if msg.scale > 0 else float(2**16),
                    int(msg.ina_port) or wire.INA_UDP_PORT, int(msg.lanes) or wire.LANES, msg.reason)
@@ -196,7 +201,7 @@ class Grant:
     @classmethod
     def ring_only(cls, job_id: int = 0, generation: int = 0, scale: float = float(2**16)) -> Grant:
         """The grant a job without a controller works under: ring all-reduce, no switch."""
-        return cls(job_id, generation, "ring", (), scale, reason="no controller")
+        return cls(job_id, generation, Backend.RING, (), scale, reason="no controller")
 
 
 @dataclass(frozen=True)
@@ -217,13 +222,13 @@ class Rack:
 class Plan:
     """How the job's all-reduce runs under one generation.
 
-    kind ``ina``: one rack holds every worker, its switch's results are final.
-    kind ``ring``: every worker is a ring member, no switch.
-    kind ``rina``: racks aggregate in their switches; the ring joins each rack's representative and
+    kind ``Backend.INA``: one rack holds every worker, its switch's results are final.
+    kind ``Backend.RING``: every worker is a ring member, no switch.
+    kind ``Backend.RINA``: racks aggregate in their switches; the ring joins each rack's representative and
     the workers of racks without slots; representatives broadcast the global sums into their racks.
     """
 
-    kind: str
+    kind: Backend
     generation: int
     racks: tuple[Rack, ...] = ()
     ring: tuple[int, ...] = ()  # worker ids of the ring members, ascending (rank order)
@@ -241,23 +246,23 @@ class Plan:
         return rack is not None and rack.representative == worker_id
 
     def describe(self) -> str:
-        if self.kind == "ring":
+        if self.kind == Backend.RING:
             return f"ring of {len(self.ring)}"
         racks = ", ".join(f"{r.switch}: workers {list(r.worker_ids)} on {r.num_slots} slots" for r in self.racks)
-        if self.kind == "ina":
+        if self.kind == Backend.INA:
             return f"ina ({racks})"
         return f"rina (racks {racks}; ring {list(self.ring)})"
 
 
-def _effective(requested: str, granted: str) -> str:
-    if requested == "ring" or granted not in ("ina", "rina"):
-        return "ring"
-    if requested == "ina":
-        return "ina" if granted == "ina" else "ring"
-    return granted  # rina or auto: what the grant offers (an ina grant is rina with one rack)
+def _effective(requested: BackendChoice, granted: Backend) -> Backend:
+    if requested == BackendChoice.RING or granted not in (Backend.INA, Backend.RINA):
+        return Backend.RING
+    if requested == BackendChoice.INA:
+        return Backend.INA if granted == Backend.INA else Backend.RING
+    return Backend(granted)  # rina or auto: what the grant offers (an ina grant is rina with one rack)
 
 
-def plan_for(grant: Grant, worker_ids: Iterable[int], requested: str = "auto",
+def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice | str = BackendChoice.AUTO,
              addresses: Mapping[str, tuple[str, int]] | None = None) -> Plan:
     """The plan of every worker of the job under ``grant`` for the requested backend.
 
@@ -267,13 +272,12 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: str = "auto",
     packets go (switch name -> (ip, port)), e.g. for a relay; by default ``(switch_ip, ina_port)``.
     """
     ids = tuple(sorted(worker_ids))
-    if requested not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {requested!r}")
+    requested = _choice(requested)
     if grant.lanes != wire.LANES:
         raise ValueError(f"grant uses {grant.lanes} lanes per packet; this agent speaks {wire.LANES}")
     kind = _effective(requested, grant.backend)
     racks: list[Rack] = []
-    if kind != "ring":
+    if kind != Backend.RING:
         seen: set[int] = set()
         for sg in grant.switches:
             members = tuple(sorted(w for w in sg.worker_ids if w in ids and w not in seen))
@@ -282,12 +286,12 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: str = "auto",
                 racks.append(Rack(sg.switch, address, sg.num_slots, members))
                 seen.update(members)
         if len(racks) == 1 and set(racks[0].worker_ids) == set(ids):
-            return Plan("ina", grant.generation, tuple(racks), (), grant.reason)
-        if kind == "ina" or not racks:
-            racks, kind = [], "ring"
-    if kind == "ring":
-        return Plan("ring", grant.generation, (), ids, grant.reason)
+            return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
+        if kind == Backend.INA or not racks:
+            racks, kind = [], Backend.RING
+    if kind == Backend.RING:
+        return Plan(Backend.RING, grant.generation, (), ids, grant.reason)
     in_racks = {w for r in racks for w in r.worker_ids}
     ring = tuple(sorted({r.representative for r in racks} | (set(ids) - in_racks)))
-    return Plan("rina", grant.generation, tuple(racks), ring, grant.reason)
+    return Plan(Backend.RINA, grant.generation, tuple(racks), ring, grant.reason)
 

@@ -5,19 +5,19 @@ Layout (docs/protocol.md describes every byte):
     Ethernet | IPv4 (no options) | UDP (dport or sport INA_UDP_PORT) | ina_t (14 B) | ina_data_t (LANES x int32)
 
 ``INA_HEADER_FIELDS`` mirrors ``header ina_t`` field for field; a test reads p4src/ina.p4 and checks every
-name and width. Everything else here derives from it: the scapy layer (tests and tools), the struct
-codec (agents and the switch's hot path), and the lengths the switch checks.
+name and width. Everything else derives from it: the struct codec ``HEADER`` and the numpy record
+``PAYLOAD_DTYPE`` here (agents, the switch model, benches), the byte offsets of its fields, the lengths the
+switch checks, and the scapy layer in ``inaproto.scapy_layer`` (tests and tools only: no daemon imports
+scapy).
 """
 from __future__ import annotations
 
 import enum
+import itertools
 import struct
 from typing import NamedTuple
 
 import numpy as np
-from scapy.fields import BitEnumField, BitField, FieldListField, FlagsField, SignedIntField
-from scapy.layers.inet import UDP
-from scapy.packet import Packet, bind_layers
 
 INA_UDP_PORT = 47000
 LANES = 32  # int32 lanes per packet; why 32: docs/protocol.md
@@ -90,42 +90,56 @@ class InaHeader(NamedTuple):
     reserved: int = 0
 
 
-def _struct_format(fields: tuple[tuple[str, int], ...]) -> str:
-    """Network-order struct format for a header: byte-multiple fields map to B/H/I, sub-byte runs pack into one B."""
-    codes = {8: "B", 16: "H", 32: "I"}
-    fmt, pending = "!", 0
-    for _, width in fields:
-        if width % 8 == 0 and pending == 0:
-            fmt += codes[width]
-        else:
-            pending += width
-            if pending == 8:
-                fmt, pending = fmt + "B", 0
-    if pending:
+def _byte_fields(fields: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """(name, width in bytes) in wire order; a run of sub-byte fields becomes one byte named ``a_b``."""
+    out: list[tuple[str, int]] = []
+    run: list[str] = []
+    bits = 0
+    for name, width in fields:
+        if width % 8 == 0 and not run:
+            out.append((name, width // 8))
+            continue
+        run.append(name)
+        bits += width
+        if bits == 8:
+            out.append(("_".join(run), 1))
+            run, bits = [], 0
+    if run:
         raise ValueError("header fields do not end on a byte boundary")
-    return fmt
+    return tuple(out)
 
 
-_HEADER = struct.Struct(_struct_format(INA_HEADER_FIELDS))
-assert _HEADER.size == INA_HEADER_LEN
-_LANES_DTYPE = np.dtype(">i4")
+INA_HEADER_BYTES = _byte_fields(INA_HEADER_FIELDS)  # ... ("worker_id", 1), ("reserved_shadow", 1)
+# Byte offset of each byte-aligned field (and of the reserved:7 | shadow:1 byte) within ina_t.
+INA_FIELD_OFFSETS: dict[str, int] = dict(
+    zip((name for name, _ in INA_HEADER_BYTES), itertools.accumulate((size for _, size in INA_HEADER_BYTES), initial=0))
+)
+
+HEADER_FORMAT = "".join({1: "B", 2: "H", 4: "I"}[size] for _, size in INA_HEADER_BYTES)  # without byte order
+HEADER = struct.Struct("!" + HEADER_FORMAT)  # ina_t: unpacks to the fields of INA_HEADER_BYTES
+assert HEADER.size == INA_HEADER_LEN
+LANES_DTYPE = np.dtype(">i4")  # ina_data_t: LANES int32 in network order
+# One INA payload (ina_t then ina_data_t) as a numpy record: a run of packets is built in one pass.
+PAYLOAD_DTYPE = np.dtype([(name, "u1" if size == 1 else f">u{size}") for name, size in INA_HEADER_BYTES]
+                         + [("lanes", LANES_DTYPE, (LANES,))])
+assert PAYLOAD_DTYPE.itemsize == INA_PAYLOAD_LEN
 
 
 def pack_header(h: InaHeader) -> bytes:
     """ina_t as bytes (the last struct byte is reserved:7 | shadow:1)."""
-    return _HEADER.pack(
+    return HEADER.pack(
         h.msg_type, h.flags, h.job_id, h.generation, h.slot, h.seq, h.worker_id, ((h.reserved & 0x7F) << 1) | (h.shadow & 1)
     )
 
 
 def unpack_header(buf: bytes | memoryview, offset: int = 0) -> InaHeader:
-    msg_type, flags, job_id, generation, slot, seq, worker_id, last = _HEADER.unpack_from(buf, offset)
+    msg_type, flags, job_id, generation, slot, seq, worker_id, last = HEADER.unpack_from(buf, offset)
     return InaHeader(msg_type, flags, job_id, generation, slot, seq, worker_id, last & 1, last >> 1)
 
 
 def encode_payload(h: InaHeader, lanes: np.ndarray) -> bytes:
     """UDP payload of an INA packet: header then exactly LANES int32 values (shorter arrays are zero-padded)."""
-    data = np.zeros(LANES, dtype=_LANES_DTYPE)
+    data = np.zeros(LANES, dtype=LANES_DTYPE)
     n = min(len(lanes), LANES)
     data[:n] = lanes[:n]
     return pack_header(h) + data.tobytes()
@@ -135,7 +149,7 @@ def decode_payload(buf: bytes | memoryview, offset: int = 0) -> tuple[InaHeader,
     """(header, int32 lanes in native order) from a UDP payload; ValueError if it is not exactly one INA payload."""
     if len(buf) - offset != INA_PAYLOAD_LEN:
         raise ValueError(f"INA payload must be {INA_PAYLOAD_LEN} bytes, got {len(buf) - offset}")
-    lanes = np.frombuffer(buf, dtype=_LANES_DTYPE, count=LANES, offset=offset + INA_HEADER_LEN).astype(np.int32)
+    lanes = np.frombuffer(buf, dtype=LANES_DTYPE, count=LANES, offset=offset + INA_HEADER_LEN).astype(np.int32)
     return unpack_header(buf, offset), lanes
 
 
@@ -153,26 +167,3 @@ def udp_frame(src_mac: bytes, dst_mac: bytes, src_ip: bytes, dst_ip: bytes, spor
     ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, IPV4_LEN + udp_len, 0, 0x4000, 64, 17, 0, src_ip, dst_ip))
     ip[10:12] = struct.pack("!H", ipv4_checksum(ip))
     return dst_mac + src_mac + b"\x08\x00" + bytes(ip) + struct.pack("!HHHH", sport, dport, udp_len, 0) + payload
-
-
-# --- scapy layer: tests and tools only, never a hot path --------------------------------------------
-
-def _scapy_fields() -> list:
-    special = {
-        "msg_type": lambda: BitEnumField("msg_type", MsgType.GRADIENT, 8, {m.value: m.name for m in MsgType}),
-        "flags": lambda: FlagsField("flags", 0, 8, ["RETRANSMIT", "OVERFLOW"]),
-    }
-    fields = [special[name]() if name in special else BitField(name, 0, width) for name, width in INA_HEADER_FIELDS]
-    fields.append(FieldListField("lanes", [0] * LANES, SignedIntField("", 0), count_from=lambda pkt: LANES))
-    return fields
-
-
-class INA(Packet):
-    """In-network aggregation header followed by LANES int32 lanes (p4src/ina.p4: ina_t, ina_data_t)."""
-
-    name = "INA"
-    fields_desc = _scapy_fields()
-
-
-bind_layers(UDP, INA, dport=INA_UDP_PORT)
-bind_layers(UDP, INA, sport=INA_UDP_PORT)

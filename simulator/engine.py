@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from controller.policies import AllocationPolicy, JobDemand, SlotRange, validate_allocation
+from inaproto.backends import SimBackend
 from simulator import model
 from simulator.calibration import Calibration
 from simulator.cluster import ClusterSpec
 from simulator.placement import Placement, PlacementPolicy, RackView
 from simulator.trace import JobSpec
 
-__all__ = ["Simulation", "SimResult", "JobResult", "InvariantError", "BACKENDS"]
+__all__ = ["Simulation", "SimResult", "JobResult", "InvariantError"]
 
 # Backends a job can run on: no communication (one worker), INA in one ToR, Rina, plain ring.
-BACKENDS = ("local", "ina", "rina", "ring")
 _DONE, _ARRIVE = 0, 1  # completions sort before arrivals at equal times: freed workers are reusable
 
 
@@ -427,13 +427,13 @@ class Simulation:
         spec = job.spec
         n = spec.num_workers
         if n < 2:
-            return 0.0, "local", 0
+            return 0.0, SimBackend.LOCAL, 0
         cal, cluster = self.cal, self.cluster
         rate = self.host_ring_rate
         if job.cross:
             for rack in job.racks:
                 rate = min(rate, self.uplink_rate / len(self.cross_jobs[rack]))
-        best = (model.ring_time(cal, spec.grad_bytes, n, rate), "ring", 0)
+        best = (model.ring_time(cal, spec.grad_bytes, n, rate), SimBackend.RING, 0)
         if job.demand_racks:
             slots = min(self._held(rack, spec.job_id) for rack in job.demand_racks)
             if slots > 0:
@@ -443,9 +443,9 @@ class Simulation:
                         ina_rate = min(ina_rate, model.ina_rate(cal, cluster.host_Bps, self._held(rack, spec.job_id), count))
                 if job.cross:
                     t_agg = model.rina_time(cal, spec.grad_bytes, len(job.placement), min(rate, ina_rate))
-                    candidate = (t_agg, "rina", slots)
+                    candidate = (t_agg, SimBackend.RINA, slots)
                 else:
-                    candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), "ina", slots)
+                    candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), SimBackend.INA, slots)
                 if candidate[0] <= best[0]:
                     best = candidate
         return best
@@ -467,7 +467,7 @@ class Simulation:
                 job.history.append((t, backend, slots))
             job.backend, job.slots = backend, slots
         held = sum(self._held(r, job.spec.job_id) for r in job.demand_racks)
-        self._set_effective(job, held if backend in ("ina", "rina") else 0)
+        self._set_effective(job, held if backend in (SimBackend.INA, SimBackend.RINA) else 0)
         if iter_time == job.iter_time and job.version:
             return  # same speed: the scheduled completion still holds
         job.iter_time = iter_time

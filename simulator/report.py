@@ -8,7 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
-from simulator.engine import BACKENDS, SimResult
+from inaproto.backends import SimBackend
+from simulator.engine import SimResult
 
 __all__ = ["summarize", "write_jobs_csv", "write_timeline_csv", "write_summary", "plot_comparison", "write_all"]
 
@@ -39,7 +40,7 @@ def summarize(result: SimResult) -> dict:
     first = min((j.arrival_s for j in jobs), default=0.0)
     capacity = result.cluster.ina_switches * result.cluster.slots_per_switch
     with_deadline = [j for j in jobs if j.deadline_s is not None]
-    backend_time = {b: 0.0 for b in BACKENDS}
+    backend_time = {b: 0.0 for b in SimBackend}
     for job in jobs:
         for backend, seconds in job.backend_seconds().items():
             backend_time[backend] = backend_time.get(backend, 0.0) + seconds
@@ -84,7 +85,7 @@ def write_jobs_csv(path: Path, result: SimResult) -> None:
         for job in result.jobs:
             seconds = job.backend_seconds()
             run = sum(seconds.values())
-            ina_share = (seconds.get("ina", 0.0) + seconds.get("rina", 0.0)) / run if run > 0 else 0.0
+            ina_share = (seconds.get(SimBackend.INA, 0.0) + seconds.get(SimBackend.RINA, 0.0)) / run if run > 0 else 0.0
             writer.writerow([
                 job.job_id, f"{job.arrival_s:.6f}", f"{job.start_s:.6f}", f"{job.finish_s:.6f}", f"{job.jct_s:.6f}",
                 f"{job.queue_s:.6f}", job.num_workers, job.racks, job.priority,
@@ -111,9 +112,9 @@ def write_summary(out: Path, results: Sequence[SimResult], config: dict) -> list
     flat = [k for k, v in summaries[0].items() if not isinstance(v, dict)] if summaries else []
     with open(out / "summary.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(flat + [f"share_{b}" for b in BACKENDS])
+        writer.writerow(flat + [f"share_{b}" for b in SimBackend])
         for s in summaries:
-            writer.writerow([s[k] for k in flat] + [f"{s['backend_time_share'].get(b, 0.0):.4f}" for b in BACKENDS])
+            writer.writerow([s[k] for k in flat] + [f"{s['backend_time_share'].get(b, 0.0):.4f}" for b in SimBackend])
     return summaries
 
 

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from inaproto import wire
+from inaproto.job_entries import WorkerAddress, job_entries
 from softswitch.pipeline import InaPipeline
 
 SWITCH_MAC = bytes.fromhex("0200000000fe")
@@ -37,13 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     switch = InaPipeline()
     macs = [bytes.fromhex(f"0200000001{i + 1:02x}") for i in range(k)]
     ips = [ipaddress.IPv4Address(f"10.0.1.{i + 1}").packed for i in range(k)]
-    switch.insert_entry("MyIngress.ina_job", (job_id,), "MyIngress.set_job", (0, args.slots, (1 << k) - 1, k, group, 0))
-    switch.set_multicast_group(group, [(i + 1, i) for i in range(k)])
-    for i in range(k):
-        switch.insert_entry(
-            "MyEgress.ina_worker", (job_id, i), "MyEgress.set_worker_addr",
-            (int.from_bytes(macs[i], "big"), int.from_bytes(ips[i], "big"), 40000 + i),
-        )
+    entries = job_entries(job_id, [WorkerAddress(i, i + 1, macs[i], ips[i], 40000 + i) for i in range(k)],
+                          base_slot=0, num_slots=args.slots, generation=0, mcast_grp=group)
+    entries.insert_into(switch)
 
     rng = np.random.default_rng(0)
     grads = rng.normal(0, 1, size=(k, args.elements)).astype(np.float32)

@@ -32,19 +32,18 @@ DROP_PORT = 511  # BMv2's default drop port
 TYPE_IPV4 = 0x0800
 PROTO_UDP = 17
 NUM_CELLS = wire.NUM_SLOTS * 2
-INT32 = np.dtype(">i4")
+INT32 = wire.LANES_DTYPE
 
-_ETH = struct.Struct("!6s6sH")
-_IPV4 = struct.Struct("!BBHHHBBH4s4s")
-_UDP = struct.Struct("!HHHH")
-_INA = struct.Struct("!BBHHHIBB")  # same layout as wire.pack_header
 # Everything the INA path reads, from a frame's first byte: etherType; version/ihl, totalLen, protocol; UDP
-# dstPort, length; then ina_t as _INA.
-_INA_HEADERS = struct.Struct("!12xHBxH5xB12xHH2xBBHHHIBB")
+# dstPort, length; then ina_t as wire.HEADER.
+_INA_HEADERS = struct.Struct("!12xHBxH5xB12xHH2x" + wire.HEADER_FORMAT)
 _U16 = struct.Struct("!H")
 _O_IP = wire.ETH_LEN
 _O_UDP = _O_IP + wire.IPV4_LEN
 _O_INA = wire.INA_OFFSET
+_O_FLAGS = _O_INA + wire.INA_FIELD_OFFSETS["flags"]
+_O_JOB = _O_INA + wire.INA_FIELD_OFFSETS["job_id"]
+_O_WORKER = _O_INA + wire.INA_FIELD_OFFSETS["worker_id"]
 _O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
 _INA_END = _O_DATA + wire.INA_DATA_LEN
 _CELL_BYTES = wire.LANES * 4
@@ -514,7 +513,7 @@ class InaPipeline:
             out = bytearray(frame)
             out[_O_DATA:_INA_END] = total
             out[_O_INA] = _RESULT
-            out[_O_INA + 1] = _OVERFLOW if overflow else 0
+            out[_O_FLAGS] = _OVERFLOW if overflow else 0
             self._multicast_to_job(out)
             return self._replicate(mcast_grp, out, ingress_port)
 
@@ -526,7 +525,7 @@ class InaPipeline:
         out = bytearray(frame)
         out[_O_DATA:_INA_END] = self._lanes_buf[o : o + _CELL_BYTES]  # READ_LANE x LANES
         out[_O_INA] = _RESULT
-        out[_O_INA + 1] = _OVERFLOW if overflow else 0
+        out[_O_FLAGS] = _OVERFLOW if overflow else 0
         self._reply_to_sender(out)
         return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 
@@ -587,14 +586,14 @@ class InaPipeline:
             return emitted
         out[_O_UDP + 6 : _O_UDP + 8] = b"\x00\x00"  # UDP checksum 0: the payload changed
         out[_O_IP + 10 : _O_IP + 12] = b"\x00\x00"  # MyComputeChecksum fills it per replica
-        job_id = (out[_O_INA + 2] << 8) | out[_O_INA + 3]
+        job_id = (out[_O_JOB] << 8) | out[_O_JOB + 1]
         results = self.counters["MyEgress.ina_results"] if out[_O_INA] == _RESULT else None
         workers = self._worker_bytes
         default_drop = self._worker_default_drop
         pack = _U16.pack
         # Pieces of every rewritten replica: mac | a | ip checksum | b | dst ip | c | dst port | d | worker_id | e
         a, b, c = bytes(out[6 : _O_IP + 10]), bytes(out[_O_IP + 12 : _O_IP + 16]), bytes(out[_O_UDP : _O_UDP + 2])
-        d, e = bytes(out[_O_UDP + 4 : _O_INA + 12]), bytes(out[_O_INA + 13 :])
+        d, e = bytes(out[_O_UDP + 4 : _O_WORKER]), bytes(out[_O_WORKER + 1 :])
         x_base = int.from_bytes(out[_O_IP : _O_IP + 16], "big") << 32  # the header's value with dst address 0
         for port, rid in replicas:
             if port == DROP_PORT:
@@ -628,7 +627,7 @@ class InaPipeline:
         if egress_port == DROP_PORT:
             return []
         if ina_mcast:
-            job_id = _U16.unpack_from(out, _O_INA + 2)[0]
+            job_id = _U16.unpack_from(out, _O_JOB)[0]
             addr = self._worker_bytes.get((job_id, egress_rid), False)  # table ina_worker
             if addr is False:
                 if self._worker_default_drop:
@@ -637,11 +636,11 @@ class InaPipeline:
                 return []
             else:  # action set_worker_addr
                 out[0:6], out[_O_IP + 16 : _O_IP + 20], out[_O_UDP + 2 : _O_UDP + 4] = addr[:3]
-                out[_O_INA + 12] = egress_rid & 0xFF  # hdr.ina.worker_id
+                out[_O_WORKER] = egress_rid & 0xFF  # hdr.ina.worker_id
         if ina_out:
             out[_O_UDP + 6 : _O_UDP + 8] = b"\x00\x00"  # UDP checksum 0: the payload changed
             if out[_O_INA] == MsgType.RESULT:
-                self.counters["MyEgress.ina_results"][_U16.unpack_from(out, _O_INA + 2)[0]] += 1
+                self.counters["MyEgress.ina_results"][_U16.unpack_from(out, _O_JOB)[0]] += 1
         # MyComputeChecksum: update_checksum over the base IPv4 header.
         if len(out) >= _O_UDP and out[12] == 0x08 and out[13] == 0x00:  # etherType TYPE_IPV4
             out[_O_IP + 10 : _O_IP + 12] = b"\x00\x00"

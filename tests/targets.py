@@ -5,7 +5,6 @@ The same tests run against the in-process model (``model``), the ``ina-switch`` 
 """
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,6 +13,8 @@ from scapy.layers.l2 import Ether
 from scapy.packet import raw
 
 from inaproto import wire
+from inaproto.job_entries import WorkerAddress, job_entries
+from inaproto.scapy_layer import INA
 from softswitch.pipeline import InaPipeline
 
 SWITCH_MAC = "02:00:00:00:00:fe"
@@ -91,18 +92,10 @@ def install_job(
     target: Target, job_id: int, workers: list[Worker], base: int, num_slots: int, generation: int = 0, mcast_grp: int | None = None
 ) -> int:
     """The table entries and multicast group the controller writes for one job; returns the group id."""
-    grp = mcast_grp if mcast_grp is not None else job_id + 1
-    mask = sum(1 << w.wid for w in workers)
-    target.insert_entry("MyIngress.ina_job", (job_id,), "MyIngress.set_job", (base, num_slots, mask, len(workers), grp, generation))
-    target.set_multicast_group(grp, [(w.port, w.wid) for w in workers])
-    for w in workers:
-        target.insert_entry(
-            "MyEgress.ina_worker",
-            (job_id, w.wid),
-            "MyEgress.set_worker_addr",
-            (int(w.mac.replace(":", ""), 16), int(ipaddress.IPv4Address(w.ip)), w.udp_port),
-        )
-    return grp
+    entries = job_entries(job_id, [WorkerAddress(w.wid, w.port, w.mac, w.ip, w.udp_port) for w in workers],
+                          base_slot=base, num_slots=num_slots, generation=generation, mcast_grp=mcast_grp)
+    entries.insert_into(target)
+    return entries.group.group_id
 
 
 def gradient(
@@ -122,7 +115,7 @@ def gradient(
         Ether(src=worker.mac, dst=SWITCH_MAC)
         / IP(src=worker.ip, dst=SWITCH_IP)
         / UDP(sport=worker.udp_port, dport=wire.INA_UDP_PORT)
-        / wire.INA(
+        / INA(
             msg_type=msg_type, flags=flags, job_id=job_id, generation=generation, slot=slot, seq=seq,
             worker_id=worker.wid, shadow=shadow, lanes=[int(v) for v in lanes],
         )

@@ -29,6 +29,7 @@ from controller import admission_pb2_grpc as pb_grpc
 from host_agent.agent import bind_worker_sockets
 from host_agent.grant import JobSpec, Worker
 from inaproto import wire
+from inaproto.job_entries import WorkerAddress, job_entries
 from softswitch.pipeline import InaPipeline
 
 SWITCH_MAC = bytes.fromhex("0200000000fe")
@@ -97,23 +98,19 @@ class UdpSwitch:
     def install_job(self, job_id: int, workers: list[Worker], base: int, num_slots: int, generation: int,
                     mcast_grp: int | None = None) -> int:
         """``ina_job`` entry, multicast group and ``ina_worker`` entries for ``workers``; returns the group."""
-        grp = mcast_grp if mcast_grp is not None else job_id + 1
-        mask = sum(1 << w.worker_id for w in workers)
-        params = (base, num_slots, mask, len(workers), grp, generation & 0xFFFF)
+        addresses = [WorkerAddress(w.worker_id, self.attach(w.ip, w.udp_port), _mac_bytes(w.worker_id), w.ip, w.udp_port)
+                     for w in workers]
+        entries = job_entries(job_id, addresses, base_slot=base, num_slots=num_slots, generation=generation,
+                              mcast_grp=mcast_grp)
         p = self.pipeline
-        if (job_id,) in p.table("MyIngress.ina_job").entries:
-            p.modify_entry("MyIngress.ina_job", (job_id,), "MyIngress.set_job", params)
-        else:
-            p.insert_entry("MyIngress.ina_job", (job_id,), "MyIngress.set_job", params)
-        p.set_multicast_group(grp, [(self.attach(w.ip, w.udp_port), w.worker_id) for w in workers])
-        table = p.table("MyEgress.ina_worker")
-        for w in workers:
-            entry = (int.from_bytes(_mac_bytes(w.worker_id), "big"), int(ipaddress.IPv4Address(w.ip)), w.udp_port)
-            if (job_id, w.worker_id) in table.entries:
-                p.modify_entry("MyEgress.ina_worker", (job_id, w.worker_id), "MyEgress.set_worker_addr", entry)
+        for e in (entries.job, *entries.workers):
+            if e.match in p.table(e.table).entries:
+                p.modify_entry(e.table, e.match, e.action, e.params)
             else:
-                p.insert_entry("MyEgress.ina_worker", (job_id, w.worker_id), "MyEgress.set_worker_addr", entry)
-        return grp
+                p.insert_entry(e.table, e.match, e.action, e.params)
+            if e is entries.job:
+                p.set_multicast_group(entries.group.group_id, list(entries.group.replicas))
+        return entries.group.group_id
 
     def remove_job(self, job_id: int) -> None:
         p = self.pipeline

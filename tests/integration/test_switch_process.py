@@ -18,6 +18,7 @@ from scapy.layers.l2 import Ether
 from scapy.utils import rdpcap
 
 from inaproto import wire
+from inaproto.scapy_layer import INA
 from softswitch.faults import FaultInjector, build_config
 from tests.integration import bmv2json
 from tests.integration.netns import Network, sweep_stale
@@ -69,7 +70,7 @@ def expected_result(w: Worker, lanes, *, seq: int, slot: int, shadow: int = 0) -
     """The result frame worker ``w`` must get, IPv4 id and checksum aside (they follow the sender's packet)."""
     pkt = (Ether(src=SWITCH_MAC, dst=w.mac) / IP(src=SWITCH_IP, dst=w.ip, ttl=64, flags=0)
            / UDP(sport=wire.INA_UDP_PORT, dport=w.udp_port, chksum=0)
-           / wire.INA(msg_type=wire.MsgType.RESULT, job_id=JOB, slot=slot, seq=seq, worker_id=w.wid, shadow=shadow,
+           / INA(msg_type=wire.MsgType.RESULT, job_id=JOB, slot=slot, seq=seq, worker_id=w.wid, shadow=shadow,
                       lanes=[int(v) for v in lanes]))
     mask = Mask(pkt)
     mask.set_do_not_care_scapy(IP, "id")
@@ -102,11 +103,11 @@ def test_workers_get_the_exact_sum_pcaps_hold_the_frames_and_sigterm_is_quick(ne
         iface = net.switch_ifaces[w.port]
         frames_in = rdpcap(str(pcap_dir / f"{iface}_in.pcap"))
         frames_out = rdpcap(str(pcap_dir / f"{iface}_out.pcap"))
-        assert [p[wire.INA].seq for p in frames_in] == [100, 101, 102, 103]
-        assert all(p[wire.INA].msg_type == wire.MsgType.GRADIENT and p[wire.INA].worker_id == w.wid for p in frames_in)
-        assert [p[wire.INA].seq for p in frames_out] == [100, 101, 102, 103]
-        assert all(p[wire.INA].msg_type == wire.MsgType.RESULT and p[IP].dst == w.ip for p in frames_out)
-        assert list(frames_out[3][wire.INA].lanes) == [int(v) for v in data[3].astype(np.int64).sum(axis=0)]
+        assert [p[INA].seq for p in frames_in] == [100, 101, 102, 103]
+        assert all(p[INA].msg_type == wire.MsgType.GRADIENT and p[INA].worker_id == w.wid for p in frames_in)
+        assert [p[INA].seq for p in frames_out] == [100, 101, 102, 103]
+        assert all(p[INA].msg_type == wire.MsgType.RESULT and p[IP].dst == w.ip for p in frames_out)
+        assert list(frames_out[3][INA].lanes) == [int(v) for v in data[3].astype(np.int64).sum(axis=0)]
 
 
 def _frames_before_the_config_were_processed(sw, hosts, device_config: bytes) -> int:
@@ -202,7 +203,7 @@ def _all_reduce(hosts: HostPorts, workers, data, slots: int, deadline: float) ->
         arrived = hosts.poll(0.05)
         for port, frame in arrived:
             i = port - 1
-            ina = dissect(frame)[wire.INA]
+            ina = dissect(frame)[INA]
             if ina.msg_type != wire.MsgType.RESULT or in_flight[i].get(ina.slot) != ina.seq:
                 continue  # a duplicate or a late copy
             got[i][ina.seq] = list(ina.lanes)
@@ -263,7 +264,7 @@ def test_reordering_follows_the_seed(net, hosts, tmp_path, start):
         while len(got) < len(predicted):
             arrived = hosts.poll(3.0)
             assert arrived, f"{len(got)} of {len(predicted)} results: {sw.process.describe()}"
-            got += [dissect(f)[wire.INA].seq for _, f in arrived]
+            got += [dissect(f)[INA].seq for _, f in arrived]
     assert got == predicted
 
 

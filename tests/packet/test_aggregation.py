@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from inaproto import wire
+from inaproto.scapy_layer import INA
 from tests.targets import SWITCH_IP, SWITCH_MAC, dissect, gradient, install_job, make_workers
 
 
@@ -24,7 +25,7 @@ def _results(out):
 
 
 def _check_result(pkt, worker, job_id, seq, expected, slot, shadow, flags=0):
-    ina = pkt[wire.INA]
+    ina = pkt[INA]
     assert ina.msg_type == wire.MsgType.RESULT
     assert (ina.job_id, ina.seq, ina.slot, ina.shadow, ina.worker_id) == (job_id, seq, slot, shadow, worker.wid)
     assert int(ina.flags) == flags
@@ -147,7 +148,7 @@ def test_shadow_sets_over_many_rounds_with_random_loss(target):
             if lossy.random() < 0.2:
                 continue  # result lost on the way back
             i = port_to_worker[port]
-            ina = dissect(frame)[wire.INA]
+            ina = dissect(frame)[INA]
             chunk = ina.seq
             if in_flight[i].get(ina.slot) != chunk:
                 continue  # a late duplicate
@@ -176,14 +177,14 @@ def test_overflow_is_flagged(target):
     target.send(2, gradient(workers[1], 3, 0, [1] * wire.LANES))
     res = _results(target.receive(expect=2))
     for w in workers:
-        ina = res[w.port][wire.INA]
+        ina = res[w.port][INA]
         assert int(ina.flags) == wire.Flags.OVERFLOW
         assert ina.lanes[0] == -(2**31)  # int32 wrap-around, as bit<32> addition does
     # The next round in the same slot copy starts clean.
     target.send(1, gradient(workers[0], 3, 0, [1] * wire.LANES, shadow=1, seq=1))
     target.send(2, gradient(workers[1], 3, 0, [1] * wire.LANES, shadow=1, seq=1))
     for _, frame in target.receive(expect=2):
-        assert int(dissect(frame)[wire.INA].flags) == 0
+        assert int(dissect(frame)[INA].flags) == 0
 
 
 def test_negative_overflow_is_flagged(target):
@@ -192,7 +193,7 @@ def test_negative_overflow_is_flagged(target):
     for w in workers:
         target.send(w.port, gradient(w, 3, 0, [-(2**30)] * wire.LANES))
     for _, frame in target.receive(expect=3):
-        assert int(dissect(frame)[wire.INA].flags) == wire.Flags.OVERFLOW
+        assert int(dissect(frame)[INA].flags) == wire.Flags.OVERFLOW
 
 
 def test_slot_reused_by_new_owner_is_reset_by_data_plane(target):
@@ -204,7 +205,7 @@ def test_slot_reused_by_new_owner_is_reset_by_data_plane(target):
     target.send(3, gradient(b[0], 2, 0, [1] * wire.LANES))
     target.send(4, gradient(b[1], 2, 0, [2] * wire.LANES))
     res = _results(target.receive(expect=2))
-    assert all(r[wire.INA].lanes == [3] * wire.LANES for r in res.values())
+    assert all(r[INA].lanes == [3] * wire.LANES for r in res.values())
 
 
 def test_new_generation_resets_slot_and_drops_stale_packets(target):
@@ -219,7 +220,7 @@ def test_new_generation_resets_slot_and_drops_stale_packets(target):
     target.send(1, gradient(workers[0], 5, 0, [1] * wire.LANES, generation=2))
     target.send(2, gradient(workers[1], 5, 0, [2] * wire.LANES, generation=2))
     res = _results(target.receive(expect=2))
-    assert all(r[wire.INA].lanes == [3] * wire.LANES and r[wire.INA].generation == 2 for r in res.values())
+    assert all(r[INA].lanes == [3] * wire.LANES and r[INA].generation == 2 for r in res.values())
 
 
 def test_broadcast_goes_to_every_worker_unchanged(target):
@@ -230,7 +231,7 @@ def test_broadcast_goes_to_every_worker_unchanged(target):
     res = _results(target.receive(expect=4))
     assert set(res) == {w.port for w in workers}
     for w in workers:
-        ina = res[w.port][wire.INA]
+        ina = res[w.port][INA]
         assert ina.msg_type == wire.MsgType.BROADCAST and ina.lanes == payload and ina.seq == 42 and ina.worker_id == w.wid
         assert res[w.port]["IP"].dst == w.ip and res[w.port]["UDP"].dport == w.udp_port
     assert target.read_counter("MyIngress.ina_aggregated", 8) == 0
@@ -256,11 +257,11 @@ def test_late_retransmission_never_enters_a_later_round(target):
     assert target.receive(expect=0, timeout=0.05) == []
     target.send(1, gradient(workers[0], 6, 0, [3] * wire.LANES, seq=2, shadow=0))
     res = _results(target.receive(expect=2))
-    assert all(r[wire.INA].lanes == [6] * wire.LANES and r[wire.INA].seq == 2 for r in res.values())
+    assert all(r[INA].lanes == [6] * wire.LANES and r[INA].seq == 2 for r in res.values())
     # And once chunk 2 is complete, the two-rounds-old packet neither restarts the copy nor gets an answer.
     target.send(1, stale)
     assert target.receive(expect=0, timeout=0.05) == []
     target.send(2, gradient(workers[1], 6, 0, [3] * wire.LANES, seq=2, shadow=0, flags=wire.Flags.RETRANSMIT))
     out = target.receive(expect=1)
-    assert [dissect(f)[wire.INA].lanes for _, f in out] == [[6] * wire.LANES]
+    assert [dissect(f)[INA].lanes for _, f in out] == [[6] * wire.LANES]
     assert target.read_counter("MyIngress.ina_duplicates", 6) == 4

@@ -9,6 +9,7 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw, raw
 
 from inaproto import wire
+from inaproto.scapy_layer import INA
 from inaproto.wire import DropReason
 from tests.targets import SWITCH_IP, SWITCH_MAC, dissect, gradient, install_job, make_workers
 
@@ -43,7 +44,7 @@ def _finish_slot(target, workers):
     target.send(3, gradient(workers[2], 2, 0, [3] * wire.LANES, generation=4))
     out = target.receive(expect=3)
     assert len(out) == 3
-    assert all(dissect(f)[wire.INA].lanes == [6] * wire.LANES for _, f in out)
+    assert all(dissect(f)[INA].lanes == [6] * wire.LANES for _, f in out)
 
 
 BAD = {
@@ -135,7 +136,7 @@ def test_random_bytes_never_change_state(target, job):
             for _ in range(rng.randrange(1, 4)):
                 frame[rng.randrange(0, wire.INA_OFFSET + wire.INA_HEADER_LEN)] ^= 1 << rng.randrange(8)
             frame = bytes(frame)
-            if Ether(frame).haslayer(wire.INA) and dissect(frame)[IP].chksum == dissect(valid)[IP].chksum:
+            if Ether(frame).haslayer(INA) and dissect(frame)[IP].chksum == dissect(valid)[IP].chksum:
                 continue  # the flip left the IPv4 header intact: possibly a valid packet
         target.send(2, frame)
     target.receive(expect=None, timeout=0.2)

@@ -175,7 +175,7 @@ def test_empty_and_integer_inputs() -> None:
 
 
 def test_mismatched_calls_time_out_with_a_clear_error() -> None:
-    from host_agent.stream import AgentError
+    from host_agent.errors import AgentError
 
     opts = AgentOptions(stream=StreamOptions(op_timeout=1.0), close_timeout=1.0)
     with LocalCluster(["s1"] * 2, slots=4, options=opts) as cl:

@@ -9,7 +9,8 @@ import pytest
 
 from host_agent.agent import Agent, AgentOptions
 from host_agent.control import AdmissionClient
-from host_agent.stream import JobReleased, StreamOptions
+from host_agent.errors import JobReleased
+from host_agent.stream import StreamOptions
 from tests.udp_switch import Faults, LocalCluster, quantised_sum, run_workers
 
 QUICK = AgentOptions(stream=StreamOptions(op_timeout=20.0))

@@ -19,6 +19,7 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from inaproto import wire
+from inaproto.scapy_layer import INA
 from softswitch import pipeline as model
 from softswitch.p4runtime_server import P4INFO_PATH, P4RuntimeServer, device_config_mismatch, load_p4info, p4info_mismatch
 from softswitch.pipeline import InaPipeline
@@ -638,7 +639,7 @@ def test_entries_written_over_p4runtime_drive_aggregation(loaded):
             out = loaded.pipeline.process(w.port, gradient(w, 4, slot=2, lanes=d, seq=77))
         assert sorted(port for port, _ in out) == [w.port for w in workers]
         for port, frame in out:
-            pkt = dissect(frame)[wire.INA]
+            pkt = dissect(frame)[INA]
             assert pkt.msg_type == wire.MsgType.RESULT and pkt.lanes == [60] * wire.LANES
             assert pkt.worker_id == workers[port - 1].wid
         assert client.read_counter("MyIngress.ina_aggregated", 4) == 3

@@ -7,6 +7,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import raw
 
 from inaproto import wire
+from inaproto.scapy_layer import INA
 from tests.p4source import read_p4
 
 GOLDEN_PAYLOAD = bytes.fromhex(
@@ -75,13 +76,36 @@ def test_decode_rejects_wrong_length():
 
 
 def test_scapy_layer_builds_golden_bytes_and_dissects():
-    pkt = wire.INA(msg_type="GRADIENT", flags="RETRANSMIT", job_id=7, generation=3, slot=258, seq=0xDEADBEEF,
+    pkt = INA(msg_type="GRADIENT", flags="RETRANSMIT", job_id=7, generation=3, slot=258, seq=0xDEADBEEF,
                    worker_id=5, shadow=1, lanes=list(range(-16, 16)))
     assert raw(pkt) == GOLDEN_PAYLOAD
     frame = raw(Ether() / IP(dst="10.0.0.254") / UDP(sport=4000, dport=wire.INA_UDP_PORT) / pkt)
     assert len(frame) == wire.INA_FRAME_LEN and frame[wire.INA_OFFSET:] == GOLDEN_PAYLOAD
-    back = Ether(frame)[wire.INA]
+    back = Ether(frame)[INA]
     assert (back.job_id, back.generation, back.slot, back.seq, back.worker_id, back.shadow) == (7, 3, 258, 0xDEADBEEF, 5, 1)
     assert back.lanes == list(range(-16, 16))
     # results come from the INA port to the worker's port: bound on sport too
-    assert Ether(raw(Ether() / IP() / UDP(sport=wire.INA_UDP_PORT, dport=4000) / pkt)).haslayer(wire.INA)
+    assert Ether(raw(Ether() / IP() / UDP(sport=wire.INA_UDP_PORT, dport=4000) / pkt)).haslayer(INA)
+
+
+def test_numpy_record_builds_the_same_bytes():
+    rec = np.zeros(1, dtype=wire.PAYLOAD_DTYPE)
+    rec["msg_type"], rec["flags"], rec["job_id"], rec["generation"] = wire.MsgType.GRADIENT, wire.Flags.RETRANSMIT, 7, 3
+    rec["slot"], rec["seq"], rec["worker_id"], rec["reserved_shadow"] = 258, 0xDEADBEEF, 5, 1
+    rec["lanes"] = np.arange(-16, 16, dtype=np.int32)
+    assert rec.tobytes() == GOLDEN_PAYLOAD
+    assert wire.HEADER.unpack_from(GOLDEN_PAYLOAD) == (1, 1, 7, 3, 258, 0xDEADBEEF, 5, 1)
+    assert [wire.INA_FIELD_OFFSETS[n] for n in ("job_id", "seq", "worker_id")] == [2, 8, 12]
+
+
+def test_scapy_layer_is_declared_from_the_field_list():
+    assert [(f.name, f.size) for f in INA.fields_desc[:-1]] == list(wire.INA_HEADER_FIELDS)
+
+
+def test_daemons_do_not_import_scapy():
+    import subprocess
+    import sys
+
+    code = ("import sys, host_agent.agent, host_agent.cli, softswitch.cli, softswitch.pipeline, controller.daemon; "
+            "sys.exit('scapy' in ' '.join(sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,0 +1,117 @@
+"""Switch programming: what every INA switch must hold for a set of jobs, and writing it there all-or-nothing.
+
+A switch holds its forwarding entries (from the topology) and, per job with workers under it, the job's
+entries from :func:`inaproto.job_entries.job_entries` (``ina_worker`` entries and multicast group, then the
+``ina_job`` entry; ``num_slots`` 0 where the job has no slots there). The controller computes the state
+before and after a change and hands both to :class:`controller.switch.Switch`, which writes the difference.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+import grpc
+
+from controller.errors import ControllerError
+from controller.p4entity import MulticastGroup, Schema, TableEntry
+from controller.store import Job
+from controller.switch import Switch, SwitchError, SwitchState
+from controller.topology import Topology
+from inaproto import wire
+from inaproto.job_entries import JobEntry, WorkerAddress, WorkerEntry, job_entries, job_group
+
+__all__ = ["FIRST_JOB_ID", "SwitchProgrammer"]
+
+log = logging.getLogger("controller.core")
+
+FIRST_JOB_ID = 1  # job ids 1..MAX_JOBS-1; 0 stays unused so that an unset job_id is never a job
+T_LPM = "MyIngress.ipv4_lpm"
+
+
+class SwitchProgrammer:
+    """The INA switches' expected state and the writes that move them from one set of jobs to another.
+
+    ``switches`` is the controller's own (name -> connected Switch), shared, not copied.
+    """
+
+    def __init__(self, topology: Topology, switches: Mapping[str, Switch]) -> None:
+        self.topology = topology
+        self.switches = switches
+        self._forwarding: dict[str, tuple[list[TableEntry], list[MulticastGroup]]] = {}
+
+    @property
+    def ina_switches(self) -> list[str]:
+        return [name for name, info in self.topology.switches.items() if info.ina]
+
+    def load_forwarding(self, name: str, schema: Schema) -> None:
+        """The topology's forwarding state of ``name``; its multicast groups must leave the job groups free."""
+        self._forwarding[name] = self.topology.forwarding(name, schema)
+        lo, hi = job_group(FIRST_JOB_ID), job_group(wire.MAX_JOBS - 1)
+        for g in self._forwarding[name][1]:
+            if lo <= g.group_id <= hi:
+                raise ControllerError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"switch {name}: multicast group {g.group_id} of its runtime JSON collides with job groups {lo}..{hi}",
+                )
+
+    def tables(self, switch: str) -> list[str]:
+        """Tables the controller owns on `switch`, in write order (entries may use what precedes them)."""
+        tables = []
+        for e in self._forwarding.get(switch, ([], []))[0]:
+            if e.table not in tables and e.table not in (WorkerEntry.table, JobEntry.table):
+                tables.append(e.table)
+        if self.topology.manages_forwarding and T_LPM not in tables:
+            tables.insert(0, T_LPM)
+        return tables + [WorkerEntry.table, JobEntry.table]
+
+    def expected(self, switch: str, jobs: Mapping[int, Job]) -> SwitchState:
+        """What `switch` must hold for `jobs`: forwarding entries, then per job its entries (num_slots 0
+        when the job has no slots there)."""
+        entries, groups = self._forwarding.get(switch, ([], []))
+        entries, groups = list(entries), list(groups)
+        for job in jobs.values():
+            workers = job.workers_on(switch)
+            if not workers:
+                continue
+            rng = job.range_on(switch)
+            by_id = {w.worker_id: w for w in job.request.workers}
+            job_state = job_entries(
+                job.job_id, [WorkerAddress(wid, port, by_id[wid].mac, by_id[wid].ip, by_id[wid].udp_port) for wid, port in workers],
+                base_slot=rng.base if rng else 0, num_slots=rng.size if rng else 0, generation=job.generation,
+            )
+            entries += [TableEntry(e.table, e.match, e.action, e.params) for e in (job_state.job, *job_state.workers)]
+            groups.append(MulticastGroup(job_state.group.group_id, job_state.group.replicas))
+        return SwitchState.of(entries, groups)
+
+    def write(self, old: Mapping[int, Job], new: Mapping[int, Job]) -> None:
+        """Bring every INA switch from `old`'s expected state to `new`'s; on failure put back what was
+        written and raise UNAVAILABLE."""
+        done: list[str] = []
+        for name in self.ina_switches:
+            before, after = self.expected(name, old), self.expected(name, new)
+            if before.entries == after.entries and before.groups == after.groups:
+                continue
+            sw = self.switches.get(name)
+            try:
+                if sw is None:
+                    raise SwitchError(name, "write", grpc.StatusCode.UNAVAILABLE, "not connected")
+                done.append(name)
+                sw.apply(before, after, self.tables(name))
+            except SwitchError as exc:
+                for back in done:
+                    back_sw = self.switches.get(back)  # the monitor thread may have dropped a lost session meanwhile
+                    if back_sw is None:
+                        log.error("%s: could not put back the previous state: not connected (reconciled on reconnect)", back)
+                        continue
+                    try:
+                        back_sw.reconcile(self.expected(back, old), self.tables(back))
+                    except SwitchError as exc2:
+                        log.error("%s: could not put back the previous state: %s", back, exc2)
+                code = grpc.StatusCode.UNAVAILABLE
+                raise ControllerError(code, f"switch write failed, nothing applied: {exc}") from None
+
+    def reconcile(self, name: str, jobs: Mapping[int, Job], switch: Switch | None = None):
+        """Read back switch `name` (``switch``: one not yet connected in ``switches``) and repair its
+        differences from `jobs`' expected state; returns the Switch's reconcile report."""
+        sw = switch if switch is not None else self.switches[name]
+        return sw.reconcile(self.expected(name, jobs), self.tables(name))

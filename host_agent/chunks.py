@@ -1,0 +1,95 @@
+"""Where a call's chunks sit in the job's stream, this worker's contributions, and the results received so far."""
+from __future__ import annotations
+
+import numpy as np
+
+from host_agent.fixedpoint import join_split
+from inaproto import wire
+
+__all__ = ["Call", "Segment"]
+
+LANES = wire.LANES
+CHUNK_BYTES = wire.INA_DATA_LEN
+
+
+class Segment:
+    """Consecutive chunks [a, a+K) of one call with this worker's contributions and the results so far."""
+
+    __slots__ = ("a", "K", "contrib", "res32", "resr", "src", "flag")
+
+    def __init__(self, a: int, contrib: np.ndarray) -> None:
+        self.a = a
+        self.K = contrib.shape[0]
+        self.contrib = contrib
+        self.res32 = bytearray(self.K * CHUNK_BYTES)  # big-endian int32 results from packets
+        self.resr: np.ndarray | None = None  # results from a ring (int32 or int64)
+        self.src = bytearray(self.K)  # 0 missing, 1 in res32, 2 in resr
+        self.flag = bytearray(self.K)  # 1: the result may be inexact (overflow): recover
+
+    def first_missing(self, start: int = 0) -> int:
+        return self.src.find(0, start)
+
+    def reset_from(self, i: int) -> None:
+        n = self.K - i
+        if n > 0:
+            self.src[i:] = bytes(n)
+            self.flag[i:] = bytes(n)
+
+    def put_ring(self, i0: int, values: np.ndarray, flags: np.ndarray | None) -> None:
+        if i0 == 0 and self.resr is None:
+            self.resr = values
+        else:
+            if self.resr is None or self.resr.dtype != np.int64:
+                old, self.resr = self.resr, np.zeros((self.K, LANES), dtype=np.int64)
+                if old is not None:
+                    self.resr[:] = old
+            self.resr[i0:] = values
+        self.src[i0:] = b"\x02" * (self.K - i0)
+        self.flag[i0:] = bytes(self.K - i0) if flags is None else flags.astype(np.uint8).tobytes()
+
+    def values(self) -> np.ndarray:
+        """The results, int32 where every one fits, else int64."""
+        if self.resr is not None and self.src.count(2) == self.K:
+            return self.resr
+        out = np.frombuffer(self.res32, dtype=wire.LANES_DTYPE).reshape(self.K, LANES)
+        if self.resr is None:
+            return out.astype(np.int32)
+        out = out.astype(np.int64)
+        from_ring = np.frombuffer(self.src, dtype=np.uint8) == 2
+        out[from_ring] = self.resr[from_ring]
+        return out
+
+
+class Call:
+    """One all-reduce call: its retained contributions and where its chunks sit in the stream."""
+
+    __slots__ = ("index", "main", "M", "start", "main_seg", "F", "rec_seg", "returned")
+
+    def __init__(self, index: int, main: np.ndarray) -> None:
+        self.index = index
+        self.main = main
+        self.M = main.shape[0]
+        self.start: int | None = None
+        self.main_seg: Segment | None = None
+        self.F: np.ndarray | None = None  # indices of overflowed main chunks, once every main result is in
+        self.rec_seg: Segment | None = None
+        self.returned = False
+
+    @property
+    def end(self) -> int | None:
+        if self.start is None or self.F is None:
+            return None
+        return self.start + self.M + 2 * int(self.F.size)
+
+    def unplace(self) -> None:
+        self.start = None
+        self.main_seg = None
+        self.F = None
+        self.rec_seg = None
+
+    def values(self) -> np.ndarray:
+        out = self.main_seg.values()
+        if self.F is not None and self.F.size:
+            out = out.astype(np.int64)
+            out[self.F] = join_split(self.rec_seg.values())
+        return out

@@ -46,7 +46,7 @@ $(BUILD)/ina.json: $(P4SRC)
 	@command -v $(P4C) >/dev/null || { echo "make p4: $(P4C) is not on PATH; install p4c (p4lang) to compile $(P4SRC). The committed p4src/ina.p4info.txt is kept by hand until then."; exit 1; }
 	mkdir -p $(BUILD)
 	$(P4C) --p4v 16 --p4runtime-files $(BUILD)/ina.p4info.txt -o $(BUILD)/ina.json $(P4SRC)
-	@$(PYTHON) -m tests.p4source --compare $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt \
+	@$(PYTHON) -m softswitch.p4source --compare $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt \
 		|| echo "note: review with: diff $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt"
 
 proto: controller/admission_pb2.py

@@ -7,7 +7,7 @@ from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
 from softswitch import pipeline
-from tests.p4source import assign_ids, derive_p4info, jenkins_one_at_a_time
+from softswitch.p4source import assign_ids, derive_p4info, jenkins_one_at_a_time
 
 P4INFO = Path(__file__).resolve().parents[2] / "p4src" / "ina.p4info.txt"
 
@@ -47,7 +47,7 @@ def test_model_tables_actions_counters_registers_match_p4info():
 
 
 def test_model_default_actions_match_p4():
-    from tests.p4source import read_p4
+    from softswitch.p4source import read_p4
     import re
 
     src = read_p4()

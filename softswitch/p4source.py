@@ -6,8 +6,8 @@ const integers, typedef'd bit widths) and derives P4Info the way p4c does: contr
 ``Control.object``, aliases as the shortest unique dotted suffix, and ids as the resource-type prefix over
 the low 24 bits of the Jenkins one-at-a-time hash of the name, probing linearly in sorted-name order.
 
-    python -m tests.p4source > p4src/ina.p4info.txt   # regenerate the hand-kept P4Info where p4c is absent
-    python -m tests.p4source --compare A B             # compare two P4Infos up to the order of their lists
+    python -m softswitch.p4source > p4src/ina.p4info.txt   # regenerate the hand-kept P4Info where p4c is absent
+    python -m softswitch.p4source --compare A B             # compare two P4Infos up to the order of their lists
 """
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from inaproto import wire
 from softswitch import pipeline as model
-from softswitch.p4runtime_server import P4INFO_PATH, P4RuntimeServer, device_config_mismatch, load_p4info, p4info_mismatch
+from softswitch.p4program import P4INFO_PATH, device_config_mismatch, load_p4info, p4info_mismatch
+from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.pipeline import InaPipeline
 from tests.p4rt_client import P4InfoIndex, P4RuntimeError, P4RuntimeTestClient
 from tests.targets import dissect, gradient, install_job, make_workers

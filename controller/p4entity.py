@@ -14,13 +14,14 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 from p4runtime_sh.bytes_utils import parse_value, to_canonical_bytes
 from p4runtime_sh.context import Context, P4Type
 
-__all__ = ["Schema", "SchemaError", "TableEntry", "MulticastGroup", "load_p4info", "format_value"]
+from softswitch.p4program import load_p4info
+
+__all__ = ["Schema", "SchemaError", "TableEntry", "MulticastGroup", "format_value"]
 
 _EXACT = p4info_pb2.MatchField.EXACT
 _LPM = p4info_pb2.MatchField.LPM
@@ -30,11 +31,6 @@ _OPTIONAL = p4info_pb2.MatchField.OPTIONAL
 
 class SchemaError(ValueError):
     """A name the P4Info does not have, or a value that does not fit its field."""
-
-
-def load_p4info(path: str | Path) -> p4info_pb2.P4Info:
-    """Read a P4Info text file (``*.p4info.txt``, as p4c writes it)."""
-    return text_format.Parse(Path(path).read_text(), p4info_pb2.P4Info())
 
 
 @dataclass(frozen=True)
@@ -135,15 +131,6 @@ class Schema:
         if c is None:
             raise SchemaError(f"the P4Info has no counter {name!r}")
         return c
-
-    def table_names(self) -> list[str]:
-        return list(self._tables)
-
-    def name_of(self, obj_id: int) -> str:
-        try:
-            return self._ctx.get_name_from_id(obj_id)
-        except KeyError:
-            raise SchemaError(f"the P4Info has no object with id {obj_id}") from None
 
     # --- table entries ------------------------------------------------------------------------------
     def entry(self, table: str, match: dict | tuple, action: str, params: dict | tuple = (), *, priority: int = 0) -> TableEntry:

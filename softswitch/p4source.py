@@ -18,6 +18,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
+from softswitch.p4program import load_p4info
+
 P4_PATH = Path(__file__).resolve().parent.parent / "p4src" / "ina.p4"
 
 _STRIP_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
@@ -217,7 +219,7 @@ def canonical(info: p4info_pb2.P4Info) -> p4info_pb2.P4Info:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--compare"] and len(argv) == 3:
-        a, b = (canonical(text_format.Parse(Path(f).read_text(), p4info_pb2.P4Info())) for f in argv[1:])
+        a, b = (canonical(load_p4info(f)) for f in argv[1:])
         if a != b:
             print(f"P4Info differs: {argv[1]} vs {argv[2]}")
             return 1

@@ -151,12 +151,6 @@ class SwitchSpec:
     ports: tuple[tuple[int, str], ...] = ()
     routes: tuple[Route, ...] = ()
 
-    def port_to(self, peer: str) -> int:
-        for port, name in self.ports:
-            if name == peer:
-                return port
-        raise KeyError(f"{self.name} has no port to {peer}")
-
 
 @dataclass(frozen=True)
 class LinkSpec:
@@ -190,9 +184,6 @@ class NetworkPlan:
             if s.name == name:
                 return s
         raise KeyError(f"no switch {name!r} in the plan")
-
-    def hosts_of(self, switch: str) -> list[HostSpec]:
-        return [h for h in self.hosts if h.switch == switch]
 
     def switch_interfaces(self) -> list[str]:
         """Every root-namespace interface name the topology makes (switch ports)."""

@@ -13,9 +13,7 @@ from types import SimpleNamespace
 import grpc
 import numpy as np
 import pytest
-from google.protobuf import text_format
 from google.rpc import code_pb2, status_pb2
-from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from inaproto import wire
@@ -675,7 +673,7 @@ def test_p4info_and_device_config_checks_accept_the_program():
     assert p4info_mismatch(info, info) is None
     assert device_config_mismatch(b"") is None and device_config_mismatch(_bmv2_json()) is None
     assert "no counter MyEgress.ina_results" in device_config_mismatch(_bmv2_json(counter_arrays="MyEgress.ina_results"))
-    other = text_format.Parse(P4INFO_PATH.read_text(), p4info_pb2.P4Info())
+    other = load_p4info()
     other.tables[0].preamble.id += 1
     assert "has id" in p4info_mismatch(info, other)
     with pytest.raises(ValueError):

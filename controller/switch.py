@@ -8,8 +8,8 @@ just an address and a device id); a controller holds one per switch and no state
 Why not p4runtime-shell's ``P4RuntimeClient`` itself: it calls ``sys.exit`` when arbitration fails,
 prints to stdout, and runs its stream reader in a non-daemon thread, none of which a long-running
 daemon can afford. This module keeps the same wire behaviour (arbitration on the stream channel, the
-election id on every write, canonical byte strings) and reuses p4runtime-shell's P4Info ``Context``,
-byte encoders and write-error decoding (see ``controller.p4entity``), so p4runtime-shell stays usable as
+election id on every write, canonical byte strings) and reuses p4runtime-shell's P4Info ``Context`` and
+byte encoders (see ``controller.p4entity``), so p4runtime-shell stays usable as
 the interactive shell against the same switches (connect it with a lower election id: it is then a
 read-only backup and does not take mastership away from the controller).
 """

@@ -14,13 +14,14 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 from p4runtime_sh.bytes_utils import parse_value, to_canonical_bytes
 from p4runtime_sh.context import Context, P4Type
 
-__all__ = ["Schema", "SchemaError", "TableEntry", "MulticastGroup", "load_p4info", "format_value"]
+from softswitch.p4program import load_p4info
+
+__all__ = ["Schema", "SchemaError", "TableEntry", "MulticastGroup", "encode_value", "format_value"]
 
 _EXACT = p4info_pb2.MatchField.EXACT
 _LPM = p4info_pb2.MatchField.LPM
@@ -30,11 +31,6 @@ _OPTIONAL = p4info_pb2.MatchField.OPTIONAL
 
 class SchemaError(ValueError):
     """A name the P4Info does not have, or a value that does not fit its field."""
-
-
-def load_p4info(path: str | Path) -> p4info_pb2.P4Info:
-    """Read a P4Info text file (``*.p4info.txt``, as p4c writes it)."""
-    return text_format.Parse(Path(path).read_text(), p4info_pb2.P4Info())
 
 
 @dataclass(frozen=True)
@@ -68,7 +64,8 @@ class MulticastGroup:
         object.__setattr__(self, "replicas", tuple(sorted((int(p), int(i)) for p, i in self.replicas)))
 
 
-def _encode(value: int, bitwidth: int) -> bytes:
+def encode_value(value: int, bitwidth: int) -> bytes:
+    """P4Runtime's canonical bytestring of ``value`` (SchemaError if it does not fit ``bitwidth`` bits)."""
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < (1 << bitwidth):
         raise SchemaError(f"value {value!r} does not fit in {bitwidth} bits")
     return to_canonical_bytes(value.to_bytes((bitwidth + 7) // 8, "big"))
@@ -112,6 +109,7 @@ class Schema:
         self._tables = {name: t for name, t in self._ctx.get_objs(P4Type.table)}
         self._actions = {name: a for name, a in self._ctx.get_objs(P4Type.action)}
         self._counters = {name: c for name, c in self._ctx.get_objs(P4Type.counter)}
+        self._packet_headers = {h.preamble.name: h for h in p4info.controller_packet_metadata}
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Schema":
@@ -136,14 +134,10 @@ class Schema:
             raise SchemaError(f"the P4Info has no counter {name!r}")
         return c
 
-    def table_names(self) -> list[str]:
-        return list(self._tables)
-
-    def name_of(self, obj_id: int) -> str:
-        try:
-            return self._ctx.get_name_from_id(obj_id)
-        except KeyError:
-            raise SchemaError(f"the P4Info has no object with id {obj_id}") from None
+    def packet_metadata(self, header: str) -> list[p4info_pb2.ControllerPacketMetadata.Metadata]:
+        """The fields of controller header ``packet_in`` or ``packet_out``, in P4Info order (none if absent)."""
+        h = self._packet_headers.get(header)
+        return list(h.metadata) if h is not None else []
 
     # --- table entries ------------------------------------------------------------------------------
     def entry(self, table: str, match: dict | tuple, action: str, params: dict | tuple = (), *, priority: int = 0) -> TableEntry:
@@ -180,7 +174,7 @@ class Schema:
                     continue  # don't care: omitted
                 fm = p4runtime_pb2.FieldMatch(field_id=mf.id)
                 if mf.match_type == _EXACT:
-                    fm.exact.value = _encode(value, mf.bitwidth)
+                    fm.exact.value = encode_value(value, mf.bitwidth)
                 elif mf.match_type == _LPM:
                     v, plen = value
                     if not 0 <= plen <= mf.bitwidth:
@@ -189,14 +183,14 @@ class Schema:
                         continue  # P4Runtime: a /0 LPM match is omitted
                     if v & ((1 << (mf.bitwidth - plen)) - 1):
                         raise SchemaError(f"{e.table}: {mf.name} has bits set beyond /{plen}")
-                    fm.lpm.value = _encode(v, mf.bitwidth)
+                    fm.lpm.value = encode_value(v, mf.bitwidth)
                     fm.lpm.prefix_len = plen
                 elif mf.match_type == _TERNARY:
                     v, mask = value
-                    fm.ternary.value = _encode(v & mask, mf.bitwidth)
-                    fm.ternary.mask = _encode(mask, mf.bitwidth)
+                    fm.ternary.value = encode_value(v & mask, mf.bitwidth)
+                    fm.ternary.mask = encode_value(mask, mf.bitwidth)
                 elif mf.match_type == _OPTIONAL:
-                    fm.optional.value = _encode(value, mf.bitwidth)
+                    fm.optional.value = encode_value(value, mf.bitwidth)
                 else:
                     raise SchemaError(f"{e.table}: match kind of {mf.name} is not supported")
                 msg.match.append(fm)
@@ -208,7 +202,7 @@ class Schema:
         msg.action.action.action_id = a.preamble.id
         for p, value in zip(a.params, e.params):
             try:
-                enc = _encode(value, p.bitwidth)
+                enc = encode_value(value, p.bitwidth)
             except SchemaError as exc:
                 raise SchemaError(f"{e.action}: parameter {p.name}: {exc}") from None
             msg.action.action.params.add(param_id=p.id, value=enc)

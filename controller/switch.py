@@ -1,4 +1,6 @@
-"""One switch over P4Runtime: arbitration, pipeline, table entries, multicast groups, counters, reconcile.
+"""One switch over P4Runtime: arbitration, pipeline, table entries, multicast groups, counters, packet I/O,
+reconcile. The project's one P4Runtime client: the controller, the topology runner's route installer
+(``topologies.runtime``) and the tests' targets all drive switches through it.
 
 A :class:`Switch` is one connection to one device (``simple_switch_grpc`` or ``ina-switch``: the target is
 just an address and a device id); a controller holds one per switch and no state is process-global.
@@ -6,8 +8,8 @@ just an address and a device id); a controller holds one per switch and no state
 Why not p4runtime-shell's ``P4RuntimeClient`` itself: it calls ``sys.exit`` when arbitration fails,
 prints to stdout, and runs its stream reader in a non-daemon thread, none of which a long-running
 daemon can afford. This module keeps the same wire behaviour (arbitration on the stream channel, the
-election id on every write, canonical byte strings) and reuses p4runtime-shell's P4Info ``Context``,
-byte encoders and write-error decoding (see ``controller.p4entity``), so p4runtime-shell stays usable as
+election id on every write, canonical byte strings) and reuses p4runtime-shell's P4Info ``Context`` and
+byte encoders (see ``controller.p4entity``), so p4runtime-shell stays usable as
 the interactive shell against the same switches (connect it with a lower election id: it is then a
 read-only backup and does not take mastership away from the controller).
 """
@@ -22,14 +24,14 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import grpc
-from google.rpc import code_pb2
+from google.protobuf.message import DecodeError
+from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
-from p4runtime_sh.p4runtime import P4RuntimeErrorFormatException, P4RuntimeErrorIterator
 
-from controller.p4entity import MulticastGroup, Schema, TableEntry
+from controller.p4entity import MulticastGroup, Schema, SchemaError, TableEntry, encode_value
 
-__all__ = ["SwitchOptions", "SwitchError", "Switch", "SwitchState", "plan_writes", "ReconcileReport"]
+__all__ = ["SwitchOptions", "SwitchError", "Switch", "SwitchState", "plan_writes", "ReconcileReport", "update_errors"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ INSERT = p4runtime_pb2.Update.INSERT
 MODIFY = p4runtime_pb2.Update.MODIFY
 DELETE = p4runtime_pb2.Update.DELETE
 _UPDATE_NAMES = {INSERT: "INSERT", MODIFY: "MODIFY", DELETE: "DELETE"}
+VERIFY_AND_COMMIT = p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT
 _BATCH = 256  # updates per WriteRequest
 
 
@@ -75,14 +78,26 @@ class SwitchError(Exception):
     def from_rpc(cls, switch: str, op: str, exc: grpc.RpcError) -> "SwitchError":
         code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
         details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
-        errors: list[tuple[int, str, str]] = []
-        if code == grpc.StatusCode.UNKNOWN:
-            try:
-                for i, err in P4RuntimeErrorIterator(exc):
+        return cls(switch, op, code, details or "", update_errors(exc))
+
+
+def update_errors(exc: grpc.RpcError) -> list[tuple[int, str, str]]:
+    """(update index, canonical code name, message) of each failed update of a Write, from the
+    ``grpc-status-details-bin`` trailer (one ``p4.v1.Error`` per update, OK for those that were applied)."""
+    errors: list[tuple[int, str, str]] = []
+    trailer = exc.trailing_metadata() if callable(getattr(exc, "trailing_metadata", None)) else None
+    for key, value in trailer or ():
+        if key != "grpc-status-details-bin":
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+            for i, detail in enumerate(status.details):
+                err = p4runtime_pb2.Error()
+                if detail.Unpack(err) and err.canonical_code != code_pb2.OK:
                     errors.append((i, code_pb2.Code.Name(err.canonical_code), err.message))
-            except (P4RuntimeErrorFormatException, AttributeError, TypeError):
-                pass
-        return cls(switch, op, code, details or "", errors)
+        except DecodeError:
+            pass
+    return errors
 
 
 @dataclass
@@ -296,12 +311,11 @@ class Switch:
             raise SwitchError.from_rpc(self.name, "get pipeline", exc) from None
         return rep.config.p4info if rep.config.HasField("p4info") else None
 
-    def push_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes = b"") -> None:
-        """SetForwardingPipelineConfig(VERIFY_AND_COMMIT): on BMv2 ``device_config`` is p4c's JSON."""
-        req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
-            device_id=self.options.device_id,
-            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
-        )
+    def push_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes = b"", *,
+                      action: int = VERIFY_AND_COMMIT) -> None:
+        """SetForwardingPipelineConfig (VERIFY_AND_COMMIT resets the device's state; RECONCILE_AND_COMMIT
+        keeps it): on BMv2 ``device_config`` is p4c's JSON."""
+        req = p4runtime_pb2.SetForwardingPipelineConfigRequest(device_id=self.options.device_id, action=action)
         req.election_id.high, req.election_id.low = self.options.election_id
         req.config.p4info.CopyFrom(p4info)
         req.config.p4_device_config = device_config
@@ -388,6 +402,32 @@ class Switch:
     def read_state(self, tables: Iterable[str], groups: bool = True) -> SwitchState:
         entries = [e for t in tables for e in self.read_table(t)]
         return SwitchState.of(entries, self.read_groups() if groups else ())
+
+    # --- packet I/O -------------------------------------------------------------------------------
+    def send_packet_out(self, payload: bytes, **metadata: int) -> None:
+        """A PacketOut on our stream; ``packet_out`` metadata by name (``egress_port=3``), others 0."""
+        with self._cond:
+            requests = self._requests
+        if requests is None:
+            raise SwitchError(self.name, "packet-out", grpc.StatusCode.UNAVAILABLE, "no stream: connect() first")
+        msg = p4runtime_pb2.StreamMessageRequest()
+        msg.packet.payload = payload
+        fields = self.schema.packet_metadata("packet_out")
+        unknown = set(metadata) - {f.name for f in fields}
+        if unknown:
+            raise SchemaError(f"packet_out has no metadata {sorted(unknown)[0]!r}")
+        for f in fields:
+            msg.packet.metadata.add(metadata_id=f.id, value=encode_value(metadata.get(f.name, 0), f.bitwidth))
+        requests.put(msg)
+
+    def receive_packet_in(self, timeout: float | None = None) -> tuple[dict[str, int], bytes] | None:
+        """The next PacketIn as ({metadata name: value}, payload), or None after ``timeout`` seconds."""
+        try:
+            packet = self.packets.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        names = {f.id: f.name for f in self.schema.packet_metadata("packet_in")}
+        return {names.get(m.metadata_id, str(m.metadata_id)): int.from_bytes(m.value, "big") for m in packet.metadata}, packet.payload
 
     # --- reconcile ----------------------------------------------------------------------------------
     def apply(self, current: SwitchState, target: SwitchState, table_order: Sequence[str]) -> ReconcileReport:

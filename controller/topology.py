@@ -25,6 +25,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable, Mapping
 
 from inaproto import wire
 from controller.p4entity import MulticastGroup, Schema, SchemaError, TableEntry
@@ -36,6 +37,7 @@ __all__ = [
     "Topology",
     "parse_switch_spec",
     "write_runtime_json",
+    "next_hops_towards",
     "DEFAULT_SWITCH_IP",
     "DEFAULT_SWITCH_MAC",
 ]
@@ -186,18 +188,6 @@ class Topology:
         known = ", ".join(sorted(self.hosts)) or "none"
         raise TopologyError(f"unknown host {host!r} (topology hosts: {known}; or name a switch port like s1-p3)")
 
-    def _next_hops(self, src: str) -> dict[str, int]:
-        """For every switch reachable from `src`: the port of `src` on a shortest path to it."""
-        first: dict[str, int] = {src: -1}
-        todo = deque([src])
-        while todo:
-            sw = todo.popleft()
-            for port, nb in sorted(self.trunks.get(sw, {}).items()):
-                if nb not in first:
-                    first[nb] = port if sw == src else first[sw]
-                    todo.append(nb)
-        return first
-
     def forwarding(self, switch: str, schema: Schema) -> tuple[list[TableEntry], list[MulticastGroup]]:
         """The switch's non-INA entries: from its runtime JSON, else /32 routes derived from the links."""
         info = self.switches[switch]
@@ -205,12 +195,19 @@ class Topology:
             return read_runtime_json(self.base_dir / info.runtime_json, schema)
         if not self.manages_forwarding:
             return [], []
-        hops = self._next_hops(switch)
+        links = {sw: [(nb, port) for port, nb in ports.items()] for sw, ports in self.trunks.items()}
+        towards: dict[str, dict[str, tuple[int, str]]] = {}
         entries = []
         for h in sorted(self.hosts.values(), key=lambda h: h.name):
-            port = h.port if h.switch == switch else hops.get(h.switch)
-            if port is None or port < 0:
-                continue  # unreachable
+            if h.switch == switch:
+                port = h.port
+            else:
+                if h.switch not in towards:
+                    towards[h.switch] = next_hops_towards(links, h.switch)
+                hop = towards[h.switch].get(switch)
+                if hop is None:
+                    continue  # unreachable
+                port = hop[0]
             entries.append(
                 schema.entry(
                     "MyIngress.ipv4_lpm",
@@ -220,6 +217,29 @@ class Topology:
                 )
             )
         return entries, []
+
+
+def next_hops_towards(links: Mapping[str, Iterable[tuple[str, int]]], destination: str) -> dict[str, tuple[int, str]]:
+    """The one route computation: every switch that reaches ``destination`` -> (its port, the neighbour) on a
+    shortest path there.
+
+    ``links`` maps a switch to its ``(neighbour switch, local port)`` links. Breadth-first out from
+    ``destination``, neighbours in name order: a switch reached from ``current`` forwards to ``current``,
+    out of its lowest port to it. The controller's derived ``ipv4_lpm`` routes and a topology's plan
+    (``topologies.plan.compute_routes``) both come from here.
+    """
+    hops: dict[str, tuple[int, str]] = {}
+    seen = {destination}
+    queue = deque([destination])
+    while queue:
+        current = queue.popleft()
+        for peer, _port in sorted(links.get(current, ())):
+            if peer in seen:
+                continue
+            seen.add(peer)
+            hops[peer] = (min(p for n, p in links[peer] if n == current), current)
+            queue.append(peer)
+    return hops
 
 
 def read_runtime_json(path: str | Path, schema: Schema) -> tuple[list[TableEntry], list[MulticastGroup]]:

@@ -16,7 +16,6 @@ known divergence from BMv2.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import logging.handlers
 import os
@@ -26,17 +25,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from softswitch.dataplane import TRACE, DataPlane, DataPlaneError
 from softswitch.faults import FaultConfig, build_config
+from softswitch.p4program import JSON_VERSION, ProgramError, check_program
+from softswitch.pipeline import DROP_PORT
 
 PROG = "ina-switch"
 VERSION = "ina-switch 0.1.0 (BMv2 simple_switch_grpc command line, P4Runtime 1.4)"
-JSON_VERSION = "2.23"  # the BMv2 JSON format version p4c 1.2.4 writes; any 2.x is read
 DEFAULT_GRPC_ADDR = "127.0.0.1:9559"  # BMv2's default is 0.0.0.0:9559: never a wildcard here
 DEFAULT_DEVICE_ID = 0  # as BMv2; most clients default to 1, so always pass --device-id
-DROP_PORT = 511
 LEVELS = {"trace": TRACE, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
           "error": logging.ERROR, "off": logging.CRITICAL + 10}
 LEVEL_CHARS = {TRACE: "T", logging.DEBUG: "D", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "C"}
@@ -66,13 +64,9 @@ class UsageError(Exception):
     """A command-line mistake: reported as one line on stderr, exit status 1."""
 
 
-class ProgramError(Exception):
-    """A program (BMv2 JSON) the pipeline model does not implement."""
-
-
 @dataclass(frozen=True)
-class SwitchOptions:
-    """The parsed command line."""
+class SwitchCommandLine:
+    """The parsed command line (what ``ina-switch`` was told to run)."""
 
     program: str | None
     no_p4: bool
@@ -198,7 +192,7 @@ def _help_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_args(argv: list[str]) -> SwitchOptions | str:
+def parse_args(argv: list[str]) -> SwitchCommandLine | str:
     """Options from a command line; a string to print (help, version) instead; UsageError for a mistake."""
     if "--" in argv:
         cut = argv.index("--")
@@ -277,7 +271,7 @@ def parse_args(argv: list[str]) -> SwitchOptions | str:
     for port in a.fault_port:
         if port not in interfaces:
             warnings.append(f"--fault-port {port} has no interface (-i {port}@IFACE)")
-    return SwitchOptions(
+    return SwitchCommandLine(
         program=program, no_p4=a.no_p4, device_id=a.device_id, interfaces=interfaces, grpc_addr=t.grpc_server_addr,
         cpu_port=t.cpu_port, log_console=a.log_console, log_file=a.log_file, log_level=a.log_level,
         log_file_max_size=a.log_file_max_size, log_file_max_files=a.log_file_max_files, pcap_dir=pcap,
@@ -290,58 +284,6 @@ def _valid_address(addr: str) -> bool:
         return len(addr) > 5
     host, sep, port = addr.rpartition(":")
     return bool(sep and host and port.isdigit() and int(port) < 65536)
-
-
-# --- the program ------------------------------------------------------------------------------------------
-def check_program(path: str) -> bytes:
-    """The bytes of a BMv2 JSON that the pipeline model implements; ProgramError with the reason otherwise."""
-    from softswitch import pipeline as model
-    from softswitch.p4runtime_server import device_config_mismatch
-
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise ProgramError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ProgramError(f"{path} is not JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise ProgramError(f"{path} is not a BMv2 JSON (a JSON object with 'pipelines' and 'actions')")
-    meta = doc.get("__meta__", {})
-    version = meta.get("version") if isinstance(meta, dict) else None
-    if isinstance(version, list) and version and version[0] != int(JSON_VERSION.split(".")[0]):
-        raise ProgramError(f"{path} is BMv2 JSON version {'.'.join(map(str, version))}; ina-switch reads {JSON_VERSION.split('.')[0]}.x")
-    why = device_config_mismatch(data)
-    if why is None:
-        why = _key_widths_mismatch(doc, model)
-    if why is not None:
-        raise ProgramError(f"{path} is not the program ina-switch implements (p4src/ina.p4): {why}")
-    return data
-
-
-def _key_widths_mismatch(doc: dict, model) -> str | None:
-    """Table key widths and sizes of the JSON against the model's, where the JSON states them."""
-    try:
-        widths = {}
-        types = {t["name"]: {f[0]: f[1] for f in t.get("fields", [])} for t in doc.get("header_types", [])}
-        for h in doc.get("headers", []):
-            widths[h["name"]] = types.get(h.get("header_type"), {})
-        tables = {t["name"]: t for p in doc["pipelines"] for t in p.get("tables", [])}
-        for name, spec in model.TABLES.items():
-            t = tables[name]
-            size = t.get("max_size")
-            if isinstance(size, int) and size != spec.size:
-                return f"table {name} has size {size}, the model {spec.size}"
-            for key, (fname, width, _kind) in zip(t.get("key", []), spec.keys):
-                target = key.get("target")
-                if isinstance(target, list) and len(target) == 2 and target[0] in widths:
-                    got = widths[target[0]].get(target[1])
-                    if isinstance(got, int) and got != width:
-                        return f"table {name} key {fname} is {got} bits wide, the model's {width}"
-    except (AttributeError, TypeError, KeyError, IndexError) as e:
-        return f"not a well-formed BMv2 JSON ({type(e).__name__}: {e})"
-    return None
 
 
 # --- logging ----------------------------------------------------------------------------------------------
@@ -357,7 +299,7 @@ class _BmFormatter(logging.Formatter):
         return text
 
 
-def setup_logging(opts: SwitchOptions) -> None:
+def setup_logging(opts: SwitchCommandLine) -> None:
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
@@ -397,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def run(opts: SwitchOptions) -> int:
+def run(opts: SwitchCommandLine) -> int:
     """Start the data plane and the P4Runtime server; serve until SIGTERM or SIGINT."""
     program = None
     if opts.program is not None:

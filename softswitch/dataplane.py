@@ -36,7 +36,6 @@ BATCH = 64  # frames read from one socket before the next poll
 RECV_SIZE = 65536  # larger than any frame a veth delivers (GSO off or on)
 SOCKET_BUFFER = 4 << 20
 IDLE_FLUSH = 0.2  # seconds: pcap files are flushed when the switch has been idle this long
-DROP_PORT = 511
 
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")

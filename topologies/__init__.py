@@ -1,7 +1,7 @@
 """Mininet topologies whose switches are P4 switches (BMv2 or ina-switch, same flags).
 
 ``StarTopo``, ``LeafSpineTopo``, ``TopologyJson`` (topos), ``P4Switch``/``P4Host``/``InaLink`` (nodes),
-``InaNetwork`` (one run), ``P4RuntimeClient`` (routes), ``python -m topologies.cleanup`` (``make stop``).
+``InaNetwork`` (one run), ``RouteInstaller`` (routes), ``python -m topologies.cleanup`` (``make stop``).
 Names are imported lazily, so ``topologies.cleanup`` and ``topologies.plan`` work without Mininet.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ _EXPORTS = {
     "SwitchStartupError": "topologies.nodes",
     "InaNetwork": "topologies.network",
     "NetworkPlan": "topologies.plan",
-    "P4RuntimeClient": "topologies.runtime",
+    "RouteInstaller": "topologies.runtime",
 }
 
 __all__ = sorted(_EXPORTS)

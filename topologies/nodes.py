@@ -386,10 +386,10 @@ class P4Switch(Switch):
         from topologies import runtime
 
         try:
-            with runtime.P4RuntimeClient(self.grpc_address, self.device_id) as client:
-                client.ensure_pipeline(self.p4info, self.program)
-                return client.install_routes(self.routes)
-        except (runtime.P4RuntimeError, OSError) as exc:
+            with runtime.RouteInstaller(self.grpc_address, self.device_id) as installer:
+                installer.ensure_pipeline(self.p4info, self.program)
+                return installer.install_routes(self.routes)
+        except (runtime.SwitchError, OSError) as exc:
             raise SwitchStartupError(self.name, f"installing its routes failed: {exc}", self.log_path,
                                      _log_tail(self.log_path)) from exc
 

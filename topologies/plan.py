@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from controller.topology import next_hops_towards
+
 __all__ = [
     "INTF_PREFIX",
     "LPM_TABLE",
@@ -151,12 +153,6 @@ class SwitchSpec:
     ports: tuple[tuple[int, str], ...] = ()
     routes: tuple[Route, ...] = ()
 
-    def port_to(self, peer: str) -> int:
-        for port, name in self.ports:
-            if name == peer:
-                return port
-        raise KeyError(f"{self.name} has no port to {peer}")
-
 
 @dataclass(frozen=True)
 class LinkSpec:
@@ -190,9 +186,6 @@ class NetworkPlan:
             if s.name == name:
                 return s
         raise KeyError(f"no switch {name!r} in the plan")
-
-    def hosts_of(self, switch: str) -> list[HostSpec]:
-        return [h for h in self.hosts if h.switch == switch]
 
     def switch_interfaces(self) -> list[str]:
         """Every root-namespace interface name the topology makes (switch ports)."""
@@ -276,7 +269,7 @@ class NetworkPlan:
 def compute_routes(
     hosts: Sequence[HostSpec], switches: Iterable[str], links: Sequence[LinkSpec], switch_macs: Mapping[str, str]
 ) -> dict[str, tuple[Route, ...]]:
-    """Host routes (/32) for every switch along shortest paths (BFS over switch-to-switch links).
+    """Host routes (/32) for every switch along shortest paths (``controller.topology.next_hops_towards``).
 
     The next hop's MAC is the host's own MAC on its access switch, else the next switch's INA MAC (the P4
     program does not check destination MACs; a real one makes pcaps readable).
@@ -293,16 +286,6 @@ def compute_routes(
         if host.switch not in names:
             raise PlanError(f"host {host.name} is attached to {host.switch!r}, which is not a switch of the topology")
         routes[host.switch].append(Route(f"{host.ip}/32", host.mac, host.switch_port))
-        # BFS outwards from the host's switch: a switch reached from `prev` forwards towards `prev`.
-        seen = {host.switch}
-        queue = collections.deque([host.switch])
-        while queue:
-            current = queue.popleft()
-            for peer, _port in sorted(adjacency[current]):
-                if peer in seen:
-                    continue
-                seen.add(peer)
-                back_port = min(p for n, p in adjacency[peer] if n == current)
-                routes[peer].append(Route(f"{host.ip}/32", switch_macs[current], back_port))
-                queue.append(peer)
+        for switch, (port, towards) in next_hops_towards(adjacency, host.switch).items():
+            routes[switch].append(Route(f"{host.ip}/32", switch_macs[towards], port))
     return {s: tuple(r) for s, r in routes.items()}

@@ -8,14 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
-from p4.config.v1 import p4info_pb2
+
+from softswitch.p4program import load_p4info
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _p4info(path: Path) -> p4info_pb2.P4Info:
-    return text_format.Parse(path.read_text(), p4info_pb2.P4Info())
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +28,7 @@ def compiled(tmp_path_factory) -> Path:
 
 
 def test_p4c_p4info_has_the_committed_names_ids_and_widths(compiled):
-    ours, theirs = _p4info(ROOT / "p4src" / "ina.p4info.txt"), _p4info(compiled / "ina.p4info.txt")
+    ours, theirs = load_p4info(), load_p4info(compiled / "ina.p4info.txt")
     for kind in ("tables", "actions", "counters", "registers", "controller_packet_metadata"):
         a = {x.preamble.name: x for x in getattr(ours, kind)}
         b = {x.preamble.name: x for x in getattr(theirs, kind)}

@@ -132,8 +132,6 @@ class ProcessTarget:
     BARRIER_TIMEOUT = 10.0
 
     def __init__(self, net: SwitchNetwork, log_dir: str | Path, kind: str = "ina-switch") -> None:
-        from p4.v1 import p4runtime_pb2
-
         from tests.p4rt_client import P4RuntimeTestClient
 
         self.kind = kind
@@ -146,10 +144,9 @@ class ProcessTarget:
             device_config = BMV2_JSON.read_bytes() if kind == "bmv2" else b""
             self.client = P4RuntimeTestClient(self.switch.address, self.switch.device_id, 1, device_config=device_config)
             # Barrier routes: 203.0.113.<p>/32 goes back out of port p.
-            self.client.write(*(
-                self.client._update(p4runtime_pb2.Update.INSERT, "table_entry", self.client.table_entry(
-                    "MyIngress.ipv4_lpm", ((BARRIER_NET + p, 32),), "MyIngress.ipv4_forward",
-                    (int.from_bytes(BARRIER_MAC, "big"), p)))
+            self.client.switch.insert(*(
+                self.client.schema.entry("MyIngress.ipv4_lpm", ((BARRIER_NET + p, 32),), "MyIngress.ipv4_forward",
+                                         (int.from_bytes(BARRIER_MAC, "big"), p))
                 for p in self.ports
             ))
         except BaseException:

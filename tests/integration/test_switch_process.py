@@ -24,7 +24,8 @@ from tests.integration import bmv2json
 from tests.integration.netns import Network, sweep_stale
 from tests.integration.ptfutil import HostPorts, Mask, send_packet, verify_no_other_packets, verify_packet, verify_packets
 from tests.integration.switch_process import GRPC_PORT, SwitchNetwork, SwitchProcess, switch_command
-from tests.p4rt_client import P4RuntimeError, P4RuntimeTestClient
+from controller.switch import SwitchError
+from tests.p4rt_client import P4RuntimeTestClient
 from tests.targets import SWITCH_IP, SWITCH_MAC, Worker, dissect, gradient, install_job, make_workers
 
 K = 3
@@ -116,7 +117,7 @@ def _frames_before_the_config_were_processed(sw, hosts, device_config: bytes) ->
     send_packet(hosts, 1, Ether(dst=SWITCH_MAC) / IP(src="10.0.1.1", dst="192.0.2.9") / UDP(sport=1, dport=2))
     verify_no_other_packets(hosts, timeout=0.2)
     with connect(sw, device_config=None) as client:
-        with pytest.raises(P4RuntimeError) as e:  # as BMv2: no P4Info before SetForwardingPipelineConfig
+        with pytest.raises(SwitchError) as e:  # as BMv2: no P4Info before SetForwardingPipelineConfig
             client.read_counter("MyIngress.ina_drops", wire.DropReason.NO_ROUTE)
         assert e.value.code.name == "FAILED_PRECONDITION"
         client.set_forwarding_pipeline(device_config, action=SetConfig.RECONCILE_AND_COMMIT)

@@ -28,7 +28,7 @@ from topologies import state as run_state  # noqa: E402
 from topologies.cleanup import cleanup_all, root_interfaces  # noqa: E402
 from topologies.network import InaNetwork  # noqa: E402
 from topologies.nodes import P4Switch, SwitchStartupError  # noqa: E402
-from topologies.runtime import P4RuntimeClient  # noqa: E402
+from topologies.runtime import RouteInstaller  # noqa: E402
 from topologies.topos import LeafSpineTopo, StarTopo, TopologyJson  # noqa: E402
 
 SWITCH_COMMAND = os.environ.get("INA_SWITCH_COMMAND")
@@ -151,9 +151,9 @@ def test_star_passes_ping_udp_and_shapes_bandwidth(tmp_path: Path) -> None:
 
         # The routes are in the switch, and the run directory tells the controller where the switch is.
         sw = net.switch("s1")
-        with P4RuntimeClient(sw.grpc_address, sw.device_id) as client:
-            client.ensure_pipeline()
-            assert set(client.read_routes()) == set(topo.plan.switch("s1").routes)
+        with RouteInstaller(sw.grpc_address, sw.device_id) as installer:
+            installer.ensure_pipeline()
+            assert set(installer.read_routes()) == set(topo.plan.switch("s1").routes)
         doc = json.loads((tmp_path / "run" / "topology.json").read_text())
         assert doc["switches"]["s1"]["grpc"] == sw.grpc_address and doc["switches"]["s1"]["device_id"] == 1
         assert (tmp_path / "run" / "s1-runtime.json").exists() and sw.log_path.exists()

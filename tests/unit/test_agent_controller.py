@@ -1,4 +1,4 @@
-"""Agents against the real controller (controller.testing.Harness: controller, admission service, switches
+"""Agents against the real controller (tests.harness.Harness: controller, admission service, switches
 programmed over P4Runtime), with the switches' pipelines bridged to loopback UDP by tests/udp_switch.py."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from host_agent.agent import Agent, AgentOptions
 from host_agent.stream import StreamOptions
 from tests.udp_switch import UdpSwitch, local_job, quantised_sum, run_workers
 
-testing = pytest.importorskip("controller.testing")
+testing = pytest.importorskip("tests.harness")
 
 
 @pytest.fixture

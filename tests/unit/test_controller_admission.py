@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from controller import admission_pb2 as pb
-from controller.testing import Harness, gradient_frame, parse_result, worker
+from tests.harness import Harness, gradient_frame, parse_result, worker
 from inaproto import wire
 
 STALE = wire.DropReason.STALE_GENERATION

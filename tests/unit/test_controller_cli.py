@@ -11,7 +11,7 @@ import pytest
 
 from controller import admission_pb2 as pb
 from controller import cli
-from controller.testing import Harness, worker
+from tests.harness import Harness, worker
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from controller import daemon
 from controller.core import Controller, ControllerError, ControllerOptions
 from controller.p4entity import Schema
-from controller.testing import Harness, worker
+from tests.harness import Harness, worker
 from controller.topology import Topology, read_runtime_json
 from inaproto.commands import REPO
 

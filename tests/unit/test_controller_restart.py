@@ -11,7 +11,7 @@ import pytest
 
 from controller import admission_pb2 as pb
 from controller.core import Controller, ControllerError, ControllerOptions
-from controller.testing import Harness, gradient_frame, parse_result, worker
+from tests.harness import Harness, gradient_frame, parse_result, worker
 from inaproto import wire
 
 TABLES = ("MyIngress.ina_job", "MyEgress.ina_worker", "MyIngress.ipv4_lpm")

@@ -9,7 +9,7 @@ import pytest
 
 from controller.p4entity import MulticastGroup, Schema, SchemaError, TableEntry
 from controller.switch import DELETE, INSERT, MODIFY, Switch, SwitchError, SwitchOptions, SwitchState, plan_writes
-from controller.testing import LocalSwitch
+from tests.harness import LocalSwitch
 from controller.topology import Topology, TopologyError, parse_switch_spec, read_runtime_json, write_runtime_json
 
 SCHEMA = Schema.from_file("p4src/ina.p4info.txt")

@@ -1,19 +1,14 @@
 """The committed P4Info, the P4 source and the switch model agree by name, id and width."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
 from softswitch import pipeline
-from tests.p4source import assign_ids, derive_p4info, jenkins_one_at_a_time
-
-P4INFO = Path(__file__).resolve().parents[2] / "p4src" / "ina.p4info.txt"
-
+from softswitch.p4program import load_p4info
+from softswitch.p4source import assign_ids, derive_p4info, jenkins_one_at_a_time
 
 def _committed() -> p4info_pb2.P4Info:
-    return text_format.Parse(P4INFO.read_text(), p4info_pb2.P4Info())
+    return load_p4info()
 
 
 def test_id_hash_matches_p4c_on_known_tutorial_ids():
@@ -47,7 +42,7 @@ def test_model_tables_actions_counters_registers_match_p4info():
 
 
 def test_model_default_actions_match_p4():
-    from tests.p4source import read_p4
+    from softswitch.p4source import read_p4
     import re
 
     src = read_p4()

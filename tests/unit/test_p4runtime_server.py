@@ -13,17 +13,17 @@ from types import SimpleNamespace
 import grpc
 import numpy as np
 import pytest
-from google.protobuf import text_format
 from google.rpc import code_pb2, status_pb2
-from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
 from softswitch import pipeline as model
-from softswitch.p4runtime_server import P4INFO_PATH, P4RuntimeServer, device_config_mismatch, load_p4info, p4info_mismatch
+from softswitch.p4program import P4INFO_PATH, device_config_mismatch, load_p4info, p4info_mismatch
+from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.pipeline import InaPipeline
-from tests.p4rt_client import P4InfoIndex, P4RuntimeError, P4RuntimeTestClient
+from controller.switch import SwitchError
+from tests.p4rt_client import P4RuntimeTestClient, table_entry
 from tests.targets import dissect, gradient, install_job, make_workers
 
 DEVICE = 1
@@ -268,7 +268,7 @@ def test_arbitration_primary_backup_and_promotion(loaded):
     assert a.quiet(), "a new backup does not disturb the primary"
 
     client_b = SimpleNamespace(election_id=(0, 1))
-    te = P4InfoIndex().table_entry(*JOB)
+    te = table_entry(*JOB)
     err = _code(lambda: _write(loaded, client_b, _upd(Update.INSERT, te)))
     assert err == grpc.StatusCode.PERMISSION_DENIED
     _write(loaded, client_b, _upd(Update.INSERT, te), election_id=2)  # the primary's election id works
@@ -305,7 +305,7 @@ def test_arbitration_refusals(loaded):
 
 
 def test_write_without_stream_follows_pi(loaded):
-    te = P4InfoIndex().table_entry(*JOB)
+    te = table_entry(*JOB)
     req = p4runtime_pb2.WriteRequest(device_id=DEVICE)
     req.updates.add().CopyFrom(_upd(Update.INSERT, te))
     _stub(loaded).Write(req)  # no client holds a stream, no election id: accepted (PI's debugging rule)
@@ -322,19 +322,19 @@ def test_batch_reports_one_error_per_update(loaded):
     from p4runtime_sh.p4runtime import P4RuntimeWriteException
 
     with P4RuntimeTestClient(loaded.address, DEVICE, 1) as client:
-        good = client.table_entry(*JOB)
-        bad_action = client.table_entry(*JOB)
-        bad_action.action.action.action_id = client.names.actions["MyEgress.set_worker_addr"].preamble.id
-        wide = client.table_entry("MyIngress.ina_job", (6,), *JOB[2:])
+        good = table_entry(*JOB)
+        bad_action = table_entry(*JOB)
+        bad_action.action.action.action_id = client.schema.action("MyEgress.set_worker_addr").preamble.id
+        wide = table_entry("MyIngress.ina_job", (6,), *JOB[2:])
         wide.action.action.params[3].value = b"\x01\x00"  # num_workers is bit<8>
-        missing = client.table_entry("MyIngress.ina_job", (6,), *JOB[2:])
+        missing = table_entry("MyIngress.ina_job", (6,), *JOB[2:])
         del missing.action.action.params[5]
-        other = client.table_entry("MyIngress.ina_job", (7,), *JOB[2:])
-        default = client.table_entry("MyIngress.ina_job", None, "NoAction")
+        other = table_entry("MyIngress.ina_job", (7,), *JOB[2:])
+        default = table_entry("MyIngress.ina_job", None, "NoAction")
         updates = [
             _upd(Update.INSERT, good),
             _upd(Update.INSERT, good),  # duplicate
-            _upd(Update.DELETE, client.table_entry("MyIngress.ina_job", (99,))),  # missing
+            _upd(Update.DELETE, table_entry("MyIngress.ina_job", (99,))),  # missing
             _upd(Update.INSERT, bad_action),
             _upd(Update.INSERT, wide),
             _upd(Update.INSERT, missing),
@@ -359,22 +359,22 @@ def test_batch_reports_one_error_per_update(loaded):
         assert [(i, e.canonical_code) for i, e in parsed.errors] == list(enumerate(codes[1:7]))
         # CONTINUE_ON_ERROR: the good updates were applied.
         assert set(loaded.pipeline.tables["MyIngress.ina_job"].entries) == {(5,), (7,)}
-        with pytest.raises(P4RuntimeError) as info:
+        with pytest.raises(SwitchError) as info:
             client.insert_entry(*JOB)
         assert info.value.errors == [(0, "ALREADY_EXISTS", info.value.errors[0][2])]
 
 
 def test_bytestrings_minimal_or_padded(loaded):
     with P4RuntimeTestClient(loaded.address, DEVICE, 1) as client:
-        te = client.table_entry(*JOB)
+        te = table_entry(*JOB)
         te.match[0].exact.value = b"\x00\x00\x00\x05"  # padded beyond the width: accepted
         for p in te.action.action.params:
             p.value = p.value.lstrip(b"\x00") or b"\x00"  # canonical
-        client.write(_upd(Update.INSERT, te))
+        client.raw.write(_upd(Update.INSERT, te))
         assert loaded.pipeline.tables["MyIngress.ina_job"].entries[(5,)].params == JOB[3]
         te.match[0].exact.value = b"\x01\x00\x05"  # 0x10005 needs 17 bits
-        with pytest.raises(P4RuntimeError) as info:
-            client.write(_upd(Update.INSERT, te))
+        with pytest.raises(SwitchError) as info:
+            client.raw.write(_upd(Update.INSERT, te))
         assert info.value.errors[0][1] == "INVALID_ARGUMENT" and "16 bits" in info.value.errors[0][2]
 
 
@@ -386,19 +386,19 @@ def test_lpm_rules_and_reads(loaded):
             (((0x0A000000, 8),), "MyIngress.ipv4_forward", (0x020000000001, 1)),
             (((0, 0),), "MyIngress.ipv4_forward", (0x020000000002, 2)),
         ]
-        te = client.table_entry("MyIngress.ipv4_lpm", ((0x0A000100, 24),), "NoAction")
+        te = table_entry("MyIngress.ipv4_lpm", ((0x0A000100, 24),), "NoAction")
         te.match[0].lpm.prefix_len = 0
-        bits = client.table_entry("MyIngress.ipv4_lpm", ((0x0A000101, 24),), "NoAction")
-        with pytest.raises(P4RuntimeError) as info:
-            client.write(_upd(Update.INSERT, te), _upd(Update.INSERT, bits))
+        bits = table_entry("MyIngress.ipv4_lpm", ((0x0A000101, 24),), "NoAction")
+        with pytest.raises(SwitchError) as info:
+            client.raw.write(_upd(Update.INSERT, te), _upd(Update.INSERT, bits))
         assert [c for _, c, _ in info.value.errors] == ["INVALID_ARGUMENT", "INVALID_ARGUMENT"]
         # A read for one match key returns that entry only.
         e = p4runtime_pb2.Entity()
-        e.table_entry.CopyFrom(client.table_entry("MyIngress.ipv4_lpm", ((0x0A000000, 8),)))
-        (got,) = client.read(e)
+        e.table_entry.CopyFrom(table_entry("MyIngress.ipv4_lpm", ((0x0A000000, 8),)))
+        (got,) = client.raw.read(e)
         assert got.table_entry.match[0].lpm.prefix_len == 8
         e.table_entry.match[0].lpm.value = bytes([11, 0, 0, 0])
-        assert client.read(e) == []
+        assert client.raw.read(e) == []
 
 
 def test_default_entries(loaded):
@@ -408,26 +408,26 @@ def test_default_entries(loaded):
         assert loaded.pipeline.tables["MyIngress.ipv4_lpm"].default == ("MyIngress.ipv4_forward", nexthop)
         e = p4runtime_pb2.Entity()
         e.table_entry.is_default_action = True  # table_id 0: every table's default entry
-        got = {x.table_entry.table_id: x.table_entry for x in client.read(e)}
+        got = {x.table_entry.table_id: x.table_entry for x in client.raw.read(e)}
         assert len(got) == 3 and all(t.is_default_action for t in got.values())
         ids = {t.preamble.name: t.preamble.id for t in client.p4info.tables}
-        assert got[ids["MyIngress.ina_job"]].action.action.action_id == client.names.actions["NoAction"].preamble.id
+        assert got[ids["MyIngress.ina_job"]].action.action.action_id == client.schema.action("NoAction").preamble.id
         params = got[ids["MyIngress.ipv4_lpm"]].action.action.params
         assert [p.value for p in params] == [bytes.fromhex("020000000009"), b"\x03"]  # canonical (shortest) bytestrings
-        reset = client.table_entry("MyIngress.ipv4_lpm", None)  # MODIFY without action: back to the P4's default
-        client.write(_upd(Update.MODIFY, reset))
+        reset = table_entry("MyIngress.ipv4_lpm", None)  # MODIFY without action: back to the P4's default
+        client.raw.write(_upd(Update.MODIFY, reset))
         assert loaded.pipeline.tables["MyIngress.ipv4_lpm"].default == ("MyIngress.drop", ())
-        with pytest.raises(P4RuntimeError) as info:
-            client.write(_upd(Update.DELETE, reset))
+        with pytest.raises(SwitchError) as info:
+            client.raw.write(_upd(Update.DELETE, reset))
         assert info.value.errors[0][1] == "INVALID_ARGUMENT"
         # ina_job and ina_worker have a const default action, and their default-only action cannot be an entry
-        with pytest.raises(P4RuntimeError) as info:
+        with pytest.raises(SwitchError) as info:
             client.set_default_action("MyEgress.ina_worker", "MyEgress.set_worker_addr", (1, 2, 3))
         assert info.value.errors[0][1] == "PERMISSION_DENIED"
-        with pytest.raises(P4RuntimeError) as info:
+        with pytest.raises(SwitchError) as info:
             client.insert_entry("MyEgress.ina_worker", (1, 0), "MyEgress.drop")
         assert info.value.errors[0][1] == "INVALID_ARGUMENT"
-        with pytest.raises(P4RuntimeError) as info:
+        with pytest.raises(SwitchError) as info:
             client.insert_entry("MyIngress.ina_job", (1,), "NoAction")
         assert info.value.errors[0][1] == "INVALID_ARGUMENT"
 
@@ -440,17 +440,17 @@ def test_registers_are_unimplemented_as_on_bmv2(loaded):
         u.entity.register_entry.register_id = reg
         u.entity.register_entry.index.index = 0
         u.entity.register_entry.data.bitstring = b"\x01"
-        with pytest.raises(P4RuntimeError) as err:
-            client.write(u)
+        with pytest.raises(SwitchError) as err:
+            client.raw.write(u)
         assert err.value.code == grpc.StatusCode.UNKNOWN and err.value.errors[0][1] == "UNIMPLEMENTED"
         e = p4runtime_pb2.Entity()
         e.register_entry.register_id = reg
-        with pytest.raises(P4RuntimeError) as err:
-            client.read(e)
+        with pytest.raises(SwitchError) as err:
+            client.raw.read(e)
         assert err.value.code == grpc.StatusCode.UNIMPLEMENTED
         req = p4runtime_pb2.WriteRequest(device_id=DEVICE, atomicity=p4runtime_pb2.WriteRequest.ROLLBACK_ON_ERROR)
         req.election_id.low = 1
-        req.updates.add().CopyFrom(_upd(Update.INSERT, client.table_entry(*JOB)))
+        req.updates.add().CopyFrom(_upd(Update.INSERT, table_entry(*JOB)))
         assert _code(lambda: _stub(loaded).Write(req)) == grpc.StatusCode.UNIMPLEMENTED
         assert loaded.pipeline.tables["MyIngress.ina_job"].entries == {}
 
@@ -459,34 +459,34 @@ def test_counters_read_and_write(loaded):
     with P4RuntimeTestClient(loaded.address, DEVICE, 1) as client:
         loaded.pipeline.counter("MyIngress.ina_aggregated")[3] = 41
         assert client.read_counter("MyIngress.ina_aggregated", 3) == 41
-        cid = client.names.counters["MyIngress.ina_aggregated"].preamble.id
+        cid = client.schema.counter("MyIngress.ina_aggregated").preamble.id
         u = Update(type=Update.MODIFY)
         u.entity.counter_entry.counter_id = cid
         u.entity.counter_entry.index.index = 3
         u.entity.counter_entry.data.packet_count = 7
-        client.write(u)
+        client.raw.write(u)
         assert loaded.pipeline.counter("MyIngress.ina_aggregated")[3] == 7
         u.type = Update.DELETE
-        client.write(u)
+        client.raw.write(u)
         assert loaded.pipeline.counter("MyIngress.ina_aggregated")[3] == 0
         u.type = Update.INSERT
-        with pytest.raises(P4RuntimeError) as info:
-            client.write(u)
+        with pytest.raises(SwitchError) as info:
+            client.raw.write(u)
         assert info.value.errors[0][1] == "INVALID_ARGUMENT"
         u.type = Update.MODIFY
         u.entity.counter_entry.index.index = 256
-        with pytest.raises(P4RuntimeError) as info:
-            client.write(u)
+        with pytest.raises(SwitchError) as info:
+            client.raw.write(u)
         assert info.value.errors[0][1] == "OUT_OF_RANGE"
         e = p4runtime_pb2.Entity()
         e.counter_entry.counter_id = 0  # every index of every counter
-        got = client.read(e)
+        got = client.raw.read(e)
         assert len(got) == sum(model.COUNTERS.values())
         assert all(x.counter_entry.data.byte_count == 0 for x in got)
         e.counter_entry.counter_id = cid
         e.counter_entry.index.index = 256
-        with pytest.raises(P4RuntimeError) as info:
-            client.read(e)
+        with pytest.raises(SwitchError) as info:
+            client.raw.read(e)
         assert info.value.code == grpc.StatusCode.OUT_OF_RANGE
 
 
@@ -504,15 +504,15 @@ def test_multicast_group_errors(loaded):
                 g.replicas.add(egress_port=port, instance=rid)
             return u
 
-        with pytest.raises(P4RuntimeError) as info:
-            client.write(pre(0, [], Update.INSERT), pre(1 << 15, [], Update.INSERT), pre(4, [(1, 0), (1, 0)], Update.INSERT),
+        with pytest.raises(SwitchError) as info:
+            client.raw.write(pre(0, [], Update.INSERT), pre(1 << 15, [], Update.INSERT), pre(4, [(1, 0), (1, 0)], Update.INSERT),
                          pre(5, [], Update.MODIFY), pre(5, [], Update.DELETE), pre(3, [], Update.INSERT))
         assert [c for _, c, _ in info.value.errors] == [
             "INVALID_ARGUMENT", "OUT_OF_RANGE", "INVALID_ARGUMENT", "NOT_FOUND", "NOT_FOUND", "ALREADY_EXISTS"]
         e = p4runtime_pb2.Entity()
         e.packet_replication_engine_entry.multicast_group_entry.multicast_group_id = 9
-        with pytest.raises(P4RuntimeError) as info:
-            client.read(e)
+        with pytest.raises(SwitchError) as info:
+            client.raw.read(e)
         assert info.value.code == grpc.StatusCode.NOT_FOUND
 
 
@@ -551,7 +551,7 @@ def test_read_write_before_pipeline_config_fail_precondition(switch):
     read = p4runtime_pb2.ReadRequest(device_id=DEVICE, entities=[e])
     assert _code(lambda: list(_stub(switch).Read(read))) == grpc.StatusCode.FAILED_PRECONDITION
     req = p4runtime_pb2.WriteRequest(device_id=DEVICE)
-    req.updates.add().CopyFrom(_upd(Update.INSERT, P4InfoIndex().table_entry(*JOB)))
+    req.updates.add().CopyFrom(_upd(Update.INSERT, table_entry(*JOB)))
     assert _code(lambda: _stub(switch).Write(req)) == grpc.StatusCode.FAILED_PRECONDITION
     get = p4runtime_pb2.GetForwardingPipelineConfigRequest(device_id=DEVICE)
     assert _code(lambda: _stub(switch).GetForwardingPipelineConfig(get)) == grpc.StatusCode.FAILED_PRECONDITION
@@ -609,19 +609,19 @@ def test_pipeline_actions_and_state_reset(loaded):
         p.counter("MyIngress.ina_drops")[1] = 5
         p.ina_owner[0] = 99
         for action in (SetConfig.VERIFY, SetConfig.RECONCILE_AND_COMMIT):
-            client.set_forwarding_pipeline(b"", action)
+            client.raw.set_forwarding_pipeline(b"", action)
             assert (5,) in p.tables["MyIngress.ina_job"].entries and 6 in p.multicast_groups, SetConfig.Action.Name(action)
-        client.set_forwarding_pipeline(b"", SetConfig.VERIFY_AND_SAVE)
+        client.raw.set_forwarding_pipeline(b"", SetConfig.VERIFY_AND_SAVE)
         assert (5,) in p.tables["MyIngress.ina_job"].entries
-        client.set_forwarding_pipeline(b"", SetConfig.COMMIT)  # commits the saved config: a fresh pipeline
+        client.raw.set_forwarding_pipeline(b"", SetConfig.COMMIT)  # commits the saved config: a fresh pipeline
         assert p.tables["MyIngress.ina_job"].entries == {} and p.multicast_groups == {}
         assert p.counter("MyIngress.ina_drops")[1] == 0 and p.ina_owner[0] == 0
-        with pytest.raises(P4RuntimeError) as info:
-            client.set_forwarding_pipeline(b"", SetConfig.COMMIT)
+        with pytest.raises(SwitchError) as info:
+            client.raw.set_forwarding_pipeline(b"", SetConfig.COMMIT)
         assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
         client.insert_entry(*JOB)
         client.set_default_action("MyIngress.ipv4_lpm", "NoAction")
-        client.set_forwarding_pipeline(b"", SetConfig.VERIFY_AND_COMMIT)
+        client.raw.set_forwarding_pipeline(b"", SetConfig.VERIFY_AND_COMMIT)
         assert p.tables["MyIngress.ina_job"].entries == {} and p.tables["MyIngress.ipv4_lpm"].default == ("MyIngress.drop", ())
 
 
@@ -665,13 +665,17 @@ def test_packet_out_only_from_the_primary_and_checked(loaded):
             time.sleep(0.01)
         time.sleep(0.1)
         assert loaded.emitted == [(5, frame)], "the backup's packet-out is dropped"
-        bad = p4runtime_pb2.StreamMessageRequest()
-        bad.packet.payload = frame
-        bad.packet.metadata.add(metadata_id=9, value=b"\x01")
-        primary._out.put(bad)
-        err = primary.stream_errors.get(timeout=2)
-        assert err.canonical_code == code_pb2.INVALID_ARGUMENT and "metadata id 9" in err.message
-        backup.close()
+    raw = Stream(loaded, election_id=3)  # a raw stream for the malformed packet-out
+    assert raw.arbitration()[0] == code_pb2.OK
+    bad = p4runtime_pb2.StreamMessageRequest()
+    bad.packet.payload = frame
+    bad.packet.metadata.add(metadata_id=9, value=b"\x01")
+    raw.out.put(bad)
+    err = raw.next()
+    assert err.HasField("error"), err
+    assert err.error.canonical_code == code_pb2.INVALID_ARGUMENT and "metadata id 9" in err.error.message
+    raw.close()
+    backup.close()
 
 
 def test_p4info_and_device_config_checks_accept_the_program():
@@ -679,7 +683,7 @@ def test_p4info_and_device_config_checks_accept_the_program():
     assert p4info_mismatch(info, info) is None
     assert device_config_mismatch(b"") is None and device_config_mismatch(_bmv2_json()) is None
     assert "no counter MyEgress.ina_results" in device_config_mismatch(_bmv2_json(counter_arrays="MyEgress.ina_results"))
-    other = text_format.Parse(P4INFO_PATH.read_text(), p4info_pb2.P4Info())
+    other = load_p4info()
     other.tables[0].preamble.id += 1
     assert "has id" in p4info_mismatch(info, other)
     with pytest.raises(ValueError):

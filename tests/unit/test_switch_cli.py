@@ -5,16 +5,16 @@ import json
 
 import pytest
 
-from softswitch import cli
+from softswitch import cli, p4program
 from softswitch.faults import FaultSpec
 from tests.integration import bmv2json
 
 BASE = ["--device-id", "1", "-i", "1@veth1", "-i", "2@veth2"]
 
 
-def _opts(*argv: str) -> cli.SwitchOptions:
+def _opts(*argv: str) -> cli.SwitchCommandLine:
     opts = cli.parse_args(list(argv))
-    assert isinstance(opts, cli.SwitchOptions)
+    assert isinstance(opts, cli.SwitchCommandLine)
     return opts
 
 
@@ -114,14 +114,14 @@ def test_help_and_versions(capsys):
 
 def test_model_json_is_accepted(tmp_path):
     path = bmv2json.write(bmv2json.model_json(), tmp_path / "ina.json")
-    assert cli.check_program(str(path)) == path.read_bytes()
+    assert p4program.check_program(str(path)) == path.read_bytes()
 
 
 def _refused(tmp_path, doc) -> str:
     path = tmp_path / "other.json"
     path.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
-    with pytest.raises(cli.ProgramError) as e:
-        cli.check_program(str(path))
+    with pytest.raises(p4program.ProgramError) as e:
+        p4program.check_program(str(path))
     return str(e.value)
 
 
@@ -156,8 +156,8 @@ def test_not_json_or_wrong_version_is_refused(tmp_path):
     doc = bmv2json.model_json()
     doc["__meta__"]["version"] = [3, 0]
     assert "version 3.0" in _refused(tmp_path, doc)
-    with pytest.raises(cli.ProgramError, match="cannot read"):
-        cli.check_program(str(tmp_path / "missing.json"))
+    with pytest.raises(p4program.ProgramError, match="cannot read"):
+        p4program.check_program(str(tmp_path / "missing.json"))
 
 
 def test_main_refuses_a_program_in_one_line(tmp_path, capsys):

@@ -8,7 +8,7 @@ from scapy.packet import raw
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from tests.p4source import read_p4
+from softswitch.p4source import read_p4
 
 GOLDEN_PAYLOAD = bytes.fromhex(
     "01 01 0007 0003 0102 deadbeef 05 01"  # GRADIENT, RETRANSMIT, job 7, gen 3, slot 258, seq, worker 5, shadow 1

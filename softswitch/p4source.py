@@ -6,8 +6,8 @@ const integers, typedef'd bit widths) and derives P4Info the way p4c does: contr
 ``Control.object``, aliases as the shortest unique dotted suffix, and ids as the resource-type prefix over
 the low 24 bits of the Jenkins one-at-a-time hash of the name, probing linearly in sorted-name order.
 
-    python -m tests.p4source > p4src/ina.p4info.txt   # regenerate the hand-kept P4Info where p4c is absent
-    python -m tests.p4source --compare A B             # compare two P4Infos up to the order of their lists
+    python -m softswitch.p4source > p4src/ina.p4info.txt   # regenerate the hand-kept P4Info where p4c is absent
+    python -m softswitch.p4source --compare A B             # compare two P4Infos up to the order of their lists
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from pathlib import Path
 
 from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
+
+from softswitch.p4program import load_p4info
 
 P4_PATH = Path(__file__).resolve().parent.parent / "p4src" / "ina.p4"
 
@@ -217,7 +219,7 @@ def canonical(info: p4info_pb2.P4Info) -> p4info_pb2.P4Info:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--compare"] and len(argv) == 3:
-        a, b = (canonical(text_format.Parse(Path(f).read_text(), p4info_pb2.P4Info())) for f in argv[1:])
+        a, b = (canonical(load_p4info(f)) for f in argv[1:])
         if a != b:
             print(f"P4Info differs: {argv[1]} vs {argv[2]}")
             return 1

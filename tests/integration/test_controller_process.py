@@ -85,10 +85,14 @@ class Bench:
     def start_controller(self, *extra: str, wait: bool = True, listen: str | None = None) -> Process:
         argv = [*command_argv(Command.CONTROLLER), "--topology", str(self.topology), "--db", str(self.db),
                 "--listen", listen or self.listen, "--heartbeat-timeout", "0", "--log-level", "info", *extra]
-        proc = self.track(Process(argv, self.tmp / f"controller-{len(self.procs)}.log"))
+        log_path = self.tmp / f"controller-{len(self.procs)}.log"
+        proc = self.track(Process(argv, log_path))
         if wait:
             self.controller = proc
-            proc.wait_until(self._ready, 30, "ina-controller serving")
+            # Serving, and it is this process that serves: its own log says it bound the address (a port
+            # freed by a killed controller may be taken by anyone meanwhile).
+            proc.wait_until(lambda: "listening on" in log_path.read_text(errors="replace") and self._ready(), 30,
+                            "ina-controller serving")
         return proc
 
     def _ready(self) -> bool:
@@ -203,7 +207,7 @@ def test_kill_9_mid_run_and_restart_loses_nothing(bench):
 
     t = threading.Thread(target=churn, daemon=True)
     t.start()
-    time.sleep(1.5)
+    wait_until(lambda: len(confirmed) + len(released) >= 6, 60, message="the churn admitted fewer than 6 jobs in 60 s")
     bench.kill_controller()  # mid-run: requests in flight fail, nothing confirmed may be lost
     stop.set()
     t.join(10)

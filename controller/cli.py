@@ -20,8 +20,8 @@ from typing import Callable, TextIO
 import grpc
 from google.protobuf import json_format
 
-from controller import admission_pb2 as pb
-from controller import admission_pb2_grpc as pb_grpc
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 
 DEFAULT_CONTROLLER = "127.0.0.1:50060"
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3

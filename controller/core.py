@@ -31,7 +31,7 @@ from typing import Callable
 
 import grpc
 
-from controller import admission_pb2 as pb
+from inaproto import admission_pb2 as pb
 from controller.memory import allocate_pools, memory_view
 from controller.p4entity import MulticastGroup, Schema, TableEntry
 from controller.policies import POLICIES, AllocationPolicy, JobDemand, SlotRange, make_policy

@@ -4,7 +4,7 @@
 Ethernet/IPv4/UDP frame on the ingress port of its sender, and each frame the pipeline emits is sent as
 a datagram to the frame's destination IP and UDP port. Seeded faults (drop, duplicate, reorder) in both
 directions make loss recovery testable without root. ``FakeAdmission`` serves the admission service
-(controller/admission.proto) on 127.0.0.1 and programs the switches the way the controller does
+(inaproto/admission.proto) on 127.0.0.1 and programs the switches the way the controller does
 (docs/protocol.md): the ``ina_job`` entry, the job's multicast group and its ``ina_worker`` entries.
 Tests move, shrink, revoke and restore a job's slots with ``FakeAdmission.reallocate``.
 """
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from controller import admission_pb2 as pb
-from controller import admission_pb2_grpc as pb_grpc
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 from host_agent.agent import bind_worker_sockets
 from host_agent.grant import JobSpec, Worker
 from inaproto import wire

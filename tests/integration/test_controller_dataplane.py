@@ -21,8 +21,8 @@ import grpc
 import numpy as np
 import pytest
 
-from controller import admission_pb2 as pb
-from controller import admission_pb2_grpc as pb_grpc
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto import wire
 from tests.integration.netns import Network, Process, TcpForward, wait_until
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller import admission_pb2 as pb
-from controller import admission_pb2_grpc as pb_grpc
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 from controller.p4entity import Schema
 from controller.switch import Switch, SwitchOptions
 from tests.integration.netns import Process, wait_until

@@ -64,7 +64,7 @@ def test_ina_and_reallocation_by_the_controller(harness) -> None:
 
     def second_job() -> None:
         started.wait(30)
-        from controller import admission_pb2 as pb
+        from inaproto import admission_pb2 as pb
 
         harness.stub.RegisterJob(pb.RegisterJobRequest(
             name="second", tensor_elements=100,

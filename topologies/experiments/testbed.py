@@ -270,7 +270,7 @@ class Testbed:
     def set_policy(self, policy: str) -> None:
         import grpc
 
-        from controller import admission_pb2 as pb
+        from inaproto import admission_pb2 as pb
 
         channel, stub = self.stub()
         try:
@@ -291,7 +291,7 @@ class Testbed:
         """An admission-service stub for the running controller (root namespace, 127.0.0.1)."""
         import grpc
 
-        from controller import admission_pb2_grpc as pb_grpc
+        from inaproto import admission_pb2_grpc as pb_grpc
 
         channel = grpc.insecure_channel(self.controller_address)
         return channel, pb_grpc.AdmissionStub(channel)
@@ -301,7 +301,7 @@ class Testbed:
         import grpc
         from google.protobuf import json_format
 
-        from controller import admission_pb2 as pb
+        from inaproto import admission_pb2 as pb
 
         channel, stub = self.stub()
         try:
@@ -356,7 +356,7 @@ class Testbed:
     def release(self, job_id: int) -> None:
         import grpc
 
-        from controller import admission_pb2 as pb
+        from inaproto import admission_pb2 as pb
 
         channel, stub = self.stub()
         try:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from inaproto import wire
-from tests.integration.netns import Namespace, Network, Process, TcpForward
+from topologies.netns import Namespace, Network, Process, TcpForward
 from tests.integration.ptfutil import HostPorts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,7 +265,7 @@ def process_target(kind: str, request) -> ProcessTarget:
     config = request.config
     net = getattr(config, "_ina_switch_network", None)
     if net is None:
-        from tests.integration.netns import sweep_stale
+        from topologies.netns import sweep_stale
 
         sweep_stale()
         network = Network("pkt")

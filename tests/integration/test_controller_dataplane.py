@@ -24,7 +24,7 @@ import pytest
 from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto import wire
-from tests.integration.netns import Network, Process, TcpForward, wait_until
+from topologies.netns import Network, Process, TcpForward, wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("softswitch.cli") is None, reason="ina-switch is not there yet")
 

@@ -23,7 +23,7 @@ from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from controller.p4entity import Schema
 from controller.switch import Switch, SwitchOptions
-from tests.integration.netns import Process, wait_until
+from topologies.netns import Process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = Schema.from_file(REPO / "p4src" / "ina.p4info.txt")

@@ -7,7 +7,7 @@
 run directory. ``ina-controller`` runs in the root namespace on 127.0.0.1 with its own database in the run
 directory and a copy of the plan's topology (``controller-topology.json``, with the switches' slot
 ``pool``). Agents (``ina-agent``) run inside the Mininet hosts and reach the controller at the same
-127.0.0.1 address through :class:`~topologies.experiments.forward.LoopbackForward`; each writes its
+127.0.0.1 address through :class:`~topologies.netns.LoopbackForward`; each writes its
 results as JSON into the run directory. ``stop()`` (also on errors, Ctrl-C and SIGTERM) ends the agents,
 the controller (recorded in the run state, so ``make stop`` finds it after a crash) and the network.
 """
@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from topologies import state as run_state
 from topologies.experiments.base import ExperimentError
-from topologies.experiments.forward import LoopbackForward
+from topologies.netns import LoopbackForward
 
 __all__ = ["AgentJob", "AgentFailure", "Testbed", "agent_command", "free_port", "REPO"]
 

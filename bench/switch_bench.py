@@ -192,11 +192,13 @@ def _machine_jiffies() -> tuple[int, int]:
 
 
 def _install_job(client, n: int, window: int) -> None:
-    client.insert_entry("MyIngress.ina_job", (JOB_ID,), "MyIngress.set_job", (0, window, (1 << n) - 1, n, GROUP, 0))
-    client.set_multicast_group(GROUP, [(i + 1, i) for i in range(n)])
-    for i in range(n):
-        client.insert_entry("MyEgress.ina_worker", (JOB_ID, i), "MyEgress.set_worker_addr",
-                            (int.from_bytes(worker_mac(i), "big"), int.from_bytes(worker_ip(i), "big"), 40000 + i))
+    from controller.p4entity import MulticastGroup, TableEntry
+
+    client.insert(TableEntry("MyIngress.ina_job", (JOB_ID,), "MyIngress.set_job", (0, window, (1 << n) - 1, n, GROUP, 0)))
+    client.insert(MulticastGroup(GROUP, tuple((i + 1, i) for i in range(n))))
+    client.insert(*(TableEntry("MyEgress.ina_worker", (JOB_ID, i), "MyEgress.set_worker_addr",
+                               (int.from_bytes(worker_mac(i), "big"), int.from_bytes(worker_ip(i), "big"), 40000 + i))
+                    for i in range(n)))
 
 
 class Switch:
@@ -204,13 +206,17 @@ class Switch:
     running while the echo is, since it would read every frame too)."""
 
     def __init__(self, net, n: int, window: int, log_dir: Path) -> None:
-        from tests.integration.switch_process import SwitchProcess
-        from tests.p4rt_client import P4RuntimeTestClient
+        from controller.p4entity import Schema
+        from controller.switch import Switch as P4RuntimeSwitch, SwitchOptions
+        from topologies.switch_process import SwitchProcess
 
         self.n, self.window, self.generation = n, window, 0
         self.process = SwitchProcess(net, log_dir, core_args=["-L", "warn"])
         try:
-            self.client = P4RuntimeTestClient(self.process.address, self.process.device_id, 1, device_config=b"")
+            schema = Schema.from_file(ROOT / "p4src" / "ina.p4info.txt")
+            self.client = P4RuntimeSwitch(SwitchOptions("s1", self.process.address, self.process.device_id), schema)
+            self.client.connect()
+            self.client.push_pipeline(schema.p4info, b"")
             _install_job(self.client, n, window)
         except BaseException:
             self.process.stop()
@@ -218,8 +224,10 @@ class Switch:
 
     def next_generation(self) -> int:
         self.generation += 1
-        self.client.modify_entry("MyIngress.ina_job", (JOB_ID,), "MyIngress.set_job",
-                                 (0, self.window, (1 << self.n) - 1, self.n, GROUP, self.generation))
+        from controller.p4entity import TableEntry
+
+        self.client.modify(TableEntry("MyIngress.ina_job", (JOB_ID,), "MyIngress.set_job",
+                                      (0, self.window, (1 << self.n) - 1, self.n, GROUP, self.generation)))
         return self.generation
 
     def close(self) -> None:
@@ -229,7 +237,7 @@ class Switch:
 
 def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
     """One measured run: the echo or ina-switch alone in the switch namespace, n workers; returns its figures."""
-    from tests.integration.netns import Process
+    from topologies.netns import Process
 
     budget = args.warmup + args.seconds + 10
     middle = switch = None
@@ -245,7 +253,7 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
         else:
             switch = Switch(net, n, args.window, log_dir)
             generation = switch.next_generation()
-            aggregated0 = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID)
+            aggregated0 = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID).get(JOB_ID, 0)
             pid = switch.process.process.pid
         for i, p in enumerate(net.ports):
             ns, iface = net.hosts[p]
@@ -267,7 +275,7 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
         outs = [json.loads(w.communicate(timeout=budget)[0]) for w in workers]
         aggregated = None
         if switch is not None:
-            aggregated = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID) - aggregated0
+            aggregated = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID).get(JOB_ID, 0) - aggregated0
     finally:
         for w in workers:
             if w.poll() is None:
@@ -301,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not 1 <= args.window <= wire.NUM_SLOTS or any(not 1 <= n <= 32 for n in args.workers):
         parser.error("need 1-32 workers and a window of 1-1024 slots")
-    from tests.integration.netns import Network, sweep_stale
-    from tests.integration.switch_process import SwitchNetwork
+    from topologies.netns import Network, sweep_stale
+    from topologies.switch_process import SwitchNetwork
 
     def on_alarm(*_):
         raise TimeoutError("benchmark budget exceeded")

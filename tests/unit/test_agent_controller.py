@@ -9,7 +9,8 @@ import pytest
 
 from host_agent.agent import Agent, AgentOptions
 from host_agent.stream import StreamOptions
-from tests.udp_switch import UdpSwitch, local_job, quantised_sum, run_workers
+from softswitch.udp import UdpSwitch
+from tests.udp_switch import local_job, quantised_sum, run_workers
 
 testing = pytest.importorskip("controller.testing")
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from inaproto.cli import Parser, UsageError
 from softswitch.dataplane import TRACE, DataPlane, DataPlaneError
+from softswitch.errors import SoftSwitchError
 from softswitch.faults import FaultConfig, build_config
 
 PROG = "ina-switch"
@@ -63,7 +64,7 @@ TARGET_OPTIONS = ("--grpc-server-addr", "--cpu-port", "--drop-port", "--disable-
 log = logging.getLogger("ina-switch")
 
 
-class ProgramError(Exception):
+class ProgramError(SoftSwitchError):
     """A program (BMv2 JSON) the pipeline model does not implement."""
 
 

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from topologies.errors import TopologiesError
+
 __all__ = [
     "INTF_PREFIX",
     "LPM_TABLE",
@@ -51,7 +53,7 @@ MAX_RACKS = 250
 MAX_HOSTS_PER_RACK = 253
 
 
-class PlanError(ValueError):
+class PlanError(TopologiesError, ValueError):
     """A topology that cannot be addressed (too many racks or hosts, a duplicate name, a dangling link)."""
 
 

@@ -218,7 +218,8 @@ def _out_dir(base: Path, name: str) -> Path:
 
 def run_experiment(exp_cls: Any, config: Any, options: Any, out: TextIO, err: TextIO) -> tuple[int, Path | None]:
     """Run one experiment to its results folder; (exit status, plot path)."""
-    from topologies.experiments.base import ExperimentError, RunContext
+    from topologies.errors import ExperimentError
+    from topologies.experiments.base import RunContext
 
     out_dir = _out_dir(Path(options.out), exp_cls.name)
     ctx = RunContext(exp_cls, config, options, out_dir, stream=err)
@@ -320,7 +321,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
 def _run(args: argparse.Namespace, rest: list[str], out: TextIO, err: TextIO) -> int:
     try:
         from topologies.experiments import get_experiment, load_all
-        from topologies.experiments.base import ExperimentError, RunOptions
+        from topologies.errors import ExperimentError
+        from topologies.experiments.base import RunOptions
 
         if args.help:
             return _run_help(args.experiment, out)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from topologies import state as run_state
-from topologies.experiments.base import ExperimentError
+from topologies.errors import ExperimentError, TopologiesError
 from topologies.netns import LoopbackForward
 
 __all__ = ["AgentJob", "AgentFailure", "Testbed", "agent_command", "free_port", "REPO"]
@@ -60,7 +60,7 @@ def agent_command() -> list[str]:
     return _executable("ina-agent", "host_agent.cli")
 
 
-class AgentFailure(RuntimeError):
+class AgentFailure(TopologiesError, RuntimeError):
     """A job's agents failed or timed out; ``job`` names it, the message quotes the agent's log."""
 
     def __init__(self, job: str, message: str) -> None:

@@ -182,7 +182,7 @@ def process_target(kind: str, request) -> ProcessTarget:
     config = request.config
     net = getattr(config, "_ina_switch_network", None)
     if net is None:
-        from topologies.netns import sweep_stale
+        from topologies.netns import Network, sweep_stale
 
         sweep_stale()
         network = Network("pkt")

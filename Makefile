@@ -50,12 +50,14 @@ $(BUILD)/ina.json: $(P4SRC) | $(STAMP)
 	@$(PY) -m softswitch.p4source --compare $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt \
 		|| echo "note: review with: diff $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt"
 
-proto: controller/admission_pb2.py ## regenerate the admission service stubs (protoc, grpc_python_plugin)
-
-controller/admission_pb2.py: controller/admission.proto
-	protoc -I controller --python_out=controller --grpc_out=controller \
-		--plugin=protoc-gen-grpc=$$(command -v grpc_python_plugin) controller/admission.proto
-	sed -i 's/^import admission_pb2 as admission__pb2/from controller import admission_pb2 as admission__pb2/' controller/admission_pb2_grpc.py
+# The admission service's stubs, generated beside their .proto. Run from the repository root with `-I .`, so
+# the grpc module imports `inaproto.admission_pb2` as generated. PROTO_OUT lets the stub test regenerate elsewhere.
+PROTOC         ?= protoc
+GRPC_PY_PLUGIN ?= grpc_python_plugin
+PROTO_OUT      ?= .
+proto: ## regenerate the admission service stubs in inaproto/ (protoc, grpc_python_plugin)
+	$(PROTOC) -I . --python_out=$(PROTO_OUT) --grpc_out=$(PROTO_OUT) \
+		--plugin=protoc-gen-grpc=$$(command -v $(GRPC_PY_PLUGIN)) inaproto/admission.proto
 
 bench: $(STAMP) ## benchmarks that print ratios measured side by side (root)
 	$(PY) bench/switch_bench.py

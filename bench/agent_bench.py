@@ -146,7 +146,7 @@ def bench_packet_rate(count: int, window: int, rounds: int) -> dict:
 
 
 def _switch(conn, workers: list[tuple[int, str, int]], slots: int) -> None:
-    from tests.udp_switch import UdpSwitch
+    from softswitch.udp import UdpSwitch
 
     sw = UdpSwitch("s1")
     ws = [Worker(i, ip, port) for i, ip, port in workers]

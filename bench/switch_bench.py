@@ -194,27 +194,43 @@ def _job_entries(n: int, window: int, generation: int) -> JobEntries:
     return job_entries(JOB_ID, workers, base_slot=0, num_slots=window, generation=generation, mcast_grp=GROUP)
 
 
+def _install_job(client, n: int, window: int) -> None:
+    """The job's entries, through the controller's P4Runtime client, in the controller's order."""
+    from controller.p4entity import MulticastGroup, TableEntry
+
+    entries = _job_entries(n, window, 0)
+    client.insert(TableEntry(entries.job.table, entries.job.match, entries.job.action, entries.job.params))
+    client.insert(MulticastGroup(entries.group.group_id, tuple(entries.group.replicas)))
+    client.insert(*(TableEntry(w.table, w.match, w.action, w.params) for w in entries.workers))
+
+
 class Switch:
     """ina-switch in the switch namespace with one job of n workers (started for one run: it must not be
     running while the echo is, since it would read every frame too)."""
 
     def __init__(self, net, n: int, window: int, log_dir: Path) -> None:
-        from tests.integration.switch_process import SwitchProcess
-        from tests.p4rt_client import P4RuntimeTestClient
+        from controller.p4entity import Schema
+        from controller.switch import Switch as P4RuntimeSwitch, SwitchOptions
+        from topologies.switch_process import SwitchProcess
 
         self.n, self.window, self.generation = n, window, 0
         self.process = SwitchProcess(net, log_dir, core_args=["-L", "warn"])
         try:
-            self.client = P4RuntimeTestClient(self.process.address, self.process.device_id, 1, device_config=b"")
-            _job_entries(n, window, 0).insert_into(self.client)
+            schema = Schema.from_file(ROOT / "p4src" / "ina.p4info.txt")
+            self.client = P4RuntimeSwitch(SwitchOptions("s1", self.process.address, self.process.device_id), schema)
+            self.client.connect()
+            self.client.push_pipeline(schema.p4info, b"")
+            _install_job(self.client, n, window)
         except BaseException:
             self.process.stop()
             raise
 
     def next_generation(self) -> int:
         self.generation += 1
+        from controller.p4entity import TableEntry
+
         job = _job_entries(self.n, self.window, self.generation).job
-        self.client.modify_entry(job.table, job.match, job.action, job.params)
+        self.client.modify(TableEntry(job.table, job.match, job.action, job.params))
         return self.generation
 
     def close(self) -> None:
@@ -224,7 +240,7 @@ class Switch:
 
 def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
     """One measured run: the echo or ina-switch alone in the switch namespace, n workers; returns its figures."""
-    from tests.integration.netns import Process
+    from topologies.netns import Process
 
     budget = args.warmup + args.seconds + 10
     middle = switch = None
@@ -240,7 +256,7 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
         else:
             switch = Switch(net, n, args.window, log_dir)
             generation = switch.next_generation()
-            aggregated0 = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID)
+            aggregated0 = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID).get(JOB_ID, 0)
             pid = switch.process.process.pid
         for i, p in enumerate(net.ports):
             ns, iface = net.hosts[p]
@@ -262,7 +278,7 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
         outs = [json.loads(w.communicate(timeout=budget)[0]) for w in workers]
         aggregated = None
         if switch is not None:
-            aggregated = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID) - aggregated0
+            aggregated = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID).get(JOB_ID, 0) - aggregated0
     finally:
         for w in workers:
             if w.poll() is None:
@@ -296,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not 1 <= args.window <= wire.NUM_SLOTS or any(not 1 <= n <= 32 for n in args.workers):
         parser.error("need 1-32 workers and a window of 1-1024 slots")
-    from tests.integration.netns import Network, sweep_stale
-    from tests.integration.switch_process import SwitchNetwork
+    from topologies.netns import Network, sweep_stale
+    from topologies.switch_process import SwitchNetwork
 
     def on_alarm(*_):
         raise TimeoutError("benchmark budget exceeded")

@@ -20,22 +20,12 @@ from typing import Callable, TextIO
 import grpc
 from google.protobuf import json_format
 
-from controller import admission_pb2 as pb
-from controller import admission_pb2_grpc as pb_grpc
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
+from inaproto.cli import EXIT_USAGE, Parser, UsageError
 
 DEFAULT_CONTROLLER = "127.0.0.1:50060"
-EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
-
-
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but errors are one line (no usage dump) and exit 2."""
-
-    def error(self, message: str):
-        raise UsageError(message)
+EXIT_REFUSED, EXIT_UNREACHABLE = 1, 3  # and EXIT_USAGE (2)
 
 
 def _job_id(text: str) -> int:
@@ -49,18 +39,18 @@ def _job_id(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--controller", default=argparse.SUPPRESS, metavar="ADDR", help="controller address (default: $INA_CONTROLLER or 127.0.0.1:50060)")
     common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="S", help="RPC timeout in seconds (default: 5)")
-    reader = _Parser(add_help=False, parents=[common])
+    reader = Parser(add_help=False, parents=[common])
     reader.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
-    p = _Parser(prog="inactl", description="Inspect and steer the INA controller.", parents=[reader])
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    p = Parser(prog="inactl", description="Inspect and steer the INA controller.", parents=[reader])
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     sub.add_parser("jobs", parents=[reader], help="list jobs")
     job = sub.add_parser("job", parents=[reader], help="one job")
-    jsub = job.add_subparsers(dest="job_command", metavar="show", parser_class=_Parser)
+    jsub = job.add_subparsers(dest="job_command", metavar="show", parser_class=Parser)
     jsub.required = True
     show = jsub.add_parser("show", parents=[reader], help="a job's grant, request and state")
     show.add_argument("job_id", type=_job_id, metavar="ID")
@@ -68,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", parents=[reader], help="per-job counters read from the switches")
     stats.add_argument("job_id", type=_job_id, nargs="?", default=0, metavar="ID")
     pol = sub.add_parser("policy", parents=[reader], help="show or set the allocation policy")
-    psub = pol.add_subparsers(dest="policy_command", metavar="show|set", parser_class=_Parser)
+    psub = pol.add_subparsers(dest="policy_command", metavar="show|set", parser_class=Parser)
     psub.required = True
     psub.add_parser("show", parents=[reader], help="current and available policies")
     pset = psub.add_parser("set", parents=[reader], help="switch policy (reallocates every switch)")

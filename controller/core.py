@@ -30,7 +30,7 @@ from typing import Callable
 
 import grpc
 
-from controller import admission_pb2 as pb
+from inaproto import admission_pb2 as pb
 from controller.barrier import GenerationBarriers
 from controller.errors import ControllerError
 from controller.memory import allocate_pools, memory_view

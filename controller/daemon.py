@@ -23,6 +23,7 @@ from controller.store import StoreError
 from controller.switch import SwitchError
 from controller.topology import Topology, TopologyError, write_runtime_json
 from inaproto.commands import REPO, repo_path
+from inaproto.cli import Parser
 
 DEFAULT_LISTEN = "127.0.0.1:50060"
 
@@ -51,8 +52,8 @@ def _positive(text: str) -> float:
     return v
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ina-controller", description=__doc__.splitlines()[0])
+def build_parser() -> Parser:
+    p = Parser(prog="ina-controller", description=__doc__.splitlines()[0])
     net = p.add_argument_group("switches")
     net.add_argument("--topology", metavar="FILE", help="p4lang/tutorials topology.json (hosts, switches, links)")
     net.add_argument(
@@ -89,7 +90,7 @@ def _topology(args: argparse.Namespace) -> Topology:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args_or_exit(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("ina.p4runtime").setLevel(logging.WARNING)
     try:

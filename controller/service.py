@@ -1,4 +1,4 @@
-"""The job admission gRPC service (controller/admission.proto) in front of a :class:`~controller.core.Controller`.
+"""The job admission gRPC service (inaproto/admission.proto) in front of a :class:`~controller.core.Controller`.
 
 Each RPC maps to one controller method; a :class:`~controller.core.ControllerError` becomes its gRPC status
 code and message. ``serve()`` starts a grpc server on 127.0.0.1 (port 0 picks a free one).
@@ -11,8 +11,8 @@ from concurrent import futures
 
 import grpc
 
-from controller import admission_pb2 as pb
-from controller import admission_pb2_grpc as pb_grpc
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 from controller.core import Controller, ControllerError
 
 __all__ = ["AdmissionService", "serve"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
-from controller import admission_pb2 as pb
+from inaproto import admission_pb2 as pb
 from controller.policies import SlotRange
 
 __all__ = ["Job", "Store", "StoreError"]

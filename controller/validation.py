@@ -8,7 +8,7 @@ from typing import Iterable
 
 import grpc
 
-from controller import admission_pb2 as pb
+from inaproto import admission_pb2 as pb
 from controller.errors import ControllerError
 from controller.store import Job
 from controller.topology import Topology

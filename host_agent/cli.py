@@ -28,17 +28,9 @@ from host_agent.grant import JobSpec, parse_workers
 from host_agent.stream import StreamOptions
 from host_agent.train import ALLOCATIONS, TrainConfig
 from inaproto.backends import BackendChoice
+from inaproto.cli import Parser, UsageError
 
 PROG = "ina-agent"
-
-
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        raise UsageError(message)
 
 
 def _positive_int(text: str) -> int:
@@ -72,9 +64,9 @@ def _nonneg_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Worker agent of the INA testbed: all-reduce benchmark and training.")
+    parser = Parser(prog=PROG, description="Worker agent of the INA testbed: all-reduce benchmark and training.")
     parser.add_argument("--version", action="version", version=f"{PROG} 0.1.0")
-    sub = parser.add_subparsers(dest="command", metavar="{allreduce,train}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{allreduce,train}", parser_class=Parser)
 
     def common(p: argparse.ArgumentParser) -> None:
         job = p.add_argument_group("job (the same on every worker)")
@@ -291,8 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_allreduce(args)
         return _cmd_train(args)
     except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.report(PROG)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

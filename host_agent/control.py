@@ -1,4 +1,4 @@
-"""The agent's client of the controller's admission service (controller/admission.proto).
+"""The agent's client of the controller's admission service (inaproto/admission.proto).
 
 One error type, ``host_agent.errors.ControllerError``, wraps ``grpc.RpcError`` with its status code and details. The
 event stream (``WatchJob``) and the heartbeat run in ``JobWatcher``'s background threads, which hand
@@ -13,8 +13,8 @@ from typing import Callable
 
 import grpc
 
-from controller import admission_pb2 as pb
-from controller import admission_pb2_grpc as pb_grpc
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 from host_agent.grant import Grant, JobSpec
 from inaproto.backends import JobState
 from host_agent.errors import AgentTimeout, ControllerError, StaleGeneration

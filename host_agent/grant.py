@@ -1,6 +1,6 @@
 """A job's workers, the controller's grant, and the plan every worker derives from them, as plain values.
 
-Classes mirror the admission service's messages (controller/admission.proto): ``Worker``,
+Classes mirror the admission service's messages (inaproto/admission.proto): ``Worker``,
 ``SwitchGrant`` and ``Grant`` are frozen copies of ``Worker``, ``SwitchGrant`` and ``JobGrant``.
 ``plan_for`` turns a grant and the requested backend into a ``Plan``: which workers aggregate in which
 switch, which of them form the ring, who represents a rack. Every worker computes the same plan from
@@ -61,7 +61,7 @@ class Worker:
         return (self.ip, self.udp_port)
 
     def to_proto(self):
-        from controller import admission_pb2 as pb
+        from inaproto import admission_pb2 as pb
 
         return pb.Worker(worker_id=self.worker_id, ip=self.ip, udp_port=self.udp_port, mac=self.mac, host=self.host)
 
@@ -132,7 +132,7 @@ class JobSpec:
         raise KeyError(f"job {self.name!r} has no worker {worker_id} (workers: {list(self.worker_ids)})")
 
     def register_request(self):
-        from controller import admission_pb2 as pb
+        from inaproto import admission_pb2 as pb
 
         return pb.RegisterJobRequest(
             name=self.name, workers=[w.to_proto() for w in self.workers], tensor_elements=self.tensor_elements,

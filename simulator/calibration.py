@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simulator.errors import SimulatorError
+
 __all__ = ["Calibration", "CalibrationError", "load_calibration"]
 
 
-class CalibrationError(ValueError):
+class CalibrationError(SimulatorError, ValueError):
     """A calibration file that cannot be used; the message names the file and the field."""
 
 

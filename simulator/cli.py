@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from controller.policies import POLICIES, make_policy
+from inaproto.cli import Parser, UsageError
 from simulator.calibration import Calibration, CalibrationError, load_calibration
 from simulator.cluster import ClusterSpec
 from simulator.engine import Simulation
@@ -98,8 +99,8 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--uplink-gbps", type=_positive_float, default=400.0, help="ToR-to-spine speed per rack (default 400)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ina-sim", description="Cluster-scale simulation of INA slot-allocation policies.")
+def build_parser() -> Parser:
+    parser = Parser(prog="ina-sim", description="Cluster-scale simulation of INA slot-allocation policies.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{run,gen-trace,show-calibration}")
 
     run = sub.add_parser("run", help="simulate one trace under several allocation policies and compare them")
@@ -231,7 +232,7 @@ def _gen(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args_or_exit(argv)
     try:
         if args.command == "run":
             return _run(args, parser)
@@ -239,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _gen(args, parser)
         sys.stdout.write(Calibration().to_json())
         return 0
+    except UsageError as exc:
+        raise SystemExit(exc.report(parser.prog)) from None
     except (TraceError, CalibrationError, ValueError) as exc:
         print(f"ina-sim: error: {exc}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from inaproto.backends import SimBackend
 from simulator import model
 from simulator.calibration import Calibration
 from simulator.cluster import ClusterSpec
+from simulator.errors import SimulatorError
 from simulator.placement import Placement, PlacementPolicy, RackView
 from simulator.trace import JobSpec
 
@@ -29,7 +30,7 @@ __all__ = ["Simulation", "SimResult", "JobResult", "InvariantError"]
 _DONE, _ARRIVE = 0, 1  # completions sort before arrivals at equal times: freed workers are reusable
 
 
-class InvariantError(AssertionError):
+class InvariantError(SimulatorError, AssertionError):
     """The simulation reached an impossible state (a bug, never bad input)."""
 
 

@@ -23,6 +23,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from simulator.errors import SimulatorError
+
 __all__ = [
     "COLUMNS",
     "REQUIRED_COLUMNS",
@@ -55,7 +57,7 @@ COLUMNS = (
 REQUIRED_COLUMNS = COLUMNS[:6]
 
 
-class TraceError(ValueError):
+class TraceError(SimulatorError, ValueError):
     """A trace that cannot be used; the message names the file, the line and the field."""
 
 

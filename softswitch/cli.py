@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from inaproto.cli import Parser, UsageError
 from softswitch.dataplane import TRACE, DataPlane, DataPlaneError
 from softswitch.faults import FaultConfig, build_config
 from softswitch.p4program import JSON_VERSION, ProgramError, check_program
@@ -60,8 +61,6 @@ TARGET_OPTIONS = ("--grpc-server-addr", "--cpu-port", "--drop-port", "--disable-
 log = logging.getLogger("ina-switch")
 
 
-class UsageError(Exception):
-    """A command-line mistake: reported as one line on stderr, exit status 1."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +82,6 @@ class SwitchCommandLine:
     dump_packet_data: int
     faults: FaultConfig
     warnings: tuple[str, ...] = field(default=())
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises UsageError instead of printing usage and exiting (one-line errors)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(message)
 
 
 def _interface(text: str) -> tuple[int, str]:
@@ -117,8 +109,8 @@ def _uint(text: str) -> int:
     return value
 
 
-def _core_parser() -> _Parser:
-    p = _Parser(
+def _core_parser() -> Parser:
+    p = Parser(
         prog=PROG,
         usage=f"{PROG} [options] <path to JSON config file | --no-p4> [-- target options]",
         description="The embedded INA switch, started like BMv2 simple_switch_grpc. Target options follow '--': "
@@ -166,8 +158,8 @@ def _core_parser() -> _Parser:
     return p
 
 
-def _target_parser() -> _Parser:
-    p = _Parser(prog=f"{PROG} ... --", add_help=False, allow_abbrev=False)
+def _target_parser() -> Parser:
+    p = Parser(prog=f"{PROG} ... --", add_help=False, allow_abbrev=False)
     p.add_argument("-h", "--help", action="store_true")
     p.add_argument("--grpc-server-addr", default=DEFAULT_GRPC_ADDR, metavar="ADDR",
                    help=f"bind the P4Runtime gRPC server to ADDR (default {DEFAULT_GRPC_ADDR})")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from softswitch.faults import FaultConfig, FaultInjector
+from softswitch.errors import SoftSwitchError
 from softswitch.pcap import PcapWriter
 
 ETH_P_ALL = 0x0003
@@ -44,7 +45,7 @@ log = logging.getLogger("ina-switch")
 PacketIn = Callable[[bytes], None]
 
 
-class DataPlaneError(RuntimeError):
+class DataPlaneError(SoftSwitchError, RuntimeError):
     """A port that cannot be opened (no such interface, no permission)."""
 
 

@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
 from softswitch import pipeline as model
+from softswitch.errors import SoftSwitchError
 
 __all__ = [
     "P4INFO_PATH", "JSON_VERSION", "ProgramError", "load_p4info", "p4info_mismatch", "device_config_mismatch",
@@ -26,7 +27,7 @@ P4INFO_PATH = Path(__file__).resolve().parents[1] / "p4src" / "ina.p4info.txt"
 JSON_VERSION = "2.23"  # the BMv2 JSON format version p4c 1.2.4 writes; any 2.x is read
 
 
-class ProgramError(Exception):
+class ProgramError(SoftSwitchError):
     """A program (BMv2 JSON) the pipeline model does not implement."""
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from inaproto import wire
 from inaproto.wire import DropReason, MsgType
+from softswitch.errors import SoftSwitchError
 
 DROP_PORT = 511  # BMv2's default drop port
 TYPE_IPV4 = 0x0800
@@ -77,7 +78,7 @@ def _ipv4_checksum_ok(header: bytes | bytearray) -> bool:
     return field == 0xFFFF - folded
 
 
-class PipelineError(ValueError):
+class PipelineError(SoftSwitchError, ValueError):
     """A control-plane request that names something the program does not have, or bad values."""
 
 

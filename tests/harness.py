@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from controller import admission_pb2 as pb
-from controller import admission_pb2_grpc as pb_grpc
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 from controller.core import Controller, ControllerOptions
 from controller.service import serve
 from controller.topology import Topology

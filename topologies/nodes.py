@@ -42,6 +42,7 @@ from mininet.util import makeIntfPair
 
 from inaproto.commands import REPO, Command, command_argv
 from topologies import state as run_state
+from topologies.errors import TopologiesError
 from topologies.plan import Route
 
 __all__ = [
@@ -68,7 +69,7 @@ CPU_PORT = 255
 LOG_TAIL_LINES = 15
 
 
-class SwitchStartupError(RuntimeError):
+class SwitchStartupError(TopologiesError, RuntimeError):
     """A switch process that did not come up: why, where its log is, and the log's last lines."""
 
     def __init__(self, switch: str, reason: str, log_path: Path | None, tail: str = "") -> None:
@@ -531,10 +532,6 @@ class P4Host(Host):
         for command in commands:
             self.cmd(command)
         return result
-
-    def pids_inside(self) -> list[int]:
-        """Every process in this host's namespace (its shell and whatever was started in it)."""
-        return run_state.pids_in_netns(self.netns) if self.netns else []
 
     def terminate(self) -> None:
         """End the shell and every process still in the namespace (agents, iperf3...), so that the

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from controller.topology import next_hops_towards
+from topologies.errors import TopologiesError
 
 __all__ = [
     "INTF_PREFIX",
@@ -53,7 +54,7 @@ MAX_RACKS = 250
 MAX_HOSTS_PER_RACK = 253
 
 
-class PlanError(ValueError):
+class PlanError(TopologiesError, ValueError):
     """A topology that cannot be addressed (too many racks or hosts, a duplicate name, a dangling link)."""
 
 

@@ -26,17 +26,10 @@ import traceback
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
+from inaproto.cli import Parser, UsageError
+
 PROG = "ina-exp"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class UsageError(Exception):
-    """A command-line mistake: one line on stderr, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(message)
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # usage errors: inaproto.cli.EXIT_USAGE (2)
 
 
 def _number_list(cast: type, what: str):
@@ -69,8 +62,8 @@ _TYPES = {"ints": _ints, "floats": _floats, "strs": _strs}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Run the INA testbed's experiments (topology, switches, controller, agents) and plot them.")
-    sub = p.add_subparsers(dest="command", metavar="{list,run,plot}", parser_class=_Parser)
+    p = Parser(prog=PROG, description="Run the INA testbed's experiments (topology, switches, controller, agents) and plot them.")
+    sub = p.add_subparsers(dest="command", metavar="{list,run,plot}", parser_class=Parser)
     lst = sub.add_parser("list", help="the experiments, their options and configurations")
     lst.add_argument("-v", "--verbose", action="store_true", help="also print each configuration")
     run = sub.add_parser("run", help="run one experiment (or all)", add_help=False,
@@ -96,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def experiment_parser(exp_cls: Any) -> argparse.ArgumentParser:
     """The options of one experiment (they replace fields of the chosen preset)."""
-    p = _Parser(prog=f"{PROG} run {exp_cls.name}", add_help=False)
+    p = Parser(prog=f"{PROG} run {exp_cls.name}", add_help=False)
     for flag, field, kind, help_text in exp_cls.options:
         if kind == "false":
             p.add_argument(flag, dest=field, action="store_const", const=False, default=None, help=help_text)
@@ -225,7 +218,8 @@ def _out_dir(base: Path, name: str) -> Path:
 
 def run_experiment(exp_cls: Any, config: Any, options: Any, out: TextIO, err: TextIO) -> tuple[int, Path | None]:
     """Run one experiment to its results folder; (exit status, plot path)."""
-    from topologies.experiments.base import ExperimentError, RunContext
+    from topologies.errors import ExperimentError
+    from topologies.experiments.base import RunContext
 
     out_dir = _out_dir(Path(options.out).resolve(), exp_cls.name)  # child processes run in other folders
     ctx = RunContext(exp_cls, config, options, out_dir, stream=err)
@@ -315,8 +309,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         if args.command == "plot":
             return _replot(Path(args.results), out)
     except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=err)
-        return EXIT_USAGE
+        return exc.report(PROG, err)
     with _Signals(err):  # from here on Ctrl-C and SIGTERM stop the run cleanly
         try:
             return _run(args, rest, out, err)
@@ -328,7 +321,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
 def _run(args: argparse.Namespace, rest: list[str], out: TextIO, err: TextIO) -> int:
     try:
         from topologies.experiments import get_experiment, load_all
-        from topologies.experiments.base import ExperimentError, RunOptions
+        from topologies.errors import ExperimentError
+        from topologies.experiments.base import RunOptions
 
         if args.help:
             return _run_help(args.experiment, out)
@@ -365,8 +359,7 @@ def _run(args: argparse.Namespace, rest: list[str], out: TextIO, err: TextIO) ->
         if os.geteuid() != 0:
             raise UsageError("experiments build network namespaces and need root (run as root or with sudo)")
     except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=err)
-        return EXIT_USAGE
+        return exc.report(PROG, err)
 
     codes = []
     plots = []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.netns import Network, sweep_stale
+from topologies.netns import Network, sweep_stale
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from typing import Iterable
 
 from scapy.packet import Packet, raw
 
-from tests.integration.netns import Namespace
+from topologies.netns import Namespace
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263

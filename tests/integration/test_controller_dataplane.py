@@ -21,11 +21,11 @@ import grpc
 import numpy as np
 import pytest
 
-from controller import admission_pb2 as pb
-from controller import admission_pb2_grpc as pb_grpc
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto import wire
 from inaproto.commands import Command, command_argv
-from tests.integration.netns import Network, Process, TcpForward, wait_until
+from topologies.netns import Network, Process, TcpForward, wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("softswitch.cli") is None, reason="ina-switch is not there yet")
 

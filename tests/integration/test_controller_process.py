@@ -19,12 +19,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller import admission_pb2 as pb
-from controller import admission_pb2_grpc as pb_grpc
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 from controller.p4entity import Schema
 from controller.switch import Switch, SwitchOptions
 from inaproto.commands import Command, command_argv
-from tests.integration.netns import Process, wait_until
+from topologies.netns import Process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = Schema.from_file(REPO / "p4src" / "ina.p4info.txt")

@@ -21,9 +21,9 @@ from inaproto import wire
 from inaproto.scapy_layer import INA
 from softswitch.faults import FaultInjector, build_config
 from tests.integration import bmv2json
-from tests.integration.netns import Network, sweep_stale
+from topologies.netns import Network, sweep_stale
 from tests.integration.ptfutil import HostPorts, Mask, send_packet, verify_no_other_packets, verify_packet, verify_packets
-from tests.integration.switch_process import GRPC_PORT, SwitchNetwork, SwitchProcess, switch_command
+from topologies.switch_process import GRPC_PORT, SwitchNetwork, SwitchProcess, switch_command
 from controller.switch import SwitchError
 from tests.p4rt_client import P4RuntimeTestClient
 from tests.targets import SWITCH_IP, SWITCH_MAC, Worker, dissect, gradient, install_job, make_workers

@@ -9,7 +9,8 @@ import pytest
 
 from host_agent.agent import Agent, AgentOptions
 from host_agent.stream import StreamOptions
-from tests.udp_switch import UdpSwitch, local_job, quantised_sum, run_workers
+from softswitch.udp import UdpSwitch
+from tests.udp_switch import local_job, quantised_sum, run_workers
 
 testing = pytest.importorskip("tests.harness")
 
@@ -64,7 +65,7 @@ def test_ina_and_reallocation_by_the_controller(harness) -> None:
 
     def second_job() -> None:
         started.wait(30)
-        from controller import admission_pb2 as pb
+        from inaproto import admission_pb2 as pb
 
         harness.stub.RegisterJob(pb.RegisterJobRequest(
             name="second", tensor_elements=100,

@@ -9,7 +9,8 @@ import pytest
 from host_agent.agent import AgentOptions
 from host_agent.fixedpoint import chunk_count
 from host_agent.stream import StreamOptions
-from tests.udp_switch import Faults, LocalCluster, quantised_sum
+from softswitch.udp import Faults
+from tests.udp_switch import LocalCluster, quantised_sum
 
 FAULTY = Faults(drop=0.05, duplicate=0.05, reorder=0.05, reorder_delay=0.002)
 QUICK = AgentOptions(stream=StreamOptions(op_timeout=20.0))

@@ -11,7 +11,8 @@ from host_agent.agent import Agent, AgentOptions
 from host_agent.control import AdmissionClient
 from host_agent.errors import JobReleased
 from host_agent.stream import StreamOptions
-from tests.udp_switch import Faults, LocalCluster, quantised_sum, run_workers
+from softswitch.udp import Faults
+from tests.udp_switch import LocalCluster, quantised_sum, run_workers
 
 QUICK = AgentOptions(stream=StreamOptions(op_timeout=20.0))
 FAULTY = Faults(drop=0.03, duplicate=0.03, reorder=0.03, reorder_delay=0.002)

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
-from controller import admission_pb2 as pb
+from inaproto import admission_pb2 as pb
 from tests.harness import Harness, gradient_frame, parse_result, worker
 from inaproto import wire
 

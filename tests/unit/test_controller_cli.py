@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from controller import admission_pb2 as pb
+from inaproto import admission_pb2 as pb
 from controller import cli
 from tests.harness import Harness, worker
 

@@ -85,6 +85,6 @@ def test_database_of_another_topology_is_refused(tmp_path):
 
 
 def daemon_request():
-    from controller import admission_pb2 as pb
+    from inaproto import admission_pb2 as pb
 
     return pb.RegisterJobRequest(name="x", workers=[worker(0, "h11"), worker(1, "h21")], tensor_elements=64)

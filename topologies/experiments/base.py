@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping, TextIO
 
+from topologies.errors import ExperimentError
+
 __all__ = [
     "SIZES",
     "Experiment",
-    "ExperimentError",
     "RunOptions",
     "RunContext",
     "ResultStore",
@@ -40,10 +41,6 @@ __all__ = [
 ]
 
 SIZES = ("tiny", "small", "full")
-
-
-class ExperimentError(RuntimeError):
-    """An experiment cannot run as configured (missing tool, bad option); one line for the user."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ from typing import Any
 
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, group_by, median
-from topologies.experiments.base import Experiment, ExperimentError
+from topologies.errors import ExperimentError
+from topologies.experiments.base import Experiment
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
 POLICIES = ("equal", "first-fit", "weighted", "priority")

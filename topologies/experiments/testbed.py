@@ -7,7 +7,7 @@
 run directory. ``ina-controller`` runs in the root namespace on 127.0.0.1 with its own database in the run
 directory and a copy of the plan's topology (``controller-topology.json``, with the switches' slot
 ``pool``). Agents (``ina-agent``) run inside the Mininet hosts and reach the controller at the same
-127.0.0.1 address through :class:`~topologies.experiments.forward.LoopbackForward`; each writes its
+127.0.0.1 address through :class:`~topologies.netns.LoopbackForward`; each writes its
 results as JSON into the run directory. ``stop()`` (also on errors, Ctrl-C and SIGTERM) ends the agents,
 the controller (recorded in the run state, so ``make stop`` finds it after a crash) and the network.
 """
@@ -26,8 +26,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from inaproto.commands import REPO, Command, command_argv
 from topologies import state as run_state
-from topologies.experiments.base import ExperimentError
-from topologies.experiments.forward import LoopbackForward
+from topologies.errors import ExperimentError, TopologiesError
+from topologies.netns import LoopbackForward
 
 __all__ = ["AgentJob", "AgentFailure", "Testbed", "agent_command", "free_port", "REPO"]
 
@@ -52,7 +52,7 @@ def agent_command() -> list[str]:
     return command_argv(Command.AGENT)
 
 
-class AgentFailure(RuntimeError):
+class AgentFailure(TopologiesError, RuntimeError):
     """A job's agents failed or timed out; ``job`` names it, the message quotes the agent's log."""
 
     def __init__(self, job: str, message: str) -> None:
@@ -265,7 +265,7 @@ class Testbed:
     def set_policy(self, policy: str) -> None:
         import grpc
 
-        from controller import admission_pb2 as pb
+        from inaproto import admission_pb2 as pb
 
         channel, stub = self.stub()
         try:
@@ -286,7 +286,7 @@ class Testbed:
         """An admission-service stub for the running controller (root namespace, 127.0.0.1)."""
         import grpc
 
-        from controller import admission_pb2_grpc as pb_grpc
+        from inaproto import admission_pb2_grpc as pb_grpc
 
         channel = grpc.insecure_channel(self.controller_address)
         return channel, pb_grpc.AdmissionStub(channel)
@@ -296,7 +296,7 @@ class Testbed:
         import grpc
         from google.protobuf import json_format
 
-        from controller import admission_pb2 as pb
+        from inaproto import admission_pb2 as pb
 
         channel, stub = self.stub()
         try:
@@ -351,7 +351,7 @@ class Testbed:
     def release(self, job_id: int) -> None:
         import grpc
 
-        from controller import admission_pb2 as pb
+        from inaproto import admission_pb2 as pb
 
         channel, stub = self.stub()
         try:

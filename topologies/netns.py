@@ -1,17 +1,19 @@
-"""Network namespaces, veth pairs and processes for integration tests, always cleaned up.
+"""Network namespaces, veth pairs, processes and TCP relays across namespaces, always cleaned up.
 
+The one home of the testbed's namespace tooling: integration tests, ``bench/`` and ``ina-exp`` use it.
 In the spirit of pyroute2's test fixtures, with iproute2 underneath (no extra dependency):
 
 - ``Network`` owns uniquely named namespaces (``inat-<pid>-<n>-<tag>``) and the veth pairs between them;
-  ``close()`` (or the ``network`` fixture's finalizer) deletes every namespace it made, even when a test
-  failed, and ``sweep_stale()`` removes those left by a test process that was killed.
-- ``Namespace.entered()`` switches the calling thread into a namespace, so the test process itself opens
+  ``close()`` deletes every namespace it made, even when the caller failed, and ``sweep_stale()`` removes
+  those left by a process that was killed.
+- ``Namespace.entered()`` switches the calling thread into a namespace, so the process itself opens
   AF_PACKET or TCP sockets there (a socket stays in the namespace it was created in).
 - ``Process`` starts a command in a namespace with its output in a log file and stops it by PID: SIGTERM,
   then SIGKILL; errors quote the log file's path and its last lines.
-- ``wait_until`` polls a condition: tests never sleep to synchronise.
-- ``TcpForward`` makes a TCP port inside a namespace (a switch's gRPC server on 127.0.0.1) reachable on
-  127.0.0.1 of the test's own namespace, without any address or route outside the namespaces.
+- ``wait_until`` polls a condition: nothing sleeps to synchronise.
+- ``TcpRelay`` relays TCP connections across namespaces on one thread. ``TcpForward`` makes a port inside a
+  namespace (a switch's gRPC server on 127.0.0.1) reachable on 127.0.0.1 here; ``LoopbackForward`` makes
+  127.0.0.1:PORT here reachable on 127.0.0.1:PORT inside each Mininet host (agents reach the controller).
 
 Everything stays on this machine: no namespace is bridged to a physical interface.
 """
@@ -19,16 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import itertools
 import os
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/var/run/netns")
@@ -36,13 +40,18 @@ PREFIX = "inat"
 _libc = ctypes.CDLL(None, use_errno=True)
 _counter = itertools.count(1)
 
+__all__ = [
+    "LoopbackForward", "Namespace", "NetnsError", "Network", "Process", "TcpForward", "TcpRelay",
+    "listen_in_netns", "run", "sweep_stale", "wait_until",
+]
+
 
 class NetnsError(RuntimeError):
     """A namespace, link or process operation that failed; the message says which command and why."""
 
 
 def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:  # os.setns exists from Python 3.12 only
         err = ctypes.get_errno()
         raise NetnsError(f"setns failed: {os.strerror(err)}")
 
@@ -270,80 +279,180 @@ class Process:
         return self.exit_code
 
 
-class TcpForward:
-    """Forward 127.0.0.1:<local_port> of the calling namespace to host:port inside ``namespace``.
 
-    One thread, which lives in the target namespace, accepts on a listening socket made in the caller's
-    namespace and relays bytes both ways. Enough for a gRPC control channel in tests.
+
+# --- TCP relays across namespaces ------------------------------------------------------------------------
+
+
+def _lo_up() -> None:
+    """Bring up ``lo`` in the calling thread's namespace (Mininet does not for its hosts)."""
+    SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, req))[1]
+        if not flags & IFF_UP:
+            fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))
+    s.listen(backlog)
+    s.setblocking(False)
+    return s
+
+
+def listen_in_netns(pid: int, port: int) -> socket.socket:
+    """A TCP socket listening on 127.0.0.1:``port`` inside the network namespace of process ``pid``.
+
+    The socket is made by a short-lived thread that enters the namespace (setns affects only the calling
+    thread), so the caller's own namespace never changes; the socket stays in the namespace it was made in.
+    """
+    box: dict[str, object] = {}
+
+    def make() -> None:
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+            try:
+                _setns(fd)
+            finally:
+                os.close(fd)
+            _lo_up()
+            box["sock"] = _listen("127.0.0.1", port, 64)
+        except OSError as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=make, name=f"netns-listen-{pid}")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise OSError(f"cannot listen on 127.0.0.1:{port} in the namespace of process {pid}: {box['error']}")
+    return box["sock"]  # type: ignore[return-value]
+
+
+class TcpRelay:
+    """Relay every connection accepted on ``listeners`` to ``target``, bytes both ways, on one thread.
+
+    The listening sockets may live in any namespaces (a socket stays where it was made); the upstream
+    connections are made in ``upstream_namespace`` (the thread enters it), or in the caller's namespace.
     """
 
-    def __init__(self, namespace: Namespace, port: int, host: str = "127.0.0.1") -> None:
-        self.namespace, self.target = namespace, (host, port)
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(16)
-        self._listener.setblocking(False)
-        self.local_port = self._listener.getsockname()[1]
-        self.address = f"127.0.0.1:{self.local_port}"
+    def __init__(self, listeners: Iterable[socket.socket], target: tuple[str, int], *, name: str = "tcp-relay",
+                 upstream_namespace: Namespace | None = None) -> None:
+        self.target = target
+        self._listeners = list(listeners)
+        self._upstream_namespace = upstream_namespace
         self._stop_r, self._stop_w = socket.socketpair()
-        self._thread = threading.Thread(target=self._run, name=f"forward-{namespace.name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        sel = selectors.DefaultSelector()
-        peers: dict[socket.socket, socket.socket] = {}
-        with self.namespace.entered():  # this thread's upstream sockets are created inside the namespace
-            sel.register(self._listener, selectors.EVENT_READ)
-            sel.register(self._stop_r, selectors.EVENT_READ)
+        entered = self._upstream_namespace.entered() if self._upstream_namespace else contextlib.nullcontext()
+        with entered:
+            sel = selectors.DefaultSelector()
+            peers: dict[socket.socket, socket.socket] = {}
+            for s in self._listeners:
+                sel.register(s, selectors.EVENT_READ, "listen")
+            sel.register(self._stop_r, selectors.EVENT_READ, "stop")
             try:
-                while True:
-                    for key, _ in sel.select():
-                        s = key.fileobj
-                        if s is self._stop_r:
-                            return
-                        if s is self._listener:
-                            try:
-                                client, _ = self._listener.accept()
-                            except BlockingIOError:
-                                continue
-                            upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                            try:
-                                upstream.connect(self.target)
-                            except OSError:
-                                client.close()
-                                upstream.close()
-                                continue
-                            peers[client], peers[upstream] = upstream, client
-                            sel.register(client, selectors.EVENT_READ)
-                            sel.register(upstream, selectors.EVENT_READ)
-                            continue
-                        try:
-                            data = s.recv(65536)
-                        except OSError:
-                            data = b""
-                        other = peers.get(s)
-                        if data and other is not None:
-                            try:
-                                other.sendall(data)
-                                continue
-                            except OSError:
-                                pass
-                        for x in (s, other):
-                            if x is not None and x in peers:
-                                sel.unregister(x)
-                                peers.pop(x)
-                                x.close()
+                while self._serve(sel, peers):
+                    pass
             finally:
                 for x in list(peers):
                     x.close()
                 sel.close()
 
-    def close(self) -> None:
+    def _serve(self, sel: selectors.BaseSelector, peers: dict[socket.socket, socket.socket]) -> bool:
+        """One round of ready sockets; False once asked to stop."""
+        for key, _ in sel.select():
+            s = key.fileobj
+            if key.data == "stop":
+                return False
+            if key.data == "listen":
+                self._accept(s, sel, peers)
+                continue
+            try:
+                data = s.recv(65536)
+            except OSError:
+                data = b""
+            other = peers.get(s)
+            if data and other is not None:
+                try:
+                    other.setblocking(True)
+                    other.sendall(data)
+                    continue
+                except OSError:
+                    pass
+            for x in (s, other):
+                if x is not None and x in peers:
+                    del peers[x]
+                    with contextlib.suppress(KeyError, ValueError):
+                        sel.unregister(x)
+                    x.close()
+        return True
+
+    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector, peers: dict[socket.socket, socket.socket]) -> None:
         try:
-            self._stop_w.send(b"x")
+            client, _ = listener.accept()
+        except OSError:  # BlockingIOError included: another round took it
+            return
+        upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            upstream.connect(self.target)
         except OSError:
-            pass
-        self._thread.join(2)
-        for s in (self._listener, self._stop_r, self._stop_w):
-            s.close()
+            client.close()
+            upstream.close()
+            return
+        for x in (client, upstream):
+            x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peers[client], peers[upstream] = upstream, client
+        sel.register(client, selectors.EVENT_READ, "data")
+        sel.register(upstream, selectors.EVENT_READ, "data")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._stop_w.send(b"x")
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for s in (*self._listeners, self._stop_r, self._stop_w):
+            with contextlib.suppress(OSError):
+                s.close()
+        self._listeners = []
+
+    def __enter__(self) -> TcpRelay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TcpForward(TcpRelay):
+    """Forward 127.0.0.1:<local_port> of the calling namespace to host:port inside ``namespace``."""
+
+    def __init__(self, namespace: Namespace, port: int, host: str = "127.0.0.1") -> None:
+        self.namespace = namespace
+        listener = _listen("127.0.0.1", 0, 16)
+        self.local_port = listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.local_port}"
+        super().__init__([listener], (host, port), name=f"forward-{namespace.name}", upstream_namespace=namespace)
+
+
+class LoopbackForward(TcpRelay):
+    """Forward 127.0.0.1:``port`` inside each namespace (given by a process id in it) to 127.0.0.1:``target_port`` here.
+
+        with LoopbackForward([h.pid for h in net.hosts], 50060):
+            ...   # agents in the hosts reach the controller at 127.0.0.1:50060
+    """
+
+    def __init__(self, pids: Iterable[int], port: int, target_port: int | None = None) -> None:
+        self.port = port
+        listeners: list[socket.socket] = []
+        try:
+            for pid in pids:
+                listeners.append(listen_in_netns(pid, port))
+        except BaseException:
+            for s in listeners:
+                s.close()
+            raise
+        super().__init__(listeners, ("127.0.0.1", target_port or port), name="loopback-forward")

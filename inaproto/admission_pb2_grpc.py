@@ -2,7 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
-from controller import admission_pb2 as admission__pb2
+from inaproto import admission_pb2 as inaproto_dot_admission__pb2
 
 
 class AdmissionStub(object):
@@ -16,58 +16,58 @@ class AdmissionStub(object):
         """
         self.RegisterJob = channel.unary_unary(
                 '/ina.admission.v1.Admission/RegisterJob',
-                request_serializer=admission__pb2.RegisterJobRequest.SerializeToString,
-                response_deserializer=admission__pb2.JobGrant.FromString,
+                request_serializer=inaproto_dot_admission__pb2.RegisterJobRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.JobGrant.FromString,
                 )
         self.Heartbeat = channel.unary_unary(
                 '/ina.admission.v1.Admission/Heartbeat',
-                request_serializer=admission__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=admission__pb2.HeartbeatResponse.FromString,
+                request_serializer=inaproto_dot_admission__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.HeartbeatResponse.FromString,
                 )
         self.ReleaseJob = channel.unary_unary(
                 '/ina.admission.v1.Admission/ReleaseJob',
-                request_serializer=admission__pb2.ReleaseJobRequest.SerializeToString,
-                response_deserializer=admission__pb2.ReleaseJobResponse.FromString,
+                request_serializer=inaproto_dot_admission__pb2.ReleaseJobRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.ReleaseJobResponse.FromString,
                 )
         self.WatchJob = channel.unary_stream(
                 '/ina.admission.v1.Admission/WatchJob',
-                request_serializer=admission__pb2.WatchJobRequest.SerializeToString,
-                response_deserializer=admission__pb2.AllocationEvent.FromString,
+                request_serializer=inaproto_dot_admission__pb2.WatchJobRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.AllocationEvent.FromString,
                 )
         self.SyncGeneration = channel.unary_unary(
                 '/ina.admission.v1.Admission/SyncGeneration',
-                request_serializer=admission__pb2.SyncGenerationRequest.SerializeToString,
-                response_deserializer=admission__pb2.SyncGenerationResponse.FromString,
+                request_serializer=inaproto_dot_admission__pb2.SyncGenerationRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.SyncGenerationResponse.FromString,
                 )
         self.ListJobs = channel.unary_unary(
                 '/ina.admission.v1.Admission/ListJobs',
-                request_serializer=admission__pb2.ListJobsRequest.SerializeToString,
-                response_deserializer=admission__pb2.ListJobsResponse.FromString,
+                request_serializer=inaproto_dot_admission__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.ListJobsResponse.FromString,
                 )
         self.GetJob = channel.unary_unary(
                 '/ina.admission.v1.Admission/GetJob',
-                request_serializer=admission__pb2.GetJobRequest.SerializeToString,
-                response_deserializer=admission__pb2.JobInfo.FromString,
+                request_serializer=inaproto_dot_admission__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.JobInfo.FromString,
                 )
         self.GetMemory = channel.unary_unary(
                 '/ina.admission.v1.Admission/GetMemory',
-                request_serializer=admission__pb2.GetMemoryRequest.SerializeToString,
-                response_deserializer=admission__pb2.MemoryMap.FromString,
+                request_serializer=inaproto_dot_admission__pb2.GetMemoryRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.MemoryMap.FromString,
                 )
         self.GetStats = channel.unary_unary(
                 '/ina.admission.v1.Admission/GetStats',
-                request_serializer=admission__pb2.GetStatsRequest.SerializeToString,
-                response_deserializer=admission__pb2.StatsResponse.FromString,
+                request_serializer=inaproto_dot_admission__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.StatsResponse.FromString,
                 )
         self.GetPolicy = channel.unary_unary(
                 '/ina.admission.v1.Admission/GetPolicy',
-                request_serializer=admission__pb2.GetPolicyRequest.SerializeToString,
-                response_deserializer=admission__pb2.PolicyInfo.FromString,
+                request_serializer=inaproto_dot_admission__pb2.GetPolicyRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.PolicyInfo.FromString,
                 )
         self.SetPolicy = channel.unary_unary(
                 '/ina.admission.v1.Admission/SetPolicy',
-                request_serializer=admission__pb2.SetPolicyRequest.SerializeToString,
-                response_deserializer=admission__pb2.PolicyInfo.FromString,
+                request_serializer=inaproto_dot_admission__pb2.SetPolicyRequest.SerializeToString,
+                response_deserializer=inaproto_dot_admission__pb2.PolicyInfo.FromString,
                 )
 
 
@@ -155,58 +155,58 @@ def add_AdmissionServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'RegisterJob': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterJob,
-                    request_deserializer=admission__pb2.RegisterJobRequest.FromString,
-                    response_serializer=admission__pb2.JobGrant.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.RegisterJobRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.JobGrant.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=admission__pb2.HeartbeatRequest.FromString,
-                    response_serializer=admission__pb2.HeartbeatResponse.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.HeartbeatRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.HeartbeatResponse.SerializeToString,
             ),
             'ReleaseJob': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseJob,
-                    request_deserializer=admission__pb2.ReleaseJobRequest.FromString,
-                    response_serializer=admission__pb2.ReleaseJobResponse.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.ReleaseJobRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.ReleaseJobResponse.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
-                    request_deserializer=admission__pb2.WatchJobRequest.FromString,
-                    response_serializer=admission__pb2.AllocationEvent.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.WatchJobRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.AllocationEvent.SerializeToString,
             ),
             'SyncGeneration': grpc.unary_unary_rpc_method_handler(
                     servicer.SyncGeneration,
-                    request_deserializer=admission__pb2.SyncGenerationRequest.FromString,
-                    response_serializer=admission__pb2.SyncGenerationResponse.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.SyncGenerationRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.SyncGenerationResponse.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
-                    request_deserializer=admission__pb2.ListJobsRequest.FromString,
-                    response_serializer=admission__pb2.ListJobsResponse.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.ListJobsRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.ListJobsResponse.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
-                    request_deserializer=admission__pb2.GetJobRequest.FromString,
-                    response_serializer=admission__pb2.JobInfo.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.GetJobRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.JobInfo.SerializeToString,
             ),
             'GetMemory': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMemory,
-                    request_deserializer=admission__pb2.GetMemoryRequest.FromString,
-                    response_serializer=admission__pb2.MemoryMap.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.GetMemoryRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.MemoryMap.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
-                    request_deserializer=admission__pb2.GetStatsRequest.FromString,
-                    response_serializer=admission__pb2.StatsResponse.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.GetStatsRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.StatsResponse.SerializeToString,
             ),
             'GetPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPolicy,
-                    request_deserializer=admission__pb2.GetPolicyRequest.FromString,
-                    response_serializer=admission__pb2.PolicyInfo.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.GetPolicyRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.PolicyInfo.SerializeToString,
             ),
             'SetPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.SetPolicy,
-                    request_deserializer=admission__pb2.SetPolicyRequest.FromString,
-                    response_serializer=admission__pb2.PolicyInfo.SerializeToString,
+                    request_deserializer=inaproto_dot_admission__pb2.SetPolicyRequest.FromString,
+                    response_serializer=inaproto_dot_admission__pb2.PolicyInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -230,8 +230,8 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/ina.admission.v1.Admission/RegisterJob',
-            admission__pb2.RegisterJobRequest.SerializeToString,
-            admission__pb2.JobGrant.FromString,
+            inaproto_dot_admission__pb2.RegisterJobRequest.SerializeToString,
+            inaproto_dot_admission__pb2.JobGrant.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -247,8 +247,8 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/ina.admission.v1.Admission/Heartbeat',
-            admission__pb2.HeartbeatRequest.SerializeToString,
-            admission__pb2.HeartbeatResponse.FromString,
+            inaproto_dot_admission__pb2.HeartbeatRequest.SerializeToString,
+            inaproto_dot_admission__pb2.HeartbeatResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -264,8 +264,8 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/ina.admission.v1.Admission/ReleaseJob',
-            admission__pb2.ReleaseJobRequest.SerializeToString,
-            admission__pb2.ReleaseJobResponse.FromString,
+            inaproto_dot_admission__pb2.ReleaseJobRequest.SerializeToString,
+            inaproto_dot_admission__pb2.ReleaseJobResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -281,8 +281,8 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_stream(request, target, '/ina.admission.v1.Admission/WatchJob',
-            admission__pb2.WatchJobRequest.SerializeToString,
-            admission__pb2.AllocationEvent.FromString,
+            inaproto_dot_admission__pb2.WatchJobRequest.SerializeToString,
+            inaproto_dot_admission__pb2.AllocationEvent.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -298,8 +298,8 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/ina.admission.v1.Admission/SyncGeneration',
-            admission__pb2.SyncGenerationRequest.SerializeToString,
-            admission__pb2.SyncGenerationResponse.FromString,
+            inaproto_dot_admission__pb2.SyncGenerationRequest.SerializeToString,
+            inaproto_dot_admission__pb2.SyncGenerationResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -315,8 +315,8 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/ina.admission.v1.Admission/ListJobs',
-            admission__pb2.ListJobsRequest.SerializeToString,
-            admission__pb2.ListJobsResponse.FromString,
+            inaproto_dot_admission__pb2.ListJobsRequest.SerializeToString,
+            inaproto_dot_admission__pb2.ListJobsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -332,8 +332,8 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/ina.admission.v1.Admission/GetJob',
-            admission__pb2.GetJobRequest.SerializeToString,
-            admission__pb2.JobInfo.FromString,
+            inaproto_dot_admission__pb2.GetJobRequest.SerializeToString,
+            inaproto_dot_admission__pb2.JobInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -349,8 +349,8 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/ina.admission.v1.Admission/GetMemory',
-            admission__pb2.GetMemoryRequest.SerializeToString,
-            admission__pb2.MemoryMap.FromString,
+            inaproto_dot_admission__pb2.GetMemoryRequest.SerializeToString,
+            inaproto_dot_admission__pb2.MemoryMap.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -366,8 +366,8 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/ina.admission.v1.Admission/GetStats',
-            admission__pb2.GetStatsRequest.SerializeToString,
-            admission__pb2.StatsResponse.FromString,
+            inaproto_dot_admission__pb2.GetStatsRequest.SerializeToString,
+            inaproto_dot_admission__pb2.StatsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -383,8 +383,8 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/ina.admission.v1.Admission/GetPolicy',
-            admission__pb2.GetPolicyRequest.SerializeToString,
-            admission__pb2.PolicyInfo.FromString,
+            inaproto_dot_admission__pb2.GetPolicyRequest.SerializeToString,
+            inaproto_dot_admission__pb2.PolicyInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -400,7 +400,7 @@ class Admission(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/ina.admission.v1.Admission/SetPolicy',
-            admission__pb2.SetPolicyRequest.SerializeToString,
-            admission__pb2.PolicyInfo.FromString,
+            inaproto_dot_admission__pb2.SetPolicyRequest.SerializeToString,
+            inaproto_dot_admission__pb2.PolicyInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

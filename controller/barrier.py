@@ -14,7 +14,7 @@ from typing import Callable
 
 import grpc
 
-from controller.errors import ControllerError
+from controller.errors import Refusal
 from controller.store import Job
 
 __all__ = ["GenerationBarriers"]
@@ -77,18 +77,18 @@ class GenerationBarriers:
         while b.resume is None:
             cur = current(job_id)
             if not running():
-                raise ControllerError(grpc.StatusCode.UNAVAILABLE, "controller is shutting down")
+                raise Refusal(grpc.StatusCode.UNAVAILABLE, "controller is shutting down")
             if cur is None:
-                raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} was released")
+                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} was released")
             if cur.generation != generation:
-                raise ControllerError(
+                raise Refusal(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"job {job_id}: generation {generation} was replaced by {cur.generation} while waiting",
                 )
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = sorted(set(cur.worker_ids) - set(b.reports))
-                raise ControllerError(
+                raise Refusal(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"job {job_id}: workers {missing} did not report for generation {generation} within {wait:g} s",
                 )

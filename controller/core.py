@@ -32,7 +32,7 @@ import grpc
 
 from inaproto import admission_pb2 as pb
 from controller.barrier import GenerationBarriers
-from controller.errors import ControllerError
+from controller.errors import Refusal
 from controller.memory import allocate_pools, memory_view
 from controller.p4entity import Schema
 from controller.policies import POLICIES, AllocationPolicy, JobDemand, SlotRange, make_policy
@@ -45,7 +45,7 @@ from inaproto import wire
 from inaproto.backends import Backend, JobState
 from inaproto.job_entries import JobEntry, job_group
 
-__all__ = ["ControllerOptions", "ControllerError", "Controller", "Subscription", "DEFAULT_SCALE"]
+__all__ = ["ControllerOptions", "Refusal", "Controller", "Subscription", "DEFAULT_SCALE"]
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class Controller:
             if unknown:
                 self.store.close()
                 self.store = None
-                raise ControllerError(
+                raise Refusal(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"job {j.job_id} in {self.options.db_path} has workers under switch {unknown[0]}, which the "
                     "topology does not have: start with the topology it was admitted under, or a new --db",
@@ -203,7 +203,7 @@ class Controller:
         try:
             if not sw.connect():
                 primary = sw.primary_election_id
-                raise ControllerError(
+                raise Refusal(
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"switch {name} at {info.address}: another controller is primary (election id {primary}, ours "
                     f"{self.options.election_id}); stop it or use a higher --election-id",
@@ -251,7 +251,7 @@ class Controller:
         while not self._stop.wait(self.options.monitor_interval):
             try:
                 self._reap()
-            except ControllerError as exc:
+            except Refusal as exc:
                 log.warning("heartbeat reaping deferred: %s", exc.message)
             except Exception:
                 log.exception("heartbeat reaping failed")
@@ -274,7 +274,7 @@ class Controller:
                                 dict(self._jobs), f"switch {name} lost its state", self._next_generation, refresh=lost
                             )
                             self._commit(new, set(), counter)
-                except (SwitchError, ControllerError) as exc:
+                except (SwitchError, Refusal) as exc:
                     log.warning("%s: still unreachable: %s", name, exc)
                 if self._stop.is_set():
                     return
@@ -449,12 +449,12 @@ class Controller:
     def _job(self, job_id: int) -> Job:
         job = self._jobs.get(job_id)
         if job is None:
-            raise ControllerError(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
         return job
 
     def _require_running(self) -> None:
         if not self._running:
-            raise ControllerError(grpc.StatusCode.UNAVAILABLE, "controller is not running")
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, "controller is not running")
 
     # ================================================================================================
     # agents
@@ -465,7 +465,7 @@ class Controller:
             job_id = FIRST_JOB_ID + (self._next_job_id - FIRST_JOB_ID + i) % n
             if job_id not in self._jobs:
                 return job_id
-        raise ControllerError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"all {n} job ids are in use")
+        raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"all {n} job ids are in use")
 
     def register(self, request: pb.RegisterJobRequest) -> pb.JobGrant:
         with self._lock:
@@ -489,7 +489,7 @@ class Controller:
 
     def _worker(self, job: Job, worker_id: int) -> None:
         if worker_id not in job.worker_ids:
-            raise ControllerError(grpc.StatusCode.NOT_FOUND, f"job {job.job_id} has no worker {worker_id}")
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"job {job.job_id} has no worker {worker_id}")
 
     def heartbeat(self, job_id: int, worker_id: int) -> int:
         with self._lock:
@@ -538,7 +538,7 @@ class Controller:
             job = self._job(job_id)
             self._worker(job, worker_id)
             if generation != job.generation:
-                raise ControllerError(
+                raise Refusal(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"job {job_id}: generation {generation} is not the current generation {job.generation}",
                 )
@@ -600,7 +600,7 @@ class Controller:
                     for reason in JOB_DROPS:
                         s.drops[DROP_NAMES[reason]] = c["MyIngress.ina_job_drops"].get(j * wire.NUM_DROP_REASONS + reason, 0)
         except SwitchError as exc:
-            raise ControllerError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
         return out
 
     def policy_info(self) -> pb.PolicyInfo:
@@ -612,7 +612,7 @@ class Controller:
             try:
                 policy = make_policy(name)
             except ValueError as exc:
-                raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
             if name == self._policy_name:
                 return self.policy_info()
             old_name, old_policy = self._policy_name, self._policy

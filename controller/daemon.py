@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from controller.core import DEFAULT_SCALE, Controller, ControllerError, ControllerOptions
+from controller.core import DEFAULT_SCALE, Controller, Refusal, ControllerOptions
 from controller.p4entity import Schema
 from controller.policies import POLICIES
 from controller.service import serve
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         ctl = Controller(topo, options)
         ctl.start()
-    except (TopologyError, StoreError, SwitchError, ControllerError, OSError, ValueError) as exc:
+    except (TopologyError, StoreError, SwitchError, Refusal, OSError, ValueError) as exc:
         print(f"ina-controller: {exc}", file=sys.stderr)
         return 1
     try:

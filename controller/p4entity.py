@@ -20,6 +20,7 @@ from p4runtime_sh.bytes_utils import parse_value, to_canonical_bytes
 from p4runtime_sh.context import Context, P4Type
 
 from softswitch.p4program import load_p4info
+from controller.errors import ControllerError
 
 __all__ = ["Schema", "SchemaError", "TableEntry", "MulticastGroup", "encode_value", "format_value"]
 
@@ -29,7 +30,7 @@ _TERNARY = p4info_pb2.MatchField.TERNARY
 _OPTIONAL = p4info_pb2.MatchField.OPTIONAL
 
 
-class SchemaError(ValueError):
+class SchemaError(ControllerError, ValueError):
     """A name the P4Info does not have, or a value that does not fit its field."""
 
 

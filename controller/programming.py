@@ -12,7 +12,7 @@ from typing import Mapping
 
 import grpc
 
-from controller.errors import ControllerError
+from controller.errors import Refusal
 from controller.p4entity import MulticastGroup, Schema, TableEntry
 from controller.store import Job
 from controller.switch import Switch, SwitchError, SwitchState
@@ -49,7 +49,7 @@ class SwitchProgrammer:
         lo, hi = job_group(FIRST_JOB_ID), job_group(wire.MAX_JOBS - 1)
         for g in self._forwarding[name][1]:
             if lo <= g.group_id <= hi:
-                raise ControllerError(
+                raise Refusal(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"switch {name}: multicast group {g.group_id} of its runtime JSON collides with job groups {lo}..{hi}",
                 )
@@ -108,7 +108,7 @@ class SwitchProgrammer:
                     except SwitchError as exc2:
                         log.error("%s: could not put back the previous state: %s", back, exc2)
                 code = grpc.StatusCode.UNAVAILABLE
-                raise ControllerError(code, f"switch write failed, nothing applied: {exc}") from None
+                raise Refusal(code, f"switch write failed, nothing applied: {exc}") from None
 
     def reconcile(self, name: str, jobs: Mapping[int, Job], switch: Switch | None = None):
         """Read back switch `name` (``switch``: one not yet connected in ``switches``) and repair its

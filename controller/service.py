@@ -1,6 +1,6 @@
 """The job admission gRPC service (inaproto/admission.proto) in front of a :class:`~controller.core.Controller`.
 
-Each RPC maps to one controller method; a :class:`~controller.core.ControllerError` becomes its gRPC status
+Each RPC maps to one controller method; a :class:`~controller.core.Refusal` becomes its gRPC status
 code and message. ``serve()`` starts a grpc server on 127.0.0.1 (port 0 picks a free one).
 """
 from __future__ import annotations
@@ -13,14 +13,14 @@ import grpc
 
 from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
-from controller.core import Controller, ControllerError
+from controller.core import Controller, Refusal
 
 __all__ = ["AdmissionService", "serve"]
 
 log = logging.getLogger(__name__)
 
 
-def _guard(context: grpc.ServicerContext, exc: ControllerError):
+def _guard(context: grpc.ServicerContext, exc: Refusal):
     log.info("refused: %s: %s", exc.code.name, exc.message)
     context.abort(exc.code, exc.message)
 
@@ -33,26 +33,26 @@ class AdmissionService(pb_grpc.AdmissionServicer):
     def RegisterJob(self, request, context):
         try:
             return self.ctl.register(request)
-        except ControllerError as exc:
+        except Refusal as exc:
             _guard(context, exc)
 
     def Heartbeat(self, request, context):
         try:
             return pb.HeartbeatResponse(generation=self.ctl.heartbeat(request.job_id, request.worker_id))
-        except ControllerError as exc:
+        except Refusal as exc:
             _guard(context, exc)
 
     def ReleaseJob(self, request, context):
         try:
             self.ctl.release(request.job_id)
             return pb.ReleaseJobResponse()
-        except ControllerError as exc:
+        except Refusal as exc:
             _guard(context, exc)
 
     def WatchJob(self, request, context):
         try:
             sub = self.ctl.watch(request.job_id, request.worker_id)
-        except ControllerError as exc:
+        except Refusal as exc:
             _guard(context, exc)
             return
         context.add_callback(sub.close)
@@ -78,7 +78,7 @@ class AdmissionService(pb_grpc.AdmissionServicer):
                 timeout=remaining if remaining is not None else None,
             )
             return pb.SyncGenerationResponse(generation=request.generation, resume_chunk=resume)
-        except ControllerError as exc:
+        except Refusal as exc:
             _guard(context, exc)
 
     # --- operators ----------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ class AdmissionService(pb_grpc.AdmissionServicer):
     def GetJob(self, request, context):
         try:
             return self.ctl.job_info(request.job_id)
-        except ControllerError as exc:
+        except Refusal as exc:
             _guard(context, exc)
 
     def GetMemory(self, request, context):
@@ -97,7 +97,7 @@ class AdmissionService(pb_grpc.AdmissionServicer):
     def GetStats(self, request, context):
         try:
             return self.ctl.stats(0 if request.all else request.job_id)
-        except ControllerError as exc:
+        except Refusal as exc:
             _guard(context, exc)
 
     def GetPolicy(self, request, context):
@@ -106,7 +106,7 @@ class AdmissionService(pb_grpc.AdmissionServicer):
     def SetPolicy(self, request, context):
         try:
             return self.ctl.set_policy(request.policy)
-        except ControllerError as exc:
+        except Refusal as exc:
             _guard(context, exc)
 
 

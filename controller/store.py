@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
+from controller.errors import ControllerError
 from inaproto import admission_pb2 as pb
 from controller.policies import SlotRange
 
@@ -47,7 +48,7 @@ CREATE TABLE IF NOT EXISTS barriers (    -- the last completed SyncGeneration ba
 """
 
 
-class StoreError(RuntimeError):
+class StoreError(ControllerError, RuntimeError):
     """The database cannot be opened or is not a controller database."""
 
 

@@ -29,6 +29,7 @@ from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
+from controller.errors import ControllerError
 from controller.p4entity import MulticastGroup, Schema, SchemaError, TableEntry, encode_value
 
 __all__ = ["SwitchOptions", "SwitchError", "Switch", "SwitchState", "plan_writes", "ReconcileReport", "update_errors"]
@@ -55,7 +56,7 @@ class SwitchOptions:
     rpc_timeout: float = 10.0
 
 
-class SwitchError(Exception):
+class SwitchError(ControllerError):
     """A failed P4Runtime call: the gRPC status code, its details and, for writes, each failed update."""
 
     def __init__(self, switch: str, op: str, code: grpc.StatusCode, details: str, errors: Sequence[tuple[int, str, str]] = ()):

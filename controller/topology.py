@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from controller.errors import ControllerError
 from inaproto import wire
 from controller.p4entity import MulticastGroup, Schema, SchemaError, TableEntry
 
@@ -47,7 +48,7 @@ DEFAULT_SWITCH_MAC = "02:00:00:00:00:fe"
 _PORT_RE = re.compile(r"^(?P<switch>[A-Za-z0-9_.]+)-p(?P<port>\d+)$")
 
 
-class TopologyError(ValueError):
+class TopologyError(ControllerError, ValueError):
     """A topology or switch description that cannot be used; the message says where."""
 
 

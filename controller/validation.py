@@ -9,7 +9,7 @@ from typing import Iterable
 import grpc
 
 from inaproto import admission_pb2 as pb
-from controller.errors import ControllerError
+from controller.errors import Refusal
 from controller.store import Job
 from controller.topology import Topology
 from inaproto import wire
@@ -23,11 +23,11 @@ def validate_registration(
     """Check a registration completely before anything changes; fill ip/mac from the topology.
 
     Returns the completed request and the placement ``(worker_id, switch, port)`` of every worker;
-    raises ControllerError (INVALID_ARGUMENT, or ALREADY_EXISTS against the registered ``jobs``).
+    raises Refusal (INVALID_ARGUMENT, or ALREADY_EXISTS against the registered ``jobs``).
     """
 
-    def bad(msg: str) -> ControllerError:
-        return ControllerError(grpc.StatusCode.INVALID_ARGUMENT, msg)
+    def bad(msg: str) -> Refusal:
+        return Refusal(grpc.StatusCode.INVALID_ARGUMENT, msg)
 
     if not req.workers:
         raise bad("a job needs at least one worker")
@@ -91,10 +91,10 @@ def validate_registration(
         placement.append((w.worker_id, switch, port))
     for job in jobs:
         if out.name and job.request.name == out.name:
-            raise ControllerError(grpc.StatusCode.ALREADY_EXISTS, f"a job named {out.name!r} is already registered (job {job.job_id})")
+            raise Refusal(grpc.StatusCode.ALREADY_EXISTS, f"a job named {out.name!r} is already registered (job {job.job_id})")
         for w in job.request.workers:
             if (w.ip, w.udp_port) in seen_addrs:
-                raise ControllerError(
+                raise Refusal(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"worker address {w.ip}:{w.udp_port} is already registered by job {job.job_id}",
                 )

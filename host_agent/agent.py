@@ -22,7 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from host_agent.control import AdmissionClient, JobWatcher
-from host_agent.errors import AgentError, AgentTimeout, ControllerError, JobReleased
+from host_agent.errors import AgentError, AgentTimeout, AdmissionError, JobReleased
 from host_agent.fixedpoint import dequantize, quantize_chunks, to_chunks
 from host_agent.grant import Grant, JobSpec, Plan
 from host_agent.stream import ChunkStream, StreamOptions, StreamStats
@@ -106,7 +106,7 @@ class Agent:
         options: timeouts and the like.
 
     Raises:
-        ControllerError: the controller refused or failed a call.
+        AdmissionError: the controller refused or failed a call.
         AgentTimeout: the job or its first grant did not appear in time.
     """
 
@@ -317,7 +317,7 @@ class Agent:
             stream.linger(self.options.close_timeout)
             try:
                 self.client.release(self.job_id)
-            except ControllerError as exc:
+            except AdmissionError as exc:
                 log.warning("worker %d: releasing job %d failed: %s", self.worker_id, self.job_id, exc)
             return
         deadline = time.monotonic() + self.options.close_timeout

@@ -1,6 +1,6 @@
 """The agent's client of the controller's admission service (inaproto/admission.proto).
 
-One error type, ``host_agent.errors.ControllerError``, wraps ``grpc.RpcError`` with its status code and details. The
+One error type, ``host_agent.errors.AdmissionError``, wraps ``grpc.RpcError`` with its status code and details. The
 event stream (``WatchJob``) and the heartbeat run in ``JobWatcher``'s background threads, which hand
 grants and releases to a callback; everything else is a plain blocking call with a deadline.
 """
@@ -17,18 +17,18 @@ from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from host_agent.grant import Grant, JobSpec
 from inaproto.backends import JobState
-from host_agent.errors import AgentTimeout, ControllerError, StaleGeneration
+from host_agent.errors import AgentTimeout, AdmissionError, StaleGeneration
 
-__all__ = ["AdmissionClient", "ControllerError", "JobWatcher"]
+__all__ = ["AdmissionClient", "AdmissionError", "JobWatcher"]
 
 log = logging.getLogger("host_agent.control")
 
 
-def _wrap(what: str, exc: grpc.RpcError) -> ControllerError:
+def _wrap(what: str, exc: grpc.RpcError) -> AdmissionError:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     name = code.name if code is not None else "ERROR"
-    return ControllerError(f"{what}: {name}: {details}", code, details or "")
+    return AdmissionError(f"{what}: {name}: {details}", code, details or "")
 
 
 class AdmissionClient:
@@ -174,7 +174,7 @@ class JobWatcher:
         while not self._stop.wait(self.heartbeat_interval):
             try:
                 self.client.heartbeat(self.job_id, self.worker_id)
-            except ControllerError as exc:
+            except AdmissionError as exc:
                 if exc.code == grpc.StatusCode.NOT_FOUND:
                     self._gone()
                     return
@@ -184,7 +184,7 @@ class JobWatcher:
         """One heartbeat now (used while waiting for the release at the end)."""
         try:
             self.client.heartbeat(self.job_id, self.worker_id)
-        except ControllerError as exc:
+        except AdmissionError as exc:
             if exc.code == grpc.StatusCode.NOT_FOUND:
                 self._gone()
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import grpc
 
-__all__ = ["AgentError", "AgentTimeout", "ControllerError", "JobReleased", "StaleGeneration"]
+__all__ = ["AgentError", "AgentTimeout", "AdmissionError", "JobReleased", "StaleGeneration"]
 
 
 class AgentError(RuntimeError):
@@ -22,7 +22,7 @@ class StaleGeneration(AgentError):
     """SyncGeneration was refused because the job has moved to a newer generation (FAILED_PRECONDITION)."""
 
 
-class ControllerError(AgentError):
+class AdmissionError(AgentError):
     """A call to the controller failed; ``code`` is the gRPC status code (None if not from gRPC)."""
 
     def __init__(self, message: str, code: grpc.StatusCode | None = None, details: str = ""):

@@ -9,7 +9,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from controller import daemon
-from controller.core import Controller, ControllerError, ControllerOptions
+from controller.core import Controller, Refusal, ControllerOptions
 from controller.p4entity import Schema
 from tests.harness import Harness, worker
 from controller.topology import Topology, read_runtime_json
@@ -77,7 +77,7 @@ def test_database_of_another_topology_is_refused(tmp_path):
         })
         h.stop_controller()
         ctl = Controller(one, ControllerOptions(db_path=tmp_path / "ctl.db", connect_timeout=2))
-        with pytest.raises(ControllerError, match="under switch s2"):
+        with pytest.raises(Refusal, match="under switch s2"):
             ctl.start()
     db = sqlite3.connect(tmp_path / "ctl.db")
     assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 1  # nothing was lost either

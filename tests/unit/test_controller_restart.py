@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from inaproto import admission_pb2 as pb
-from controller.core import Controller, ControllerError, ControllerOptions
+from controller.core import Controller, Refusal, ControllerOptions
 from tests.harness import Harness, gradient_frame, parse_result, worker
 from inaproto import wire
 
@@ -197,7 +197,7 @@ def test_second_controller_with_lower_election_id_cannot_write(h, tmp_path):
     register(h, "a", ["h11", "h12"], requested=8)
     before = switch_state(h)
     other = Controller(h.topology, ControllerOptions(db_path=tmp_path / "other.db", election_id=(0, 5), connect_timeout=2))
-    with pytest.raises(ControllerError) as err:
+    with pytest.raises(Refusal) as err:
         other.start()
     assert err.value.code == grpc.StatusCode.PERMISSION_DENIED and "another controller is primary" in err.value.message
     assert switch_state(h) == before

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inaproto.backends import Backend
 from topologies.experiments import register
 from topologies.experiments.aggregate import (
     allreduce_row,
@@ -27,7 +28,7 @@ from topologies.experiments.aggregate import (
 from topologies.experiments.base import Experiment
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
-BACKENDS = ("ina", "ring", "rina")
+BACKENDS = tuple(b.value for b in Backend)  # the experiment compares every backend a grant can hold
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from topologies.experiments.testbed import AgentJob, Testbed
+from topologies.experiments import testbed
+from topologies.experiments.testbed import AgentJob
 from topologies.topos import StarTopo
 
 RUNS = 30
@@ -16,7 +17,7 @@ RUNS = 30
 
 @pytest.mark.slow
 def test_thirty_agent_runs_in_a_row_all_exit_by_themselves(tmp_path) -> None:
-    with Testbed(StarTopo(2, bw=20), run_dir=tmp_path, agent_timeout=120) as bed:
+    with testbed.Testbed(StarTopo(2, bw=20), run_dir=tmp_path, agent_timeout=120) as bed:
         for k in range(RUNS):
             backend = ("ina", "auto")[k % 2]  # a fixed INA grant, and one followed live over WatchJob
             job = AgentJob(f"exit-{k}", ("h1", "h2"), "allreduce", backend=backend, requested_slots=4,

@@ -212,6 +212,9 @@ def test_new_generation_resets_slot_and_drops_stale_packets(target):
     workers = make_workers(2)
     install_job(target, 5, workers, base=0, num_slots=2, generation=1)
     target.send(1, gradient(workers[0], 5, 0, [100] * wire.LANES, generation=1))  # half done under gen 1
+    # A switch takes frames and table writes on separate paths: wait until it has processed the frame (it
+    # emits nothing) before the generation changes, or the frame may meet generation 2 and count as stale.
+    assert target.receive(expect=0, timeout=0.05) == []
     target.modify_entry("MyIngress.ina_job", (5,), "MyIngress.set_job", (0, 2, 0b11, 2, 6, 2))
     target.send(2, gradient(workers[1], 5, 0, [100] * wire.LANES, generation=1))  # stale now
     assert target.receive(expect=0, timeout=0.05) == []

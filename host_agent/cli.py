@@ -26,11 +26,12 @@ import numpy as np
 
 from host_agent.grant import JobSpec, parse_workers
 from host_agent.stream import StreamOptions
-from host_agent.udp_io import IoMode
 from host_agent.train import ALLOCATIONS, TrainConfig
+from host_agent.udp_io import IoMode
 from inaproto.backends import BackendChoice
 
 PROG = "ina-agent"
+IO_ENV = "INA_AGENT_IO"  # default of --io: lets a launcher (ina-exp) force per-packet I/O on every agent
 
 
 class UsageError(Exception):
@@ -92,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--reorder-guard", type=_nonneg_float, default=0.0,
                        help="seconds between a chunk's last send and its slot's reuse, for switches without "
                             "the per-copy seq check on networks that reorder (default 0: off)")
-        p.add_argument("--io", choices=[m.value for m in IoMode], default=IoMode.BATCHED.value,
+        p.add_argument("--io", choices=[m.value for m in IoMode], default=os.environ.get(IO_ENV, IoMode.BATCHED.value),
                        help="UDP I/O: GSO sends and batched drains where the kernel has them, or one "
-                            "system call per packet (default batched; docs/agent.md, 'I/O')")
+                            f"system call per packet (default: ${IO_ENV}, else batched; docs/agent.md, 'I/O')")
         p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
         p.add_argument("--quiet", action="store_true", help="no progress display")
         p.add_argument("-v", "--verbose", action="store_true", help="log protocol events (generations, resyncs)")

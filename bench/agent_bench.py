@@ -1,18 +1,24 @@
 """Benchmarks of the worker agent, printed as ratios measured side by side in one run (stops by itself in < 2 min).
 
     python bench/agent_bench.py [--quick] [--json results.json]
+    python bench/agent_bench.py --e2e 10,20,40        # experiment 1 end to end (root, Mininet, minutes)
 
-1. Packet rate: the agent's INA sender (a one-worker job, window of 64 chunks) against a plain Python
-   UDP sender keeping the same window of pre-built packets in flight, both through the same UDP echo
-   process that answers every packet as a one-worker switch would; runs alternate, medians compared,
-   per wall-clock second and per CPU-second of the sending thread (the latter is not disturbed by
-   other load on the machine). Goal: the agent reaches >= 80%.
+1. Packet rate: the agent's INA sender (a one-worker job, window of 256 chunks) with its batched I/O
+   (GSO sends, batched drains) and forced per packet (``IoMode.PER_PACKET``), against a plain Python
+   UDP sender keeping the same window of pre-built packets in flight (one sendto per packet, one
+   recv_into per result), all through the same UDP echo process that answers every packet as a
+   one-worker switch would (batched itself, so that it is not the limit); 3 alternating runs each,
+   medians with min/max, per wall-clock second and per CPU-second of the sending thread, and the
+   machine's load. Goal: the batched agent >= 3x the plain sender.
 2. INA vs ring all-reduce for n = 2, 4, 8 workers on equal emulated links (``link_bps``: INA packets
    paced at their size on the wire, ring steps last their bytes over the same rate) on loopback, with
    the switch model in its own process. Printed beside the ideal ratio n / (2(n-1)) (INA moves each
    byte up and down once, the ring 2(n-1)/n times), and that ideal corrected for header overhead
    (184-byte INA frames carry 128 bytes of data; TCP segments 1448 of 1514).
 3. Where torch is installed: the agent's ring against torch.distributed's gloo all_reduce, n processes.
+4. Only with ``--e2e 10,20,40`` (root, Mininet, minutes, under /tmp/ina-integration.lock): experiment 1
+   (``ina-exp run allreduce --small``) at n=8, INA and ring, with the agents' I/O batched and forced per
+   packet (``INA_AGENT_IO``), alternating; medians, ranges, the framed ideal and INA's framed wire time.
 """
 from __future__ import annotations
 
@@ -357,13 +363,78 @@ def bench_gloo(sizes: tuple[int, ...], elements: int, iterations: int, tmpdir: s
     return rows
 
 
+# --------------------------------------------------------------------------- 4. end to end (Mininet, root)
+
+
+def _exp_once(bw: float, io: str, workers: int, out: str) -> dict:
+    """One ``ina-exp run allreduce --small`` (INA and ring) with every agent's I/O forced to ``io``."""
+    import glob
+    import shutil
+    import subprocess
+
+    exp = os.path.join(os.path.dirname(sys.executable), "ina-exp")
+    cmd = [exp, "run", "allreduce", "--small", "--workers", str(workers), "--backends", "ina,ring", "--bw", f"{bw:g}",
+           "--no-calibrate", "-q", "--out", out]
+    if shutil.which("flock"):  # Mininet names collide between concurrent runs
+        cmd = ["flock", "/tmp/ina-integration.lock"] + cmd
+    subprocess.run(cmd, env=dict(os.environ, INA_AGENT_IO=io), check=True, stdout=subprocess.DEVNULL, timeout=900)
+    latest = sorted(glob.glob(os.path.join(out, "allreduce", "2*", "results.json")))[-1]
+    with open(latest) as fh:
+        rows = {r["backend"]: r for r in json.load(fh)["rows"] if r.get("kind") == "allreduce"}
+    return {"ina_s": rows["ina"]["seconds_median"], "ring_s": rows["ring"]["seconds_median"],
+            "ina_retransmits": rows["ina"]["retransmits"], "load": os.getloadavg()[0]}
+
+
+def bench_end_to_end(bws: tuple[float, ...], rounds: int, workers: int, out: str) -> list[dict]:
+    """Experiment 1 at n=``workers`` per link rate, agents batched and per packet, alternating."""
+    from host_agent.fixedpoint import chunk_count
+
+    elements = 16384  # the --small preset
+    chunks = chunk_count(elements)
+    framing = (wire.INA_FRAME_LEN / wire.INA_DATA_LEN) / (1514 / 1448)
+    ideal = workers / (2 * (workers - 1)) * framing
+    rows = []
+    for bw in bws:
+        runs: dict[str, list[dict]] = {"batched": [], "per-packet": []}
+        for k in range(rounds):
+            for io in runs:
+                runs[io].append(_exp_once(bw, io, workers, os.path.join(out, f"e2e-{bw:g}-{io}-{k}")))
+        wire_s = chunks * wire.INA_FRAME_LEN * 8 / (bw * 1e6)
+        row = {"bw_mbps": bw, "workers": workers, "ina_wire_s": wire_s, "ideal_with_headers": ideal, "runs": runs}
+        for io, r in runs.items():
+            ina = statistics.median(x["ina_s"] for x in r)
+            ring = statistics.median(x["ring_s"] for x in r)
+            ratios = [x["ina_s"] / x["ring_s"] for x in r]
+            row[io] = {"ina_s": ina, "ring_s": ring, "ina_over_ring": statistics.median(ratios)}
+            print(f"  {bw:g} Mbit/s, agents {io:10s}: INA {ina * 1e3:6.0f} ms ({min(x['ina_s'] for x in r) * 1e3:.0f}-"
+                  f"{max(x['ina_s'] for x in r) * 1e3:.0f})   ring {ring * 1e3:6.0f} ms   INA/ring "
+                  f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})   framed ideal {ideal:.2f}   "
+                  f"INA / its wire time {ina / wire_s:.1f}   load {statistics.median(x['load'] for x in r):.1f}",
+                  flush=True)
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 30 s)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--e2e", metavar="MBPS", help="only experiment 1 at n=8 on Mininet (root; minutes): "
+                        "INA and ring with batched and per-packet agents, e.g. --e2e 10,20,40")
+    parser.add_argument("--e2e-rounds", type=int, default=3, help="alternating runs per point (default 3)")
+    parser.add_argument("--e2e-out", default="results/agent-bench", help="experiment results folder")
     args = parser.parse_args(argv)
     quick = args.quick
     results: dict = {"cpu_count": os.cpu_count()}
+    if args.e2e:
+        bws = tuple(float(b) for b in args.e2e.split(","))
+        print(f"4. experiment 1 (allreduce --small), n=8, INA and ring, agents batched vs per packet, "
+              f"{args.e2e_rounds} alternating runs per point", flush=True)
+        results["end_to_end"] = bench_end_to_end(bws, args.e2e_rounds, 8, args.e2e_out)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(results, fh, indent=2)
+        return 0
 
     window = 256
     print(f"1. packet rate through a UDP echo (one-worker switch, batched itself), window {window}", flush=True)

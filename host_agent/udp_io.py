@@ -51,10 +51,11 @@ def gso_supported(sock: socket.socket) -> bool:
         return False
 
 
-def _enable_gro(sock: socket.socket) -> bool:
+def _set_gro(sock: socket.socket, on: bool) -> bool:
+    """UDP_GRO on or off; False where the kernel has no such option."""
     try:
-        sock.setsockopt(SOL_UDP, UDP_GRO, 1)
-        return True
+        sock.setsockopt(SOL_UDP, UDP_GRO, int(on))
+        return on
     except OSError:
         return False
 
@@ -73,7 +74,7 @@ class DatagramIo:
         self.sock = sock
         self.name = name
         self.gso = mode is IoMode.BATCHED and gso_supported(sock)
-        self.gro = mode is IoMode.BATCHED and _enable_gro(sock)
+        self.gro = _set_gro(sock, mode is IoMode.BATCHED)  # off explicitly: an earlier user may have set it
         self._cmsg_cache: dict[int, list] = {}
         log.info("%s: UDP send %s, receive %s", name,
                  "in GSO batches (UDP_SEGMENT)" if self.gso else "per packet (sendto)",

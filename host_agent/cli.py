@@ -27,10 +27,12 @@ import numpy as np
 from host_agent.grant import JobSpec, parse_workers
 from host_agent.stream import StreamOptions
 from host_agent.train import ALLOCATIONS, TrainConfig
+from host_agent.udp_io import IoMode
 from inaproto.backends import BackendChoice
 from inaproto.cli import Parser, UsageError
 
 PROG = "ina-agent"
+IO_ENV = "INA_AGENT_IO"  # default of --io: lets a launcher (ina-exp) force per-packet I/O on every agent
 
 
 def _positive_int(text: str) -> int:
@@ -83,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--reorder-guard", type=_nonneg_float, default=0.0,
                        help="seconds between a chunk's last send and its slot's reuse, for switches without "
                             "the per-copy seq check on networks that reorder (default 0: off)")
+        p.add_argument("--io", choices=[m.value for m in IoMode], default=os.environ.get(IO_ENV, IoMode.BATCHED.value),
+                       help="UDP I/O: GSO sends and batched drains where the kernel has them, or one "
+                            f"system call per packet (default: ${IO_ENV}, else batched; docs/agent.md, 'I/O')")
         p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
         p.add_argument("--quiet", action="store_true", help="no progress display")
         p.add_argument("-v", "--verbose", action="store_true", help="log protocol events (generations, resyncs)")
@@ -156,7 +161,8 @@ def _job_spec(args: argparse.Namespace) -> JobSpec:
 def _open_agent(args: argparse.Namespace, spec: JobSpec):
     from host_agent.agent import Agent, AgentOptions
 
-    opts = AgentOptions(stream=StreamOptions(op_timeout=args.timeout, reorder_guard=args.reorder_guard),
+    opts = AgentOptions(stream=StreamOptions(op_timeout=args.timeout, reorder_guard=args.reorder_guard,
+                                               io=IoMode(args.io)),
                         rendezvous_timeout=args.timeout)
     return Agent(spec, args.worker_id, controller=args.controller, job_id=args.job_id, options=opts)
 

@@ -7,6 +7,7 @@ socket, plan, generation, options and stats. docs/agent.md ("Rina") describes th
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -18,13 +19,23 @@ from inaproto.rina_repair import NACK as _NACK
 from inaproto.rina_repair import NACK_BITS as _NACK_BITS
 from inaproto.rina_repair import NACK_MAGIC as _NACK_MAGIC
 
-__all__ = ["RinaPhases"]
+__all__ = ["RinaPhases", "broadcast_packets"]
 
 PAYLOAD = wire.INA_PAYLOAD_LEN
 RESULT, BROADCAST = int(wire.MsgType.RESULT), int(wire.MsgType.BROADCAST)
 F_OVERFLOW = int(wire.Flags.OVERFLOW)
 _HDR = wire.HEADER
-_BE = wire.LANES_DTYPE
+
+
+def broadcast_packets(sums: np.ndarray, overflow: bytearray, first: int, job_id: int, generation: int,
+                      worker_id: int) -> bytes:
+    """The BROADCAST payloads of chunks ``first, first + 1, ...`` (global sums, wrapped to int32), back to back."""
+    rec = np.zeros(sums.shape[0], dtype=wire.PAYLOAD_DTYPE)
+    rec["msg_type"], rec["job_id"], rec["generation"], rec["worker_id"] = BROADCAST, job_id, generation, worker_id
+    rec["flags"] = np.where(np.frombuffer(overflow, dtype=np.uint8, count=sums.shape[0]) != 0, F_OVERFLOW, 0)
+    rec["seq"] = (np.arange(first, first + sums.shape[0], dtype=np.int64)) & 0xFFFFFFFF
+    rec["lanes"] = sums.astype(np.int32)
+    return rec.tobytes()
 
 
 class RinaPhases:
@@ -54,18 +65,26 @@ class RinaPhases:
             return
         self.stats.ignored += 1
 
+    def _drain_each(self, handle: Callable[[bytearray, int], None]) -> None:
+        """Every datagram waiting, one ``handle(datagram, length)`` each (GRO-coalesced reads split)."""
+        buf, view = self._rbatch, memoryview(self._rbatch)
+
+        def on_run(off: int, size: int, count: int) -> int:
+            for j in range(count):
+                p = off + j * size
+                handle(buf[p : p + size], size)
+            return 0
+
+        self._io.drain(view, on_run)  # on_run keeps nothing: the buffer never fills
+
     def _drain_idle(self) -> None:
-        while True:
-            try:
-                n = self.sock.recv_into(self._rbuf)
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionRefusedError:
-                continue
-            if n >= _NACK.size and self._rbuf[:4] == _NACK_MAGIC:
-                self._on_nack(self._rbuf, n)
+        def handle(dgram: bytearray, n: int) -> None:
+            if n >= _NACK.size and dgram[:4] == _NACK_MAGIC:
+                self._on_nack(dgram, n)
             else:
                 self.stats.ignored += 1
+
+        self._drain_each(handle)
 
     def _broadcast(self, seg: Segment, i0: int, rack: Rack) -> None:
         """Representative: send the global sums of seg[i0:] into the rack (BROADCAST), paced by the rack's acks."""
@@ -73,27 +92,22 @@ class RinaPhases:
         if not members:
             return
         K, a = seg.K, seg.a
-        wrapped = seg.resr[i0:].astype(np.int32).astype(_BE).tobytes()
-        job, gen, wid = self.job_id, self._generation, self.worker_id
+        pkts = broadcast_packets(seg.resr[i0:], seg.flag[i0:], a + i0, self.job_id, self._generation, self.worker_id)
+        wid = self.worker_id
         window = self.options.broadcast_window
         nxt = i0
         deadline = time.monotonic() + self.options.op_timeout
         while nxt < K:
             self._check_interrupt()
             low = min(self._acks.get(w, 0) for w in members)
-            burst = 0
-            while nxt < K and a + nxt < low + window:
-                off = (nxt - i0) * CHUNK_BYTES
-                fl = F_OVERFLOW if seg.flag[nxt] else 0
-                pkt = _HDR.pack(BROADCAST, fl, job, gen, 0, (a + nxt) & 0xFFFFFFFF, wid, 0) + wrapped[off : off + CHUNK_BYTES]
-                self._bstore[a + nxt] = pkt
-                try:
-                    self.sock.sendto(pkt, rack.address)
-                except (BlockingIOError, ConnectionRefusedError):
-                    pass
-                self.stats.broadcasts_sent += 1
-                nxt += 1
-                burst += 1
+            burst = max(0, min(K, low + window - a) - nxt)
+            if burst:
+                for j in range(nxt, nxt + burst):  # kept for repair requests
+                    off = (j - i0) * PAYLOAD
+                    self._bstore[a + j] = pkts[off : off + PAYLOAD]
+                self._io.send_run(memoryview(pkts)[(nxt - i0) * PAYLOAD :], PAYLOAD, burst, rack.address)
+                self.stats.broadcasts_sent += burst
+                nxt += burst
             if nxt >= K:
                 break
             if burst:
@@ -172,17 +186,14 @@ class RinaPhases:
                                    f"{rack.representative} for {opts.op_timeout}s (chunk {a + first})")
             if self._poll.poll(max(min(next_nack - now, 0.05), 0) * 1000.0):
                 before = first
-                while True:
-                    try:
-                        n = self.sock.recv_into(self._rbuf)
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    except ConnectionRefusedError:
-                        continue
-                    if n == PAYLOAD and self._rbuf[0] == RESULT:
+
+                def handle(dgram: bytearray, n: int) -> None:
+                    if n == PAYLOAD and dgram[0] == RESULT:
                         self.stats.ignored += 1
                     else:
-                        self._other_datagram(self._rbuf, n, seg, rack)
+                        self._other_datagram(dgram, n, seg, rack)
+
+                self._drain_each(handle)
                 if seg.first_missing(i0) != before:
                     last_progress = mono()
                     wait = self._rto

@@ -37,12 +37,15 @@ from host_agent.ina_window import InaPhase, WindowMode
 from host_agent.rina import RinaPhases
 from host_agent.ring import RingAllReduce
 from host_agent.ring_phases import RingPhases
+from host_agent.udp_io import DatagramIo, IoMode
 from inaproto import wire
 from inaproto.backends import Backend, BackendChoice
 
 __all__ = ["ChunkStream", "StreamOptions", "StreamStats"]
 
 log = logging.getLogger("host_agent.stream")
+
+RESULTS_PER_DRAIN = 1024  # results applied together at most (one window of a full switch)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class StreamOptions:
             (0: off). The switch records each slot copy's seq and never adds a late copy of g to a
             later round, so this is only for switches without that check, on networks that hold
             packets back: set it to the longest such delay (docs/agent.md, "Loss recovery").
+        io: how the UDP socket moves datagrams: ``IoMode.BATCHED`` (GSO sends, batched and GRO drains where
+            the kernel has them, else per packet) or ``IoMode.PER_PACKET`` (forced; docs/agent.md, "I/O").
         link_bps: emulated bandwidth of this worker's link in bits/s (0: none). INA packets are paced
             at their size on the wire (Ethernet/IPv4/UDP/INA, 184 bytes) and every ring step takes at
             least its bytes (with TCP/IP/Ethernet framing) over this rate: equal links for comparing
@@ -75,8 +80,11 @@ class StreamOptions:
     broadcast_window: int = 512
     reorder_guard: float = 0.0
     link_bps: float = 0.0
+    io: IoMode = IoMode.BATCHED
 
     def __post_init__(self) -> None:
+        if not isinstance(self.io, IoMode):
+            object.__setattr__(self, "io", IoMode(self.io))
         for name in ("op_timeout", "connect_timeout", "rto_initial", "rto_min", "rto_max", "ring_grace"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -167,6 +175,8 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._sync = sync
         self.stats = StreamStats()
         self._rbuf = bytearray(2048)
+        self._io = DatagramIo(sock, options.io, f"worker {worker_id}")
+        self._rbatch = bytearray(RESULTS_PER_DRAIN * wire.INA_PAYLOAD_LEN + self._io.read_room)  # ResultBatch
 
         self._lock = threading.RLock()  # the stream: one reducer (caller or idle service) at a time
         self._ctl = threading.Lock()  # the fields below, shared with the watcher thread

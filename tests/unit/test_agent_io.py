@@ -1,0 +1,279 @@
+"""The agent's batched UDP I/O (host_agent.udp_io) and batched result handling (host_agent.ina_window.ResultBatch).
+
+Exact datagrams out of GSO sends (and of the per-packet fallback), GRO reads split back into datagrams, the
+fallback when the kernel refuses a segmented send, results applied in batches exactly as one at a time, and
+whole windows through an echo that answers in GSO runs (coalesced reads on the agent's side).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import select
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from host_agent.agent import AgentOptions, bind_worker_sockets
+from host_agent.grant import Grant, SwitchGrant, Worker
+from host_agent.ina_window import ResultBatch, gradient_packets
+from host_agent.stream import ChunkStream, StreamOptions, StreamStats
+from host_agent.udp_io import GSO_MAX_SEGMENTS, DatagramIo, IoMode, gso_supported
+from inaproto import wire
+from tests.udp_switch import Faults, LocalCluster, quantised_sum
+
+P = wire.INA_PAYLOAD_LEN
+
+
+def _probe() -> tuple[bool, bool]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        io = DatagramIo(s)
+        return io.gso, io.gro
+    finally:
+        s.close()
+
+
+HAS_GSO, HAS_GRO = _probe()
+needs_gso = pytest.mark.skipif(not HAS_GSO, reason="the kernel has no UDP_SEGMENT (GSO): only the fallback is tested")
+needs_gro = pytest.mark.skipif(not (HAS_GSO and HAS_GRO), reason="the kernel lacks UDP_SEGMENT or UDP_GRO")
+
+
+def _sink() -> socket.socket:
+    r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    r.bind(("127.0.0.1", 0))
+    return r
+
+
+def _read_all(sock: socket.socket, count: int) -> list[bytes]:
+    out = []
+    while len(out) < count:
+        assert select.select([sock], [], [], 5)[0], f"only {len(out)} of {count} datagrams arrived"
+        out.append(sock.recv(65536))
+    return out
+
+
+def _packets(count: int) -> bytes:
+    contrib = np.arange(count * wire.LANES, dtype=np.int32).reshape(count, wire.LANES)
+    return bytes(gradient_packets(contrib, 5, 0, 16, 3, 1, 2))
+
+
+@pytest.mark.parametrize("mode", [IoMode.BATCHED, IoMode.PER_PACKET])
+@pytest.mark.parametrize("count", [1, 63, 64, 65, 200])
+def test_send_run_delivers_exactly_the_packets_in_order(mode: IoMode, count: int) -> None:
+    if mode is IoMode.BATCHED and not HAS_GSO:
+        pytest.skip("no UDP_SEGMENT here")
+    rx, tx = _sink(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        io = DatagramIo(tx, mode)
+        buf = _packets(count)
+        calls = io.send_run(memoryview(buf), P, count, rx.getsockname())
+        got = _read_all(rx, count)
+        assert got == [buf[j * P : (j + 1) * P] for j in range(count)]
+        # GSO: one system call per 64 packets (UDP_MAX_SEGMENTS); per packet: one each
+        assert calls == (-(-count // GSO_MAX_SEGMENTS) if mode is IoMode.BATCHED else count)
+    finally:
+        rx.close()
+        tx.close()
+
+
+def test_per_packet_mode_uses_neither_gso_nor_gro() -> None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        io = DatagramIo(s, IoMode.PER_PACKET)
+        assert not io.gso and not io.gro and io.read_room == 2048
+    finally:
+        s.close()
+
+
+class _RefusingSocket:
+    """A socket whose segmented sends fail as on a kernel without GSO for the route (EIO)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def sendmsg(self, *args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
+@needs_gso
+def test_refused_gso_send_falls_back_to_per_packet_once_and_logs(caplog) -> None:
+    rx, tx = _sink(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        io = DatagramIo(_RefusingSocket(tx), IoMode.BATCHED, "w0")
+        assert io.gso
+        buf = _packets(100)
+        with caplog.at_level(logging.WARNING, logger="host_agent.udp_io"):
+            io.send_run(memoryview(buf), P, 100, rx.getsockname())
+            io.send_run(memoryview(buf), P, 100, rx.getsockname())
+        assert not io.gso
+        assert len([r for r in caplog.records if "per packet from now on" in r.getMessage()]) == 1
+        assert _read_all(rx, 200) == [buf[j * P : (j + 1) * P] for j in range(100)] * 2
+    finally:
+        rx.close()
+        tx.close()
+
+
+@needs_gro
+def test_gro_drain_splits_coalesced_reads_into_datagrams() -> None:
+    """A GSO send on loopback reaches a GRO socket as one read; the drain hands over every datagram,
+    and a shorter last segment as a run of its own."""
+    rx, tx = _sink(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        io = DatagramIo(rx, IoMode.BATCHED)
+        rx.setblocking(False)
+        body = _packets(10) + b"\x07" * 100  # 10 datagrams of 180 bytes, then one of 100
+        tx.sendmsg([body], [(17, 103, (P).to_bytes(2, "little"))], 0, rx.getsockname())
+        select.select([rx], [], [], 5)
+        buf = bytearray(1 << 18)
+        runs = []
+
+        def on_run(off: int, size: int, count: int) -> int:
+            runs.append((size, count))
+            return size * count
+
+        kept = io.drain(memoryview(buf), on_run)
+        assert kept == len(body) and bytes(buf[:kept]) == body
+        assert runs == [(P, 10), (100, 1)]
+    finally:
+        rx.close()
+        tx.close()
+
+
+class _StreamStub:
+    """What ResultBatch uses of a ChunkStream: stats, the RTO update, the drain buffer, Rina's handler."""
+
+    def __init__(self) -> None:
+        self.stats = StreamStats()
+        self.rto_samples: list[int] = []
+        self.others: list[bytes] = []
+        self._rbatch = bytearray(1 << 16)
+
+    def _update_rto(self, sample: float) -> None:
+        self.rto_samples.append(1)
+
+    def _other_datagram(self, rbuf, n, seg, rack) -> None:
+        self.others.append(bytes(rbuf[:n]))
+
+
+def _result(seq: int, job: int = 3, gen: int = 1, flags: int = 0, value: int = 0) -> bytes:
+    h = wire.InaHeader(int(wire.MsgType.RESULT), flags, job, gen, seq % 16, seq & 0xFFFFFFFF, 0, 0)
+    return wire.encode_payload(h, np.full(wire.LANES, value, dtype=np.int32))
+
+
+def _batch_state(vector: bool, results: list[bytes]) -> tuple:
+    from host_agent.chunks import Segment
+
+    stub = _StreamStub()
+    K, i0, a = 40, 2, (1 << 32) - 10  # seq numbers wrap inside the segment
+    seg = Segment(a, np.zeros((K, wire.LANES), dtype=np.int32))
+    got = bytearray(K)
+    got[:i0] = b"\x01" * i0
+    rb = ResultBatch(stub, seg, got, i0, 3, 1, None, seg.res32, seg.flag, seg.src)
+    rb.sent = 30
+    rb.tries = {7: 1}
+    rb.sent_at = [0.0] * K
+    rb.VECTOR_FROM = 0 if vector else 10**9
+    data = b"".join(results)
+    rb.buf[: len(data)] = data
+    rb._apply(len(results))
+    st = stub.stats
+    return (bytes(got), bytes(seg.res32), bytes(seg.flag), bytes(seg.src), rb.remaining, rb.progressed,
+            st.stale, st.ignored, len(stub.rto_samples), rb.samples)
+
+
+def test_results_applied_in_batches_exactly_as_one_at_a_time() -> None:
+    a = (1 << 32) - 10
+    rng = np.random.default_rng(1)
+    results = []
+    for i in rng.permutation(45):  # 40 chunks and a few beyond; sent are [2, 30)
+        results.append(_result(a + int(i), flags=int(wire.Flags.OVERFLOW) if i % 5 == 0 else 0, value=int(i) + 1))
+        if i % 7 == 0:
+            results.append(_result(a + int(i), value=-1))  # a duplicate: the first copy wins
+    results += [_result(a + 3, gen=2), _result(a + 4, job=9), _result(a + 1), _result(a + 35)]
+    one, many = _batch_state(False, results), _batch_state(True, results)
+    assert one == many
+    got = one[0]
+    assert got[:30] == b"\x01" * 30 and got[30:] == bytes(10)
+    assert one[6] == 2  # stale: another generation, another job
+    assert np.frombuffer(one[1], dtype=wire.LANES_DTYPE).reshape(40, wire.LANES)[29, 0] == 30
+
+
+class _GsoEcho:
+    """A one-worker switch on loopback that answers every GRADIENT with its RESULT, in GSO runs."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.address = self.sock.getsockname()
+        self.io = DatagramIo(self.sock, IoMode.BATCHED, "echo")
+        self.peer: tuple[str, int] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        buf = bytearray(1 << 18)
+        view = memoryview(buf)
+        while not self._stop.is_set():
+            if not select.select([self.sock], [], [], 0.05)[0]:
+                continue
+            n = self.io.drain(view, lambda off, size, count: size * count if size == P else 0)
+            if n:
+                buf[0:n:P] = bytes([int(wire.MsgType.RESULT)]) * (n // P)
+                self.io.send_run(view[:n], P, n // P, self.peer)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("mode", [IoMode.BATCHED, IoMode.PER_PACKET])
+def test_window_through_an_echo_answering_in_gso_runs(mode: IoMode) -> None:
+    if not HAS_GSO:
+        pytest.skip("no UDP_SEGMENT here: the echo cannot answer in runs")
+    echo = _GsoEcho()
+    udp, tcp = bind_worker_sockets("127.0.0.1")
+    echo.peer = udp.getsockname()
+    try:
+        me = Worker(0, "127.0.0.1", udp.getsockname()[1])
+        grant = Grant(1, 0, "ina", (SwitchGrant("echo", echo.address[0], num_slots=128, worker_ids=(0,)),),
+                      ina_port=echo.address[1])
+        stream = ChunkStream(worker_id=0, workers=(me,), sock=udp, listener=tcp, grant=grant, backend="ina",
+                             options=StreamOptions(op_timeout=20.0, io=mode))
+        chunks = np.random.default_rng(0).integers(-1000, 1000, size=(3000, wire.LANES), dtype=np.int32)
+        assert np.array_equal(stream.reduce(chunks), chunks)
+        assert stream.stats.results == 3000 and stream.stats.stale == 0
+        stream.close()
+    finally:
+        udp.close()
+        echo.close()
+
+
+@pytest.mark.parametrize("mode", [IoMode.BATCHED, IoMode.PER_PACKET])
+def test_ina_and_rina_exact_under_loss_in_both_io_modes(mode: IoMode) -> None:
+    faults = Faults(drop=0.05, duplicate=0.05, reorder=0.05)
+    opts = AgentOptions(stream=StreamOptions(op_timeout=20.0, io=mode))
+    rng = np.random.default_rng(3)
+    for racks, backend in ((["s1"] * 4, "ina"), (["r1", "r1", "r2", "r2"], "rina")):
+        inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
+        with LocalCluster(racks, slots=32, faults=faults, seed=4, options=opts) as cl:
+            out = cl.run(lambda agent: (agent.allreduce(inputs[agent.rank]), agent.backend))
+            want = quantised_sum(inputs)
+            assert all(o[0].tobytes() == want.tobytes() and o[1] == backend for o in out)
+
+
+def test_gso_supported_reports_the_kernel_option() -> None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert gso_supported(s) == HAS_GSO
+    finally:
+        s.close()

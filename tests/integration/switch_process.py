@@ -37,6 +37,19 @@ BARRIER_MAC = bytes.fromhex("02000000bbbb")
 _barrier_nonce = itertools.count(1)
 
 
+SWITCH_IO_ENV = "INA_SWITCH_IO"  # rings | frames: the I/O path of every ina-switch the tests start (default: its own)
+
+
+def switch_io_args(kind: str) -> list[str]:
+    """``--io`` for ina-switch as ``INA_SWITCH_IO`` asks (so the packet suite runs on either I/O path)."""
+    io = os.environ.get(SWITCH_IO_ENV, "")
+    if kind != "ina-switch" or not io:
+        return []
+    if io not in ("rings", "frames"):
+        raise ValueError(f"{SWITCH_IO_ENV}={io!r}: expected rings or frames")
+    return ["--io", io]
+
+
 def switch_command(kind: str) -> list[str]:
     """The switch executable: the installed ``ina-switch`` script (or ``python -m softswitch.cli``), or BMv2's."""
     if kind == "bmv2":
@@ -84,7 +97,8 @@ class SwitchProcess:
     ) -> None:
         self.net, self.kind, self.device_id = net, kind, device_id
         logging = ["--log-console", "-L", "info"] if log_console else []
-        argv = switch_command(kind) + ["--device-id", str(device_id), *net.interface_args(), *logging, *core_args]
+        argv = switch_command(kind) + ["--device-id", str(device_id), *net.interface_args(), *logging,
+                                     *switch_io_args(kind), *core_args]
         argv += [program] if program is not None else ["--no-p4"]
         argv += ["--", "--grpc-server-addr", f"127.0.0.1:{GRPC_PORT}", "--cpu-port", str(CPU_PORT), *target_args]
         self.argv = argv

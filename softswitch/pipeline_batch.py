@@ -16,6 +16,7 @@ two groups commute. Outputs are put back in arrival order.
 """
 from __future__ import annotations
 
+from collections import deque
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,8 @@ VECTOR_MIN = 8  # fewer frames than this: numpy's fixed cost outweighs the per-f
 _LEN = wire.INA_FRAME_LEN
 _O_IP, _O_UDP, _O_INA = wire.ETH_LEN, wire.ETH_LEN + wire.IPV4_LEN, wire.INA_OFFSET
 _O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
+_INA_PORT_BYTES = np.frombuffer(wire.INA_UDP_PORT.to_bytes(2, "big"), np.uint8)
+DROP_PORT = 511
 _OFF = {name: _O_INA + off for name, off in wire.INA_FIELD_OFFSETS.items()}
 # A whole INA frame as a numpy record: what the vectorised parser reads (names as in p4src/ina.p4's headers).
 FRAME_DTYPE = np.dtype({
@@ -74,8 +77,7 @@ def _gather(values: list[int], index: np.ndarray) -> np.ndarray:
 
 
 def _scatter(values: list[int], index: np.ndarray, new: np.ndarray) -> None:
-    for i, v in zip(index.tolist(), new.tolist()):
-        values[i] = v
+    deque(map(values.__setitem__, index.tolist(), new.tolist()), maxlen=0)  # values[index] = new, in C
 
 
 def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes], *, vector_min: int = VECTOR_MIN
@@ -86,7 +88,8 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes],
     if n < vector_min or ingress_port == wire.CPU_PORT:
         return _one_by_one(pipeline, ingress_port, frames)
     # --- MyParser and MyVerifyChecksum for every whole INA-sized frame at once
-    sized = [i for i, f in enumerate(frames) if len(f) == _LEN]
+    lengths = list(map(len, frames))
+    sized = range(n) if lengths.count(_LEN) == n else [i for i, m in enumerate(lengths) if m == _LEN]
     if len(sized) < vector_min:
         return _one_by_one(pipeline, ingress_port, frames)
     if len(sized) == n:
@@ -173,10 +176,15 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes],
         aggregated[int(job)] += int(k)
     # --- outputs, in arrival order: the completed slots' results and every frame of the per-frame path
     vector_pos = where[cand]
-    results: dict[int, tuple[int, bytes]] = {}
-    for i in np.flatnonzero(complete).tolist():
-        pos = int(vector_pos[i])
-        results[pos] = (i, frames[pos])
+    done = np.flatnonzero(complete)
+    replicas = _replicate_results(pipeline, rec, cand, done, jc, total, overflow, jobs) if len(done) else {}
+    if len(vector_pos) == n and len(replicas) == len(done):  # the common case: nothing else to interleave
+        return [out for i in done.tolist() for out in replicas[i]]
+    results: dict[int, tuple[int, bytes] | list[tuple[int, bytes]]] = {}
+    positions = vector_pos.tolist()
+    for i in done.tolist():
+        pos = positions[i]
+        results[pos] = replicas.get(i) or (i, frames[pos])
     rest_pos = np.ones(n, bool)
     rest_pos[vector_pos] = False
     pending = sorted(set(np.flatnonzero(rest_pos).tolist()) | results.keys())
@@ -190,6 +198,9 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes],
         if hit is None:
             out += pipeline._process(ingress_port, frames[pos])
             continue
+        if isinstance(hit, list):  # replicas built by _replicate_results
+            out += hit
+            continue
         i, frame = hit
         res = bytearray(frame)
         res[_O_DATA:_LEN] = total_be[i].tobytes()
@@ -198,6 +209,50 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes],
         pipeline._multicast_to_job(res)
         out += pipeline._replicate(int(mcast[i]), res, ingress_port)
     return out
+
+
+def _replicate_results(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, done: np.ndarray, jc: np.ndarray,
+                       total: np.ndarray, overflow: np.ndarray, jobs: _JobArrays) -> dict[int, list[tuple[int, bytes]]]:
+    """The replicas of every completed slot whose job's group has only set_worker_addr workers on data ports
+    (the common case), built at once: the steps of ``InaPipeline._replicate`` on a (results x replicas)
+    array. Completed slots of any other job are left out (the caller builds those one at a time)."""
+    built: dict[int, list[tuple[int, bytes]]] = {}
+    raw = rec.view(np.uint8).reshape(len(rec), _LEN)
+    for job in np.unique(jc[done]).tolist():
+        group = int(jobs.mcast_grp[job])
+        members = pipeline.multicast_groups.get(group, ()) if group else ()
+        addrs = [pipeline._worker_bytes.get((job, rid)) for _, rid in members]
+        if not members or any(not a for a in addrs) or any(p in (DROP_PORT, wire.CPU_PORT) for p, _ in members):
+            continue
+        mine = done[jc[done] == job]
+        k, r = len(mine), len(members)
+        res = raw[cand[mine]].copy()
+        res[:, _O_DATA:_LEN] = total[mine].astype(wire.LANES_DTYPE).view(np.uint8).reshape(k, wire.INA_DATA_LEN)
+        res[:, _O_INA] = int(wire.MsgType.RESULT)
+        res[:, _OFF["flags"]] = np.where(overflow[mine] != 0, int(wire.Flags.OVERFLOW), 0)
+        res[:, 6:12] = res[:, 0:6]  # multicast_to_job
+        res[:, _O_IP + 12 : _O_IP + 16] = res[:, _O_IP + 16 : _O_IP + 20]
+        res[:, _O_UDP : _O_UDP + 2] = _INA_PORT_BYTES
+        res[:, _O_UDP + 6 : _O_UDP + 8] = 0  # UDP checksum 0: the payload changed
+        out = np.repeat(res, r, axis=0)  # MyEgress.set_worker_addr on each replica
+        out[:, 0:6] = np.tile(np.frombuffer(b"".join(a[0] for a in addrs), np.uint8).reshape(r, 6), (k, 1))
+        out[:, _O_IP + 16 : _O_IP + 20] = np.tile(np.frombuffer(b"".join(a[1] for a in addrs), np.uint8).reshape(r, 4), (k, 1))
+        out[:, _O_UDP + 2 : _O_UDP + 4] = np.tile(np.frombuffer(b"".join(a[2] for a in addrs), np.uint8).reshape(r, 2), (k, 1))
+        out[:, _OFF["worker_id"]] = np.tile(np.array([rid & 0xFF for _, rid in members], np.uint8), k)
+        out[:, _O_IP + 10 : _O_IP + 12] = 0  # MyComputeChecksum
+        words = (out[:, _O_IP:_O_UDP:2].astype(np.int64) << 8) | out[:, _O_IP + 1 : _O_UDP : 2]
+        sums = words.sum(axis=1)
+        folded = sums % 0xFFFF
+        folded[(folded == 0) & (sums != 0)] = 0xFFFF
+        checksum = 0xFFFF - folded
+        out[:, _O_IP + 10] = checksum >> 8
+        out[:, _O_IP + 11] = checksum & 0xFF
+        pipeline.counters["MyEgress.ina_results"][job] += k * r
+        blob = out.tobytes()
+        emitted = list(zip([p for p, _ in members] * k, [blob[o : o + _LEN] for o in range(0, k * r * _LEN, _LEN)]))
+        for n, i in enumerate(mine.tolist()):
+            built[i] = emitted[n * r : (n + 1) * r]
+    return built
 
 
 def _one_by_one(pipeline: InaPipeline, ingress_port: int, frames: list[bytes]) -> list[tuple[int, bytes]]:

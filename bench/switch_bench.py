@@ -229,6 +229,9 @@ class Switch:
     def close(self) -> None:
         self.client.close()
         self.process.stop()
+        for line in self.process.process.log_path.read_text(errors="replace").splitlines():
+            if "frames received in" in line:
+                print("   ", line.split("] ")[-1], flush=True)
 
 
 def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:

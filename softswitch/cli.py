@@ -411,6 +411,10 @@ def run(opts: SwitchCommandLine) -> int:
     server.stop(grace=0.3)
     for port, st in sorted(dataplane.stats.ports.items()):
         log.info("port %d (%s): %d received, %d sent, %d send errors", port, opts.interfaces[port], st.rx, st.tx, st.tx_errors)
+    if dataplane.stats.batches:
+        received = sum(st.rx for st in dataplane.stats.ports.values())
+        log.info("packet rings: %d frames received in %d batches (%.1f per batch)", received, dataplane.stats.batches,
+                 received / dataplane.stats.batches)
     if dataplane.faults is not None:
         for direction, st in dataplane.faults.stats.items():
             log.info("faults %s: %d INA packets, %d dropped, %d duplicated, %d reordered",

@@ -78,6 +78,7 @@ class DataPlaneStats:
     not_live: int = 0  # frames received before a pipeline was configured (--no-p4)
     packet_in: int = 0
     packet_out: int = 0
+    batches: int = 0  # receive batches (rings: one per port per wake-up)
 
 
 def open_port_socket(iface: str, *, promiscuous: bool = True) -> tuple[socket.socket, bool]:
@@ -434,6 +435,7 @@ class DataPlane:
                     if not frames:
                         continue
                     port_stats[port].rx += len(frames)
+                    self.stats.batches += 1
                     if not live:
                         live = self.live
                         if not live:

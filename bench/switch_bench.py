@@ -1,4 +1,4 @@
-"""Throughput of ``ina-switch`` over veth, as a ratio to a plain Python AF_PACKET echo on the same path.
+"""Throughput of ``ina-switch`` over veth (both I/O paths), as a ratio to a bare per-packet Python loop on the same path.
 
     python bench/switch_bench.py [--workers 2 4] [--seconds 3] [--window 128] [--json results.json]
 
@@ -8,17 +8,21 @@ Every worker is a process in its own namespace that keeps ``--window`` chunks in
 scheme: chunk c in slot c mod W, shadow copy (c div W) mod 2, next chunk sent when a result comes back,
 everything in flight resent after a 20 ms silence) and checks each result is the exact sum.
 
-Two runs per N, on the same machine, in the same process:
+Three runs per N and round, alternated, on the same machine, in the same process:
 
 - ceiling: the switch namespace runs a bare Python echo (epoll, recv, send the frame back on its port),
   the least work a Python program can do per frame on this path. Each worker counts its own frames
   coming back, so per frame in there is exactly one frame out, as in the switch run on average.
-- ina-switch: the real process (``ina-switch -i 1@sw-eth1 ... -- --grpc-server-addr 127.0.0.1:PORT``),
-  configured over P4Runtime with one job of N workers.
+- rings: the real process (``ina-switch --io rings -i 1@sw-eth1 ... -- --grpc-server-addr 127.0.0.1:PORT``),
+  configured over P4Runtime with one job of N workers: PACKET_MMAP rings, batches through the pipeline.
+- frames: the same with ``--io frames`` (one recv() and one send() per frame, one frame at a time).
 
 It prints aggregated packets per second (gradient packets the switch consumed), results per second
 (completed slots, each multicast to N workers) and the ratio of aggregated packets per second to the
-echo's frames per second. Everything stops by itself (each run is ``--seconds`` long plus about one second
+echo's frames per second: medians over the rounds with their spread (min-max), the switch process's CPU
+and the machine's load. The workers share the machine's CPUs with the switch, so where the switch needs
+less CPU per frame than the workers can generate, the rate is bounded by the workers: the table also gives
+frames per CPU-second of the middle process, the cost per frame independent of that bound. Everything stops by itself (each run is ``--seconds`` long plus about one second
 of set-up), and the namespaces are removed even when something fails.
 """
 from __future__ import annotations
@@ -44,6 +48,8 @@ from inaproto import wire  # noqa: E402
 from inaproto.job_entries import JobEntries, WorkerAddress, job_entries  # noqa: E402
 
 JOB_ID, GROUP = 1, 1
+MODES = ("echo", "rings", "frames")  # the bare per-packet loop, then ina-switch on each I/O path
+MODE_LABELS = {"echo": "bare per-packet loop", "rings": "ina-switch --io rings", "frames": "ina-switch --io frames"}
 SWITCH_MAC = bytes.fromhex("0200000000fe")
 SWITCH_IP = bytes([10, 0, 0, 254])
 RTO = 0.02
@@ -208,13 +214,16 @@ class Switch:
     """ina-switch in the switch namespace with one job of n workers (started for one run: it must not be
     running while the echo is, since it would read every frame too)."""
 
-    def __init__(self, net, n: int, window: int, log_dir: Path) -> None:
+    def __init__(self, net, n: int, window: int, log_dir: Path, io: str) -> None:
         from controller.p4entity import Schema
         from controller.switch import Switch as P4RuntimeSwitch, SwitchOptions
         from topologies.switch_process import SwitchProcess
 
         self.n, self.window, self.generation = n, window, 0
-        self.process = SwitchProcess(net, log_dir, core_args=["-L", "warn"])
+        self.process = SwitchProcess(net, log_dir, core_args=["-L", "info", "--io", io])
+        log = self.process.process.log_path.read_text(errors="replace")
+        if io == "rings" and "PACKET_MMAP rings" not in log:
+            print(f"  note: --io rings fell back to frames: {log.strip().splitlines()[-1:]}", flush=True)
         try:
             schema = Schema.from_file(ROOT / "p4src" / "ina.p4info.txt")
             self.client = P4RuntimeSwitch(SwitchOptions("s1", self.process.address, self.process.device_id), schema)
@@ -236,6 +245,9 @@ class Switch:
     def close(self) -> None:
         self.client.close()
         self.process.stop()
+        for line in self.process.process.log_path.read_text(errors="replace").splitlines():
+            if "frames received in" in line:
+                print("   ", line.split("] ")[-1], flush=True)
 
 
 def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
@@ -254,7 +266,7 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
             middle.wait_until(lambda: "ready" in middle.log_path.read_text(), 15, "echo ready")
             pid = middle.pid
         else:
-            switch = Switch(net, n, args.window, log_dir)
+            switch = Switch(net, n, args.window, log_dir, mode)
             generation = switch.next_generation()
             aggregated0 = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID).get(JOB_ID, 0)
             pid = switch.process.process.pid
@@ -291,7 +303,7 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
     frames = sum(o["measured"] for o in outs) / args.seconds  # per worker, one frame back per frame sent
     return {
         "mode": mode, "workers": n, "frames_per_s": frames,
-        "results_per_s": frames / n if mode == "switch" else None,
+        "results_per_s": frames / n if mode != "echo" else None,
         "bad_results": sum(o["bad"] for o in outs), "resent": sum(o["resent"] for o in outs),
         "middle_cpu": (cpu1 - cpu0) / args.seconds, "machine_cpu": (busy1 - busy0) / max(1, total1 - total0) * os.cpu_count(),
         "switch_counter_aggregated": aggregated,
@@ -319,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         raise TimeoutError("benchmark budget exceeded")
 
     signal.signal(signal.SIGALRM, on_alarm)
-    expected = len(args.workers) * args.rounds * 2 * (args.warmup + args.seconds + 3) + 10
+    expected = len(args.workers) * args.rounds * len(MODES) * (args.warmup + args.seconds + 3) + 10
     signal.alarm(int(expected * 2))  # a hung run must not outlive its budget: everything is cleaned up below
     sweep_stale()
     print(f"ina-switch vs a bare Python AF_PACKET echo over veth: {wire.INA_FRAME_LEN}-byte INA frames, window "
@@ -327,34 +339,49 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     runs = []
     summary = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="switch-bench-") as tmp:
         for n in args.workers:
             with Network("bench") as network:
                 net = SwitchNetwork(network, range(1, n + 1), separate_hosts=True)
                 for r in range(args.rounds):
-                    for mode in ("echo", "switch"):
+                    for mode in MODES:
                         res = run_once(net, mode, n, args, Path(tmp))
                         res["round"] = r
                         runs.append(res)
                         print(f"  N={n} round {r + 1} {mode:6s}: {res['frames_per_s']:9,.0f} frames/s  (process CPU "
                               f"{res['middle_cpu']:.0%}, machine {res['machine_cpu']:.0%} of {os.cpu_count()} CPUs, "
                               f"resent {res['resent']}, bad {res['bad_results']})", flush=True)
-            echo = [x["frames_per_s"] for x in runs if x["workers"] == n and x["mode"] == "echo"]
-            agg = [x["frames_per_s"] for x in runs if x["workers"] == n and x["mode"] == "switch"]
-            e, a = statistics.median(echo), statistics.median(agg)
-            summary.append({"workers": n, "ceiling_frames_per_s": e, "aggregated_per_s": a, "results_per_s": a / n,
-                            "ratio": a / e if e else 0.0, "best_ceiling": max(echo), "best_aggregated": max(agg),
-                            "best_ratio": max(agg) / max(echo) if max(echo) else 0.0})
+            row = {"workers": n}
+            for mode in MODES:
+                rates = [x["frames_per_s"] for x in runs if x["workers"] == n and x["mode"] == mode]
+                per_cpu = [x["frames_per_s"] / x["middle_cpu"] for x in runs
+                           if x["workers"] == n and x["mode"] == mode and x["middle_cpu"] > 0]
+                row[mode] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
+                             "per_cpu_second": statistics.median(per_cpu) if per_cpu else 0.0,
+                             "cpu": statistics.median(x["middle_cpu"] for x in runs if x["workers"] == n and x["mode"] == mode)}
+            echo = row["echo"]
+            for mode in MODES[1:]:
+                row[mode]["ratio"] = row[mode]["median"] / echo["median"] if echo["median"] else 0.0
+                row[mode]["cpu_ratio"] = row[mode]["per_cpu_second"] / echo["per_cpu_second"] if echo["per_cpu_second"] else 0.0
+            summary.append(row)
     signal.alarm(0)
+    load_after = os.getloadavg()
     print()
-    print(f"{'workers':>7}  {'ceiling (echo) frames/s':>23}  {'ina-switch aggregated pkts/s':>28}  {'results/s':>9}  "
-          f"{'ratio':>5}  {'best-of ratio':>13}")
+    print(f"{'workers':>7}  {'path':<22}  {'frames/s median (min-max)':>27}  {'ratio':>5}  {'CPU':>5}  "
+          f"{'frames/CPU-s':>12}  {'ratio':>5}")
     for x in summary:
-        print(f"{x['workers']:>7}  {x['ceiling_frames_per_s']:>23,.0f}  {x['aggregated_per_s']:>28,.0f}  "
-              f"{x['results_per_s']:>9,.0f}  {x['ratio']:>5.2f}  {x['best_ratio']:>13.2f}")
-    print("(medians over rounds; aggregated = gradient packets summed per second, results = completed slots per second,\n"
-          " each multicast to every worker; ratio = aggregated / echo frames per second; best-of ratio = best switch run /\n"
-          " best echo run, less sensitive to other load on the machine)")
+        for mode in MODES:
+            m = x[mode]
+            ratio = f"{m['ratio']:5.2f}" if mode != "echo" else "    1"
+            cpu_ratio = f"{m['cpu_ratio']:5.2f}" if mode != "echo" else "    1"
+            spread = f"{m['median']:,.0f} ({m['min']:,.0f}-{m['max']:,.0f})"
+            print(f"{x['workers']:>7}  {MODE_LABELS[mode]:<22}  {spread:>27}  {ratio}  {m['cpu']:5.0%}  "
+                  f"{m['per_cpu_second']:>12,.0f}  {cpu_ratio}")
+    print(f"(medians over {args.rounds} rounds, alternated; switch rows count aggregated gradient packets per second, the\n"
+          f" echo row frames echoed per second; ratio = rate / echo rate; CPU = the middle process's CPU share; frames/CPU-s\n"
+          f" = rate per CPU-second of the middle process. Load average before {load_before[0]:.2f}, after "
+          f"{load_after[0]:.2f}, on {os.cpu_count()} CPUs)")
     bad = sum(x["bad_results"] for x in runs)
     if bad:
         print(f"ERROR: {bad} frames came back wrong (not the exact sum, or not the echoed frame)", file=sys.stderr)

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from inaproto.cli import Parser, UsageError
-from softswitch.dataplane import TRACE, DataPlane, DataPlaneError
+from softswitch.dataplane import TRACE, DataPlane, DataPlaneError, IoMode
 from softswitch.faults import FaultConfig, build_config
 from softswitch.p4program import JSON_VERSION, ProgramError, check_program
 from softswitch.pipeline import DROP_PORT
@@ -81,6 +81,7 @@ class SwitchCommandLine:
     pcap_dir: str | None
     dump_packet_data: int
     faults: FaultConfig
+    io: IoMode = IoMode.RINGS
     warnings: tuple[str, ...] = field(default=())
 
 
@@ -140,6 +141,9 @@ def _core_parser() -> Parser:
     p.add_argument("--dump-packet-data", type=_uint, default=0, metavar="N",
                    help="log the first N bytes of every packet received and sent, at info level")
     p.add_argument("--thrift-port", type=_uint, metavar="PORT", help="accepted for compatibility; ina-switch has no Thrift server")
+    p.add_argument("--io", choices=[m.value for m in IoMode], default=IoMode.RINGS.value,
+                   help="packet I/O: PACKET_MMAP rings with batches through the pipeline (default; falls back to "
+                   "frames where the kernel refuses rings), or one recv()/send() per frame")
     p.add_argument("--max-port-count", type=_uint, default=512, metavar="N", help="most interfaces accepted (default 512)")
     g = p.add_argument_group("fault injection (INA packets only: UDP from or to port 47000)")
     g.add_argument("--fault-drop", action="append", default=[], metavar="P|PORT:P", help="drop probability, global or per port")
@@ -267,7 +271,7 @@ def parse_args(argv: list[str]) -> SwitchCommandLine | str:
         program=program, no_p4=a.no_p4, device_id=a.device_id, interfaces=interfaces, grpc_addr=t.grpc_server_addr,
         cpu_port=t.cpu_port, log_console=a.log_console, log_file=a.log_file, log_level=a.log_level,
         log_file_max_size=a.log_file_max_size, log_file_max_files=a.log_file_max_files, pcap_dir=pcap,
-        dump_packet_data=a.dump_packet_data, faults=faults, warnings=tuple(warnings),
+        dump_packet_data=a.dump_packet_data, faults=faults, io=IoMode(a.io), warnings=tuple(warnings),
     )
 
 
@@ -349,7 +353,7 @@ def run(opts: SwitchCommandLine) -> int:
     pipeline = InaPipeline()
     dataplane = DataPlane(
         pipeline, opts.interfaces, cpu_port=opts.cpu_port, faults=opts.faults, pcap_dir=opts.pcap_dir,
-        live=program is not None, dump_packet_data=opts.dump_packet_data,
+        live=program is not None, dump_packet_data=opts.dump_packet_data, io=opts.io,
     )
     try:
         dataplane.open()
@@ -399,6 +403,10 @@ def run(opts: SwitchCommandLine) -> int:
     server.stop(grace=0.3)
     for port, st in sorted(dataplane.stats.ports.items()):
         log.info("port %d (%s): %d received, %d sent, %d send errors", port, opts.interfaces[port], st.rx, st.tx, st.tx_errors)
+    if dataplane.stats.batches:
+        received = sum(st.rx for st in dataplane.stats.ports.values())
+        log.info("packet rings: %d frames received in %d batches (%.1f per batch)", received, dataplane.stats.batches,
+                 received / dataplane.stats.batches)
     if dataplane.faults is not None:
         for direction, st in dataplane.faults.stats.items():
             log.info("faults %s: %d INA packets, %d dropped, %d duplicated, %d reordered",

@@ -1,8 +1,14 @@
 """Packet I/O of ``ina-switch``: AF_PACKET sockets on the named interfaces, frames through the pipeline model.
 
-One I/O thread polls every port socket (epoll) and, per readable socket, reads up to ``BATCH`` frames,
-runs each through ``pipeline.process(port, frame)`` and sends every frame it returns (multicast replicas
-included) on the egress port's socket. The CPU port is bridged to the P4Runtime server: frames the
+One I/O thread polls every port socket (epoll). Two ways to move frames (``IoMode``, ``ina-switch --io``):
+
+- ``rings`` (the default where the kernel allows it): each socket has PACKET_MMAP rings
+  (softswitch/ring_io.py). Per readable port, every receive block handed over so far is one batch for
+  ``pipeline.process_batch(port, frames)``; the frames it returns are copied into the egress ports'
+  transmit rings, and each ring is flushed with one send() when the wake-up's batches are done.
+- ``frames``: per readable socket, up to ``BATCH`` frames are read with one recv() each, each runs
+  through ``pipeline.process(port, frame)`` and every frame it returns (multicast replicas included) is
+  sent with one send() on the egress port's socket. Used where rings cannot be set up (logged once). The CPU port is bridged to the P4Runtime server: frames the
 pipeline sends to it become packet-ins (``packet_in`` callback), and packet-outs handed to
 ``inject_packet_out`` (from the gRPC threads) are processed by the I/O thread like frames received on the
 CPU port.
@@ -13,6 +19,7 @@ injection cost nothing when they are off.
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import os
 import select
@@ -26,6 +33,7 @@ from typing import Callable
 from softswitch.faults import FaultConfig, FaultInjector
 from softswitch.errors import SoftSwitchError
 from softswitch.pcap import PcapWriter
+from softswitch.ring_io import PacketRing, RingUnavailable
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -34,6 +42,7 @@ PACKET_MR_PROMISC = 1
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: a packet socket does not see its own (or anyone's) outgoing frames
 PACKET_OUTGOING = 4
 BATCH = 64  # frames read from one socket before the next poll
+RING_BATCH = 512  # frames taken from one port's receive ring before the next port (whole blocks)
 RECV_SIZE = 65536  # larger than any frame a veth delivers (GSO off or on)
 SOCKET_BUFFER = 4 << 20
 IDLE_FLUSH = 0.2  # seconds: pcap files are flushed when the switch has been idle this long
@@ -43,6 +52,13 @@ logging.addLevelName(TRACE, "TRACE")
 log = logging.getLogger("ina-switch")
 
 PacketIn = Callable[[bytes], None]
+
+
+class IoMode(enum.Enum):
+    """How frames move between the sockets and the pipeline."""
+
+    RINGS = "rings"  # PACKET_MMAP rings, a batch per port per wake-up, one send() per port per wake-up
+    FRAMES = "frames"  # one recv() and one send() per frame
 
 
 class DataPlaneError(SoftSwitchError, RuntimeError):
@@ -63,6 +79,7 @@ class DataPlaneStats:
     not_live: int = 0  # frames received before a pipeline was configured (--no-p4)
     packet_in: int = 0
     packet_out: int = 0
+    batches: int = 0  # receive batches (rings: one per port per wake-up)
 
 
 def open_port_socket(iface: str, *, promiscuous: bool = True) -> tuple[socket.socket, bool]:
@@ -120,6 +137,8 @@ class DataPlane:
         live: whether a pipeline is configured, or a function that tells (asked per packet until it says
             yes); frames received while not live are dropped uncounted, as BMv2 does before it has a program.
         dump_packet_data: log this many bytes of every frame received and sent, at info level.
+        io: the I/O wanted; RINGS falls back to FRAMES (with a log line) where the kernel refuses rings.
+            ``self.io`` says which one runs once the ports are open.
     """
 
     def __init__(
@@ -133,6 +152,7 @@ class DataPlane:
         pcap_dir: str | None = None,
         live: bool | Callable[[], bool] = True,
         dump_packet_data: int = 0,
+        io: IoMode = IoMode.RINGS,
     ) -> None:
         self.pipeline = pipeline
         self.interfaces = dict(interfaces)
@@ -154,6 +174,9 @@ class DataPlane:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._packet_id = 0
+        self.io_requested = IoMode(io)
+        self.io = IoMode.FRAMES
+        self._rings: dict[int, PacketRing] = {}
 
     # --- life cycle -------------------------------------------------------------------------------
     def open(self) -> None:
@@ -164,6 +187,7 @@ class DataPlane:
                 log.info("Adding interface %s as port %d", iface, port)
                 if not interface_is_up(self._sockets[port], iface):
                     log.warning("interface %s (port %d) is down: frames sent to it are lost until it is up", iface, port)
+            self._open_rings()
             if self._pcap_dir is not None:
                 for port, iface in self.interfaces.items():
                     self._pcap_in[port] = PcapWriter(os.path.join(self._pcap_dir, f"{iface}_in.pcap"))
@@ -171,6 +195,33 @@ class DataPlane:
         except BaseException:
             self.close()
             raise
+
+    def _open_rings(self) -> None:
+        """Rings on every port, or on none (the sockets are then reopened plain: a half-set-up ring would
+        swallow frames that recv() never sees)."""
+        if self.io_requested is not IoMode.RINGS or not self._sockets:
+            self.io = IoMode.FRAMES
+            if self._sockets:
+                log.info("Packet I/O: one recv()/send() per frame (--io frames)")
+            return
+        try:
+            if not all(self._ignores_outgoing.values()):
+                raise RingUnavailable("PACKET_IGNORE_OUTGOING is missing (Linux < 4.20): a ring would see outgoing frames")
+            for port, sock in self._sockets.items():
+                self._rings[port] = PacketRing(sock)
+        except RingUnavailable as e:
+            for ring in self._rings.values():
+                ring.close()
+            self._rings.clear()
+            for port, iface in self.interfaces.items():
+                self._sockets.pop(port).close()
+                self._sockets[port], self._ignores_outgoing[port] = open_port_socket(iface)
+            self.io = IoMode.FRAMES
+            log.warning("Packet I/O: one recv()/send() per frame: packet rings unavailable (%s)", e.strerror or e)
+            return
+        self.io = IoMode.RINGS
+        log.info("Packet I/O: PACKET_MMAP rings (TPACKET_V3), %d KiB per port, batches through the pipeline",
+                 next(iter(self._rings.values())).mapped_bytes >> 10)
 
     def start(self) -> None:
         """Open the ports if needed and start the I/O thread."""
@@ -188,6 +239,11 @@ class DataPlane:
         self.close()
 
     def close(self) -> None:
+        for port, ring in self._rings.items():
+            if ring.truncated:
+                log.warning("port %d: %d frames longer than a receive block were dropped", port, ring.truncated)
+            ring.close()
+        self._rings.clear()
         for sock in self._sockets.values():
             sock.close()
         self._sockets.clear()
@@ -230,6 +286,9 @@ class DataPlane:
             log.exception("data plane stopped by an unexpected error")
 
     def _loop(self) -> None:
+        if self._rings:
+            self._loop_rings()
+            return
         ep = select.epoll()
         recvs = {}
         for port, sock in self._sockets.items():
@@ -321,6 +380,107 @@ class DataPlane:
         finally:
             ep.close()
             self._flush_pcaps()
+
+    def _loop_rings(self) -> None:
+        """The I/O loop on packet rings: per readable port one batch, then one flush per transmit ring."""
+        ep = select.epoll()
+        rings = {}
+        for port, sock in self._sockets.items():
+            ep.register(sock.fileno(), select.EPOLLIN)
+            rings[sock.fileno()] = (port, self._rings[port].receive)
+        ep.register(self._wake, select.EPOLLIN)
+        wake_fd = self._wake
+        sends = {port: ring.send for port, ring in self._rings.items()}
+        self._sends = sends
+        process_batch = getattr(self.pipeline, "process_batch", None)
+        if process_batch is None:  # a pipeline without a batch entry point: one frame at a time
+            process = self.pipeline.process
+            process_batch = lambda port, frames: [out for f in frames for out in process(port, f)]  # noqa: E731
+        port_stats = self.stats.ports
+        monotonic = time.monotonic
+        pcaps = bool(self._pcap_in)
+        dirty = False
+        ring_batch = RING_BATCH
+        fast = not (pcaps or self.faults is not None or log.isEnabledFor(logging.DEBUG)
+                    or (self.dump_packet_data and log.isEnabledFor(logging.INFO)))
+        live = self.live
+        outq: list[tuple[int, bytes]] = []
+        try:
+            while not self._stopping:
+                timeout = -1.0
+                if dirty:
+                    timeout = IDLE_FLUSH
+                if self.faults is not None and self.faults.holding:
+                    deadline = self.faults.next_deadline()
+                    timeout = max(0.0, min(timeout if timeout >= 0 else 1.0, deadline - monotonic()))
+                events = ep.poll(timeout)
+                if not events:
+                    if dirty:
+                        self._flush_pcaps()
+                        dirty = False
+                    if self.faults is not None and self.faults.holding:
+                        self._release_due(monotonic())
+                        self._flush_rings()
+                    continue
+                for fd, _ev in events:
+                    if fd == wake_fd:
+                        try:
+                            os.eventfd_read(wake_fd)
+                        except BlockingIOError:
+                            pass
+                        while self._packet_outs:
+                            self._packet_out(self._packet_outs.popleft())
+                        continue
+                    port, receive = rings[fd]
+                    frames = receive(ring_batch)
+                    if not frames:
+                        continue
+                    port_stats[port].rx += len(frames)
+                    self.stats.batches += 1
+                    if not live:
+                        live = self.live
+                        if not live:
+                            self.stats.not_live += len(frames)
+                            continue
+                    if fast:
+                        outq += process_batch(port, frames)
+                    else:
+                        for frame in frames:
+                            self._ingress(port, frame)
+                        dirty = pcaps
+                if outq:
+                    for eport, out in outq:
+                        send = sends.get(eport)
+                        if send is None:
+                            self._unsendable(eport, out)
+                            continue
+                        try:
+                            send(out)
+                            port_stats[eport].tx += 1
+                        except OSError as e:
+                            self._send_error(eport, e)
+                    outq = []
+                if self.faults is not None and self.faults.holding:
+                    self._release_due(monotonic())
+                self._flush_rings()
+        finally:
+            ep.close()
+            self._flush_pcaps()
+
+    def _flush_rings(self) -> None:
+        """One send() per transmit ring with queued frames; frames a failed flush drops are send errors."""
+        for port, ring in self._rings.items():
+            dropped = ring.tx_dropped
+            try:
+                ring.flush()
+            except OSError as e:
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("transmit on port %d failed: %s", port, e)
+            lost = ring.tx_dropped - dropped
+            if lost:
+                st = self.stats.ports[port]
+                st.tx -= lost
+                st.tx_errors += lost
 
     # --- the slow path: pcap, faults, per-packet logs ---------------------------------------------
     def _ingress(self, port: int, frame: bytes) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from inaproto import wire
 from inaproto.wire import DropReason, MsgType
+from softswitch import pipeline_batch
 from softswitch.errors import SoftSwitchError
 
 DROP_PORT = 511  # BMv2's default drop port
@@ -352,6 +353,11 @@ class InaPipeline:
     def process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
         with self.lock:
             return self._process(ingress_port, frame)
+
+    def process_batch(self, ingress_port: int, frames: list[bytes]) -> list[tuple[int, bytes]]:
+        """``process`` for each frame in turn, outputs concatenated; numpy across the batch (softswitch/pipeline_batch.py)."""
+        with self.lock:
+            return pipeline_batch.process_batch(self, ingress_port, frames)
 
     def _process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
         n = len(frame)

@@ -7,6 +7,7 @@ client never leaves 127.0.0.1. The integration tests and ``bench/switch_bench.py
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Sequence
@@ -19,6 +20,19 @@ __all__ = ["CPU_PORT", "DEVICE_ID", "GRPC_PORT", "SwitchNetwork", "SwitchProcess
 GRPC_PORT = 9559
 DEVICE_ID = 1
 CPU_PORT = 255
+
+
+SWITCH_IO_ENV = "INA_SWITCH_IO"  # rings | frames: the I/O path of every ina-switch the tests start (default: its own)
+
+
+def switch_io_args(kind: str) -> list[str]:
+    """``--io`` for ina-switch as ``INA_SWITCH_IO`` asks (so the packet suite runs on either I/O path)."""
+    io = os.environ.get(SWITCH_IO_ENV, "")
+    if kind != "ina-switch" or not io:
+        return []
+    if io not in ("rings", "frames"):
+        raise ValueError(f"{SWITCH_IO_ENV}={io!r}: expected rings or frames")
+    return ["--io", io]
 
 
 def switch_command(kind: str) -> list[str]:
@@ -68,7 +82,8 @@ class SwitchProcess:
     ) -> None:
         self.net, self.kind, self.device_id = net, kind, device_id
         logging = ["--log-console", "-L", "info"] if log_console else []
-        argv = switch_command(kind) + ["--device-id", str(device_id), *net.interface_args(), *logging, *core_args]
+        argv = switch_command(kind) + ["--device-id", str(device_id), *net.interface_args(), *logging,
+                                     *switch_io_args(kind), *core_args]
         argv += [program] if program is not None else ["--no-p4"]
         argv += ["--", "--grpc-server-addr", f"127.0.0.1:{GRPC_PORT}", "--cpu-port", str(CPU_PORT), *target_args]
         self.argv = argv

@@ -21,7 +21,8 @@ from host_agent.ina_window import ResultBatch, gradient_packets
 from host_agent.stream import ChunkStream, StreamOptions, StreamStats
 from host_agent.udp_io import GSO_MAX_SEGMENTS, DatagramIo, IoMode, gso_supported
 from inaproto import wire
-from tests.udp_switch import Faults, LocalCluster, quantised_sum
+from softswitch.udp import Faults
+from tests.udp_switch import LocalCluster, quantised_sum
 
 P = wire.INA_PAYLOAD_LEN
 

@@ -1,0 +1,263 @@
+"""The pipeline model on a batch of frames from one port: numpy across the batch, state in arrival order.
+
+``process_batch(pipeline, port, frames)`` returns exactly what ``pipeline.process(port, f)`` for each frame in
+turn would return, concatenated, and leaves the registers and counters exactly as that would (the
+equivalence tests in tests/unit/test_pipeline_batch.py check both on random sequences).
+
+Only the common case is vectorised: whole INA gradients from a data port that pass every check of
+``MyIngress.apply`` step 4 (parser states, checksum, lengths, job, generation, worker, slot) into a slot
+no other such gradient of the batch touches, and that the slot accepts (step 6a). A slot's state (its two
+copies and its owner) is touched by no other frame of the batch then, so those frames can be parsed,
+checked, summed (AGGREGATE_LANE on every lane of every frame at once) and written back in one go, in any
+order. Every other frame (a second gradient into the same slot, a retransmission or late duplicate, a
+drop, a broadcast, anything not INA, packet-outs) goes through ``pipeline._process`` one at a time, in
+arrival order; those never read a vectorised frame's slot, and the counters they share are sums, so the
+two groups commute. Outputs are put back in arrival order.
+"""
+from __future__ import annotations
+
+from collections import deque
+from operator import itemgetter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from inaproto import wire
+
+if TYPE_CHECKING:
+    from softswitch.pipeline import InaPipeline
+
+VECTOR_MIN = 8  # fewer frames than this: numpy's fixed cost outweighs the per-frame path
+_LEN = wire.INA_FRAME_LEN
+_O_IP, _O_UDP, _O_INA = wire.ETH_LEN, wire.ETH_LEN + wire.IPV4_LEN, wire.INA_OFFSET
+_O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
+_INA_PORT_BYTES = np.frombuffer(wire.INA_UDP_PORT.to_bytes(2, "big"), np.uint8)
+DROP_PORT = 511
+_OFF = {name: _O_INA + off for name, off in wire.INA_FIELD_OFFSETS.items()}
+# A whole INA frame as a numpy record: what the vectorised parser reads (names as in p4src/ina.p4's headers).
+FRAME_DTYPE = np.dtype({
+    "names": ["etherType", "version_ihl", "totalLen", "protocol", "ipv4_words", "udp_dstPort", "udp_length",
+              "msg_type", "job_id", "generation", "slot", "seq", "worker_id", "reserved_shadow", "lanes"],
+    "formats": [">u2", "u1", ">u2", "u1", (">u2", (10,)), ">u2", ">u2", "u1", ">u2", ">u2", ">u2", ">u4", "u1", "u1",
+                (wire.LANES_DTYPE, (wire.LANES,))],
+    "offsets": [12, _O_IP, _O_IP + 2, _O_IP + 9, _O_IP, _O_UDP + 2, _O_UDP + 4, _OFF["msg_type"], _OFF["job_id"],
+                _OFF["generation"], _OFF["slot"], _OFF["seq"], _OFF["worker_id"], _OFF["reserved_shadow"], _O_DATA],
+    "itemsize": _LEN,
+})
+
+
+class _JobArrays:
+    """Table ina_job as arrays indexed by job id (rebuilt when the control plane changes the table)."""
+
+    def __init__(self, jobs: dict[int, tuple[int, ...]]) -> None:
+        self.source = jobs
+        n = wire.MAX_JOBS
+        self.known = np.zeros(n, bool)
+        self.base_slot, self.num_slots, self.worker_mask, self.num_workers, self.mcast_grp, self.generation = (
+            np.zeros(n, np.int64) for _ in range(6))
+        for job_id, (base, num, mask, workers, grp, gen) in jobs.items():
+            if job_id < n:
+                self.known[job_id] = True
+                self.base_slot[job_id], self.num_slots[job_id], self.worker_mask[job_id] = base, num, mask
+                self.num_workers[job_id], self.mcast_grp[job_id], self.generation[job_id] = workers, grp, gen
+
+
+def _job_arrays(pipeline: InaPipeline) -> _JobArrays:
+    arrays = getattr(pipeline, "_batch_jobs", None)
+    if arrays is None or arrays.source is not pipeline._job:  # _refresh builds a new dict on every write
+        arrays = pipeline._batch_jobs = _JobArrays(pipeline._job)
+    return arrays
+
+
+def _gather(values: list[int], index: np.ndarray) -> np.ndarray:
+    """values[index] for a Python list register (registers stay lists: ``process`` reads them one at a time)."""
+    if len(index) == 1:
+        return np.array([values[int(index[0])]], np.int64)
+    return np.array(itemgetter(*index.tolist())(values), np.int64)
+
+
+def _scatter(values: list[int], index: np.ndarray, new: np.ndarray) -> None:
+    deque(map(values.__setitem__, index.tolist(), new.tolist()), maxlen=0)  # values[index] = new, in C
+
+
+def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes], *, vector_min: int = VECTOR_MIN
+                  ) -> list[tuple[int, bytes]]:
+    """Every frame of ``frames`` (received on ``ingress_port``, in that order) through the pipeline; the caller
+    holds ``pipeline.lock``. The outputs are those of ``process`` frame after frame, in the same order."""
+    n = len(frames)
+    if n < vector_min or ingress_port == wire.CPU_PORT:
+        return _one_by_one(pipeline, ingress_port, frames)
+    # --- MyParser and MyVerifyChecksum for every whole INA-sized frame at once
+    lengths = list(map(len, frames))
+    sized = range(n) if lengths.count(_LEN) == n else [i for i, m in enumerate(lengths) if m == _LEN]
+    if len(sized) < vector_min:
+        return _one_by_one(pipeline, ingress_port, frames)
+    if len(sized) == n:
+        rec = np.frombuffer(b"".join(frames), dtype=FRAME_DTYPE)
+        where = np.arange(n)
+    else:
+        rec = np.frombuffer(b"".join([frames[i] for i in sized]), dtype=FRAME_DTYPE)
+        where = np.array(sized)
+    words = rec["ipv4_words"].astype(np.int64)
+    checksum = words[:, 5]
+    rest = words.sum(axis=1) - checksum
+    folded = rest % 0xFFFF
+    folded[(folded == 0) & (rest != 0)] = 0xFFFF
+    job_id = rec["job_id"].astype(np.int64)
+    jobs = _job_arrays(pipeline)
+    j = np.minimum(job_id, wire.MAX_JOBS - 1)
+    worker_id = rec["worker_id"].astype(np.int64)
+    wbit = np.where(worker_id < 32, np.left_shift(1, np.minimum(worker_id, 31)), 0)
+    slot = rec["slot"].astype(np.int64)
+    slot_abs = jobs.base_slot[j] + slot
+    # --- MyIngress.apply steps 2-4: a valid gradient of a known job, worker and slot
+    ok = ((rec["etherType"] == 0x0800) & (rec["version_ihl"] & 0x0F == 5) & (rec["protocol"] == 17)
+          & (rec["udp_dstPort"] == wire.INA_UDP_PORT) & (checksum == 0xFFFF - folded)
+          & (rec["totalLen"] == wire.INA_IPV4_LEN) & (rec["udp_length"] == wire.INA_UDP_LEN)
+          & (rec["msg_type"] == int(wire.MsgType.GRADIENT)) & (job_id < wire.MAX_JOBS) & jobs.known[j]
+          & (rec["generation"] == jobs.generation[j]) & (jobs.worker_mask[j] & wbit != 0)
+          & (slot < jobs.num_slots[j]) & (slot_abs < wire.NUM_SLOTS))
+    # ... into a slot no other such gradient of the batch touches
+    cand = np.flatnonzero(ok)
+    if len(cand):
+        _, inverse, counts = np.unique(slot_abs[cand], return_inverse=True, return_counts=True)
+        cand = cand[counts[inverse] == 1]
+    if len(cand) == 0:
+        return _one_by_one(pipeline, ingress_port, frames)
+    # --- step 6: the slot's state, as the per-frame path would find it (owner reset included)
+    seq = rec["seq"][cand].astype(np.int64)
+    shadow = rec["reserved_shadow"][cand].astype(np.int64) & 1
+    sa = slot_abs[cand]
+    cell = (sa << 1) + shadow
+    other = cell ^ 1
+    jc = job_id[cand]
+    owner = (jc << 16) | rec["generation"][cand].astype(np.int64)
+    reset = _gather(pipeline.ina_owner, sa) != owner
+    bitmap = np.where(reset, 0, _gather(pipeline.ina_bitmap, cell))
+    count = np.where(reset, 0, _gather(pipeline.ina_count, cell))
+    overflow = np.where(reset, 0, _gather(pipeline.ina_overflow, cell))
+    stored_seq = np.where(reset, (seq - 1) & 0xFFFFFFFF, _gather(pipeline.ina_seq, cell))
+    wb = wbit[cand]
+    age = (seq - stored_seq) & 0xFFFFFFFF
+    accept = (bitmap & wb == 0) & np.where(count == 0, (age != 0) & (age < 0x80000000), age == 0)
+    if not accept.all():  # duplicates: the per-frame path (their state is untouched so far; reset implies accept)
+        keep = np.flatnonzero(accept)
+        cand, seq, sa, cell, other, jc, owner, reset, bitmap, count, overflow, wb = (
+            a[keep] for a in (cand, seq, sa, cell, other, jc, owner, reset, bitmap, count, overflow, wb))
+        if len(cand) == 0:
+            return _one_by_one(pipeline, ingress_port, frames)
+    # --- 6a for every accepted gradient at once
+    if reset.any():
+        r = np.flatnonzero(reset)
+        _scatter(pipeline.ina_owner, sa[r], owner[r])
+        zero = np.zeros(len(r), np.int64)
+        for register in (pipeline.ina_count, pipeline.ina_overflow):
+            _scatter(register, other[r], zero)
+        _scatter(pipeline.ina_seq, other[r], (seq[r] - 1) & 0xFFFFFFFF)
+    other_bitmap = np.where(reset, 0, _gather(pipeline.ina_bitmap, other))
+    _scatter(pipeline.ina_bitmap, cell, bitmap | wb)
+    _scatter(pipeline.ina_bitmap, other, other_bitmap & ~wb & 0xFFFFFFFF)
+    first = count == 0
+    _scatter(pipeline.ina_seq, cell, seq)  # a new round stores seq; an accepted later packet has age 0
+    count = (count + 1) & 0xFF
+    num_workers = jobs.num_workers[jc]
+    complete = count == num_workers
+    _scatter(pipeline.ina_count, cell, np.where(complete, 0, count))
+    value = rec["lanes"][cand].astype(np.int32)
+    cur = pipeline.ina_lanes[cell].astype(np.int32)
+    total = cur + value  # int32 wraps, as bit<32> does
+    lane_overflow = (((cur ^ total) & (value ^ total)) < 0).any(axis=1)
+    total[first] = value[first]
+    overflow = np.where(first, 0, np.where(lane_overflow, 1, overflow))
+    pipeline.ina_lanes[cell] = total
+    _scatter(pipeline.ina_overflow, cell, overflow)
+    aggregated = pipeline.counters["MyIngress.ina_aggregated"]
+    for job, k in zip(*np.unique(jc, return_counts=True)):
+        aggregated[int(job)] += int(k)
+    # --- outputs, in arrival order: the completed slots' results and every frame of the per-frame path
+    vector_pos = where[cand]
+    done = np.flatnonzero(complete)
+    replicas = _replicate_results(pipeline, rec, cand, done, jc, total, overflow, jobs) if len(done) else {}
+    if len(vector_pos) == n and len(replicas) == len(done):  # the common case: nothing else to interleave
+        return [out for i in done.tolist() for out in replicas[i]]
+    results: dict[int, tuple[int, bytes] | list[tuple[int, bytes]]] = {}
+    positions = vector_pos.tolist()
+    for i in done.tolist():
+        pos = positions[i]
+        results[pos] = replicas.get(i) or (i, frames[pos])
+    rest_pos = np.ones(n, bool)
+    rest_pos[vector_pos] = False
+    pending = sorted(set(np.flatnonzero(rest_pos).tolist()) | results.keys())
+    if not pending:
+        return []
+    out: list[tuple[int, bytes]] = []
+    total_be = total.astype(wire.LANES_DTYPE)
+    mcast = jobs.mcast_grp[jc]
+    for pos in pending:
+        hit = results.get(pos)
+        if hit is None:
+            out += pipeline._process(ingress_port, frames[pos])
+            continue
+        if isinstance(hit, list):  # replicas built by _replicate_results
+            out += hit
+            continue
+        i, frame = hit
+        res = bytearray(frame)
+        res[_O_DATA:_LEN] = total_be[i].tobytes()
+        res[_O_INA] = int(wire.MsgType.RESULT)
+        res[_OFF["flags"]] = int(wire.Flags.OVERFLOW) if overflow[i] else 0
+        pipeline._multicast_to_job(res)
+        out += pipeline._replicate(int(mcast[i]), res, ingress_port)
+    return out
+
+
+def _replicate_results(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, done: np.ndarray, jc: np.ndarray,
+                       total: np.ndarray, overflow: np.ndarray, jobs: _JobArrays) -> dict[int, list[tuple[int, bytes]]]:
+    """The replicas of every completed slot whose job's group has only set_worker_addr workers on data ports
+    (the common case), built at once: the steps of ``InaPipeline._replicate`` on a (results x replicas)
+    array. Completed slots of any other job are left out (the caller builds those one at a time)."""
+    built: dict[int, list[tuple[int, bytes]]] = {}
+    raw = rec.view(np.uint8).reshape(len(rec), _LEN)
+    for job in np.unique(jc[done]).tolist():
+        group = int(jobs.mcast_grp[job])
+        members = pipeline.multicast_groups.get(group, ()) if group else ()
+        addrs = [pipeline._worker_bytes.get((job, rid)) for _, rid in members]
+        if not members or any(not a for a in addrs) or any(p in (DROP_PORT, wire.CPU_PORT) for p, _ in members):
+            continue
+        mine = done[jc[done] == job]
+        k, r = len(mine), len(members)
+        res = raw[cand[mine]].copy()
+        res[:, _O_DATA:_LEN] = total[mine].astype(wire.LANES_DTYPE).view(np.uint8).reshape(k, wire.INA_DATA_LEN)
+        res[:, _O_INA] = int(wire.MsgType.RESULT)
+        res[:, _OFF["flags"]] = np.where(overflow[mine] != 0, int(wire.Flags.OVERFLOW), 0)
+        res[:, 6:12] = res[:, 0:6]  # multicast_to_job
+        res[:, _O_IP + 12 : _O_IP + 16] = res[:, _O_IP + 16 : _O_IP + 20]
+        res[:, _O_UDP : _O_UDP + 2] = _INA_PORT_BYTES
+        res[:, _O_UDP + 6 : _O_UDP + 8] = 0  # UDP checksum 0: the payload changed
+        out = np.repeat(res, r, axis=0)  # MyEgress.set_worker_addr on each replica
+        out[:, 0:6] = np.tile(np.frombuffer(b"".join(a[0] for a in addrs), np.uint8).reshape(r, 6), (k, 1))
+        out[:, _O_IP + 16 : _O_IP + 20] = np.tile(np.frombuffer(b"".join(a[1] for a in addrs), np.uint8).reshape(r, 4), (k, 1))
+        out[:, _O_UDP + 2 : _O_UDP + 4] = np.tile(np.frombuffer(b"".join(a[2] for a in addrs), np.uint8).reshape(r, 2), (k, 1))
+        out[:, _OFF["worker_id"]] = np.tile(np.array([rid & 0xFF for _, rid in members], np.uint8), k)
+        out[:, _O_IP + 10 : _O_IP + 12] = 0  # MyComputeChecksum
+        words = (out[:, _O_IP:_O_UDP:2].astype(np.int64) << 8) | out[:, _O_IP + 1 : _O_UDP : 2]
+        sums = words.sum(axis=1)
+        folded = sums % 0xFFFF
+        folded[(folded == 0) & (sums != 0)] = 0xFFFF
+        checksum = 0xFFFF - folded
+        out[:, _O_IP + 10] = checksum >> 8
+        out[:, _O_IP + 11] = checksum & 0xFF
+        pipeline.counters["MyEgress.ina_results"][job] += k * r
+        blob = out.tobytes()
+        emitted = list(zip([p for p, _ in members] * k, [blob[o : o + _LEN] for o in range(0, k * r * _LEN, _LEN)]))
+        for n, i in enumerate(mine.tolist()):
+            built[i] = emitted[n * r : (n + 1) * r]
+    return built
+
+
+def _one_by_one(pipeline: InaPipeline, ingress_port: int, frames: list[bytes]) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    process = pipeline._process
+    for frame in frames:
+        out += process(ingress_port, frame)
+    return out

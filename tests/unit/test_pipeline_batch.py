@@ -1,0 +1,120 @@
+"""InaPipeline.process_batch gives exactly what process gives frame after frame: outputs, registers, counters."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inaproto import wire
+from inaproto.job_entries import WorkerAddress, job_entries
+from softswitch import pipeline_batch
+from softswitch.pipeline import InaPipeline
+
+SWITCH_MAC, SWITCH_IP = bytes.fromhex("0200000000fe"), bytes([10, 0, 0, 254])
+# Two jobs whose slot ranges overlap (slots 2-3): a gradient of one takes the slot over from the other.
+JOBS = {1: dict(workers=4, base=0, num_slots=4, generation=3, group=1), 2: dict(workers=2, base=2, num_slots=4, generation=0, group=2)}
+
+
+def _pipeline() -> InaPipeline:
+    p = InaPipeline()
+    for job_id, j in JOBS.items():
+        workers = [WorkerAddress(i, i + 1, bytes.fromhex(f"0200000001{i + 1:02x}"), bytes([10, 0, 1, i + 1]), 40000 + i)
+                   for i in range(j["workers"])]
+        job_entries(job_id, workers, base_slot=j["base"], num_slots=j["num_slots"], generation=j["generation"],
+                    mcast_grp=j["group"]).insert_into(p)
+    p.insert_entry("MyIngress.ipv4_lpm", ((0x0A000200, 24),), "MyIngress.ipv4_forward", (0x0200000000AA, 3))
+    return p
+
+
+def _frame(wid: int, job: int, slot: int, seq: int, shadow: int, lanes: list[int], *, msg_type=wire.MsgType.GRADIENT,
+           generation: int | None = None, corrupt: str = "") -> bytes:
+    gen = JOBS.get(job, {}).get("generation", 0) if generation is None else generation
+    header = wire.InaHeader(msg_type, 0, job, gen, slot, seq, wid, shadow)
+    frame = bytearray(wire.udp_frame(bytes.fromhex(f"0200000001{wid + 1:02x}"), SWITCH_MAC, bytes([10, 0, 1, wid + 1]),
+                                     SWITCH_IP, 40000 + wid, wire.INA_UDP_PORT, wire.encode_payload(header, np.array(lanes))))
+    if corrupt == "checksum":
+        frame[24] ^= 0xFF
+    elif corrupt == "short":
+        frame = frame[:-3]
+    elif corrupt == "routed":  # plain IPv4/UDP to a routed address: the LPM path
+        frame = bytearray(wire.udp_frame(frame[6:12], frame[0:6], bytes(frame[26:30]), bytes([10, 0, 2, 9]), 5000, 5001, b"x" * 40))
+    elif corrupt == "arp":
+        frame[12:14] = b"\x08\x06"
+    return bytes(frame)
+
+
+_LANE = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-100, 100), st.sampled_from([2**31 - 1, -(2**31)]))
+_FRAME = st.builds(
+    _frame,
+    wid=st.integers(0, 4),  # worker 4 is foreign to both jobs
+    job=st.sampled_from([1, 1, 1, 2, 3]),  # job 3 is unknown
+    slot=st.integers(0, 4),  # slot 4 is out of range
+    seq=st.integers(0, 3),
+    shadow=st.integers(0, 1),
+    lanes=st.lists(_LANE, min_size=wire.LANES, max_size=wire.LANES),
+    msg_type=st.sampled_from([wire.MsgType.GRADIENT] * 8 + [wire.MsgType.BROADCAST, wire.MsgType.RESULT]),
+    generation=st.sampled_from([None] * 8 + [7]),
+    corrupt=st.sampled_from([""] * 12 + ["checksum", "short", "routed", "arp"]),
+)
+_BATCHES = st.lists(st.tuples(st.integers(1, 4), st.lists(_FRAME, min_size=1, max_size=24)), min_size=1, max_size=6)
+
+
+def _state(p: InaPipeline):
+    return p.register_snapshot()[:5], p.ina_lanes.tobytes(), {k: list(v) for k, v in p.counters.items()}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batches=_BATCHES, vector_min=st.sampled_from([1, 4]))
+def test_batch_equals_one_frame_at_a_time(batches, vector_min):
+    one, batch = _pipeline(), _pipeline()
+    for port, frames in batches:
+        expected = [out for f in frames for out in one.process(port, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, port, frames, vector_min=vector_min)
+        assert got == expected
+        assert _state(batch) == _state(one)
+
+
+def _round(seq: int, slots: range, wid: int, rng: np.random.Generator) -> list[bytes]:
+    return [_frame(wid, 1, s, seq, seq & 1, rng.integers(-(2**31), 2**31, wire.LANES).tolist()) for s in slots]
+
+
+def test_distinct_slots_take_the_vector_path(monkeypatch):
+    """Four workers' rounds over four slots, one port batch each: no frame goes through the per-frame path,
+    and the last worker's batch emits every slot's result to every worker, byte for byte as process does."""
+    rng = np.random.default_rng(1)
+    one, batch = _pipeline(), _pipeline()
+    rounds = [_round(5, range(4), wid, rng) for wid in range(4)]
+    per_frame = []
+    real = InaPipeline._process
+    monkeypatch.setattr(InaPipeline, "_process", lambda self, port, f: per_frame.append(f) or real(self, port, f))
+    for wid, frames in enumerate(rounds):
+        got = pipeline_batch.process_batch(batch, wid + 1, frames, vector_min=1)
+        expected = [out for f in frames for out in real(one, wid + 1, f)]
+        assert got == expected
+    assert per_frame == []
+    assert len(got) == 16 and {port for port, _ in got} == {1, 2, 3, 4}
+    assert _state(batch) == _state(one)
+    assert batch.counter("MyIngress.ina_aggregated")[1] == 16
+
+
+def test_retransmission_in_a_batch_answers_its_sender():
+    """A completed slot's gradient sent again (a lost result) is answered to its sender alone, in batch order."""
+    rng = np.random.default_rng(2)
+    one, batch = _pipeline(), _pipeline()
+    frames = [f for wid in range(4) for f in _round(9, range(4), wid, rng)]
+    frames += frames[:2]  # worker 0 resends slots 0 and 1
+    expected = [out for f in frames for out in one.process(1, f)]
+    assert batch.process_batch(1, frames) == expected
+    assert [port for port, _ in expected[-2:]] == [1, 1]
+    assert _state(batch) == _state(one)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7])
+def test_small_batches(n):
+    rng = np.random.default_rng(3)
+    one, batch = _pipeline(), _pipeline()
+    frames = _round(1, range(n), 0, rng)
+    assert batch.process_batch(1, frames) == [out for f in frames for out in one.process(1, f)]
+    assert _state(batch) == _state(one)

@@ -2,11 +2,11 @@
 
 One I/O thread polls every port socket (epoll). Two ways to move frames (``IoMode``, ``ina-switch --io``):
 
-- ``rings`` (the default where the kernel allows it): each socket has PACKET_MMAP rings
+- ``rings`` (on request, where the kernel allows it): each socket has PACKET_MMAP rings
   (softswitch/ring_io.py). Per readable port, every receive block handed over so far is one batch for
   ``pipeline.process_batch(port, frames)``; the frames it returns are copied into the egress ports'
   transmit rings, and each ring is flushed with one send() when the wake-up's batches are done.
-- ``frames``: per readable socket, up to ``BATCH`` frames are read with one recv() each, each runs
+- ``frames`` (the default): per readable socket, up to ``BATCH`` frames are read with one recv() each, each runs
   through ``pipeline.process(port, frame)`` and every frame it returns (multicast replicas included) is
   sent with one send() on the egress port's socket. Used where rings cannot be set up (logged once). The CPU port is bridged to the P4Runtime server: frames the
 pipeline sends to it become packet-ins (``packet_in`` callback), and packet-outs handed to
@@ -152,7 +152,7 @@ class DataPlane:
         pcap_dir: str | None = None,
         live: bool | Callable[[], bool] = True,
         dump_packet_data: int = 0,
-        io: IoMode = IoMode.RINGS,
+        io: IoMode = IoMode.FRAMES,
     ) -> None:
         self.pipeline = pipeline
         self.interfaces = dict(interfaces)

@@ -1,4 +1,4 @@
-"""``ina-switch --io``: rings by default, frames on request, anything else refused."""
+"""``ina-switch --io``: frames by default, rings on request, anything else refused."""
 from __future__ import annotations
 
 import pytest
@@ -7,12 +7,12 @@ from softswitch.cli import UsageError, parse_args
 from softswitch.dataplane import IoMode
 
 
-def test_rings_by_default():
-    assert parse_args(["--no-p4"]).io is IoMode.RINGS
+def test_frames_by_default():
+    assert parse_args(["--no-p4"]).io is IoMode.FRAMES
 
 
-def test_frames_on_request():
-    assert parse_args(["--no-p4", "--io", "frames"]).io is IoMode.FRAMES
+def test_rings_on_request():
+    assert parse_args(["--no-p4", "--io", "rings"]).io is IoMode.RINGS
 
 
 def test_unknown_io_is_refused():

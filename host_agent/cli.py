@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--reorder-guard", type=_nonneg_float, default=0.0,
                        help="seconds between a chunk's last send and its slot's reuse, for switches without "
                             "the per-copy seq check on networks that reorder (default 0: off)")
-        p.add_argument("--io", choices=[m.value for m in IoMode], default=os.environ.get(IO_ENV, IoMode.BATCHED.value),
+        p.add_argument("--io", choices=[m.value for m in IoMode], default=os.environ.get(IO_ENV, IoMode.PER_PACKET.value),
                        help="UDP I/O: GSO sends and batched drains where the kernel has them, or one "
                             f"system call per packet (default: ${IO_ENV}, else batched; docs/agent.md, 'I/O')")
         p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")

@@ -80,7 +80,7 @@ class StreamOptions:
     broadcast_window: int = 512
     reorder_guard: float = 0.0
     link_bps: float = 0.0
-    io: IoMode = IoMode.BATCHED
+    io: IoMode = IoMode.PER_PACKET  # batched is opt-in until it helps the experiments (docs/agent.md, I/O)
 
     def __post_init__(self) -> None:
         if not isinstance(self.io, IoMode):

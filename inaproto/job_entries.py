@@ -12,10 +12,11 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable
 
-__all__ = ["MCAST_OFFSET", "JobEntries", "JobEntry", "JobGroup", "WorkerAddress", "WorkerEntry", "job_entries",
-           "job_group"]
+__all__ = ["MCAST_OFFSET", "ChainEntries", "ChainEntry", "ChainHop", "ChainPartition", "JobEntries", "JobEntry",
+           "JobGroup", "TransitEntry", "WorkerAddress", "WorkerEntry", "chain_entries", "job_entries", "job_group"]
 
 MCAST_OFFSET = 1  # a job's multicast group on every switch: job_id + MCAST_OFFSET (group 0 is not a group)
+_MAX_JOBS = 256  # wire.MAX_JOBS: chain groups are numbered above every job group
 
 
 def job_group(job_id: int) -> int:
@@ -126,3 +127,139 @@ def job_entries(job_id: int, workers: Iterable[WorkerAddress], *, base_slot: int
                       for w in workers),
         group=JobGroup(grp, tuple((w.port, w.worker_id) for w in workers)),
     )
+
+
+# --- Chains (Rina, aggregation trees): docs/switch.md, "Chains" --------------------------------------------------
+
+
+def next_group(job_id: int) -> int:
+    """The group with one replica towards a switch's next hop in the job's chains (rid = its member id)."""
+    return job_id + MCAST_OFFSET + _MAX_JOBS
+
+
+def final_group(job_id: int) -> int:
+    """The group for a final sum that goes beyond the switch's own workers: its workers plus those hops."""
+    return job_id + MCAST_OFFSET + 2 * _MAX_JOBS
+
+
+@dataclass(frozen=True)
+class ChainHop:
+    """A member a switch sends to (a switch or a host ring member): its member id and address from this switch."""
+
+    member_id: int
+    port: int
+    mac: str | bytes | int
+    ip: str | bytes | int
+    udp_port: int
+
+
+@dataclass(frozen=True)
+class ChainPartition:
+    """This switch's place in the chain of one partition of the job's slots ``slot_prefix/prefix_len`` (bit<16>)."""
+
+    slot_prefix: int
+    prefix_len: int
+    upstream: tuple[int, ...]  # member ids whose partial sums the copy waits for besides the local workers
+    chain_end: bool  # the copy's completion is the final sum
+    final_to: tuple[ChainHop, ...] = ()  # members beyond this switch that get the final sum from it
+
+
+@dataclass(frozen=True)
+class ChainEntry:
+    """``MyIngress.ina_chain``: (job_id, slot lpm) -> ``set_chain``."""
+
+    table: ClassVar[str] = "MyIngress.ina_chain"
+    action: ClassVar[str] = "MyIngress.set_chain"
+
+    job_id: int
+    slot_prefix: int
+    prefix_len: int
+    member_id: int
+    upstream_mask: int
+    num_upstream: int
+    chain_end: int
+    next_grp: int
+    final_grp: int
+
+    @property
+    def match(self) -> tuple[int, tuple[int, int]]:
+        return (self.job_id, (self.slot_prefix, self.prefix_len))
+
+    @property
+    def params(self) -> tuple[int, int, int, int, int, int]:
+        return (self.member_id, self.upstream_mask, self.num_upstream, self.chain_end, self.next_grp, self.final_grp)
+
+
+@dataclass(frozen=True)
+class TransitEntry:
+    """``MyIngress.ina_transit``: a job whose INA packets this switch only routes."""
+
+    table: ClassVar[str] = "MyIngress.ina_transit"
+    action: ClassVar[str] = "MyIngress.transit"
+
+    job_id: int
+
+    @property
+    def match(self) -> tuple[int]:
+        return (self.job_id,)
+
+    @property
+    def params(self) -> tuple[()]:
+        return ()
+
+
+@dataclass(frozen=True)
+class ChainEntries:
+    """What one switch holds for its place in a job's chains, besides its JobEntries."""
+
+    chains: tuple[ChainEntry, ...]
+    workers: tuple[WorkerEntry, ...]  # where partials (rid = own member id) and passed-on results go
+    groups: tuple[JobGroup, ...]
+
+    def insert_into(self, target: Any) -> None:
+        """Insert everything into ``target`` after the job's own entries (see JobEntries.insert_into)."""
+        for g in self.groups:
+            target.set_multicast_group(g.group_id, list(g.replicas))
+        for e in self.workers:
+            target.insert_entry(e.table, e.match, e.action, e.params)
+        for c in self.chains:
+            target.insert_entry(c.table, c.match, c.action, c.params)
+
+
+def chain_entries(job: JobEntries, member_id: int, next_hop: ChainHop | None,
+                  partitions: Iterable[ChainPartition]) -> ChainEntries:
+    """The chain entries of a switch holding ``job`` (its local workers) as member ``member_id``.
+
+    Partials go to ``next_hop`` (none where every partition ends here); a partition's final sum goes to the
+    local workers and its ``final_to`` hops. A switch passes final sums on to at most one set of hops (its ring
+    successor in Rina, its children at a tree's root), so it needs at most two groups besides the job's.
+    """
+    job_id = job.job.job_id
+    partitions = tuple(partitions)
+    hops = {frozenset(p.final_to) for p in partitions if p.final_to}
+    if len(hops) > 1:
+        raise ValueError(f"job {job_id}: member {member_id} passes final sums to more than one set of hops")
+    local = {w.worker_id for w in job.workers}
+    addresses: dict[int, ChainHop] = {}
+    groups: list[JobGroup] = []
+    if next_hop is not None:
+        addresses[member_id] = next_hop
+        groups.append(JobGroup(next_group(job_id), ((next_hop.port, member_id),)))
+    final_to = tuple(sorted(next(iter(hops)), key=lambda h: h.member_id)) if hops else ()
+    for h in final_to:
+        addresses[h.member_id] = h
+    if final_to:
+        groups.append(JobGroup(final_group(job_id), job.group.replicas + tuple((h.port, h.member_id) for h in final_to)))
+    if local & set(addresses):
+        raise ValueError(f"job {job_id}: member ids {sorted(local & set(addresses))} are also local worker ids")
+    chains = []
+    for p in partitions:
+        if not p.chain_end and next_hop is None:
+            raise ValueError(f"job {job_id}: partition {p.slot_prefix}/{p.prefix_len} goes on but there is no next hop")
+        mask = sum(1 << m for m in p.upstream)
+        chains.append(ChainEntry(job_id, p.slot_prefix, p.prefix_len, member_id, mask, len(p.upstream), int(p.chain_end),
+                                 next_group(job_id) if next_hop is not None else 0,
+                                 final_group(job_id) if p.final_to else job.group.group_id))
+    workers = tuple(WorkerEntry(job_id, rid, _mac(h.mac), int(ipaddress.IPv4Address(h.ip)), h.udp_port)
+                    for rid, h in sorted(addresses.items()))
+    return ChainEntries(tuple(chains), workers, tuple(groups))

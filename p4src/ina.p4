@@ -27,8 +27,9 @@ const bit<9>  CPU_PORT     = 255;
 #define NUM_CELLS        2048   /* NUM_SLOTS * 2 shadow copies; cell = slot * 2 + shadow */
 #define NUM_LANE_CELLS   65536  /* NUM_CELLS * LANES; lane cell = cell * LANES + lane */
 #define MAX_JOBS         256
-#define NUM_DROP_REASONS 8
-#define NUM_JOB_DROPS    2048   /* MAX_JOBS * NUM_DROP_REASONS */
+#define NUM_DROP_REASONS 16
+#define NUM_JOB_DROPS    4096   /* MAX_JOBS * NUM_DROP_REASONS */
+#define NUM_CHAINS       4096   /* ina_chain entries: (job, partition of its slots) */
 
 const bit<16> INA_IPV4_LEN = 170;  /* 20 IPv4 + 8 UDP + 14 ina_t + 128 ina_data_t */
 const bit<16> INA_UDP_LEN  = 150;
@@ -37,7 +38,8 @@ const bit<8> INA_GRADIENT  = 1;
 const bit<8> INA_RESULT    = 2;
 const bit<8> INA_BROADCAST = 3;
 
-const bit<8> INA_FLAG_OVERFLOW = 0x02;
+const bit<8> INA_FLAG_RETRANSMIT = 0x01;
+const bit<8> INA_FLAG_OVERFLOW   = 0x02;
 
 /* Index of the ina_drops / ina_job_drops counters. */
 const bit<8> DROP_MALFORMED         = 1;
@@ -47,6 +49,9 @@ const bit<8> DROP_FOREIGN_WORKER    = 4;
 const bit<8> DROP_STALE_GENERATION  = 5;
 const bit<8> DROP_BAD_MSG_TYPE      = 6;
 const bit<8> DROP_NO_ROUTE          = 7;
+/* 8 is the ingress binding's (DROP_SPOOFED). */
+/* Chains: a result from a chain that is addressed to another member. */
+const bit<8> DROP_NOT_RECIPIENT     = 9;
 
 typedef bit<9>  egressSpec_t;
 typedef bit<48> macAddr_t;
@@ -161,6 +166,13 @@ struct metadata_t {
     /* egress */
     bit<1>  ina_mcast;     /* replicate with per-worker address rewrite */
     bit<1>  ina_out;       /* a packet the switch turned into a result or a broadcast */
+    /* chains (Rina, trees): from the ina_chain table */
+    bit<1>  chain;         /* this (job, slot) is a copy of a chain */
+    bit<8>  member_id;     /* this switch's id in the job's worker-id space */
+    bit<1>  chain_end;     /* the copy's completion is the final sum */
+    bit<16> next_grp;      /* group with one replica towards the next hop (rid = member_id) */
+    bit<8>  final;         /* ina_final of the copy: it holds the final sum */
+    bit<1>  transit;       /* a job this switch only carries (ina_transit) */
 }
 
 /*************************************************************************
@@ -252,6 +264,10 @@ control MyVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
     ina_lanes.write(meta.lane_base + I, meta.sum);                                  \
     hdr.ina_data.F = meta.sum;
 
+/* Chains: one lane of a final sum that reached this switch, kept in the copy. */
+#define STORE_LANE(I, F) \
+    ina_lanes.write(meta.lane_base + I, hdr.ina_data.F);
+
 /* One lane of a completed slot copy, read back into the packet for a retransmitted request. */
 #define READ_LANE(I, F) \
     ina_lanes.read(hdr.ina_data.F, meta.lane_base + I);
@@ -271,6 +287,66 @@ control MyIngress(inout headers_t hdr,
     register<bit<8>>(NUM_CELLS) ina_overflow;      /* 1 if any lane overflowed in this copy */
     register<bit<32>>(NUM_CELLS) ina_seq;          /* seq of the chunk this copy holds */
     register<bit<32>>(NUM_LANE_CELLS) ina_lanes;   /* the sums */
+
+    /* ---- Chains (Rina, trees): a switch's completed partial goes onward as one contribution ---- */
+    counter(MAX_JOBS, CounterType.packets) ina_partials;  /* partial sums sent onward (resends included) */
+    register<bit<8>>(NUM_CELLS) ina_final;               /* chain copies: 1 once the copy holds the final sum */
+
+    action set_chain(bit<8> member_id, bit<32> upstream_mask, bit<8> num_upstream, bit<1> chain_end,
+                     bit<16> next_grp, bit<16> final_grp) {
+        meta.chain = 1;
+        meta.member_id = member_id;
+        meta.worker_mask = meta.worker_mask | upstream_mask;
+        meta.num_workers = meta.num_workers + num_upstream;
+        meta.chain_end = chain_end;
+        meta.next_grp = next_grp;
+        meta.mcast_grp = final_grp;
+    }
+
+    /* (job, partition of its slots) -> this switch's place in the partition's chain. */
+    table ina_chain {
+        key = {
+            hdr.ina.job_id: exact;
+            hdr.ina.slot: lpm;
+        }
+        actions = {
+            set_chain;
+            @defaultonly NoAction;
+        }
+        size = NUM_CHAINS;
+        const default_action = NoAction();
+    }
+
+    action transit() {
+        meta.transit = 1;
+    }
+
+    /* Jobs whose INA packets this switch only carries between two members of a chain. */
+    table ina_transit {
+        key = {
+            hdr.ina.job_id: exact;
+        }
+        actions = {
+            transit;
+            @defaultonly NoAction;
+        }
+        size = MAX_JOBS;
+        const default_action = NoAction();
+    }
+
+    /* The copy's sum (in the packet) to the next hop, as one contribution under this switch's member id. */
+    action send_onward() {
+        hdr.ina.msg_type = INA_GRADIENT;
+        hdr.ina.worker_id = meta.member_id;
+        hdr.ethernet.srcAddr = hdr.ethernet.dstAddr;
+        hdr.ipv4.srcAddr = hdr.ipv4.dstAddr;
+        hdr.udp.srcPort = INA_UDP_PORT;
+        standard_metadata.mcast_grp = meta.next_grp;
+        meta.ina_mcast = 1;
+        meta.ina_out = 1;
+        ina_partials.count((bit<32>)hdr.ina.job_id);
+    }
+    /* ---- end of chains' declarations ---- */
 
     action drop() {
         mark_to_drop(standard_metadata);
@@ -365,8 +441,11 @@ control MyIngress(inout headers_t hdr,
             exit;
         }
 
-        /* 3. Everything that is not INA: IPv4 LPM forwarding. */
-        if (!hdr.ina.isValid()) {
+        /* 3. Everything that is not INA (and, chains, INA of a job this switch only carries): IPv4 LPM forwarding. */
+        if (hdr.ina.isValid()) {
+            ina_transit.apply();
+        }
+        if (!hdr.ina.isValid() || meta.transit == 1) {
             if (!ipv4_lpm.apply().hit) {
                 ina_drops.count((bit<32>)DROP_NO_ROUTE);
             }
@@ -389,13 +468,21 @@ control MyIngress(inout headers_t hdr,
             drop();
             exit;
         }
+        ina_chain.apply();  /* chains: upstream members join the mask, final_grp replaces mcast_grp */
         meta.drop_reason = 0;
         meta.wbit = (bit<32>)1 << hdr.ina.worker_id;
         meta.slot_abs = (bit<32>)meta.base_slot + (bit<32>)hdr.ina.slot;
-        if (hdr.ina.msg_type != INA_GRADIENT && hdr.ina.msg_type != INA_BROADCAST) {
+        if (hdr.ina.msg_type != INA_GRADIENT && hdr.ina.msg_type != INA_BROADCAST &&
+            !(hdr.ina.msg_type == INA_RESULT && meta.chain == 1)) {
             meta.drop_reason = DROP_BAD_MSG_TYPE;
         } else if (hdr.ina.generation != meta.generation) {
             meta.drop_reason = DROP_STALE_GENERATION;
+        } else if (hdr.ina.msg_type == INA_RESULT) {
+            if (hdr.ina.worker_id != meta.member_id) {
+                meta.drop_reason = DROP_NOT_RECIPIENT;
+            } else if (hdr.ina.slot >= meta.num_slots || meta.slot_abs >= NUM_SLOTS) {
+                meta.drop_reason = DROP_SLOT_OUT_OF_RANGE;
+            }
         } else if ((meta.worker_mask & meta.wbit) == 0) {
             meta.drop_reason = DROP_FOREIGN_WORKER;
         } else if (hdr.ina.msg_type == INA_GRADIENT &&
@@ -421,6 +508,38 @@ control MyIngress(inout headers_t hdr,
         meta.lane_base = meta.cell * LANES;
         meta.owner = hdr.ina.job_id ++ hdr.ina.generation;
         ina_owner.read(meta.prev_owner, meta.slot_abs);
+
+        /* 6c. Chains: the final sum reaching this switch. Kept in a complete copy of the same chunk that holds
+         * the partial this switch sent onward, then sent to final_grp; anything else is a duplicate. */
+        if (hdr.ina.msg_type == INA_RESULT) {
+            ina_bitmap.read(meta.bitmap, meta.cell);
+            ina_count.read(meta.count, meta.cell);
+            ina_seq.read(meta.stored_seq, meta.cell);
+            ina_final.read(meta.final, meta.cell);
+            if (meta.prev_owner == meta.owner && meta.bitmap != 0 && meta.count == 0 &&
+                meta.stored_seq == hdr.ina.seq && meta.final == 0) {
+                STORE_LANE(0, lane00)  STORE_LANE(1, lane01)  STORE_LANE(2, lane02)  STORE_LANE(3, lane03)
+                STORE_LANE(4, lane04)  STORE_LANE(5, lane05)  STORE_LANE(6, lane06)  STORE_LANE(7, lane07)
+                STORE_LANE(8, lane08)  STORE_LANE(9, lane09)  STORE_LANE(10, lane10) STORE_LANE(11, lane11)
+                STORE_LANE(12, lane12) STORE_LANE(13, lane13) STORE_LANE(14, lane14) STORE_LANE(15, lane15)
+                STORE_LANE(16, lane16) STORE_LANE(17, lane17) STORE_LANE(18, lane18) STORE_LANE(19, lane19)
+                STORE_LANE(20, lane20) STORE_LANE(21, lane21) STORE_LANE(22, lane22) STORE_LANE(23, lane23)
+                STORE_LANE(24, lane24) STORE_LANE(25, lane25) STORE_LANE(26, lane26) STORE_LANE(27, lane27)
+                STORE_LANE(28, lane28) STORE_LANE(29, lane29) STORE_LANE(30, lane30) STORE_LANE(31, lane31)
+                ina_final.write(meta.cell, 1);
+                meta.overflow = 0;
+                hdr.ina.flags = hdr.ina.flags & INA_FLAG_OVERFLOW;
+                if (hdr.ina.flags != 0) {
+                    meta.overflow = 1;
+                }
+                ina_overflow.write(meta.cell, meta.overflow);
+                multicast_to_job();
+            } else {
+                ina_duplicates.count((bit<32>)hdr.ina.job_id);
+                drop();
+            }
+            exit;
+        }
         if (meta.prev_owner != meta.owner) {
             ina_owner.write(meta.slot_abs, meta.owner);
             ina_bitmap.write(meta.slot_abs << 1, 0);
@@ -463,6 +582,12 @@ control MyIngress(inout headers_t hdr,
                 meta.first = 1;
                 meta.overflow = 0;
                 ina_seq.write(meta.cell, hdr.ina.seq);
+                if (meta.chain == 1) {
+                    ina_final.write(meta.cell, 0);
+                }
+            }
+            if (meta.chain == 1 && (hdr.ina.flags & INA_FLAG_OVERFLOW) != 0) {
+                meta.overflow = 1;  /* an upstream partial that overflowed */
             }
             meta.count = meta.count + 1;
             meta.complete = 0;
@@ -493,13 +618,24 @@ control MyIngress(inout headers_t hdr,
                 if (meta.overflow != 0) {
                     hdr.ina.flags = INA_FLAG_OVERFLOW;
                 }
-                multicast_to_job();
+                if (meta.chain == 1 && meta.chain_end == 0) {
+                    send_onward();  /* chains: the partial goes on; the copy waits for the final sum */
+                } else {
+                    if (meta.chain == 1) {
+                        ina_final.write(meta.cell, 1);
+                    }
+                    multicast_to_job();
+                }
             } else {
                 drop();
             }
         } else {
             /* 6b. Seen before: a completed copy answers its sender alone; anything else is dropped. */
             ina_duplicates.count((bit<32>)hdr.ina.job_id);
+            meta.final = 1;
+            if (meta.chain == 1) {
+                ina_final.read(meta.final, meta.cell);
+            }
             if (meta.count == 0 && meta.age == 0 && (meta.bitmap & meta.wbit) != 0) {
                 READ_LANE(0, lane00)  READ_LANE(1, lane01)  READ_LANE(2, lane02)  READ_LANE(3, lane03)
                 READ_LANE(4, lane04)  READ_LANE(5, lane05)  READ_LANE(6, lane06)  READ_LANE(7, lane07)
@@ -514,7 +650,13 @@ control MyIngress(inout headers_t hdr,
                 if (meta.overflow != 0) {
                     hdr.ina.flags = INA_FLAG_OVERFLOW;
                 }
-                reply_to_sender();
+                if (meta.final == 1) {
+                    reply_to_sender();
+                } else {
+                    /* chains: a copy still waiting for the final sum sends its partial onward again */
+                    hdr.ina.flags = hdr.ina.flags | INA_FLAG_RETRANSMIT;
+                    send_onward();
+                }
             } else {
                 drop();
             }

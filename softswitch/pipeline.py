@@ -34,6 +34,7 @@ DROP_PORT = 511  # BMv2's default drop port
 TYPE_IPV4 = 0x0800
 PROTO_UDP = 17
 NUM_CELLS = wire.NUM_SLOTS * 2
+NUM_CHAINS = 4096  # ina_chain entries
 INT32 = wire.LANES_DTYPE
 
 # Everything the INA path reads, from a frame's first byte: etherType; version/ihl, totalLen, protocol; UDP
@@ -52,6 +53,7 @@ _CELL_BYTES = wire.LANES * 4
 # Enum members as plain ints for the hot path (an IntEnum attribute lookup costs as much as a dict lookup).
 _GRADIENT, _RESULT, _BROADCAST = int(MsgType.GRADIENT), int(MsgType.RESULT), int(MsgType.BROADCAST)
 _OVERFLOW = int(wire.Flags.OVERFLOW)
+_RETRANSMIT = int(wire.Flags.RETRANSMIT)
 # SWAR masks over LANES int32 lanes in one big-endian integer: each lane's sign bit, and the bits below it.
 _SIGNS = int.from_bytes(b"\x80\x00\x00\x00" * wire.LANES, "big")
 _LOWS = int.from_bytes(b"\x7f\xff\xff\xff" * wire.LANES, "big")
@@ -114,6 +116,13 @@ ACTIONS: dict[str, ActionSpec] = {
         ),
         ActionSpec("MyIngress.multicast_to_job", ()),
         ActionSpec("MyIngress.reply_to_sender", ()),
+        ActionSpec(
+            "MyIngress.set_chain",
+            (("member_id", 8), ("upstream_mask", 32), ("num_upstream", 8), ("chain_end", 1), ("next_grp", 16),
+             ("final_grp", 16)),
+        ),
+        ActionSpec("MyIngress.transit", ()),
+        ActionSpec("MyIngress.send_onward", ()),
         ActionSpec("MyEgress.drop", ()),
         ActionSpec("MyEgress.set_worker_addr", (("mac", 48), ("ip", 32), ("udp_port", 16))),
     )
@@ -138,6 +147,24 @@ TABLES: dict[str, TableSpec] = {
             const_default=True,
         ),
         TableSpec(
+            "MyIngress.ina_chain",
+            (("hdr.ina.job_id", 16, "exact"), ("hdr.ina.slot", 16, "lpm")),
+            ("MyIngress.set_chain", "NoAction"),
+            NUM_CHAINS,
+            "NoAction",
+            default_only=frozenset({"NoAction"}),
+            const_default=True,
+        ),
+        TableSpec(
+            "MyIngress.ina_transit",
+            (("hdr.ina.job_id", 16, "exact"),),
+            ("MyIngress.transit", "NoAction"),
+            wire.MAX_JOBS,
+            "NoAction",
+            default_only=frozenset({"NoAction"}),
+            const_default=True,
+        ),
+        TableSpec(
             "MyEgress.ina_worker",
             (("hdr.ina.job_id", 16, "exact"), ("standard_metadata.egress_rid", 16, "exact")),
             ("MyEgress.set_worker_addr", "MyEgress.drop"),
@@ -154,6 +181,7 @@ COUNTERS: dict[str, int] = {
     "MyIngress.ina_drops": wire.NUM_DROP_REASONS,
     "MyIngress.ina_job_drops": wire.MAX_JOBS * wire.NUM_DROP_REASONS,
     "MyEgress.ina_results": wire.MAX_JOBS,
+    "MyIngress.ina_partials": wire.MAX_JOBS,
 }
 REGISTERS: dict[str, tuple[int, int]] = {  # name -> (bitwidth, size)
     "MyIngress.ina_owner": (32, wire.NUM_SLOTS),
@@ -162,6 +190,7 @@ REGISTERS: dict[str, tuple[int, int]] = {  # name -> (bitwidth, size)
     "MyIngress.ina_overflow": (8, NUM_CELLS),
     "MyIngress.ina_seq": (32, NUM_CELLS),
     "MyIngress.ina_lanes": (32, NUM_CELLS * wire.LANES),
+    "MyIngress.ina_final": (8, NUM_CELLS),
 }
 
 Match = tuple  # exact: (value, ...); lpm: ((value, prefix_len),)
@@ -231,7 +260,7 @@ class Table:
         self._reindex()
 
     def _reindex(self) -> None:
-        if self.spec.keys[0][2] == "lpm":
+        if len(self.spec.keys) == 1 and self.spec.keys[0][2] == "lpm":
             self._lpm_lengths = sorted({m[0][1] for m in self.entries}, reverse=True)
 
     def lookup_lpm(self, value: int) -> TableEntry | None:
@@ -259,6 +288,9 @@ class InaPipeline:
         # The same entries as _worker, as the bytes the egress writes: (mac, ip, udp_port, worker_id, ip as int).
         self._worker_bytes: dict[tuple[int, int], tuple[bytes, bytes, bytes, bytes, int] | None] = {}
         self._worker_default_drop = True
+        # Chains: job -> ((shift, slot >> shift, set_chain params), ...), longest prefix first; transit jobs.
+        self._chain: dict[int, tuple[tuple[int, int, tuple[int, ...]], ...]] = {}
+        self._transit: frozenset[int] = frozenset()
         self._lpm = self.tables["MyIngress.ipv4_lpm"]
 
     # --- registers: data-plane state only; BMv2 cannot read or write them over P4Runtime -------------
@@ -268,6 +300,7 @@ class InaPipeline:
         self.ina_count = [0] * NUM_CELLS
         self.ina_overflow = [0] * NUM_CELLS
         self.ina_seq = [0] * NUM_CELLS
+        self.ina_final = [0] * NUM_CELLS
         # Lanes in wire order (big-endian int32), cell after cell; ina_lanes is a (NUM_CELLS, LANES) view of it.
         self._lanes_buf = bytearray(NUM_CELLS * _CELL_BYTES)
         self.ina_lanes = np.frombuffer(self._lanes_buf, dtype=INT32).reshape(NUM_CELLS, wire.LANES)
@@ -277,7 +310,7 @@ class InaPipeline:
         lanes = self.ina_lanes.astype(np.int32)
         return (
             list(self.ina_owner), list(self.ina_bitmap), list(self.ina_count), list(self.ina_overflow), list(self.ina_seq),
-            lanes,
+            list(self.ina_final), lanes,
         )
 
     # --- control plane, by P4Info names ------------------------------------------------------------
@@ -348,6 +381,12 @@ class InaPipeline:
             for match, p in self._worker.items()
         }
         self._worker_default_drop = workers.default[0] == "MyEgress.drop"
+        chains: dict[int, list[tuple[int, int, int, tuple[int, ...]]]] = {}
+        for (job_id, (prefix, plen)), e in self.tables["MyIngress.ina_chain"].entries.items():
+            shift = 16 - plen
+            chains.setdefault(job_id, []).append((plen, shift, prefix >> shift, e.params))
+        self._chain = {j: tuple((s, k, p) for _, s, k, p in sorted(c, reverse=True)) for j, c in chains.items()}
+        self._transit = frozenset(m[0] for m in self.tables["MyIngress.ina_transit"].entries)
 
     # --- the packet path ---------------------------------------------------------------------------
     def process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
@@ -432,7 +471,10 @@ class InaPipeline:
         counters = self.counters
         ina_drops = counters["MyIngress.ina_drops"]
         # 4. INA: validate lengths, job, message type, generation, worker, slot.
-        _, _, total_len, _, _, udp_len, msg_type, _flags, job_id, generation, slot, seq, worker_id, last = headers
+        _, _, total_len, _, _, udp_len, msg_type, flags, job_id, generation, slot, seq, worker_id, last = headers
+        # 3. (chains) INA of a job this switch only carries: IPv4 LPM forwarding (table ina_transit).
+        if job_id in self._transit:
+            return self._ipv4_lpm(ingress_port, frame)
         if total_len != wire.INA_IPV4_LEN or udp_len != wire.INA_UDP_LEN:
             ina_drops[DropReason.MALFORMED] += 1
             return []
@@ -442,13 +484,28 @@ class InaPipeline:
             ina_drops[DropReason.UNKNOWN_JOB] += 1
             return []
         base_slot, num_slots, worker_mask, num_workers, mcast_grp, job_generation = job
+        # table ina_chain (chains): upstream members join the mask, final_grp replaces mcast_grp
+        chain = False
+        member_id = chain_end = next_grp = 0
+        for shift, key, params in self._chain.get(job_id, ()):
+            if slot >> shift == key:  # action set_chain
+                chain = True
+                member_id, upstream_mask, num_upstream, chain_end, next_grp, mcast_grp = params
+                worker_mask |= upstream_mask
+                num_workers = (num_workers + num_upstream) & 0xFF
+                break
         drop_reason = 0
         wbit = (1 << worker_id) & 0xFFFFFFFF  # (bit<32>)1 << worker_id: 0 for worker_id >= 32
         slot_abs = base_slot + slot
-        if msg_type != _GRADIENT and msg_type != _BROADCAST:
+        if msg_type != _GRADIENT and msg_type != _BROADCAST and not (msg_type == _RESULT and chain):
             drop_reason = DropReason.BAD_MSG_TYPE
         elif generation != job_generation:
             drop_reason = DropReason.STALE_GENERATION
+        elif msg_type == _RESULT:
+            if worker_id != member_id:
+                drop_reason = DropReason.NOT_RECIPIENT
+            elif slot >= num_slots or slot_abs >= wire.NUM_SLOTS:
+                drop_reason = DropReason.SLOT_OUT_OF_RANGE
         elif worker_mask & wbit == 0:
             drop_reason = DropReason.FOREIGN_WORKER
         elif msg_type == _GRADIENT and (slot >= num_slots or slot_abs >= wire.NUM_SLOTS):
@@ -469,6 +526,23 @@ class InaPipeline:
         other_cell = (slot_abs << 1) + (shadow ^ 1)
         owner = (job_id << 16) | generation
         ina_bitmap, ina_count, ina_overflow, ina_seq = self.ina_bitmap, self.ina_count, self.ina_overflow, self.ina_seq
+
+        # 6c. Chains: the final sum reaching this switch, kept in a complete copy of the same chunk that holds the
+        # partial this switch sent onward, then sent to final_grp; anything else is a duplicate.
+        if msg_type == _RESULT:
+            if (self.ina_owner[slot_abs] == owner and ina_bitmap[cell] != 0 and ina_count[cell] == 0
+                    and ina_seq[cell] == seq and self.ina_final[cell] == 0):
+                o = cell * _CELL_BYTES
+                self._lanes_buf[o : o + _CELL_BYTES] = frame[_O_DATA:_INA_END]  # STORE_LANE x LANES
+                self.ina_final[cell] = 1
+                ina_overflow[cell] = 1 if flags & _OVERFLOW else 0
+                out = bytearray(frame)
+                out[_O_FLAGS] = flags & _OVERFLOW
+                self._multicast_to_job(out)
+                return self._replicate(mcast_grp, out, ingress_port)
+            counters["MyIngress.ina_duplicates"][job_id] += 1
+            return []
+
         if self.ina_owner[slot_abs] != owner:
             self.ina_owner[slot_abs] = owner
             c0 = slot_abs << 1
@@ -495,6 +569,10 @@ class InaPipeline:
             if first:
                 overflow = 0
                 ina_seq[cell] = seq
+                if chain:
+                    self.ina_final[cell] = 0
+            if chain and flags & _OVERFLOW:
+                overflow = 1  # an upstream partial that overflowed
             count = (count + 1) & 0xFF
             complete = count == num_workers
             if complete:
@@ -521,11 +599,16 @@ class InaPipeline:
             out[_O_DATA:_INA_END] = total
             out[_O_INA] = _RESULT
             out[_O_FLAGS] = _OVERFLOW if overflow else 0
+            if chain and not chain_end:
+                return self._send_onward(out, job_id, member_id, next_grp, ingress_port)
+            if chain:
+                self.ina_final[cell] = 1
             self._multicast_to_job(out)
             return self._replicate(mcast_grp, out, ingress_port)
 
         # 6b. Seen before: a completed copy answers its sender alone; anything else is dropped.
         counters["MyIngress.ina_duplicates"][job_id] += 1
+        final = self.ina_final[cell] if chain else 1
         if count != 0 or age != 0 or bitmap & wbit == 0:
             return []
         o = cell * _CELL_BYTES
@@ -533,6 +616,9 @@ class InaPipeline:
         out[_O_DATA:_INA_END] = self._lanes_buf[o : o + _CELL_BYTES]  # READ_LANE x LANES
         out[_O_INA] = _RESULT
         out[_O_FLAGS] = _OVERFLOW if overflow else 0
+        if final != 1:  # chains: a copy still waiting for the final sum sends its partial onward again
+            out[_O_FLAGS] |= _RETRANSMIT
+            return self._send_onward(out, job_id, member_id, next_grp, ingress_port)
         self._reply_to_sender(out)
         return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 
@@ -543,6 +629,15 @@ class InaPipeline:
         out[6:12] = out[0:6]
         out[_O_IP + 12 : _O_IP + 16] = out[_O_IP + 16 : _O_IP + 20]
         out[_O_UDP : _O_UDP + 2] = _U16.pack(wire.INA_UDP_PORT)
+
+    def _send_onward(self, out: bytearray, job_id: int, member_id: int, next_grp: int,
+                     ingress_port: int) -> list[tuple[int, bytes]]:
+        """action send_onward (chains): the copy's sum to the next hop as one contribution under member_id."""
+        out[_O_INA] = _GRADIENT
+        out[_O_WORKER] = member_id
+        self._multicast_to_job(out)
+        self.counters["MyIngress.ina_partials"][job_id] += 1
+        return self._replicate(next_grp, out, ingress_port)
 
     @staticmethod
     def _reply_to_sender(out: bytearray) -> None:

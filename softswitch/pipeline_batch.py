@@ -66,6 +66,9 @@ def _job_arrays(pipeline: InaPipeline) -> _JobArrays:
     arrays = getattr(pipeline, "_batch_jobs", None)
     if arrays is None or arrays.source is not pipeline._job:  # _refresh builds a new dict on every write
         arrays = pipeline._batch_jobs = _JobArrays(pipeline._job)
+        for job_id in set(pipeline._chain) | pipeline._transit:  # chains and transit: one frame at a time
+            if job_id < wire.MAX_JOBS:
+                arrays.known[job_id] = False
     return arrays
 
 

@@ -154,9 +154,9 @@ def test_reallocation_mid_stream_loses_and_double_counts_nothing(h):
 
     # worker 1 still sends chunk 6 under the old generation: dropped and counted, no state touched
     before = h.switches["s1"].pipeline.register_snapshot()
-    stale = counter(h, "MyIngress.ina_job_drops", b.grant.job_id * 8 + STALE)
+    stale = counter(h, "MyIngress.ina_job_drops", b.grant.job_id * wire.NUM_DROP_REASONS + STALE)
     assert b.send(1, 6, data[6][1]) == []
-    assert counter(h, "MyIngress.ina_job_drops", b.grant.job_id * 8 + STALE) == stale + 1
+    assert counter(h, "MyIngress.ina_job_drops", b.grant.job_id * wire.NUM_DROP_REASONS + STALE) == stale + 1
     after = h.switches["s1"].pipeline.register_snapshot()
     assert all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(before, after))
 

@@ -119,7 +119,7 @@ def test_counters_read_whole_arrays_and_single_indices(local, primary):
     local.pipeline.counters["MyIngress.ina_aggregated"][5] = 42
     assert primary.read_counter("MyIngress.ina_aggregated")[5] == 42
     assert primary.read_counter("MyIngress.ina_aggregated", 5) == {5: 42}
-    assert len(primary.read_counter("MyIngress.ina_job_drops")) == 256 * 8
+    assert len(primary.read_counter("MyIngress.ina_job_drops")) == 256 * 16  # MAX_JOBS * NUM_DROP_REASONS
 
 
 def test_pipeline_is_pushed_once(local, primary):

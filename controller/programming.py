@@ -4,6 +4,8 @@ A switch holds its forwarding entries (from the topology) and, per job with work
 entries from :func:`inaproto.job_entries.job_entries` (``ina_worker`` entries and multicast group, then the
 ``ina_job`` entry; ``num_slots`` 0 where the job has no slots there). The controller computes the state
 before and after a change and hands both to :class:`controller.switch.Switch`, which writes the difference.
+With ``chains`` on, a Rina job's ring (:func:`controller.chains.plan_rina`) adds its chain entries, groups and
+transit entries (docs/switch.md, "Chains").
 """
 from __future__ import annotations
 
@@ -12,13 +14,15 @@ from typing import Mapping
 
 import grpc
 
+from controller.chains import plan_rina
 from controller.errors import Refusal
 from controller.p4entity import MulticastGroup, Schema, TableEntry
 from controller.store import Job
 from controller.switch import Switch, SwitchError, SwitchState
 from controller.topology import Topology
 from inaproto import wire
-from inaproto.job_entries import JobEntry, WorkerAddress, WorkerEntry, job_entries, job_group
+from inaproto.backends import Backend
+from inaproto.job_entries import ChainEntry, JobEntry, TransitEntry, WorkerAddress, WorkerEntry, job_entries, job_group
 
 __all__ = ["FIRST_JOB_ID", "SwitchProgrammer"]
 
@@ -34,9 +38,10 @@ class SwitchProgrammer:
     ``switches`` is the controller's own (name -> connected Switch), shared, not copied.
     """
 
-    def __init__(self, topology: Topology, switches: Mapping[str, Switch]) -> None:
+    def __init__(self, topology: Topology, switches: Mapping[str, Switch], *, chains: bool = False) -> None:
         self.topology = topology
         self.switches = switches
+        self.chains = chains  # Rina jobs as chains across their racks' switches (the agent must follow them)
         self._forwarding: dict[str, tuple[list[TableEntry], list[MulticastGroup]]] = {}
 
     @property
@@ -62,7 +67,7 @@ class SwitchProgrammer:
                 tables.append(e.table)
         if self.topology.manages_forwarding and T_LPM not in tables:
             tables.insert(0, T_LPM)
-        return tables + [WorkerEntry.table, JobEntry.table]
+        return tables + [WorkerEntry.table, TransitEntry.table, ChainEntry.table, JobEntry.table]
 
     def expected(self, switch: str, jobs: Mapping[int, Job]) -> SwitchState:
         """What `switch` must hold for `jobs`: forwarding entries, then per job its entries (num_slots 0
@@ -81,6 +86,20 @@ class SwitchProgrammer:
             )
             entries += [TableEntry(e.table, e.match, e.action, e.params) for e in (job_state.job, *job_state.workers)]
             groups.append(MulticastGroup(job_state.group.group_id, job_state.group.replicas))
+        if self.chains:
+            for job in jobs.values():
+                if job.backend != Backend.RINA:
+                    continue
+                plan = plan_rina(self.topology, job)
+                if plan is None:
+                    continue
+                chain = plan.chains.get(switch)
+                if chain is not None:
+                    entries += [TableEntry(e.table, e.match, e.action, e.params) for e in (*chain.workers, *chain.chains)]
+                    groups += [MulticastGroup(g.group_id, g.replicas) for g in chain.groups]
+                transit = plan.transit.get(switch)
+                if transit is not None:
+                    entries.append(TableEntry(transit.table, transit.match, transit.action, transit.params))
         return SwitchState.of(entries, groups)
 
     def write(self, old: Mapping[int, Job], new: Mapping[int, Job]) -> None:

@@ -1,0 +1,145 @@
+"""controller/chains.py: Rina's ring planned from a leaf-spine topology and a grant, installed into pipeline
+models of every switch, gives every worker the exact sum of every partition (frames carried over the links)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.chains import job_state, plan_rina
+from controller.programming import SwitchProgrammer
+from controller.p4entity import Schema
+from controller.policies import SlotRange
+from controller.store import Job
+from controller.topology import Topology
+from inaproto import admission_pb2 as pb
+from inaproto import wire
+from inaproto.scapy_layer import INA
+from softswitch.p4program import load_p4info
+from softswitch.pipeline import InaPipeline
+from tests.targets import Worker, dissect, gradient
+
+JOB = 3
+
+
+def _leaf_spine(racks: int, per_rack: int, ina: dict[str, bool] | None = None) -> Topology:
+    switches = {"spine": {}}
+    hosts, links = {}, []
+    for r in range(racks):
+        tor = f"tor{r}"
+        switches[tor] = {"ina": (ina or {}).get(tor, True)}
+        links.append([f"{tor}-p{per_rack + 1}", f"spine-p{r + 1}"])
+        for k in range(per_rack):
+            h = f"h{r}{k}"
+            hosts[h] = {"ip": f"10.0.{r}.{k + 1}/16", "mac": f"02:00:00:00:{r:02x}:{k + 1:02x}"}
+            links.append([h, f"{tor}-p{k + 1}"])
+    return Topology.from_dict({"switches": switches, "hosts": hosts, "links": links})
+
+
+def _job(topo: Topology, slots: dict[str, int]) -> Job:
+    req = pb.RegisterJobRequest(name="j")
+    placement = []
+    for wid, (name, h) in enumerate(sorted(topo.hosts.items())):
+        req.workers.append(pb.Worker(worker_id=wid, ip=h.ip, udp_port=40000 + wid, mac=h.mac, host=name))
+        placement.append((wid, h.switch, h.port))
+    ranges = tuple(sorted((sw, SlotRange(8 * i, n)) for i, (sw, n) in enumerate(sorted(slots.items()))))
+    return Job(JOB, 1, req, tuple(placement), 0.0, 1, "rina", "", ranges)
+
+
+def test_every_rack_ina_members_are_the_switches_with_power_of_two_partitions():
+    topo = _leaf_spine(2, 4)
+    plan = plan_rina(topo, _job(topo, {"tor0": 8, "tor1": 8}))
+    assert [m.switch for m in plan.members] == ["tor0", "tor1"] and all(m.is_switch for m in plan.members)
+    assert {m.member_id for m in plan.members} == {31, 30}
+    assert plan.partition_slots == 4 and set(plan.transit) == {"spine"}
+    (p0, p1) = plan.chains["tor0"].chains
+    assert (p0.slot_prefix, p0.prefix_len, p0.chain_end, p0.num_upstream) == (0, 14, 1, 1)
+    assert (p1.slot_prefix, p1.prefix_len, p1.chain_end, p1.num_upstream) == (4, 14, 0, 0)
+
+
+def test_a_rack_without_ina_joins_as_host_members_and_none_without_any_switch_member():
+    topo = _leaf_spine(2, 2, {"tor1": False})
+    plan = plan_rina(topo, _job(topo, {"tor0": 8}))
+    assert [(m.is_switch, m.workers) for m in plan.members] == [(True, (0, 1)), (False, (2,)), (False, (3,))]
+    assert plan.partition_slots == 2
+    assert plan_rina(topo, _job(topo, {})) is None
+    assert plan_rina(topo, _job(topo, {"tor0": 2})) is None  # fewer slots than partitions: the plain ring
+
+
+def _install(topo: Topology, job: Job, plan) -> dict[str, InaPipeline]:
+    schema = Schema(load_p4info())
+    pipes = {}
+    for sw in topo.switches:
+        p = pipes[sw] = InaPipeline()
+        for e in topo.forwarding(sw, schema)[0]:
+            p.insert_entry(e.table, e.match, e.action, e.params)
+        if sw in plan.chains:
+            job_state(job, sw).insert_into(p)
+            plan.chains[sw].insert_into(p)
+        if sw in plan.transit:
+            t = plan.transit[sw]
+            p.insert_entry(t.table, t.match, t.action, t.params)
+    return pipes
+
+
+def _run(topo: Topology, pipes: dict[str, InaPipeline], sends: list[tuple[str, int, bytes]]) -> dict:
+    """Carry frames over the topology's trunks until quiet; frames to host ports are returned per (switch, port)."""
+    peer = {}
+    for sw, ports in topo.trunks.items():
+        for port, nb in ports.items():
+            peer[(sw, port)] = (nb, next(p for p, x in topo.trunks[nb].items() if x == sw))
+    queue = list(sends)
+    delivered: dict = {}
+    while queue:
+        sw, port, frame = queue.pop(0)
+        for out_port, out in pipes[sw].process(port, frame):
+            if (sw, out_port) in peer:
+                queue.append((*peer[(sw, out_port)], out))
+            else:
+                delivered.setdefault((sw, out_port), []).append(dissect(out))
+    return delivered
+
+
+@pytest.mark.parametrize("racks,per_rack", [(2, 4), (4, 2), (3, 2)])
+def test_rina_over_every_ina_rack_gives_exact_sums(racks, per_rack):
+    topo = _leaf_spine(racks, per_rack)
+    job = _job(topo, {f"tor{r}": 16 for r in range(racks)})
+    plan = plan_rina(topo, job)
+    pipes = _install(topo, job, plan)
+    rng = np.random.default_rng(racks)
+    slots = range(plan.partition_slots * len(plan.members))
+    totals = {s: np.zeros(wire.LANES, np.int64) for s in slots}
+    sends = []
+    for wid, sw, port in job.placement:
+        w = job.request.workers[wid]
+        for s in slots:
+            v = rng.integers(-(2**20), 2**20, size=wire.LANES).astype(np.int32)
+            totals[s] += v
+            frame = bytearray(gradient(Worker(wid, port), JOB, s, v, seq=1, generation=1))
+            sends.append((sw, port, bytes(frame)))
+    delivered = _run(topo, pipes, sends)
+    for wid, sw, port in job.placement:
+        got = {p[INA].slot: p for p in delivered.pop((sw, port))}
+        assert sorted(got) == list(slots)
+        for s, pkt in got.items():
+            assert pkt[INA].msg_type == wire.MsgType.RESULT and pkt[INA].worker_id == wid
+            assert pkt[INA].lanes == [int(x) for x in totals[s].astype(np.int32)]
+    assert not delivered
+    # each partition: R - 1 partials and R - 1 passed-on final sums cross the spine
+    r = len(plan.members)
+    partials = sum(pipes[m.switch].counters["MyIngress.ina_partials"][JOB] for m in plan.members)
+    assert partials == (r - 1) * len(slots)
+
+
+def test_programmer_adds_a_rina_jobs_chain_entries_only_with_chains_on():
+    topo = _leaf_spine(2, 2)
+    job = _job(topo, {"tor0": 8, "tor1": 8})
+    plan = plan_rina(topo, job)
+    on, off = SwitchProgrammer(topo, {}, chains=True), SwitchProgrammer(topo, {})
+    tor = on.expected("tor0", {JOB: job})
+    chains = [e for e in tor.entries.values() if e.table == "MyIngress.ina_chain"]
+    assert sorted(e.match for e in chains) == sorted(c.match for c in plan.chains["tor0"].chains)
+    assert set(tor.groups) == {JOB + 1, JOB + 257, JOB + 513}
+    assert [e.table for e in on.expected("spine", {JOB: job}).entries.values() if e.table.startswith("MyIngress.ina")] == \
+        ["MyIngress.ina_transit"]
+    assert not [e for e in off.expected("tor0", {JOB: job}).entries.values() if e.table == "MyIngress.ina_chain"]
+    assert on.tables("tor0")[-3:] == ["MyIngress.ina_transit", "MyIngress.ina_chain", "MyIngress.ina_job"]

@@ -24,6 +24,10 @@ from inaproto.job_entries import (ChainEntries, ChainHop, ChainPartition, JobEnt
 __all__ = ["RingMember", "RinaPlan", "job_state", "plan_rina"]
 
 SLOT_BITS = 16  # hdr.ina.slot: partitions are prefixes of it
+# A host member keeps its copy of the chain as a switch would: it runs the program's model (softswitch.pipeline)
+# in its agent with these entries: its own gradients enter on HOST_PORT, as local worker HOST_WORKER, and come
+# back there as results; everything for the network (partials, passed-on final sums) leaves on NETWORK_PORT.
+HOST_PORT, NETWORK_PORT = 1, 2
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class RinaPlan:
     partition_slots: int  # slots per partition (a power of two); partition p is slots [p * n, (p + 1) * n)
     chains: Mapping[str, ChainEntries]  # per switch member
     transit: Mapping[str, TransitEntry]  # per INA switch that only carries the job
+    hosts: Mapping[int, tuple[JobEntries, ChainEntries]]  # per host member: its own copy (see HOST_PORT)
 
     def partition_of(self, slot: int) -> int:
         return slot // self.partition_slots
@@ -105,11 +110,15 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
         return ChainHop(to.member_id, port, w.mac, w.ip, udp)
 
     chains: dict[str, ChainEntries] = {}
+    hosts: dict[int, tuple[JobEntries, ChainEntries]] = {}
+    taken = {m.member_id for m in members}
     for i, m in enumerate(members):
-        if not m.is_switch:
-            continue
         succ, pred = members[(i + 1) % r], members[(i - 1) % r]
-        nxt = hop(m.switch, succ)
+        if m.is_switch:
+            nxt = hop(m.switch, succ)
+        else:  # the host's own copy: the network is one port away
+            h = hop(m.switch, succ)
+            nxt = ChainHop(h.member_id, NETWORK_PORT, h.mac, h.ip, h.udp_port)
         parts = []
         for p in range(r):
             parts.append(ChainPartition(
@@ -118,7 +127,14 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
                 i == p,
                 () if i == (p - 1) % r else (nxt,),
             ))
-        chains[m.switch] = chain_entries(job_state(job, m.switch), m.member_id, nxt, parts)
+        if m.is_switch:
+            chains[m.switch] = chain_entries(job_state(job, m.switch), m.member_id, nxt, parts)
+            continue
+        w = by_id[m.member_id]
+        local = min(set(range(wire.MAX_WORKERS)) - taken)  # the host's own gradients, under an id of no member
+        own = job_entries(job.job_id, [WorkerAddress(local, HOST_PORT, w.mac, w.ip, w.udp_port)],
+                          base_slot=0, num_slots=block * r, generation=job.generation)
+        hosts[m.member_id] = (own, chain_entries(own, m.member_id, nxt, parts))
     transit = {sw: TransitEntry(job.job_id) for sw, info in sorted(topology.switches.items())
                if info.ina and sw not in chains}
-    return RinaPlan(job.job_id, tuple(members), block, chains, transit)
+    return RinaPlan(job.job_id, tuple(members), block, chains, transit, hosts)

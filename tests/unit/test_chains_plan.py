@@ -13,6 +13,7 @@ from controller.store import Job
 from controller.topology import Topology
 from inaproto import admission_pb2 as pb
 from inaproto import wire
+from inaproto.job_entries import TransitEntry
 from inaproto.scapy_layer import INA
 from softswitch.p4program import load_p4info
 from softswitch.pipeline import InaPipeline
@@ -81,9 +82,13 @@ def _install(topo: Topology, job: Job, plan) -> dict[str, InaPipeline]:
     return pipes
 
 
-def _run(topo: Topology, pipes: dict[str, InaPipeline], sends: list[tuple[str, int, bytes]]) -> dict:
-    """Carry frames over the topology's trunks until quiet; frames to host ports are returned per (switch, port)."""
+def _run(topo: Topology, pipes: dict[str, InaPipeline], sends: list[tuple[str, int, bytes]],
+         links: dict | None = None) -> dict:
+    """Carry frames over the topology's trunks (and ``links``) until quiet; frames to other ports are returned
+    per (node, port)."""
     peer = {}
+    for a, b in (links or {}).items():
+        peer[a], peer[b] = b, a
     for sw, ports in topo.trunks.items():
         for port, nb in ports.items():
             peer[(sw, port)] = (nb, next(p for p, x in topo.trunks[nb].items() if x == sw))
@@ -93,7 +98,10 @@ def _run(topo: Topology, pipes: dict[str, InaPipeline], sends: list[tuple[str, i
         sw, port, frame = queue.pop(0)
         for out_port, out in pipes[sw].process(port, frame):
             if (sw, out_port) in peer:
-                queue.append((*peer[(sw, out_port)], out))
+                to = peer[(sw, out_port)]
+                if to[0].startswith("host"):  # the agent hands what its socket got to its copy as INA
+                    out = out[:36] + wire.INA_UDP_PORT.to_bytes(2, "big") + out[38:]
+                queue.append((*to, out))
             else:
                 delivered.setdefault((sw, out_port), []).append(dissect(out))
     return delivered
@@ -143,3 +151,47 @@ def test_programmer_adds_a_rina_jobs_chain_entries_only_with_chains_on():
         ["MyIngress.ina_transit"]
     assert not [e for e in off.expected("tor0", {JOB: job}).entries.values() if e.table == "MyIngress.ina_chain"]
     assert on.tables("tor0")[-3:] == ["MyIngress.ina_transit", "MyIngress.ina_chain", "MyIngress.ina_job"]
+
+
+@pytest.mark.parametrize("racks,per_rack,plain", [(2, 4, {"tor1"}), (4, 2, {"tor1", "tor3"}), (2, 2, {"tor0"})])
+def test_rina_with_racks_without_ina_hosts_keep_their_own_copy(racks, per_rack, plain):
+    """Racks without INA: each worker there is a ring member whose copy is the program's model in its agent
+    (HOST_PORT its own gradients and results, NETWORK_PORT the rest); their switches only route."""
+    from controller.chains import HOST_PORT, NETWORK_PORT
+
+    topo = _leaf_spine(racks, per_rack, {t: False for t in plain})
+    job = _job(topo, {f"tor{r}": 16 for r in range(racks) if f"tor{r}" not in plain})
+    plan = plan_rina(topo, job)
+    assert len(plan.members) == (racks - len(plain)) + len(plain) * per_rack
+    pipes = _install(topo, job, plan)
+    for t in plain:  # a switch without INA: a plain router for these frames
+        e = plan.transit.get(t) or TransitEntry(JOB)
+        pipes[t].insert_entry(e.table, e.match, e.action, e.params)
+    links = {}
+    own_id = {}
+    for wid, (own, chain) in plan.hosts.items():
+        p = pipes[f"host{wid}"] = InaPipeline()
+        own.insert_into(p)
+        chain.insert_into(p)
+        own_id[wid] = own.workers[0].worker_id
+        sw, port = next((s, pt) for w, s, pt in job.placement if w == wid)
+        links[(sw, port)] = (f"host{wid}", NETWORK_PORT)
+    rng = np.random.default_rng(7)
+    slots = range(plan.partition_slots * len(plan.members))
+    totals = {s: np.zeros(wire.LANES, np.int64) for s in slots}
+    sends, where = [], {}
+    for wid, sw, port in job.placement:
+        at = (f"host{wid}", HOST_PORT) if wid in plan.hosts else (sw, port)
+        where[wid] = at
+        for s in slots:
+            v = rng.integers(-(2**20), 2**20, size=wire.LANES).astype(np.int32)
+            totals[s] += v
+            sends.append((*at, gradient(Worker(own_id.get(wid, wid), port), JOB, s, v, seq=1, generation=1)))
+    delivered = _run(topo, pipes, sends, links)
+    for wid, at in where.items():
+        got = {p[INA].slot: p for p in delivered.pop(at)}
+        assert sorted(got) == list(slots)
+        for s, pkt in got.items():
+            assert pkt[INA].msg_type == wire.MsgType.RESULT
+            assert pkt[INA].lanes == [int(x) for x in totals[s].astype(np.int32)]
+    assert not delivered

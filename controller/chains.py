@@ -1,12 +1,10 @@
 """Chains across switches for a job (docs/switch.md, "Chains"): Rina's ring of racks as switch entries.
 
-From the topology and a job's grant (its workers' placement and its slot ranges) :func:`plan_rina` decides the
-ring's members, their member ids, the partitions of the slots, every member's next hop and the entries each
-switch needs. The ring's members are the INA racks that hold slots for the job (their switch, with the rack's
-workers as local members) and every worker of any other rack (a host member). The ring has R members and the
-slots R partitions; partition p's chain starts after member p and ends at member p, and its final sum goes
-round once more, so every member sends 2(R-1)/R of the tensor. INA switches that carry the job's packets
-without aggregating them (a spine, a rack without slots) route them (``ina_transit``).
+From the topology and a job's grant (its workers' placement and its slot ranges) :func:`plan_rina` takes the
+ring from :func:`inaproto.rina_ring.ring_of` (members, member ids, partitions: the rule agents apply to their
+grant too) and adds what the network decides: every member's next hop (port and address), the entries each
+switch member needs, the copy each host member keeps, and the INA switches that only carry the job's packets
+(a spine, a rack without slots), which route them (``ina_transit``).
 
 Pure computation: :class:`controller.programming.SwitchProgrammer` writes what it returns.
 """
@@ -20,24 +18,14 @@ from controller.topology import Topology, next_hops_towards
 from inaproto import wire
 from inaproto.job_entries import (ChainEntries, ChainHop, ChainPartition, JobEntries, TransitEntry, WorkerAddress,
                                   chain_entries, job_entries)
+from inaproto.rina_ring import Rack, RingMember, ring_of
 
-__all__ = ["RingMember", "RinaPlan", "job_state", "plan_rina"]
+__all__ = ["HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "job_state", "plan_rina"]
 
-SLOT_BITS = 16  # hdr.ina.slot: partitions are prefixes of it
 # A host member keeps its copy of the chain as a switch would: it runs the program's model (softswitch.pipeline)
 # in its agent with these entries: its own gradients enter on HOST_PORT, as local worker HOST_WORKER, and come
 # back there as results; everything for the network (partials, passed-on final sums) leaves on NETWORK_PORT.
 HOST_PORT, NETWORK_PORT = 1, 2
-
-
-@dataclass(frozen=True)
-class RingMember:
-    """One member of a job's Rina ring: an INA switch with its rack's workers, or a single worker (a host)."""
-
-    member_id: int  # in the job's worker-id space: the worker's own id for a host member
-    switch: str  # the switch it is, or the switch its host sits under
-    workers: tuple[int, ...]  # the rack's workers (a switch member); the worker itself (a host member)
-    is_switch: bool
 
 
 @dataclass(frozen=True)
@@ -71,27 +59,12 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
     """The job's Rina ring over ``topology``, or None where no chain is needed or possible (fewer than two
     members, or no INA rack with slots: the plain ring; too few slots for one per partition: the ring too)."""
     by_id = {w.worker_id: w for w in job.request.workers}
-    used = set(job.worker_ids)
-    free_ids = [i for i in range(wire.MAX_WORKERS - 1, -1, -1) if i not in used]
-    members: list[RingMember] = []
-    for sw in sorted(job.switches()):
-        local = tuple(sorted(w for w, _ in job.workers_on(sw)))
-        rng = job.range_on(sw)
-        if topology.switches[sw].ina and rng is not None and rng.size > 0:
-            if not free_ids:
-                return None
-            members.append(RingMember(free_ids.pop(0), sw, local, True))
-        else:
-            members += [RingMember(w, sw, (w,), False) for w in local]
-    switch_members = [m for m in members if m.is_switch]
-    if len(members) < 2 or not switch_members:
+    ring = ring_of(Rack(sw, tuple(w for w, _ in job.workers_on(sw)),
+                        (job.range_on(sw).size if job.range_on(sw) else 0), topology.switches[sw].ina)
+                   for sw in job.switches())
+    if ring is None:
         return None
-    r = len(members)
-    slots = min(job.range_on(m.switch).size for m in switch_members)
-    block = 1 << max(0, (slots // r).bit_length() - 1) if slots >= r else 0
-    if block == 0:
-        return None
-    plen = SLOT_BITS - (block.bit_length() - 1)
+    members, r, block, plen = list(ring.members), len(ring.members), ring.partition_slots, ring.prefix_len
 
     links = {sw: [(nb, port) for port, nb in ports.items()] for sw, ports in topology.trunks.items()}
 
@@ -113,7 +86,7 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
     hosts: dict[int, tuple[JobEntries, ChainEntries]] = {}
     taken = {m.member_id for m in members}
     for i, m in enumerate(members):
-        succ, pred = members[(i + 1) % r], members[(i - 1) % r]
+        succ = members[(i + 1) % r]
         if m.is_switch:
             nxt = hop(m.switch, succ)
         else:  # the host's own copy: the network is one port away
@@ -121,12 +94,8 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
             nxt = ChainHop(h.member_id, NETWORK_PORT, h.mac, h.ip, h.udp_port)
         parts = []
         for p in range(r):
-            parts.append(ChainPartition(
-                p * block, plen,
-                () if i == (p + 1) % r else (pred.member_id,),
-                i == p,
-                () if i == (p - 1) % r else (nxt,),
-            ))
+            parts.append(ChainPartition(p * block, plen, ring.upstream(i, p), i == p,
+                                        (nxt,) if ring.passes_final_on(i, p) else ()))
         if m.is_switch:
             chains[m.switch] = chain_entries(job_state(job, m.switch), m.member_id, nxt, parts)
             continue

@@ -195,3 +195,16 @@ def test_rina_with_racks_without_ina_hosts_keep_their_own_copy(racks, per_rack, 
             assert pkt[INA].msg_type == wire.MsgType.RESULT
             assert pkt[INA].lanes == [int(x) for x in totals[s].astype(np.int32)]
     assert not delivered
+
+
+def test_ring_rule_from_grant_facts_alone():
+    from inaproto.rina_ring import Rack, ring_of
+
+    ring = ring_of([Rack("b", (4, 5), 0, True), Rack("a", (0, 1, 2), 24, True), Rack("c", (3,), 9, False)])
+    assert [(m.member_id, m.is_switch, m.workers) for m in ring.members] == \
+        [(31, True, (0, 1, 2)), (4, False, (4,)), (5, False, (5,)), (3, False, (3,))]
+    assert (ring.partition_slots, ring.prefix_len, ring.num_slots) == (4, 14, 16)
+    assert ring.upstream(0, 3) == () and ring.upstream(1, 3) == (31,)
+    assert not ring.passes_final_on(2, 3) and ring.passes_final_on(3, 3)
+    assert ring_of([Rack("a", (0, 1), 8, True)]) is None  # one member: single-switch INA
+    assert ring_of([Rack("a", (0,), 0, True), Rack("b", (1,), 0, False)]) is None  # no INA slots: the ring

@@ -260,3 +260,34 @@ def test_transit_switch_routes_a_chain_job_unchanged(switches):
     got = dissect(out[0][1])
     assert got.dst == "02:00:00:00:00:ee" and got["IP"].ttl == pkt["IP"].ttl - 1
     assert bytes(got[INA]) == bytes(pkt[INA])
+
+
+def test_new_generation_resets_the_slot_on_every_switch_and_stale_partials_are_dropped(switches):
+    fabric, workers_at = _two_switches(switches)
+    rng = np.random.default_rng(6)
+
+    def round_(seq: int, generation: int) -> np.ndarray:
+        total = np.zeros(wire.LANES, np.int64)
+        for s, ws in workers_at.items():
+            for w in ws:
+                v = _lanes(rng)
+                total += v
+                fabric.send(s, w.port, gradient(w, JOB, 0, v, seq=seq, generation=generation))
+        return total.astype(np.int32)
+
+    # generation 0 leaves a half-done copy (S1's workers never send), then the job moves to generation 1
+    for w in workers_at[0]:
+        fabric.send(0, w.port, gradient(w, JOB, 0, _lanes(rng), seq=1))
+    assert fabric.run() == {}
+    stale = [f for s, _, f in fabric.carried if s == 0]
+    for s, t in enumerate(fabric.switches):
+        ws = workers_at[s]
+        job = job_entries(JOB, [WorkerAddress(w.wid, w.port, w.mac, w.ip, w.udp_port) for w in ws],
+                          base_slot=0, num_slots=NUM_SLOTS, generation=1).job
+        t.modify_entry(job.table, job.match, job.action, job.params)
+    total = round_(1, 1)  # the same seq under the new generation: a fresh copy on both switches
+    _check(fabric.run(), workers_at, {0: total}, {0: 1})
+    fabric.switches[1].send(9, stale[0])  # generation 0's partial, late
+    assert fabric.switches[1].receive() == []
+    reason = int(wire.DropReason.STALE_GENERATION)
+    assert fabric.switches[1].read_counter("MyIngress.ina_job_drops", JOB * wire.NUM_DROP_REASONS + reason) == 1

@@ -118,3 +118,33 @@ def test_small_batches(n):
     frames = _round(1, range(n), 0, rng)
     assert batch.process_batch(1, frames) == [out for f in frames for out in one.process(1, f)]
     assert _state(batch) == _state(one)
+
+
+def test_chain_and_transit_jobs_go_one_frame_at_a_time_with_the_same_outputs():
+    """A job with chain entries (partials onward, results from upstream) or in transit is never vectorised:
+    batches of its frames, gradients, upstream partials and results give exactly what process gives."""
+    from inaproto.job_entries import ChainHop, ChainPartition, TransitEntry, chain_entries
+
+    def pipe() -> InaPipeline:
+        p = _pipeline()
+        workers = [WorkerAddress(i, i + 1, bytes.fromhex(f"0200000001{i + 1:02x}"), bytes([10, 0, 1, i + 1]), 40000 + i)
+                   for i in range(4)]
+        job = job_entries(1, workers, base_slot=0, num_slots=4, generation=3, mcast_grp=1)
+        hop = ChainHop(20, 9, "02:00:00:00:ee:01", "10.0.254.1", wire.INA_UDP_PORT)
+        chain_entries(job, 21, hop, [ChainPartition(0, 15, (20,), True, (hop,)), ChainPartition(2, 15, (), False)]
+                      ).insert_into(p)
+        t = TransitEntry(2)
+        p.insert_entry(t.table, t.match, t.action, t.params)
+        return p
+
+    rng = np.random.default_rng(4)
+    one, batch = pipe(), pipe()
+    frames = [f for wid in range(4) for f in _round(5, range(4), wid, rng)]
+    frames += [_frame(20, 1, s, 5, 1, rng.integers(-100, 100, wire.LANES).tolist()) for s in (0, 1)]  # upstream
+    frames += [_frame(21, 1, s, 5, 1, [7] * wire.LANES, msg_type=wire.MsgType.RESULT) for s in (2, 3)]  # finals
+    frames += [_frame(w, 2, 0, 1, 0, [1] * wire.LANES) for w in range(2)]  # transit (no route: dropped)
+    frames += frames[:3]  # retransmissions: answered or partials resent
+    expected = [out for f in frames for out in one.process(1, f)]
+    assert batch.process_batch(1, frames) == expected
+    assert _state(batch) == _state(one) and batch.ina_final == one.ina_final
+    assert one.counter("MyIngress.ina_partials")[1] >= 2

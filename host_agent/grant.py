@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from inaproto import wire
 from inaproto.backends import Backend, BackendChoice
+from inaproto.rina_ring import Rack as RingRack
+from inaproto.rina_ring import Ring, ring_of
 
 __all__ = [
     "Grant",
@@ -263,13 +265,17 @@ def _effective(requested: BackendChoice, granted: Backend) -> Backend:
 
 
 def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice | str = BackendChoice.AUTO,
-             addresses: Mapping[str, tuple[str, int]] | None = None) -> Plan:
+             addresses: Mapping[str, tuple[str, int]] | None = None, *, chains: bool = False) -> Plan:
     """The plan of every worker of the job under ``grant`` for the requested backend.
 
     ``ina`` runs only where one switch with slots holds every worker, and falls back to the ring
     otherwise; ``rina`` and ``auto`` take what the grant offers (racks with slots aggregate in-network,
     the rest join the ring); ``ring`` never uses a switch. ``addresses`` overrides where a switch's INA
     packets go (switch name -> (ip, port)), e.g. for a relay; by default ``(switch_ip, ina_port)``.
+
+    ``chains``: the controller runs Rina jobs as chains across their racks' switches (docs/switch.md, "Chains")
+    where every ring member is an INA rack (``inaproto.rina_ring``); then each worker is plain INA towards its
+    own rack's switch over the ring's partitioned slots, its results final (kind ``Backend.INA``).
     """
     ids = tuple(sorted(worker_ids))
     requested = _choice(requested)
@@ -291,7 +297,21 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
             racks, kind = [], Backend.RING
     if kind == Backend.RING:
         return Plan(Backend.RING, grant.generation, (), ids, grant.reason)
+    if chains:
+        ring = chain_ring(grant)
+        if ring is not None:
+            racks = [replace(r, num_slots=ring.num_slots) for r in racks]
+            return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
     in_racks = {w for r in racks for w in r.worker_ids}
     ring = tuple(sorted({r.representative for r in racks} | (set(ids) - in_racks)))
     return Plan(Backend.RINA, grant.generation, tuple(racks), ring, grant.reason)
 
+
+
+def chain_ring(grant: Grant) -> Ring | None:
+    """The Rina ring the controller runs as chains for ``grant``: only where every member is an INA rack (host
+    members need a copy of their own in the agent, not there yet; docs/agent.md, "Rina as designed")."""
+    ring = ring_of(RingRack(sg.switch, tuple(sg.worker_ids), sg.num_slots, bool(sg.switch_ip)) for sg in grant.switches)
+    if ring is None or not all(m.is_switch for m in ring.members):
+        return None
+    return ring

@@ -69,6 +69,9 @@ class StreamOptions:
             at their size on the wire (Ethernet/IPv4/UDP/INA, 184 bytes) and every ring step takes at
             least its bytes (with TCP/IP/Ethernet framing) over this rate: equal links for comparing
             backends on loopback, where there is no real link to shape.
+        rina_chains: the controller installs Rina jobs as chains across their racks' switches
+            (``SwitchProgrammer(chains=True)``); where every ring member is an INA rack the worker is plain
+            INA towards its rack's switch (docs/agent.md, "Rina as designed").
     """
 
     op_timeout: float = 60.0
@@ -81,6 +84,7 @@ class StreamOptions:
     reorder_guard: float = 0.0
     link_bps: float = 0.0
     io: IoMode = IoMode.PER_PACKET  # batched is opt-in until it helps the experiments (docs/agent.md, I/O)
+    rina_chains: bool = False  # Rina jobs run as chains across switches (host_agent.grant.plan_for)
 
     def __post_init__(self) -> None:
         if not isinstance(self.io, IoMode):
@@ -185,7 +189,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._released = False
         self._rings_building = False
 
-        self._plan: Plan = plan_for(grant, self.ids, backend, self.addresses)
+        self._plan: Plan = plan_for(grant, self.ids, backend, self.addresses, chains=self.options.rina_chains)
         self._generation = grant.generation
         self._base = 0
         self._calls: list[Call] = []
@@ -443,7 +447,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
             raise AgentError(f"controller resumed at chunk {resume}, beyond this worker's first missing chunk {m}")
         self._reset_from(resume)
         self.stats.replayed_chunks += m - resume
-        self._plan = plan_for(grant, self.ids, self.backend, self.addresses)
+        self._plan = plan_for(grant, self.ids, self.backend, self.addresses, chains=self.options.rina_chains)
         self._generation = grant.generation
         self._base = resume
         self._acks = {w: resume for w in self.ids}

@@ -20,12 +20,18 @@ JOB_ID = 1  # the fake controller's first job
 SLOTS = 8
 
 
-def _install_chains(cl: LocalCluster) -> None:
-    """What SwitchProgrammer(chains=True) writes, for the UDP switches: partials and final sums go to the next
-    rack's switch socket."""
+def _install_chains(cl: LocalCluster, slots: dict[str, int] | None = None) -> None:
+    """What SwitchProgrammer(chains=True) writes, for the UDP switches (partials and final sums go to the next
+    rack's switch socket): chain entries where the ring has only INA racks, none otherwise."""
     racks = sorted(cl.switches)
+    slots = slots or {r: SLOTS for r in racks}
     workers = {r: [w for i, w in enumerate(cl.spec.workers) if cl.racks[i] == r] for r in racks}
-    ring = ring_of(Rack(r, tuple(w.worker_id for w in workers[r]), SLOTS, True) for r in racks)
+    for sw in cl.switches.values():
+        for match in [m for m in sw.pipeline.table("MyIngress.ina_chain").entries if m[0] == JOB_ID]:
+            sw.pipeline.delete_entry("MyIngress.ina_chain", match)
+    ring = ring_of(Rack(r, tuple(w.worker_id for w in workers[r]), slots.get(r, 0), True) for r in racks)
+    if ring is None or not all(m.is_switch for m in ring.members):
+        return
     n = len(ring.members)
     for i, m in enumerate(ring.members):
         sw, nxt_sw = cl.switches[m.switch], cl.switches[ring.members[(i + 1) % n].switch]
@@ -34,10 +40,16 @@ def _install_chains(cl: LocalCluster) -> None:
         nxt_sw.attach(*sw.address)
         job = job_entries(JOB_ID, [WorkerAddress(w.worker_id, sw.attach(w.ip, w.udp_port), _mac_bytes(w.worker_id),
                                                  w.ip, w.udp_port) for w in workers[m.switch]],
-                          base_slot=0, num_slots=SLOTS, generation=0)
+                          base_slot=0, num_slots=slots[m.switch], generation=0)
         parts = [ChainPartition(p * ring.partition_slots, ring.prefix_len, ring.upstream(i, p), i == p,
                                 (nxt,) if ring.passes_final_on(i, p) else ()) for p in range(n)]
-        chain_entries(job, m.member_id, nxt, parts).insert_into(sw.pipeline)
+        entries = chain_entries(job, m.member_id, nxt, parts)
+        for g in entries.groups:
+            sw.pipeline.set_multicast_group(g.group_id, list(g.replicas))
+        for e in (*entries.workers, *entries.chains):
+            table = sw.pipeline.table(e.table)
+            write = sw.pipeline.modify_entry if e.match in table.entries else sw.pipeline.insert_entry
+            write(e.table, e.match, e.action, e.params)
 
 
 @pytest.mark.parametrize("racks", [["r1", "r1", "r2", "r2"], ["r1", "r2", "r2", "r3", "r3", "r3"]], ids=["2x2", "3-racks"])
@@ -59,3 +71,28 @@ def test_every_rack_ina_workers_get_exact_sums_through_the_chains(racks, faults)
             np.testing.assert_array_equal(r, expected)
         assert stats.broadcasts_sent == 0
     assert partials > 0
+
+
+def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back():
+    """Generation by generation the ring's kind follows the slots: chains while both racks have slots, Rina's
+    representative and ring while r2 has none (its workers plain ring members), chains again; exact throughout."""
+    from tests.unit.test_agent_realloc import _assert_exact, _run_with_steps
+
+    racks = ["r1", "r1", "r2", "r2"]
+    rng = np.random.default_rng(9)
+    inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
+    steps = [dict(slots={"r1": SLOTS, "r2": 0}), dict(slots={"r1": SLOTS, "r2": SLOTS})]
+    with LocalCluster(racks, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
+        _install_chains(cl)
+        program = cl.fake._program
+
+        def program_with_chains(job, slots, bases, reason):
+            program(job, slots, bases, reason)
+            _install_chains(cl, slots)
+
+        cl.fake._program = program_with_chains
+        out, applied = _run_with_steps(cl, inputs, calls=20, steps=steps, every=150)
+    _assert_exact(out, inputs)
+    assert len(applied) == len(steps)
+    kinds = [kind for _, kind, _ in out[0][1].generation_history]
+    assert kinds[0] == "ina" and "rina" in kinds and kinds[-1] == "ina"

@@ -70,6 +70,7 @@ class ControllerOptions:
     force_push: bool = False  # push the pipeline even when the switch already runs this P4Info
     connect_timeout: float = 10.0
     monitor_interval: float = 0.5  # heartbeat reaping and switch health checks
+    rina_chains: bool = False  # Rina jobs whose racks all hold slots run as chains across the switches
 
 
 class Subscription:
@@ -109,7 +110,7 @@ class Controller:
         self._cv = threading.Condition(self._lock)
         self.store: Store | None = None
         self.switches: dict[str, Switch] = {}
-        self.programmer = SwitchProgrammer(topology, self.switches)
+        self.programmer = SwitchProgrammer(topology, self.switches, chains=options.rina_chains)
         self._jobs: dict[int, Job] = {}
         self._policy_name = options.policy
         self._policy: AllocationPolicy = make_policy(options.policy)

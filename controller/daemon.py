@@ -76,6 +76,8 @@ def build_parser() -> Parser:
     svc.add_argument("--policy", default="first-fit", choices=sorted(POLICIES), help="allocation policy for a new database (default: %(default)s)")
     svc.add_argument("--heartbeat-timeout", type=float, default=15.0, metavar="S", help="release jobs silent this long; 0: never (default: 15)")
     svc.add_argument("--sync-timeout", type=_positive, default=30.0, metavar="S", help="longest SyncGeneration wait (default: 30)")
+    svc.add_argument("--rina-chains", action="store_true",
+                     help="run Rina jobs whose racks all hold slots as chains across their switches (agents need --rina-chains)")
     svc.add_argument("--scale", type=_positive, default=DEFAULT_SCALE, help="fixed-point scale handed to agents (default: 65536 = 2**16)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             scale=args.scale,
             force_push=args.force_push,
             connect_timeout=args.connect_timeout,
+            rina_chains=args.rina_chains,
         )
         ctl = Controller(topo, options)
         ctl.start()

@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--io", choices=[m.value for m in IoMode], default=os.environ.get(IO_ENV, IoMode.PER_PACKET.value),
                        help="UDP I/O: GSO sends and batched drains where the kernel has them, or one "
                             f"system call per packet (default: ${IO_ENV}, else batched; docs/agent.md, 'I/O')")
+        p.add_argument("--rina-chains", action="store_true",
+                       help="the controller runs Rina as chains across switches (ina-controller --rina-chains): "
+                            "where every rack has slots, plain INA towards the rack's switch (docs/agent.md)")
         p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
         p.add_argument("--quiet", action="store_true", help="no progress display")
         p.add_argument("-v", "--verbose", action="store_true", help="log protocol events (generations, resyncs)")
@@ -162,7 +165,7 @@ def _open_agent(args: argparse.Namespace, spec: JobSpec):
     from host_agent.agent import Agent, AgentOptions
 
     opts = AgentOptions(stream=StreamOptions(op_timeout=args.timeout, reorder_guard=args.reorder_guard,
-                                               io=IoMode(args.io)),
+                                               io=IoMode(args.io), rina_chains=args.rina_chains),
                         rendezvous_timeout=args.timeout)
     return Agent(spec, args.worker_id, controller=args.controller, job_id=args.job_id, options=opts)
 

@@ -121,8 +121,10 @@ class Testbed:
         heartbeat_timeout: float = 15.0,
         progress: Callable[[str], None] | None = None,
         on_linger: Callable[[str], None] | None = None,
+        controller_args: Sequence[str] = (),
     ) -> None:
         self.topo = topo
+        self.controller_args = tuple(controller_args)  # more ina-controller options (--rina-chains)
         self.run_dir = Path(run_dir).resolve()  # handed to child processes, which run elsewhere
         self.target = target
         self.switch_opts = dict(switch_opts or {})
@@ -235,6 +237,7 @@ class Testbed:
             *command_argv(Command.CONTROLLER),
             "--topology", str(self.controller_topology(pool)), "--db", str(db), "--listen", self.controller_address,
             "--policy", self.policy, "--heartbeat-timeout", str(self.heartbeat_timeout), "--log-level", "warning",
+            *self.controller_args,
         ]
         if self.device_config is not None:
             argv += ["--device-config", str(self.device_config)]

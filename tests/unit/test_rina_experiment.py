@@ -1,0 +1,39 @@
+"""The rina experiment offline: framed ideal ratios, and summary, report and plot from recorded rows."""
+from __future__ import annotations
+
+import pytest
+
+from topologies.experiments.rina import RinaConfig, RinaExperiment, framed_ideal_ina_ratio, framed_ideal_ratio
+
+
+def test_framed_ideal_ratios_match_docs_experiments():
+    assert framed_ideal_ratio(2, 4, 2) == pytest.approx(0.79, abs=0.005)
+    assert framed_ideal_ratio(4, 2, 4) == pytest.approx(1.18, abs=0.005)
+    assert framed_ideal_ratio(2, 4, 1) == pytest.approx(1.26, abs=0.005)
+    assert framed_ideal_ratio(4, 2, 2) == pytest.approx(1.31, abs=0.005)
+    assert framed_ideal_ratio(2, 4, 0) == 1.0
+    assert framed_ideal_ratio(2, 4, 2, 0.5) == pytest.approx(framed_ideal_ratio(2, 4, 2))
+    assert framed_ideal_ina_ratio(8) == pytest.approx(0.79, abs=0.005)
+
+
+def _row(run, backend, seconds, frac=None):
+    return {"kind": "rina", "layout": "2x4", "racks": 2, "per_rack": 4, "run": run, "backend": backend,
+            "ina_fraction": frac, "seconds_median": seconds, "elements": 4096, "retransmits": 8,
+            "granted_backend": [backend], "exact": True}
+
+
+def test_summary_report_and_plot(tmp_path):
+    cfg = RinaConfig(layouts=((2, 4),), ina_fractions=(1.0, 0.5), elements=4096, iterations=2)
+    rows = [_row("leafspine-2ina", "rina", 0.8, 1.0), _row("leafspine-1ina", "rina", 1.3, 0.5),
+            _row("leafspine-ring", "ring", 1.0), _row("star", "ina", 0.79)]
+    summary = RinaExperiment.summarize(rows, cfg)
+    (p,) = summary["points"]
+    assert p["ring_s"] == 1.0 and p["ina_s"] == 0.79
+    full, half = p["rina"]
+    assert full["ina_fraction"] == 1.0 and full["ratio_to_ring"] == pytest.approx(0.8)
+    assert full["retransmits_per_chunk"] == pytest.approx(8 / (128 * 8 * 3))
+    assert half["framed_ideal_ratio"] == pytest.approx(1.26, abs=0.005)
+    lines = RinaExperiment.report(summary)
+    assert lines[0].startswith("2x4: ring 1000 ms") and "framed ideal 0.79" in lines[1]
+    RinaExperiment.plot(rows, summary, cfg, tmp_path / "rina.png")
+    assert (tmp_path / "rina.png").stat().st_size > 0

@@ -1,0 +1,223 @@
+"""Rina as designed (issue 14): the flat ring, Rina on chains across the racks' switches, and single-switch INA.
+
+For each layout (racks x workers per rack) a leaf-spine (every host link ``bw_mbps``, uplinks ``bw_mbps *
+uplink_ratio``; the spine runs the program and routes the chains' packets, ``ina_transit``) runs a ring job
+and a Rina job for each fraction of INA-capable racks; a star of all workers runs single-switch INA as the
+reference. The controller and the agents run with ``--rina-chains``: where every ring member is an INA
+rack the racks' switches carry the ring (docs/switch.md, "Chains"); elsewhere today's Rina runs (host
+members are not in the agent yet; docs/agent.md, "Rina as designed"). Every worker checks its result
+(``--check``). The framed ideal ratios (docs/experiments.md, "Rina as designed") are drawn beside.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inaproto import wire
+from topologies.experiments import register
+from topologies.experiments.aggregate import TCP_PAYLOAD, allreduce_row, group_by, median
+from topologies.experiments.base import Experiment
+from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
+
+INA_SHARE = wire.INA_DATA_LEN / wire.INA_FRAME_LEN  # 128 / 184
+TCP_SHARE = TCP_PAYLOAD / 1514
+
+
+def framed_ideal_ratio(racks: int, per_rack: int, ina_racks: int, uplink_ratio: float = 1.0) -> float:
+    """Rina's ideal time over the flat ring's: each one's busiest link in framed bytes per tensor, per direction.
+
+    Ring: 2(n-1)/n on every host link and uplink (a rack's workers are adjacent in the ring). Rina with R
+    members: a worker of an INA rack carries the tensor once, a host member and every uplink 2(R-1)/R, all
+    in INA frames. Uplinks are ``uplink_ratio`` times the host links' bandwidth."""
+    n = racks * per_rack
+    ring = 2 * (n - 1) / n / TCP_SHARE * max(1.0, 1 / uplink_ratio)
+    if ina_racks == 0:
+        return 1.0
+    r = ina_racks + (racks - ina_racks) * per_rack
+    member = 2 * (r - 1) / r / INA_SHARE
+    worker = 1 / INA_SHARE if ina_racks == racks else max(1 / INA_SHARE, member)
+    return max(worker, member / uplink_ratio) / ring
+
+
+def framed_ideal_ina_ratio(n: int) -> float:
+    """Single-switch INA over the flat ring of n workers (every link equal)."""
+    return (1 / INA_SHARE) / (2 * (n - 1) / n / TCP_SHARE)
+
+
+@dataclass(frozen=True)
+class RinaConfig:
+    """The Rina experiment's configuration.
+
+    Args:
+        layouts: (racks, workers per rack) pairs.
+        ina_fractions: fractions of racks that are INA-capable (the first ones).
+        elements: float32 elements per all-reduce; iterations timed calls after warmup untimed ones.
+        bw_mbps: host links, Mbit/s (htb); uplink_ratio: uplinks' share of that (0.5: 2:1 oversubscribed).
+        slots: slots each job asks for per rack (the ring uses the largest R * 2^k of them).
+        reference: also run single-switch INA on a star of all workers.
+    """
+
+    layouts: tuple[tuple[int, int], ...] = ((2, 4), (4, 2))
+    ina_fractions: tuple[float, ...] = (1.0, 0.5, 0.0)
+    elements: int = 16384
+    iterations: int = 3
+    warmup: int = 1
+    bw_mbps: float = 2.0
+    uplink_ratio: float = 1.0
+    slots: int = 8
+    reference: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layouts", tuple((int(a), int(b)) for a, b in self.layouts))
+        object.__setattr__(self, "ina_fractions", tuple(float(f) for f in self.ina_fractions))
+        if not self.layouts or any(r < 2 or w < 1 or r * w > 16 for r, w in self.layouts):
+            raise ValueError(f"layouts need at least 2 racks and at most 16 workers, got {list(self.layouts)}")
+        if any(not 0 <= f <= 1 for f in self.ina_fractions):
+            raise ValueError("ina_fractions must be between 0 and 1")
+        if self.elements < 1 or self.iterations < 1 or self.warmup < 0 or self.slots < 1:
+            raise ValueError("elements, iterations and slots must be positive, warmup >= 0")
+        if not self.bw_mbps > 0 or not 0 < self.uplink_ratio <= 1:
+            raise ValueError("bw_mbps must be positive and uplink_ratio in (0, 1]")
+
+
+def _layouts(text: str) -> tuple[tuple[int, int], ...]:
+    return tuple(tuple(int(x) for x in part.split("x")) for part in text.split(","))  # type: ignore[misc]
+
+
+@register
+class RinaExperiment(Experiment):
+    name = "rina"
+    aliases = ("exp-rina",)
+    title = "Rina as designed: ring vs Rina on chains vs single-switch INA"
+    Config = RinaConfig
+    options = (
+        ("--layouts", "layouts", _layouts, "racks x workers, e.g. 2x4,4x2"),
+        ("--fractions", "ina_fractions", "floats", "fractions of INA racks, e.g. 1,0.5,0"),
+        ("--elements", "elements", int, "float32 elements per all-reduce"),
+        ("--iterations", "iterations", int, "timed all-reduces per point"),
+        ("--bw", "bw_mbps", float, "host link bandwidth, Mbit/s"),
+        ("--uplink-ratio", "uplink_ratio", float, "uplink bandwidth over host link bandwidth (0.5: 2:1)"),
+        ("--slots", "slots", int, "slots per rack each job asks for"),
+        ("--no-reference", "reference", "false", "skip single-switch INA"),
+    )
+
+    @classmethod
+    def presets(cls) -> dict[str, RinaConfig]:
+        return {
+            "tiny": RinaConfig(layouts=((2, 2),), ina_fractions=(1.0,), elements=4096, iterations=2),
+            "small": RinaConfig(layouts=((2, 4),), ina_fractions=(1.0, 0.5), elements=8192, iterations=3),
+            "full": RinaConfig(),
+        }
+
+    def run(self) -> None:
+        from topologies.topos import LeafSpineTopo, StarTopo
+
+        cfg, ctx = self.config, self.ctx
+        port = INA_UDP_BASE + 200
+        common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
+                  "--check", "--rina-chains")
+        for racks, per in cfg.layouts:
+            n = racks * per
+            layout = f"{racks}x{per}"
+            hosts = tuple(f"h{i}" for i in range(1, n + 1))
+            runs: list[tuple[str, Any, str, float | None]] = []
+            for frac in cfg.ina_fractions:
+                k = round(frac * racks)
+                topo = LeafSpineTopo(racks, per, ina_racks=list(range(1, k + 1)), bw=cfg.bw_mbps,
+                                     uplink_bw=cfg.bw_mbps * cfg.uplink_ratio, spine_ina=True)
+                runs.append((f"leafspine-{k}ina", topo, "rina", k / racks))
+            runs.append(("leafspine-ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps,
+                                                         uplink_bw=cfg.bw_mbps * cfg.uplink_ratio), "ring", None))
+            if cfg.reference:
+                runs.append(("star", StarTopo(n, bw=cfg.bw_mbps), "ina", None))
+            for label, topo, backend, frac in runs:
+                port += 1
+                ctx.progress(f"{layout} {label}: {backend}, {cfg.warmup}+{cfg.iterations} all-reduces")
+                with ctx.testbed(topo, f"{layout}-{label}", controller_args=("--rina-chains",)) as bed:
+                    job = AgentJob(f"rina-{layout}-{label}", hosts, "allreduce", backend=backend, args=common,
+                                   requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
+                    try:
+                        workers = bed.run_jobs([job])[job.name]
+                    except AgentFailure as exc:
+                        ctx.error(str(exc))
+                        ctx.record({"kind": "rina", "layout": layout, "run": label, "error": str(exc)})
+                        continue
+                row = allreduce_row(workers, kind="rina", layout=layout, racks=racks, per_rack=per, run=label,
+                                    backend=backend, ina_fraction=frac, bw_mbps=cfg.bw_mbps,
+                                    uplink_ratio=cfg.uplink_ratio)
+                ctx.record(row)
+                ctx.progress(f"{layout} {label}: median {row['seconds_median'] * 1e3:.0f} ms, "
+                             f"retransmits {row['retransmits']}, exact {row.get('exact')}")
+
+    @staticmethod
+    def summarize(rows: list[dict], config: RinaConfig) -> dict:
+        ok = [r for r in rows if r.get("kind") == "rina" and r.get("seconds_median")]
+        by = group_by(ok, "layout", "run")
+        points = []
+        for layout in dict.fromkeys(r["layout"] for r in ok):
+            racks, per = (int(x) for x in layout.split("x"))
+            ring = by.get((layout, "leafspine-ring"))
+            ring_s = median(r["seconds_median"] for r in ring) if ring else None
+            ina = by.get((layout, "star"))
+            point: dict[str, Any] = {"layout": layout, "ring_s": ring_s,
+                                     "ina_s": median(r["seconds_median"] for r in ina) if ina else None,
+                                     "framed_ideal_ina_ratio": framed_ideal_ina_ratio(racks * per), "rina": []}
+            for r in sorted((r for r in ok if r["layout"] == layout and r["backend"] == "rina"),
+                            key=lambda r: -r["ina_fraction"]):
+                k = round(r["ina_fraction"] * racks)
+                chunks = max(1, r["elements"] // wire.LANES) * racks * per * (config.iterations + config.warmup)
+                point["rina"].append({
+                    "ina_fraction": r["ina_fraction"], "seconds": r["seconds_median"],
+                    "granted_backend": r["granted_backend"], "exact": r.get("exact"),
+                    "retransmits_per_chunk": r["retransmits"] / chunks,
+                    "ratio_to_ring": r["seconds_median"] / ring_s if ring_s else None,
+                    "ratio_to_ina": r["seconds_median"] / point["ina_s"] if point["ina_s"] else None,
+                    "framed_ideal_ratio": framed_ideal_ratio(racks, per, k, config.uplink_ratio),
+                })
+            points.append(point)
+        return {"points": points, "errors": sum(1 for r in rows if r.get("error"))}
+
+    @staticmethod
+    def report(summary: dict) -> list[str]:
+        lines = []
+        for p in summary.get("points", []):
+            head = f"{p['layout']}: ring {p['ring_s'] * 1e3:.0f} ms" if p.get("ring_s") else f"{p['layout']}:"
+            if p.get("ina_s"):
+                head += f", single-switch INA {p['ina_s'] * 1e3:.0f} ms"
+            lines.append(head)
+            for r in p["rina"]:
+                ratio = f"{r['ratio_to_ring']:.2f}" if r.get("ratio_to_ring") else "-"
+                lines.append(f"  Rina {r['ina_fraction']:.0%} INA racks ({'/'.join(r['granted_backend'])}): "
+                             f"{r['seconds'] * 1e3:.0f} ms, /ring {ratio} (framed ideal {r['framed_ideal_ratio']:.2f}), "
+                             f"retransmits/chunk {r['retransmits_per_chunk']:.3f}, exact {r['exact']}")
+        return lines
+
+    @staticmethod
+    def plot(rows: list[dict], summary: dict, config: RinaConfig, path: Path) -> None:
+        from topologies.experiments.plotting import COLORS, figure, legend, note, save
+
+        fig, axes = figure(1)
+        ax = axes[0][0]
+        x, labels = 0, []
+        for p in summary.get("points", []):
+            for r in p["rina"]:
+                if r.get("ratio_to_ring"):
+                    ax.bar(x, r["ratio_to_ring"], color=COLORS["rina"], width=0.6)
+                ax.plot([x - 0.3, x + 0.3], [r["framed_ideal_ratio"]] * 2, "k--")
+                labels.append(f"{p['layout']}\n{r['ina_fraction']:.0%} INA")
+                x += 1
+            if p.get("ina_s") and p.get("ring_s"):
+                ax.bar(x, p["ina_s"] / p["ring_s"], color=COLORS["ina"], width=0.6)
+                ax.plot([x - 0.3, x + 0.3], [p["framed_ideal_ina_ratio"]] * 2, "k--")
+                labels.append(f"{p['layout']}\n1 switch")
+                x += 1
+        ax.axhline(1.0, color="#999999", lw=0.8)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("time / flat ring (lower is faster); dashed: framed ideal")
+        ax.grid(alpha=0.3, axis="y")
+        legend(ax, fontsize=8)
+        note(fig, f"{config.elements * 4 // 1024} KiB float32, {config.bw_mbps:g} Mbit/s host links, uplinks x"
+                  f"{config.uplink_ratio:g}; {config.iterations} timed calls after {config.warmup} warm-up")
+        save(fig, path, RinaExperiment.title)

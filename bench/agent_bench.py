@@ -418,6 +418,103 @@ def bench_end_to_end(bws: tuple[float, ...], rounds: int, workers: int, out: str
     return rows
 
 
+def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int) -> dict:
+    """One job of 4 workers on loopback (links emulated at ``bps``), ``calls`` all-reduces; with ``moves``
+    a controller thread moves the job every 2 calls, at a random point of a call (4-80 ms in), through INA
+    at another slot range, the ring (slots revoked) and INA again."""
+    from host_agent.agent import AgentOptions
+    from host_agent.stream import StreamOptions
+    from tests.udp_switch import LocalCluster
+
+    n = 4
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(elements).astype(np.float32) for _ in range(n)]
+    steps = [dict(slots=16, bases=200), dict(slots=0), dict(slots=16, bases=0)] * 8
+    opts = AgentOptions(stream=StreamOptions(op_timeout=30.0, link_bps=bps))
+    with LocalCluster(["s1"] * n, slots=16, options=opts) as cl:
+        first: dict = {}
+        done = threading.Event()
+
+        def work(agent):
+            if agent.rank == 0:
+                first["agent"] = agent
+            t0 = time.monotonic()
+            for _ in range(calls):
+                agent.allreduce(inputs[agent.rank])
+            if agent.rank == 0:
+                done.set()
+            return time.monotonic() - t0, agent.stats
+
+        def controller():
+            job_id = cl.fake.job_named(cl.spec.name).job_id
+            per_call = -(-elements // 32)
+            target = per_call // 4
+            for step in steps:
+                while (first.get("agent") is None or first["agent"].stats.chunks < target) and not done.is_set():
+                    time.sleep(0.0005)
+                time.sleep(float(rng.uniform(0.004, 0.08)))
+                if done.is_set():
+                    return
+                cl.fake.reallocate(job_id, **step)
+                target += 2 * per_call
+
+        t = threading.Thread(target=controller)
+        if moves:
+            t.start()
+        try:
+            out = cl.run(work, timeout=300)
+        finally:
+            done.set()
+            if moves:
+                t.join(10)
+    seconds = max(o[0] for o in out)
+    history = out[0][1].generation_history
+    kinds = [str(k) for _, k, _ in history]
+    by_move: dict[str, list] = {}
+    per_worker = [getattr(o[1], "pauses", []) for o in out]
+    for j in range(min(len(p) for p in per_worker)):
+        move = f"{kinds[j]}->{kinds[j + 1]}" if j + 1 < len(kinds) else "?"
+        by_move.setdefault(move, []).append([max(p[j][k] if k < len(p[j]) else 0 for p in per_worker) for k in range(5)])
+    return {"seconds": seconds, "moves": max(0, len(history) - 1), "by_move": by_move,
+            "replayed": sum(o[1].replayed_chunks for o in out)}
+
+
+def bench_realloc(rounds: int, calls: int, elements: int, bps: float) -> dict:
+    """Reallocation pause: runs with and without moves, alternating; the pause per move from the time
+    difference, and (where the stream records it) split into stop, barrier and replay by kind of move."""
+    plain, moved, by_move = [], [], {}
+    moves = []
+    for r in range(rounds):
+        plain.append(_realloc_run(False, calls, elements, bps, r)["seconds"])
+        res = _realloc_run(True, calls, elements, bps, r)
+        moved.append(res["seconds"])
+        moves.append(res["moves"])
+        for k, v in res["by_move"].items():
+            by_move.setdefault(k, []).extend(v)
+        print(f"   round {r + 1}: {plain[-1]:.2f} s without moves, {moved[-1]:.2f} s with {res['moves']} moves "
+              f"({res['replayed']} chunks replayed over all workers)", flush=True)
+    per_move = [(m - p) / k for m, p, k in zip(moved, plain, moves) if k]
+    out = {"seconds_plain": plain, "seconds_moved": moved, "moves": moves, "per_move_s": per_move,
+           "per_move_median_s": statistics.median(per_move) if per_move else None, "load": os.getloadavg()[0]}
+    parts = {}
+    for k, v in sorted(by_move.items()):
+        cols = list(zip(*v))
+        parts[k] = {"count": len(v), "stop_s": statistics.median(cols[0]), "barrier_s": statistics.median(cols[1]),
+                    "caught_up_s": statistics.median(cols[2]), "caught_up_max_s": max(cols[2]),
+                    "replayed_chunks": statistics.median(cols[3]), "ring_work_lost_s": statistics.median(cols[4]),
+                    "ring_work_lost_max_s": max(cols[4])}
+        print(f"   {k}: {len(v)} moves, median stop {parts[k]['stop_s'] * 1e3:.1f} ms, barrier "
+              f"{parts[k]['barrier_s'] * 1e3:.1f} ms, back where it stopped {parts[k]['caught_up_s'] * 1e3:.1f} ms "
+              f"(max {parts[k]['caught_up_max_s'] * 1e3:.1f}), {parts[k]['replayed_chunks']:g} chunks replayed, "
+              f"ring work lost {parts[k]['ring_work_lost_s'] * 1e3:.1f} ms (max {parts[k]['ring_work_lost_max_s'] * 1e3:.1f})",
+              flush=True)
+    out["by_move"] = parts
+    if per_move:
+        print(f"   per move (time with moves - without, / moves): median {out['per_move_median_s'] * 1e3:.0f} ms "
+              f"(range {min(per_move) * 1e3:.0f}-{max(per_move) * 1e3:.0f} ms); load {out['load']:.1f}", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 30 s)")
@@ -426,9 +523,18 @@ def main(argv: list[str] | None = None) -> int:
                         "INA and ring with batched and per-packet agents, e.g. --e2e 10,20,40")
     parser.add_argument("--e2e-rounds", type=int, default=3, help="alternating runs per point (default 3)")
     parser.add_argument("--e2e-out", default="results/agent-bench", help="experiment results folder")
+    parser.add_argument("--realloc", action="store_true", help="only the reallocation pause (about a minute)")
     args = parser.parse_args(argv)
     quick = args.quick
     results: dict = {"cpu_count": os.cpu_count()}
+    if args.realloc:
+        print("5. reallocation pause: 4 workers, links emulated at 2 Mbit/s, 12 calls of 4096 float32, moved every "
+              "2 calls at a random point (INA range -> ring -> INA), 3 alternating rounds", flush=True)
+        results["realloc"] = bench_realloc(3, 12, 4096, 2e6)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(results, fh, indent=2)
+        return 0
     if args.e2e:
         bws = tuple(float(b) for b in args.e2e.split(","))
         print(f"4. experiment 1 (allreduce --small), n=8, INA and ring, agents batched vs per packet, "

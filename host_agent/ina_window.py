@@ -69,7 +69,7 @@ class InaPhase:
         base = self._base
         addr = rack.address
         job, gen, wid = self.job_id, self._generation, self.worker_id
-        io, poll = self._io, self._poll
+        io, poll = self._io, self._wpoll
         got = bytearray(K)  # 1: the chunk has its switch result
         got[:i0] = b"\x01" * i0
         gotv = np.frombuffer(got, dtype=np.uint8)
@@ -114,6 +114,8 @@ class InaPhase:
                 lo = got.find(0, lo, results.sent)
                 if lo < 0:
                     lo = results.sent
+                if self._catchup is not None and a + lo >= self._catchup[3]:
+                    self._caught_up()  # back where the last generation change stopped it (stats.pauses)
             if flight.rack_dirty or now >= flight.rack_timer:
                 found = flight.lost(gotv, lo, results.sent, now, queued)
                 if found:

@@ -20,6 +20,7 @@ The phases a segment of chunks runs through live in their own modules, mixed int
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import threading
@@ -127,6 +128,10 @@ class StreamStats:
     nacks_sent: int = 0
     nacks_served: int = 0
     generation_history: list = field(default_factory=list)
+    # per generation change (not the first sync): [seconds from the grant's arrival to the stop, to the
+    # barrier's answer, to the replay's end (first missing chunk back where it was), chunks replayed,
+    # seconds of ring work lost (an aborted ring op's time before the stop)]
+    pauses: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()}
@@ -179,6 +184,13 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
                 pass
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
+        self._wakefd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # notify_* wake the INA window's poll
+        self._wpoll = select.poll()  # the INA window's: the socket and the wake-up
+        self._wpoll.register(sock, select.POLLIN)
+        self._wpoll.register(self._wakefd, select.POLLIN)
+        self._notice_at: float | None = None  # when the pending generation's grant arrived
+        self._catchup: list | None = None  # the pause being measured: [notice, stop, synced, first missing, replayed, lost]
+        self._ring_lost = 0.0  # seconds of the last aborted ring op (host_agent/ring_phases.py)
         self._listener = listener
         self._listen_addr = listener.getsockname()[:2]
         self._sync = sync
@@ -239,13 +251,24 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
             self._latest = grant
             if same:
                 return
+            if not self._pending:
+                self._notice_at = time.monotonic()
             self._pending = True
+        self._wake()
         self._abort_rings()
 
     def notify_released(self) -> None:
         with self._ctl:
             self._released = True
+        self._wake()
         self._abort_rings()
+
+    def _wake(self) -> None:
+        """Wake a window blocked in poll (it sees the flags at once instead of after its 50 ms tick)."""
+        try:
+            os.eventfd_write(self._wakefd, 1)
+        except OSError:
+            pass
 
     def _abort_rings(self) -> None:
         for ring in list(self._rings.values()):
@@ -350,6 +373,10 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
             ring.close()
         self._rings.clear()
         self._listener.close()
+        try:
+            os.close(self._wakefd)
+        except OSError:
+            pass
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -376,6 +403,18 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
                 self._run_segment(seg, i0)
             except Interrupted:
                 continue
+            if self._catchup is not None:
+                self._caught_up()
+
+    def _caught_up(self) -> None:
+        """Record the pause of the last generation change once the stream is back where it stopped."""
+        notice, stop, synced, m, replayed, lost = self._catchup
+        if self.first_missing() < m:
+            return
+        self._catchup = None
+        now = time.monotonic()
+        self.stats.pauses.append([round(stop - notice, 6), round(synced - notice, 6), round(now - notice, 6), replayed,
+                                  round(lost, 6)])
 
     def _next_work(self) -> tuple[Segment, int] | None:
         pos = self._pruned_end
@@ -427,7 +466,13 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
 
     def _resync(self) -> None:
         opts = self.options
-        deadline = time.monotonic() + opts.op_timeout
+        stop = time.monotonic()
+        lost, self._ring_lost = self._ring_lost, 0.0  # an aborted ring op's work
+        deadline = stop + opts.op_timeout
+        try:
+            os.eventfd_read(self._wakefd)
+        except OSError:
+            pass
         while True:
             with self._ctl:
                 grant = self._latest
@@ -462,6 +507,10 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._base = resume
         self._acks = {w: resume for w in self.ids}
         self._rtt.reset()  # the new plan may aggregate in another switch
+        notice, self._notice_at = self._notice_at, None
+        if notice is not None and self.stats.resyncs:
+            self._catchup = [notice, stop, time.monotonic(), m, m - resume, lost]
+            self._caught_up()
         self.stats.resyncs += 1
         self.stats.generation_history.append((grant.generation, self._plan.kind, resume))
         log.info("worker %d: generation %d (%s), resume at chunk %d (first missing was %d)",

@@ -11,7 +11,11 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   resend turns out spurious.
 - **Timeout.** One timer for the window, restarted by every new result (RFC 6298 5.3): while results
   flow (a queue draining, a late peer catching up) it never fires; when it does, the oldest outstanding
-  chunk is resent as a probe and the timeout backs off; the probe's result then lets RACK find the rest.
+  chunk is resent as a probe and the timeout backs off. A late peer answers the probe and then the rest;
+  if the timer fires again after an answered probe, the rest was lost (a tail of the window) and every
+  chunk outstanding for a timeout is resent. Only chunks sent once feed RACK (Karn's rule for RACK: an
+  INA result of a resent chunk may answer either send, and a probe answered by a late peer says nothing
+  of the chunks sent before it).
 
 A resend is **spurious** when the chunk's original reached the switch. The agent counts it when the first
 result comes back sooner than the path's shortest round trip after the resend (it cannot be the resend's
@@ -60,6 +64,7 @@ class Flight:
         self.rack_timer = float("inf")  # when an outstanding chunk becomes lost unless its result comes
         self.rack_dirty = False
         self.last_new = 0.0  # when the latest new result arrived
+        self.probe_answered = False  # a timeout's probe came back: the next timeout resends every overdue chunk
 
     # ------------------------------------------------------------------ transmissions
 
@@ -87,12 +92,14 @@ class Flight:
         rtt = now - t
         self.last_new = now
         est = self.rtt
-        if not self.tries[i]:
-            est.sample(rtt, int(self.cwnd.cwnd) // 2)
-            self.cwnd.on_results(rtt, 1, now, est.path_rtt, est.srtt, self.granted)
-        elif rtt < est.path_rtt:
-            self._spurious(i)
-            return  # it answers an earlier send: its time says nothing of the path
+        if self.tries[i]:
+            if rtt < est.path_rtt:
+                self._spurious(i)  # it answers an earlier send
+            elif not self.early[i]:
+                self.probe_answered = True
+            return  # Karn: a resent chunk's time says nothing of the path, nor of what was sent before it
+        est.sample(rtt, int(self.cwnd.cwnd) // 2)
+        self.cwnd.on_results(rtt, 1, now, est.path_rtt, est.srtt, self.granted)
         if t > self.rack_xmit or (t == self.rack_xmit and i > self.rack_i):
             self.rack_xmit, self.rack_i, self.rack_rtt = t, i, rtt
             self.rack_dirty = True
@@ -104,7 +111,6 @@ class Flight:
         rtts = now - t
         once = np.frombuffer(self.tries, dtype=np.uint8)[sel] == 0
         est = self.rtt
-        valid = once
         if once.any():
             sample = rtts[once]
             step = max(1, sample.size // 16)  # a few samples stand for the batch (same arrival time)
@@ -117,15 +123,17 @@ class Flight:
             early = rtts < est.path_rtt
             for i in sel[resent & early]:
                 self._spurious(int(i))
-            valid = once | (resent & ~early)
-        if valid.any():
-            tv = t[valid]
-            j = int(np.argmax(tv))  # the latest transmission (the first of equal ones: lowest index of a run)
-            last = tv[j]
+            answered = sel[resent & ~early]
+            if answered.size and not all(self.early[int(i)] for i in answered):
+                self.probe_answered = True
+        if once.any():
+            tv = t[once]
+            so = sel[once]
+            last = tv.max()
             ties = np.flatnonzero(tv == last)
-            k = int(ties[np.argmax(sel[valid][ties])])
-            if last > self.rack_xmit or (last == self.rack_xmit and int(sel[valid][k]) > self.rack_i):
-                self.rack_xmit, self.rack_i, self.rack_rtt = float(last), int(sel[valid][k]), float(rtts[valid][k])
+            k = int(ties[np.argmax(so[ties])])  # the latest transmission; of a run, the highest chunk
+            if last > self.rack_xmit or (last == self.rack_xmit and int(so[k]) > self.rack_i):
+                self.rack_xmit, self.rack_i, self.rack_rtt = float(last), int(so[k]), float(rtts[once][k])
                 self.rack_dirty = True
 
     def duplicate(self, i: int) -> None:
@@ -158,6 +166,13 @@ class Flight:
         if not over.all():
             self.rack_timer = float(due[~over].min())
         return [int(i) for i in idx[cand][over]]
+
+    def overdue(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> list[int]:
+        """Outstanding chunks in ``[lo, hi)`` sent a timeout ago or earlier (after an answered probe)."""
+        self.probe_answered = False
+        t = self.sent_at[lo:hi]
+        cand = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0) & (t + self.rtt.rto <= now)
+        return [int(i) + lo for i in np.flatnonzero(cand)]
 
     def rto_deadline(self, lo: int) -> float:
         """When the window's timer fires, given its oldest outstanding chunk ``lo``."""

@@ -125,11 +125,13 @@ class InaPhase:
                     stats.early_resends += len(found)
                     cwnd.on_loss(now, est.path_rtt, est.srtt)
             if lo < results.sent and not queued[lo] and now >= flight.rto_deadline(lo):
+                overdue = flight.overdue(gotv, lo, results.sent, now, queued) if flight.probe_answered else [lo]
                 est.expired()
                 cwnd.on_timeout(now, est.path_rtt, est.srtt)
                 stats.timeouts += 1
-                queued[lo] = 1
-                lost.appendleft((lo, False))  # the probe
+                for i in reversed(overdue):
+                    queued[i] = 1
+                    lost.appendleft((i, False))  # the probe, or the tail after an answered probe
             # 3. resend what is lost (paced like first sends)
             while lost:
                 if pace:

@@ -134,8 +134,26 @@ def test_delivered_many_equals_one_at_a_time() -> None:
     for i in sel:
         a.delivered(int(i), 1.022)
     b.delivered_many(sel, 1.022)
-    assert (a.rack_i, a.rack_xmit, a.rack_rtt) == (b.rack_i, b.rack_xmit, b.rack_rtt) == (6, 1.005, pytest.approx(0.017))
+    # RACK from chunks sent once only (5 and 6 were resent)
+    assert (a.rack_i, a.rack_xmit, a.rack_rtt) == (b.rack_i, b.rack_xmit, b.rack_rtt) == (9, 1.0, pytest.approx(0.022))
     assert sa.spurious_resends == sb.spurious_resends == 1
+    assert a.probe_answered and b.probe_answered  # chunk 6 was a timeout's probe, answered
+
+
+def test_after_an_answered_probe_the_next_timeout_resends_every_overdue_chunk() -> None:
+    fl, _, est = _flight(K=8, granted=8, path=0.010)
+    got = np.zeros(8, dtype=np.uint8)
+    queued = bytearray(8)
+    fl.sent(0, 8, 1.0)
+    assert not fl.probe_answered
+    fl.resent(0, 1.1, early=False)  # the timer's probe
+    got[0] = 1
+    fl.delivered(0, 1.12)
+    assert fl.probe_answered
+    now = fl.rto_deadline(1)
+    assert now == pytest.approx(1.12 + est.rto)  # restarted by the probe's answer
+    assert fl.overdue(got, 1, 8, now, queued) == list(range(1, 8))
+    assert not fl.probe_answered
 
 
 def test_window_grows_while_round_trips_stay_flat() -> None:

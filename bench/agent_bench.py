@@ -16,6 +16,7 @@
    byte up and down once, the ring 2(n-1)/n times), and that ideal corrected for header overhead
    (184-byte INA frames carry 128 bytes of data; TCP segments 1448 of 1514).
 3. Where torch is installed: the agent's ring against torch.distributed's gloo all_reduce, n processes.
+(The INA sender and the reallocation pause: bench/sender_bench.py.)
 4. Only with ``--e2e 10,20,40`` (root, Mininet, minutes, under /tmp/ina-integration.lock): experiment 1
    (``ina-exp run allreduce --small``) at n=8, INA and ring, with the agents' I/O batched and forced per
    packet (``INA_AGENT_IO``), alternating; medians, ranges, the framed ideal and INA's framed wire time.
@@ -209,33 +210,104 @@ def print_packet_rate(pr: dict) -> None:
 # --------------------------------------------------------------------------- 2. INA vs ring
 
 
-def _switch(conn, workers: list[tuple[int, str, int]], slots: int) -> None:
-    from softswitch.udp import UdpSwitch
+class _DelayRelay:
+    """Propagation delay on loopback: agents send to ``address``; every datagram is held ``rtt / 2`` each way.
 
-    sw = UdpSwitch("s1")
-    ws = [Worker(i, ip, port) for i, ip, port in workers]
+    The switch knows worker ``i`` by the relay's socket ``i`` (its results come back through it), so both
+    directions are delayed, in order, by one thread with a queue of deadlines (no netem on this kernel).
+    """
+
+    def __init__(self, workers: list[tuple[int, str, int]], switch: tuple[str, int], rtt: float) -> None:
+        self.half, self.switch = rtt / 2, switch
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.front.bind(("127.0.0.1", 0))
+        self.address = self.front.getsockname()
+        self.back = {}
+        self.agent_of: dict[int, tuple[str, int]] = {}
+        self.by_agent: dict[tuple[str, int], socket.socket] = {}
+        for i, ip, port in workers:
+            b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            b.bind(("127.0.0.1", 0))
+            self.back[i] = b
+            self.agent_of[b.fileno()] = (ip, port)
+            self.by_agent[(ip, port)] = b
+        for sk in [self.front, *self.back.values()]:
+            sk.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            sk.setblocking(False)
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def worker_address(self, i: int) -> tuple[str, int]:
+        return self.back[i].getsockname()
+
+    def _run(self) -> None:
+        import collections
+
+        poll = select.poll()
+        socks = {sk.fileno(): sk for sk in [self.front, *self.back.values()]}
+        for fd in socks:
+            poll.register(fd, select.POLLIN)
+        held: collections.deque = collections.deque()  # (deadline, socket, data, destination): one delay, so FIFO
+        while not self.stop:
+            now = time.monotonic()
+            while held and held[0][0] <= now:
+                _, sk, data, dest = held.popleft()
+                try:
+                    sk.sendto(data, dest)
+                except OSError:
+                    pass
+            wait = (held[0][0] - now) if held else 0.05
+            for fd, _ in poll.poll(max(wait, 0) * 1000.0):
+                sk = socks[fd]
+                while True:
+                    try:
+                        data, src = sk.recvfrom(2048)
+                    except BlockingIOError:
+                        break
+                    due = time.monotonic() + self.half
+                    if sk is self.front:
+                        out = self.by_agent.get(src)
+                        if out is not None:
+                            held.append((due, out, data, self.switch))
+                    else:
+                        held.append((due, self.front, data, self.agent_of[fd]))
+
+
+def _switch(conn, workers: list[tuple[int, str, int]], slots: int, drop: float = 0.0, rtt: float = 0.0) -> None:
+    from softswitch.udp import Faults, UdpSwitch
+
+    sw = UdpSwitch("s1", faults=Faults(drop=drop), seed=7)
+    relay = _DelayRelay(workers, sw.address, rtt) if rtt else None
+    ws = [Worker(i, *(relay.worker_address(i) if relay else (ip, port))) for i, ip, port in workers]
     sw.install_job(1, ws, 0, slots, 0)
-    conn.send(sw.address)
+    if relay:
+        relay.thread.start()
+    conn.send(relay.address if relay else sw.address)
     conn.recv()
     conn.send({"received": sw.received, "forwarded": sw.forwarded})
+    if relay:
+        relay.stop = True
     sw.close()
 
 
-def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps: float, slots: int) -> tuple[float, dict]:
+def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps: float, slots: int,
+                  drop: float = 0.0, io: IoMode = IoMode.PER_PACKET, rtt: float = 0.0) -> tuple[float, dict]:
+    """Median time of ``iterations`` all-reduces; the switch's counters and the workers' summed stream stats."""
     sockets = [bind_worker_sockets("127.0.0.1") for _ in range(n)]
     workers = tuple(Worker(i, "127.0.0.1", s[0].getsockname()[1]) for i, s in enumerate(sockets))
     proc = None
     if backend == "ina":
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_switch, args=(child, [(w.worker_id, w.ip, w.udp_port) for w in workers], slots),
+        proc = ctx.Process(target=_switch, args=(child, [(w.worker_id, w.ip, w.udp_port) for w in workers], slots, drop, rtt),
                            daemon=True)
         proc.start()
         ip, port = parent.recv()
         grant = Grant(1, 0, "ina", (SwitchGrant("s1", ip, num_slots=slots, worker_ids=tuple(range(n))),), ina_port=port)
     else:
         grant = Grant.ring_only(1)
-    opts = StreamOptions(op_timeout=30.0, link_bps=link_bps)
+    opts = StreamOptions(op_timeout=30.0, link_bps=link_bps, io=io)
+    stats: list = [None] * n
     rng = np.random.default_rng(n)
     data = [rng.integers(-2**20, 2**20, size=(-(-elements // wire.LANES), wire.LANES), dtype=np.int32) for _ in range(n)]
     want = np.sum(np.stack(data).astype(np.int64), axis=0)
@@ -255,6 +327,7 @@ def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps
                 times[i].append(time.perf_counter() - t0)
                 if not np.array_equal(out, want):
                     raise AssertionError(f"worker {i}: wrong {backend} sum")
+            stats[i] = stream.stats
             stream.close()
         except BaseException as exc:
             errors.append(exc)
@@ -275,6 +348,8 @@ def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps
     if errors:
         raise errors[0]
     per_iter = [max(times[i][k] for i in range(n)) for k in range(iterations)]  # the slowest worker finishes it
+    keys = ("chunks", "retransmits", "spurious_resends", "early_resends", "timeouts")
+    extra["stats"] = {k: sum(getattr(st, k, 0) for st in stats) for k in keys}
     return statistics.median(per_iter), extra
 
 
@@ -418,103 +493,6 @@ def bench_end_to_end(bws: tuple[float, ...], rounds: int, workers: int, out: str
     return rows
 
 
-def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int) -> dict:
-    """One job of 4 workers on loopback (links emulated at ``bps``), ``calls`` all-reduces; with ``moves``
-    a controller thread moves the job every 2 calls, at a random point of a call (4-80 ms in), through INA
-    at another slot range, the ring (slots revoked) and INA again."""
-    from host_agent.agent import AgentOptions
-    from host_agent.stream import StreamOptions
-    from tests.udp_switch import LocalCluster
-
-    n = 4
-    rng = np.random.default_rng(seed)
-    inputs = [rng.standard_normal(elements).astype(np.float32) for _ in range(n)]
-    steps = [dict(slots=16, bases=200), dict(slots=0), dict(slots=16, bases=0)] * 8
-    opts = AgentOptions(stream=StreamOptions(op_timeout=30.0, link_bps=bps))
-    with LocalCluster(["s1"] * n, slots=16, options=opts) as cl:
-        first: dict = {}
-        done = threading.Event()
-
-        def work(agent):
-            if agent.rank == 0:
-                first["agent"] = agent
-            t0 = time.monotonic()
-            for _ in range(calls):
-                agent.allreduce(inputs[agent.rank])
-            if agent.rank == 0:
-                done.set()
-            return time.monotonic() - t0, agent.stats
-
-        def controller():
-            job_id = cl.fake.job_named(cl.spec.name).job_id
-            per_call = -(-elements // 32)
-            target = per_call // 4
-            for step in steps:
-                while (first.get("agent") is None or first["agent"].stats.chunks < target) and not done.is_set():
-                    time.sleep(0.0005)
-                time.sleep(float(rng.uniform(0.004, 0.08)))
-                if done.is_set():
-                    return
-                cl.fake.reallocate(job_id, **step)
-                target += 2 * per_call
-
-        t = threading.Thread(target=controller)
-        if moves:
-            t.start()
-        try:
-            out = cl.run(work, timeout=300)
-        finally:
-            done.set()
-            if moves:
-                t.join(10)
-    seconds = max(o[0] for o in out)
-    history = out[0][1].generation_history
-    kinds = [str(k) for _, k, _ in history]
-    by_move: dict[str, list] = {}
-    per_worker = [getattr(o[1], "pauses", []) for o in out]
-    for j in range(min(len(p) for p in per_worker)):
-        move = f"{kinds[j]}->{kinds[j + 1]}" if j + 1 < len(kinds) else "?"
-        by_move.setdefault(move, []).append([max(p[j][k] if k < len(p[j]) else 0 for p in per_worker) for k in range(5)])
-    return {"seconds": seconds, "moves": max(0, len(history) - 1), "by_move": by_move,
-            "replayed": sum(o[1].replayed_chunks for o in out)}
-
-
-def bench_realloc(rounds: int, calls: int, elements: int, bps: float) -> dict:
-    """Reallocation pause: runs with and without moves, alternating; the pause per move from the time
-    difference, and (where the stream records it) split into stop, barrier and replay by kind of move."""
-    plain, moved, by_move = [], [], {}
-    moves = []
-    for r in range(rounds):
-        plain.append(_realloc_run(False, calls, elements, bps, r)["seconds"])
-        res = _realloc_run(True, calls, elements, bps, r)
-        moved.append(res["seconds"])
-        moves.append(res["moves"])
-        for k, v in res["by_move"].items():
-            by_move.setdefault(k, []).extend(v)
-        print(f"   round {r + 1}: {plain[-1]:.2f} s without moves, {moved[-1]:.2f} s with {res['moves']} moves "
-              f"({res['replayed']} chunks replayed over all workers)", flush=True)
-    per_move = [(m - p) / k for m, p, k in zip(moved, plain, moves) if k]
-    out = {"seconds_plain": plain, "seconds_moved": moved, "moves": moves, "per_move_s": per_move,
-           "per_move_median_s": statistics.median(per_move) if per_move else None, "load": os.getloadavg()[0]}
-    parts = {}
-    for k, v in sorted(by_move.items()):
-        cols = list(zip(*v))
-        parts[k] = {"count": len(v), "stop_s": statistics.median(cols[0]), "barrier_s": statistics.median(cols[1]),
-                    "caught_up_s": statistics.median(cols[2]), "caught_up_max_s": max(cols[2]),
-                    "replayed_chunks": statistics.median(cols[3]), "ring_work_lost_s": statistics.median(cols[4]),
-                    "ring_work_lost_max_s": max(cols[4])}
-        print(f"   {k}: {len(v)} moves, median stop {parts[k]['stop_s'] * 1e3:.1f} ms, barrier "
-              f"{parts[k]['barrier_s'] * 1e3:.1f} ms, back where it stopped {parts[k]['caught_up_s'] * 1e3:.1f} ms "
-              f"(max {parts[k]['caught_up_max_s'] * 1e3:.1f}), {parts[k]['replayed_chunks']:g} chunks replayed, "
-              f"ring work lost {parts[k]['ring_work_lost_s'] * 1e3:.1f} ms (max {parts[k]['ring_work_lost_max_s'] * 1e3:.1f})",
-              flush=True)
-    out["by_move"] = parts
-    if per_move:
-        print(f"   per move (time with moves - without, / moves): median {out['per_move_median_s'] * 1e3:.0f} ms "
-              f"(range {min(per_move) * 1e3:.0f}-{max(per_move) * 1e3:.0f} ms); load {out['load']:.1f}", flush=True)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 30 s)")
@@ -523,18 +501,9 @@ def main(argv: list[str] | None = None) -> int:
                         "INA and ring with batched and per-packet agents, e.g. --e2e 10,20,40")
     parser.add_argument("--e2e-rounds", type=int, default=3, help="alternating runs per point (default 3)")
     parser.add_argument("--e2e-out", default="results/agent-bench", help="experiment results folder")
-    parser.add_argument("--realloc", action="store_true", help="only the reallocation pause (about a minute)")
     args = parser.parse_args(argv)
     quick = args.quick
     results: dict = {"cpu_count": os.cpu_count()}
-    if args.realloc:
-        print("5. reallocation pause: 4 workers, links emulated at 2 Mbit/s, 12 calls of 4096 float32, moved every "
-              "2 calls at a random point (INA range -> ring -> INA), 3 alternating rounds", flush=True)
-        results["realloc"] = bench_realloc(3, 12, 4096, 2e6)
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(results, fh, indent=2)
-        return 0
     if args.e2e:
         bws = tuple(float(b) for b in args.e2e.split(","))
         print(f"4. experiment 1 (allreduce --small), n=8, INA and ring, agents batched vs per packet, "

@@ -11,9 +11,10 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   resend turns out spurious.
 - **Timeout.** One timer for the window, restarted by every new result (RFC 6298 5.3): while results
   flow (a queue draining, a late peer catching up) it never fires; when it does, the oldest outstanding
-  chunk is resent as a probe and the timeout backs off. A late peer answers the probe and then the rest;
-  if the timer fires again after an answered probe, the rest was lost (a tail of the window) and every
-  chunk outstanding for a timeout is resent. Only chunks sent once feed RACK (Karn's rule for RACK: an
+  chunks are resent and the timeout backs off (until the next new result): every chunk outstanding for a
+  timeout that results came back after (a tail lost while the rest flowed), else the oldest alone as a
+  probe (nothing came back since it was sent: a late peer answers the probe, then the rest); after an
+  answered probe, every chunk outstanding for a timeout. Only chunks sent once feed RACK (Karn's rule for RACK: an
   INA result of a resent chunk may answer either send, and a probe answered by a late peer says nothing
   of the chunks sent before it).
 
@@ -92,6 +93,7 @@ class Flight:
         rtt = now - t
         self.last_new = now
         est = self.rtt
+        est.progressed()
         if self.tries[i]:
             if rtt < est.path_rtt:
                 self._spurious(i)  # it answers an earlier send
@@ -99,7 +101,7 @@ class Flight:
                 self.probe_answered = True
             return  # Karn: a resent chunk's time says nothing of the path, nor of what was sent before it
         est.sample(rtt, int(self.cwnd.cwnd) // 2)
-        self.cwnd.on_results(rtt, 1, now, est.path_rtt, est.srtt, self.granted)
+        self.cwnd.on_results(est.recent_min, 1, now, est.path_rtt, est.srtt, self.granted)
         if t > self.rack_xmit or (t == self.rack_xmit and i > self.rack_i):
             self.rack_xmit, self.rack_i, self.rack_rtt = t, i, rtt
             self.rack_dirty = True
@@ -107,6 +109,7 @@ class Flight:
     def delivered_many(self, sel: np.ndarray, now: float) -> None:
         """The first results of chunks ``sel`` (in arrival order) arrived at ``now``."""
         self.last_new = now
+        self.rtt.progressed()
         t = self.sent_at[sel]
         rtts = now - t
         once = np.frombuffer(self.tries, dtype=np.uint8)[sel] == 0
@@ -117,7 +120,7 @@ class Flight:
             per_round = int(self.cwnd.cwnd) // (2 * step)
             for r in sample[::step]:
                 est.sample(float(r), per_round)
-            self.cwnd.on_results(float(sample.min()), int(sample.size), now, est.path_rtt, est.srtt, self.granted)
+            self.cwnd.on_results(est.recent_min, int(sample.size), now, est.path_rtt, est.srtt, self.granted)
         if not once.all():
             resent = ~once
             early = rtts < est.path_rtt
@@ -148,31 +151,55 @@ class Flight:
         w = max(est.path_rtt / 4, REORDER_FLOOR) * self.reorder_mult
         return min(w, max(est.srtt, REORDER_FLOOR)) if est.samples else w
 
+    def resend_timeout(self) -> float:
+        """How long a resent chunk may stay unanswered before it is resent again: twice the recent shortest
+        round trip (no floor, no backoff: a resend lost too would otherwise cost the whole job a timeout;
+        the average round trip includes peers' loss recovery and grows with the loss rate)."""
+        return 2 * self.rtt.recent_min + self.reorder_window()
+
     def lost(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> list[int]:
-        """RACK: outstanding chunks in ``[lo, hi)`` sent before the latest-sent chunk with a result, and
-        overdue by ``rack_rtt + reorder window``."""
+        """Outstanding chunks in ``[lo, hi)`` found lost: sent once before the latest-sent chunk with a
+        result and overdue by ``min(rack_rtt, recent_min) + reorder window`` (RACK; results of one worker come
+        back in sending order, so the later chunk's result is the evidence, and the round trip only allows
+        for reordering), or resent and unanswered for ``resend_timeout``."""
         self.rack_dirty = False
         self.rack_timer = float("inf")
-        if self.rack_i < 0 or hi <= lo:
+        if hi <= lo:
             return []
         t = self.sent_at[lo:hi]
         idx = np.arange(lo, hi)
-        cand = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0)
-        cand &= (t < self.rack_xmit) | ((t == self.rack_xmit) & (idx < self.rack_i))
-        if not cand.any():
+        out = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0)
+        resent = np.frombuffer(self.tries, dtype=np.uint8)[lo:hi] > 0
+        cand = out & ~resent
+        if self.rack_i >= 0:
+            cand &= (t < self.rack_xmit) | ((t == self.rack_xmit) & (idx < self.rack_i))
+        else:
+            cand[:] = False
+        wait = min(self.rack_rtt, self.rtt.recent_min)
+        due = np.where(resent, t + self.resend_timeout(), t + (wait + self.reorder_window()))
+        pending = cand | (out & resent)
+        if not pending.any():
             return []
-        due = t[cand] + (self.rack_rtt + self.reorder_window())
-        over = due <= now
-        if not over.all():
-            self.rack_timer = float(due[~over].min())
-        return [int(i) for i in idx[cand][over]]
+        over = pending & (due <= now)
+        rest = pending & ~over
+        if rest.any():
+            self.rack_timer = float(due[rest].min())
+        return [int(i) for i in idx[over]]
 
-    def overdue(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> list[int]:
-        """Outstanding chunks in ``[lo, hi)`` sent a timeout ago or earlier (after an answered probe)."""
-        self.probe_answered = False
+    def on_timeout(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> list[int]:
+        """The window's timer fired (its oldest outstanding chunk is ``lo``): what to resend.
+
+        Every chunk in ``[lo, hi)`` outstanding for a timeout when results came back after it was sent (a
+        tail lost while the rest of the window flowed), or after a probe was answered; else only ``lo``, as
+        a probe (nothing has come back since: a late peer, whose answer to the probe then brings the rest).
+        """
+        probe_answered, self.probe_answered = self.probe_answered, False
         t = self.sent_at[lo:hi]
         cand = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0) & (t + self.rtt.rto <= now)
-        return [int(i) + lo for i in np.flatnonzero(cand)]
+        if not probe_answered:
+            cand &= t < self.last_new
+        lost = [int(i) + lo for i in np.flatnonzero(cand)]
+        return lost if lost else [lo]
 
     def rto_deadline(self, lo: int) -> float:
         """When the window's timer fires, given its oldest outstanding chunk ``lo``."""

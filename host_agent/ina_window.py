@@ -125,7 +125,7 @@ class InaPhase:
                     stats.early_resends += len(found)
                     cwnd.on_loss(now, est.path_rtt, est.srtt)
             if lo < results.sent and not queued[lo] and now >= flight.rto_deadline(lo):
-                overdue = flight.overdue(gotv, lo, results.sent, now, queued) if flight.probe_answered else [lo]
+                overdue = flight.on_timeout(gotv, lo, results.sent, now, queued)
                 est.expired()
                 cwnd.on_timeout(now, est.path_rtt, est.srtt)
                 stats.timeouts += 1

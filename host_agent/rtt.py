@@ -7,12 +7,15 @@ the mean and variation of every sample (unlike a min-filter, which sees only the
 results that are merely queued or waiting for a later peer). What the min-filter got right is kept
 elsewhere: the window's timer restarts on every new result (``host_agent.ina_window``), so a slow peer
 or a long queue never makes it fire while results still flow, and ``min_rtt`` (the path alone) is what
-the congestion window and the spurious-resend test compare against. Karn's rule: the caller samples
-only chunks sent once. Timeouts back off exponentially (capped) until the next valid sample.
+the congestion window and the spurious-resend test compare against; ``recent_min`` (the shortest of
+the last 32 round trips: path and standing queue) is what early loss detection expects. Karn's rule: the caller samples
+only chunks sent once. Timeouts back off exponentially (capped) until the next new result.
 
 Times are plain floats (seconds) passed in by the caller, so tests drive it with a fake clock.
 """
 from __future__ import annotations
+
+from collections import deque
 
 __all__ = ["RttEstimator"]
 
@@ -20,6 +23,7 @@ ALPHA = 1 / 8  # RFC 6298 gains
 BETA = 1 / 4
 K = 4
 MAX_BACKOFF = 64  # the timeout doubles per consecutive expiry, up to this factor (and rto_max)
+RECENT = 32  # samples in the recent minimum
 
 
 class RttEstimator:
@@ -40,6 +44,7 @@ class RttEstimator:
         self.samples = 0
         self.backoff = 1
         self._base_rto = rto_initial
+        self._recent: deque[float] = deque(maxlen=RECENT)
 
     def reset(self) -> None:
         """Forget the path (a new generation may aggregate in another switch)."""
@@ -50,6 +55,7 @@ class RttEstimator:
         if rtt < 0:
             return
         self.latest = rtt
+        self._recent.append(rtt)
         if rtt < self.min_rtt:
             self.min_rtt = rtt
         if self.samples == 0:
@@ -64,6 +70,11 @@ class RttEstimator:
         self._base_rto = min(max(base, self.rto_min), self.rto_max)
         self.backoff = 1
 
+    def progressed(self) -> None:
+        """A new result arrived (of any chunk): the path works again, so the backoff ends (as Linux does;
+        Karn's rule still keeps resent chunks out of the estimate)."""
+        self.backoff = 1
+
     def expired(self) -> None:
         """The timer fired: back off (doubling, capped) until the next valid sample."""
         if self.backoff < MAX_BACKOFF:
@@ -73,6 +84,12 @@ class RttEstimator:
     def rto(self) -> float:
         """The current timeout, backed off."""
         return min(self._base_rto * self.backoff, self.rto_max)
+
+    @property
+    def recent_min(self) -> float:
+        """The shortest of the last 32 round trips: the path and its standing queue now, without the
+        waits for late peers and their loss recovery (what loss detection should expect)."""
+        return min(self._recent) if self._recent else self.rto_initial / 4
 
     @property
     def path_rtt(self) -> float:

@@ -152,8 +152,32 @@ def test_after_an_answered_probe_the_next_timeout_resends_every_overdue_chunk() 
     assert fl.probe_answered
     now = fl.rto_deadline(1)
     assert now == pytest.approx(1.12 + est.rto)  # restarted by the probe's answer
-    assert fl.overdue(got, 1, 8, now, queued) == list(range(1, 8))
+    assert fl.on_timeout(got, 1, 8, now, queued) == list(range(1, 8))
     assert not fl.probe_answered
+
+
+def test_a_timeout_probes_when_nothing_came_back_and_resends_a_lost_tail_at_once() -> None:
+    fl, _, est = _flight(K=8, granted=8, path=0.010)
+    got = np.zeros(8, dtype=np.uint8)
+    queued = bytearray(8)
+    fl.sent(0, 4, 1.0)
+    now = fl.rto_deadline(0)
+    assert fl.on_timeout(got, 0, 4, now, queued) == [0]  # nothing came back since: a late peer? probe
+    fl.sent(4, 8, 2.0)
+    got[:4] = 1
+    fl.delivered(3, 2.005)  # results flowed after chunks 4..7 were sent, then stopped
+    now = fl.rto_deadline(4)
+    assert fl.on_timeout(got, 4, 8, now, queued) == [4, 5, 6, 7]
+
+
+def test_backoff_ends_with_any_new_result() -> None:
+    fl, _, est = _flight()
+    fl.sent(0, 2, 1.0)
+    fl.resent(0, 1.05, early=False)
+    est.expired()
+    assert est.backoff == 2
+    fl.delivered(0, 1.2)  # a resent chunk: no sample (Karn), but the path works
+    assert est.backoff == 1 and est.samples == 1
 
 
 def test_window_grows_while_round_trips_stay_flat() -> None:
@@ -191,5 +215,7 @@ def test_loss_without_a_queue_keeps_the_window_and_with_one_halves_it() -> None:
     w = cw.cwnd
     cw.on_loss(0.050, 0.010, 0.010)
     assert cw.cwnd == max(1.0, w / 2)
-    cw.on_timeout(0.060, 0.010, 0.010)
+    cw.on_timeout(0.055, 0.010, 0.010)  # within the same round: no second cut
+    assert cw.cwnd == max(1.0, w / 2)
+    cw.on_timeout(0.070, 0.010, 0.010)  # a timeout follows the loss rule
     assert cw.cwnd == max(1.0, w / 4)

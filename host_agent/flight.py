@@ -7,8 +7,10 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   transmission (``rack_rtt``: the round trip of that later chunk, queueing included), it is resent.
   Results of one worker's chunks come back in the order they were sent (every worker sends in order
   and a slot completes when its last copy arrives), so only loss or real reordering triggers this; the
-  reorder window (a quarter of the path's round trip, at least ``REORDER_FLOOR``) widens after an early
-  resend turns out spurious.
+  reorder window is a quarter of the path's round trip, at least ``REORDER_FLOOR``.
+- **Tail probe (TLP).** When results stop for twice the recent shortest round trip plus the reorder
+  window, the stalled window resends as ``on_timeout`` would (the overdue tail, or the oldest chunk),
+  once per stall, without backing off.
 - **Timeout.** One timer for the window, restarted by every new result (RFC 6298 5.3): while results
   flow (a queue draining, a late peer catching up) it never fires; when it does, the oldest outstanding
   chunks are resent and the timeout backs off (until the next new result): every chunk outstanding for a
@@ -36,7 +38,7 @@ from host_agent.rtt import RttEstimator
 __all__ = ["Flight", "REORDER_FLOOR"]
 
 REORDER_FLOOR = 0.001  # seconds: the smallest reorder window
-MAX_REORDER_MULT = 4
+MAX_REORDER_MULT = 1  # no widening: in INA a spurious early resend is mostly a peer's loss (see reorder_window)
 
 
 class Flight:
@@ -66,6 +68,7 @@ class Flight:
         self.rack_dirty = False
         self.last_new = 0.0  # when the latest new result arrived
         self.probe_answered = False  # a timeout's probe came back: the next timeout resends every overdue chunk
+        self.tail_probed = False  # the tail probe of the current stall was sent (re-armed by a new result)
 
     # ------------------------------------------------------------------ transmissions
 
@@ -92,6 +95,7 @@ class Flight:
         t = float(self.sent_at[i])
         rtt = now - t
         self.last_new = now
+        self.tail_probed = False
         est = self.rtt
         est.progressed()
         if self.tries[i]:
@@ -109,6 +113,7 @@ class Flight:
     def delivered_many(self, sel: np.ndarray, now: float) -> None:
         """The first results of chunks ``sel`` (in arrival order) arrived at ``now``."""
         self.last_new = now
+        self.tail_probed = False
         self.rtt.progressed()
         t = self.sent_at[sel]
         rtts = now - t
@@ -147,6 +152,10 @@ class Flight:
     # ------------------------------------------------------------------ loss detection
 
     def reorder_window(self) -> float:
+        """A quarter of the path's round trip, at least ``REORDER_FLOOR``. RACK widens it after spurious
+        early resends; here it stays (``MAX_REORDER_MULT``): when a peer loses a chunk every worker's RACK
+        resends it, spuriously but for one packet, and a wider window would only delay the recoveries
+        that are needed."""
         est = self.rtt
         w = max(est.path_rtt / 4, REORDER_FLOOR) * self.reorder_mult
         return min(w, max(est.srtt, REORDER_FLOOR)) if est.samples else w
@@ -186,20 +195,30 @@ class Flight:
             self.rack_timer = float(due[rest].min())
         return [int(i) for i in idx[over]]
 
-    def on_timeout(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> list[int]:
-        """The window's timer fired (its oldest outstanding chunk is ``lo``): what to resend.
+    def on_timeout(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray,
+                   after: float | None = None) -> list[int]:
+        """The window's timer (or tail probe) fired (its oldest outstanding chunk is ``lo``): what to resend.
 
-        Every chunk in ``[lo, hi)`` outstanding for a timeout when results came back after it was sent (a
+        Every chunk in ``[lo, hi)`` outstanding for ``after`` (default: a timeout) when results came back after it was sent (a
         tail lost while the rest of the window flowed), or after a probe was answered; else only ``lo``, as
         a probe (nothing has come back since: a late peer, whose answer to the probe then brings the rest).
         """
         probe_answered, self.probe_answered = self.probe_answered, False
         t = self.sent_at[lo:hi]
-        cand = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0) & (t + self.rtt.rto <= now)
+        wait = self.rtt.rto if after is None else after
+        cand = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0) & (t + wait <= now)
         if not probe_answered:
             cand &= t < self.last_new
         lost = [int(i) + lo for i in np.flatnonzero(cand)]
         return lost if lost else [lo]
+
+    def tail_deadline(self, lo: int) -> float:
+        """When a stalled window sends its tail probe (TLP, RFC 8985): results have stopped for twice the
+        recent shortest round trip plus the reorder window, long before the timeout (which also covers
+        the skew between workers and backs off). A lost tail has no later chunk to reveal it to RACK."""
+        if self.tail_probed or not self.last_new:  # before the window's first result: a late peer, not a tail
+            return float("inf")
+        return max(self.last_new, float(self.sent_at[lo])) + 2 * self.rtt.recent_min + self.reorder_window()
 
     def rto_deadline(self, lo: int) -> float:
         """When the window's timer fires, given its oldest outstanding chunk ``lo``."""

@@ -124,6 +124,14 @@ class InaPhase:
                         lost.append((i, True))
                     stats.early_resends += len(found)
                     cwnd.on_loss(now, est.path_rtt, est.srtt)
+            if lo < results.sent and not queued[lo] and now >= flight.tail_deadline(lo) and now < flight.rto_deadline(lo):
+                flight.tail_probed = True
+                probe = flight.on_timeout(gotv, lo, results.sent, now, queued,
+                                          2 * est.recent_min + flight.reorder_window())
+                stats.early_resends += len(probe)
+                for i in reversed(probe):
+                    queued[i] = 1
+                    lost.appendleft((i, True))
             if lo < results.sent and not queued[lo] and now >= flight.rto_deadline(lo):
                 overdue = flight.on_timeout(gotv, lo, results.sent, now, queued)
                 est.expired()
@@ -183,7 +191,7 @@ class InaPhase:
             # 5. wait for a datagram, the next timer, or the pacing/guard that holds a send back
             wake = now + 0.05  # short, so a generation change is seen quickly
             if lo < results.sent and not queued[lo]:
-                wake = min(wake, flight.rto_deadline(lo))
+                wake = min(wake, flight.rto_deadline(lo), flight.tail_deadline(lo))
             wake = min(wake, flight.rack_timer)
             held = nxt < K and room > nxt - first and (nxt - S < i0 or got[nxt - S])  # by pacing or the guard
             if lost or held:

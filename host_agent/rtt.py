@@ -31,7 +31,9 @@ class RttEstimator:
 
     Args:
         rto_initial: the timeout before the first sample.
-        rto_min, rto_max: bounds of the timeout (rto_max also bounds the backed-off timeout).
+        rto_min: the least margin of the timeout above SRTT (Linux floors the variance term the same way:
+            an INA round trip jitters with the skew between workers, which a steady path hides from RTTVAR).
+        rto_max: the largest timeout, backed off or not.
         granularity: the clock granularity G of RFC 6298 (the timeout is at least SRTT + G).
     """
 
@@ -66,8 +68,8 @@ class RttEstimator:
             self.rttvar += b * (abs(self.srtt - rtt) - self.rttvar)
             self.srtt += a * (rtt - self.srtt)
         self.samples += 1
-        base = self.srtt + max(self.granularity, K * self.rttvar)
-        self._base_rto = min(max(base, self.rto_min), self.rto_max)
+        base = self.srtt + max(self.granularity, K * self.rttvar, self.rto_min)  # rto_min: the least margin (as Linux)
+        self._base_rto = min(base, self.rto_max)
         self.backoff = 1
 
     def progressed(self) -> None:

@@ -18,6 +18,11 @@ def test_rto_follows_rfc6298_from_the_first_sample() -> None:
     assert est.rto == 0.05
     est.sample(0.010)
     assert est.srtt == 0.010 and est.rttvar == 0.005 and est.rto == pytest.approx(0.030)
+    floor = RttEstimator(0.05, 0.010, 1.0)
+    floor.sample(0.020)
+    for _ in range(50):
+        floor.sample(0.020)
+    assert floor.rto == pytest.approx(0.030)  # rto_min is the least margin above SRTT
     est.sample(0.018)  # rttvar = 3/4 * 5 + 1/4 * 8 = 5.75 ms; srtt = 7/8 * 10 + 1/8 * 18 = 11 ms
     assert est.rttvar == pytest.approx(0.00575) and est.srtt == pytest.approx(0.011)
     assert est.rto == pytest.approx(0.011 + 4 * 0.00575)
@@ -27,7 +32,7 @@ def test_rto_follows_rfc6298_from_the_first_sample() -> None:
 def test_rto_follows_queueing_and_stays_within_bounds() -> None:
     est = RttEstimator(0.05, 0.01, 0.2)
     est.sample(0.001)
-    assert est.rto == 0.01  # rto_min
+    assert est.rto == pytest.approx(0.011)  # SRTT + rto_min
     for k in range(200):  # a queue builds up: round trips grow to 100 ms
         est.sample(0.001 + k * 0.0005)
     assert est.srtt > 0.08 and est.rto > est.srtt
@@ -120,7 +125,7 @@ def test_spurious_resends_counted_at_the_first_result_or_a_second_one() -> None:
     assert stats.spurious_resends == 2
     fl.resent(2, 1.030, early=True)
     fl.delivered(2, 1.031)
-    assert stats.spurious_resends == 3 and fl.reorder_mult == 2  # a spurious early resend widens the window
+    assert stats.spurious_resends == 3 and fl.reorder_mult == 1  # the reorder window stays (Flight.reorder_window)
 
 
 def test_delivered_many_equals_one_at_a_time() -> None:
@@ -168,6 +173,18 @@ def test_a_timeout_probes_when_nothing_came_back_and_resends_a_lost_tail_at_once
     fl.delivered(3, 2.005)  # results flowed after chunks 4..7 were sent, then stopped
     now = fl.rto_deadline(4)
     assert fl.on_timeout(got, 4, 8, now, queued) == [4, 5, 6, 7]
+
+
+def test_a_stalled_window_probes_its_tail_once_per_stall() -> None:
+    fl, _, est = _flight(K=8, granted=8, path=0.010)
+    fl.sent(0, 8, 1.0)
+    fl.delivered(3, 1.010)
+    d = fl.tail_deadline(4)
+    assert d == pytest.approx(1.010 + 2 * est.recent_min + fl.reorder_window()) and d < fl.rto_deadline(4)
+    fl.tail_probed = True
+    assert fl.tail_deadline(4) == float("inf")
+    fl.delivered(4, 1.05)  # a new result re-arms it
+    assert fl.tail_deadline(5) < float("inf")
 
 
 def test_backoff_ends_with_any_new_result() -> None:

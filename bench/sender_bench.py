@@ -10,8 +10,8 @@
    path is lossless, so every resend is spurious; also what the agents counted as ``spurious_resends``);
    then goodput at 1 % and 5 % loss (each direction at the switch) vs lossless, window 16.
 2. ``--sender-rtt MS,...``: the same with a propagation delay (``agent_bench._DelayRelay``: every datagram
-   held RTT/2 each way), windows on 4096 float32, per packet; loss at a window of twice the BDP
-   (rounded up to a power of two), 16384 float32.
+   held RTT/2 each way; 0: none), windows on 4096 float32, per packet; loss at a window of twice the BDP
+   (rounded up to a power of two, at least 16), 16384 float32.
 3. ``--realloc``: 4 workers (in-process switch and fake controller, ``tests.udp_switch``), links emulated
    at 2 Mbit/s, 12 calls of 4096 float32, the job moved every 2 calls at a random point (INA at another
    slot range -> ring -> INA); per kind of move the medians of the stream's ``pauses`` (stop, barrier,
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         results["sender_rtt"] = []
         for ms in (float(x) for x in args.sender_rtt.split(",")):
             bdp = ms / 1e3 / (wire.INA_FRAME_LEN * 8 / 2e6)
-            loss_window = 1 << max(0, int(np.ceil(np.log2(2 * bdp))))
+            loss_window = 1 << max(4, int(np.ceil(np.log2(max(2 * bdp, 1.0)))))  # twice the BDP, at least 16
             print(f"INA sender at {ms:g} ms round trip (BDP {bdp:.1f} slots), 4 workers on loopback, 2 Mbit/s, "
                   f"3 runs per point; loss at a window of {loss_window}", flush=True)
             results["sender_rtt"].append(bench_sender((1, 4, 16, 64, 256), (0.0, 0.01, 0.05), loss_window, 4096, 3, 2e6,

@@ -8,8 +8,7 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   Results of one worker's chunks come back in the order they were sent (every worker sends in order
   and a slot completes when its last copy arrives), so only loss or real reordering triggers this; the
   reorder window is a quarter of the path's round trip, at least ``REORDER_FLOOR``.
-- **Tail probe (TLP).** When results stop for twice the recent shortest round trip plus the reorder
-  window, the stalled window resends as ``on_timeout`` would (the overdue tail, or the oldest chunk),
+- **Tail probe (TLP).** When results stop for ``tail_wait``, the stalled window resends as ``on_timeout`` would (the overdue tail, or the oldest chunk),
   once per stall, without backing off.
 - **Timeout.** One timer for the window, restarted by every new result (RFC 6298 5.3): while results
   flow (a queue draining, a late peer catching up) it never fires; when it does, the oldest outstanding
@@ -161,10 +160,9 @@ class Flight:
         return min(w, max(est.srtt, REORDER_FLOOR)) if est.samples else w
 
     def resend_timeout(self) -> float:
-        """How long a resent chunk may stay unanswered before it is resent again: twice the recent shortest
-        round trip (no floor, no backoff: a resend lost too would otherwise cost the whole job a timeout;
+        """How long a resent chunk may stay unanswered before it is resent again: ``tail_wait`` (no backoff: a resend lost too would otherwise cost the whole job a timeout;
         the average round trip includes peers' loss recovery and grows with the loss rate)."""
-        return 2 * self.rtt.recent_min + self.reorder_window()
+        return self.tail_wait()
 
     def lost(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> list[int]:
         """Outstanding chunks in ``[lo, hi)`` found lost: sent once before the latest-sent chunk with a
@@ -218,7 +216,13 @@ class Flight:
         the skew between workers and backs off). A lost tail has no later chunk to reveal it to RACK."""
         if self.tail_probed or not self.last_new:  # before the window's first result: a late peer, not a tail
             return float("inf")
-        return max(self.last_new, float(self.sent_at[lo])) + 2 * self.rtt.recent_min + self.reorder_window()
+        return max(self.last_new, float(self.sent_at[lo])) + self.tail_wait()
+
+    def tail_wait(self) -> float:
+        """Twice the recent shortest round trip plus the reorder window, at least ``rto_min`` (as Linux
+        floors its probe timeout: below that, a worker descheduled for a moment looks like a lost tail)."""
+        est = self.rtt
+        return max(2 * est.recent_min + self.reorder_window(), est.rto_min)
 
     def rto_deadline(self, lo: int) -> float:
         """When the window's timer fires, given its oldest outstanding chunk ``lo``."""

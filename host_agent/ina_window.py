@@ -126,8 +126,7 @@ class InaPhase:
                     cwnd.on_loss(now, est.path_rtt, est.srtt)
             if lo < results.sent and not queued[lo] and now >= flight.tail_deadline(lo) and now < flight.rto_deadline(lo):
                 flight.tail_probed = True
-                probe = flight.on_timeout(gotv, lo, results.sent, now, queued,
-                                          2 * est.recent_min + flight.reorder_window())
+                probe = flight.on_timeout(gotv, lo, results.sent, now, queued, flight.tail_wait())
                 stats.early_resends += len(probe)
                 for i in reversed(probe):
                     queued[i] = 1

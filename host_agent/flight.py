@@ -8,8 +8,8 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   Results of one worker's chunks come back in the order they were sent (every worker sends in order
   and a slot completes when its last copy arrives), so only loss or real reordering triggers this; the
   reorder window is a quarter of the path's round trip, at least ``REORDER_FLOOR``.
-- **Tail probe (TLP).** When results stop for ``tail_wait``, the stalled window resends as ``on_timeout`` would (the overdue tail, or the oldest chunk),
-  once per stall, without backing off.
+- **Tail probe (TLP).** When results stop for ``tail_wait``, the stalled window resends its oldest
+  chunk, once per stall, without backing off; after an answered probe, the overdue tail.
 - **Timeout.** One timer for the window, restarted by every new result (RFC 6298 5.3): while results
   flow (a queue draining, a late peer catching up) it never fires; when it does, the oldest outstanding
   chunks are resent and the timeout backs off (until the next new result): every chunk outstanding for a

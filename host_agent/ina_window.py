@@ -126,11 +126,14 @@ class InaPhase:
                     cwnd.on_loss(now, est.path_rtt, est.srtt)
             if lo < results.sent and not queued[lo] and now >= flight.tail_deadline(lo) and now < flight.rto_deadline(lo):
                 flight.tail_probed = True
-                probe = flight.on_timeout(gotv, lo, results.sent, now, queued, flight.tail_wait())
+                # one chunk, unless a probe was answered already (then the overdue tail): a worker that
+                # stalls for a moment costs one packet, not a window
+                probe = flight.on_timeout(gotv, lo, results.sent, now, queued, flight.tail_wait()) \
+                    if flight.probe_answered else [lo]
                 stats.early_resends += len(probe)
                 for i in reversed(probe):
                     queued[i] = 1
-                    lost.appendleft((i, True))
+                    lost.appendleft((i, False))  # a probe: its answer lets the next one resend the tail
             if lo < results.sent and not queued[lo] and now >= flight.rto_deadline(lo):
                 overdue = flight.on_timeout(gotv, lo, results.sent, now, queued)
                 est.expired()

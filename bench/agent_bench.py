@@ -16,6 +16,7 @@
    byte up and down once, the ring 2(n-1)/n times), and that ideal corrected for header overhead
    (184-byte INA frames carry 128 bytes of data; TCP segments 1448 of 1514).
 3. Where torch is installed: the agent's ring against torch.distributed's gloo all_reduce, n processes.
+(The INA sender and the reallocation pause: bench/sender_bench.py.)
 4. Only with ``--e2e 10,20,40`` (root, Mininet, minutes, under /tmp/ina-integration.lock): experiment 1
    (``ina-exp run allreduce --small``) at n=8, INA and ring, with the agents' I/O batched and forced per
    packet (``INA_AGENT_IO``), alternating; medians, ranges, the framed ideal and INA's framed wire time.
@@ -209,33 +210,104 @@ def print_packet_rate(pr: dict) -> None:
 # --------------------------------------------------------------------------- 2. INA vs ring
 
 
-def _switch(conn, workers: list[tuple[int, str, int]], slots: int) -> None:
-    from softswitch.udp import UdpSwitch
+class _DelayRelay:
+    """Propagation delay on loopback: agents send to ``address``; every datagram is held ``rtt / 2`` each way.
 
-    sw = UdpSwitch("s1")
-    ws = [Worker(i, ip, port) for i, ip, port in workers]
+    The switch knows worker ``i`` by the relay's socket ``i`` (its results come back through it), so both
+    directions are delayed, in order, by one thread with a queue of deadlines (no netem on this kernel).
+    """
+
+    def __init__(self, workers: list[tuple[int, str, int]], switch: tuple[str, int], rtt: float) -> None:
+        self.half, self.switch = rtt / 2, switch
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.front.bind(("127.0.0.1", 0))
+        self.address = self.front.getsockname()
+        self.back = {}
+        self.agent_of: dict[int, tuple[str, int]] = {}
+        self.by_agent: dict[tuple[str, int], socket.socket] = {}
+        for i, ip, port in workers:
+            b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            b.bind(("127.0.0.1", 0))
+            self.back[i] = b
+            self.agent_of[b.fileno()] = (ip, port)
+            self.by_agent[(ip, port)] = b
+        for sk in [self.front, *self.back.values()]:
+            sk.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            sk.setblocking(False)
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def worker_address(self, i: int) -> tuple[str, int]:
+        return self.back[i].getsockname()
+
+    def _run(self) -> None:
+        import collections
+
+        poll = select.poll()
+        socks = {sk.fileno(): sk for sk in [self.front, *self.back.values()]}
+        for fd in socks:
+            poll.register(fd, select.POLLIN)
+        held: collections.deque = collections.deque()  # (deadline, socket, data, destination): one delay, so FIFO
+        while not self.stop:
+            now = time.monotonic()
+            while held and held[0][0] <= now:
+                _, sk, data, dest = held.popleft()
+                try:
+                    sk.sendto(data, dest)
+                except OSError:
+                    pass
+            wait = (held[0][0] - now) if held else 0.05
+            for fd, _ in poll.poll(max(wait, 0) * 1000.0):
+                sk = socks[fd]
+                while True:
+                    try:
+                        data, src = sk.recvfrom(2048)
+                    except BlockingIOError:
+                        break
+                    due = time.monotonic() + self.half
+                    if sk is self.front:
+                        out = self.by_agent.get(src)
+                        if out is not None:
+                            held.append((due, out, data, self.switch))
+                    else:
+                        held.append((due, self.front, data, self.agent_of[fd]))
+
+
+def _switch(conn, workers: list[tuple[int, str, int]], slots: int, drop: float = 0.0, rtt: float = 0.0) -> None:
+    from softswitch.udp import Faults, UdpSwitch
+
+    sw = UdpSwitch("s1", faults=Faults(drop=drop), seed=7)
+    relay = _DelayRelay(workers, sw.address, rtt) if rtt else None
+    ws = [Worker(i, *(relay.worker_address(i) if relay else (ip, port))) for i, ip, port in workers]
     sw.install_job(1, ws, 0, slots, 0)
-    conn.send(sw.address)
+    if relay:
+        relay.thread.start()
+    conn.send(relay.address if relay else sw.address)
     conn.recv()
     conn.send({"received": sw.received, "forwarded": sw.forwarded})
+    if relay:
+        relay.stop = True
     sw.close()
 
 
-def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps: float, slots: int) -> tuple[float, dict]:
+def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps: float, slots: int,
+                  drop: float = 0.0, io: IoMode = IoMode.PER_PACKET, rtt: float = 0.0) -> tuple[float, dict]:
+    """Median time of ``iterations`` all-reduces; the switch's counters and the workers' summed stream stats."""
     sockets = [bind_worker_sockets("127.0.0.1") for _ in range(n)]
     workers = tuple(Worker(i, "127.0.0.1", s[0].getsockname()[1]) for i, s in enumerate(sockets))
     proc = None
     if backend == "ina":
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_switch, args=(child, [(w.worker_id, w.ip, w.udp_port) for w in workers], slots),
+        proc = ctx.Process(target=_switch, args=(child, [(w.worker_id, w.ip, w.udp_port) for w in workers], slots, drop, rtt),
                            daemon=True)
         proc.start()
         ip, port = parent.recv()
         grant = Grant(1, 0, "ina", (SwitchGrant("s1", ip, num_slots=slots, worker_ids=tuple(range(n))),), ina_port=port)
     else:
         grant = Grant.ring_only(1)
-    opts = StreamOptions(op_timeout=30.0, link_bps=link_bps)
+    opts = StreamOptions(op_timeout=30.0, link_bps=link_bps, io=io)
+    stats: list = [None] * n
     rng = np.random.default_rng(n)
     data = [rng.integers(-2**20, 2**20, size=(-(-elements // wire.LANES), wire.LANES), dtype=np.int32) for _ in range(n)]
     want = np.sum(np.stack(data).astype(np.int64), axis=0)
@@ -255,6 +327,7 @@ def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps
                 times[i].append(time.perf_counter() - t0)
                 if not np.array_equal(out, want):
                     raise AssertionError(f"worker {i}: wrong {backend} sum")
+            stats[i] = stream.stats
             stream.close()
         except BaseException as exc:
             errors.append(exc)
@@ -275,6 +348,8 @@ def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps
     if errors:
         raise errors[0]
     per_iter = [max(times[i][k] for i in range(n)) for k in range(iterations)]  # the slowest worker finishes it
+    keys = ("chunks", "retransmits", "spurious_resends", "early_resends", "timeouts")
+    extra["stats"] = {k: sum(getattr(st, k, 0) for st in stats) for k in keys}
     return statistics.median(per_iter), extra
 
 

@@ -119,6 +119,7 @@ class RingPhases:
         else:
             peak = 0
         payload[-1] = -(-peak >> _BOUND_SHIFT) if peak else 0
+        since = time.monotonic()
         try:
             out = ring.allreduce(payload)
             self.stats.ring_ops += 1
@@ -128,6 +129,7 @@ class RingPhases:
                 self.stats.ring_redo_int64 += 1
                 self.stats.ring_ops += 1
         except RingError as exc:
+            self._ring_lost = time.monotonic() - since  # an aborted op's work is lost (stats.pauses)
             self._ring_failed(exc)
         sums = sums.reshape(K, LANES)
         flags = None

@@ -20,6 +20,7 @@ The phases a segment of chunks runs through live in their own modules, mixed int
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import threading
@@ -30,6 +31,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from host_agent.chunks import LANES, Call, Segment
+from host_agent.congestion import CongestionWindow
 from host_agent.errors import AgentError, AgentTimeout, Interrupted, JobReleased, StaleGeneration
 from host_agent.fixedpoint import split_chunks
 from host_agent.grant import Grant, Plan, Worker, plan_for
@@ -37,6 +39,7 @@ from host_agent.ina_window import InaPhase, WindowMode
 from host_agent.rina import RinaPhases
 from host_agent.ring import RingAllReduce
 from host_agent.ring_phases import RingPhases
+from host_agent.rtt import RttEstimator
 from host_agent.udp_io import DatagramIo, IoMode
 from inaproto import wire
 from inaproto.backends import Backend, BackendChoice
@@ -56,7 +59,8 @@ class StreamOptions:
         op_timeout: an operation that makes no progress for this long raises AgentTimeout.
         connect_timeout: deadline for connecting a ring.
         rto_initial, rto_min, rto_max: retransmission timeout: starts at rto_initial, then follows the
-            measured round trips (Jacobson/Karn) within [rto_min, rto_max]; doubles per retry of a chunk.
+            measured round trips (RFC 6298, Karn's rule) within [rto_min, rto_max]; backs off per expiry.
+        initial_window: chunks in flight at first; the congestion window then adapts, up to the slots.
         ring_grace: after a ring failure, how long to wait for the generation change that explains it.
         broadcast_window: Rina: chunks a representative broadcasts beyond the slowest rack worker's ack.
         reorder_guard: chunk g+S is sent no earlier than this after the last transmission of chunk g
@@ -79,6 +83,7 @@ class StreamOptions:
     rto_initial: float = 0.05
     rto_min: float = 0.01
     rto_max: float = 1.0
+    initial_window: int = 8
     ring_grace: float = 10.0
     broadcast_window: int = 512
     reorder_guard: float = 0.0
@@ -98,6 +103,8 @@ class StreamOptions:
             raise ValueError(f"link_bps must be >= 0, got {self.link_bps!r}")
         if not self.rto_min <= self.rto_initial <= self.rto_max:
             raise ValueError("need rto_min <= rto_initial <= rto_max")
+        if self.initial_window < 1:
+            raise ValueError(f"initial_window must be >= 1, got {self.initial_window}")
         if self.broadcast_window < 1:
             raise ValueError(f"broadcast_window must be >= 1, got {self.broadcast_window}")
 
@@ -109,7 +116,10 @@ class StreamStats:
     calls: int = 0
     chunks: int = 0
     packets_sent: int = 0
-    retransmits: int = 0
+    retransmits: int = 0  # every resend (early, timeout probe)
+    early_resends: int = 0  # resends of chunks found lost before the timeout (RACK)
+    timeouts: int = 0  # expiries of a window's retransmission timer (each resends one probe)
+    spurious_resends: int = 0  # resent chunks whose original reached the switch (host_agent/flight.py)
     results: int = 0
     ignored: int = 0  # duplicate, late or foreign packets
     stale: int = 0  # packets of another generation or job
@@ -122,6 +132,10 @@ class StreamStats:
     nacks_sent: int = 0
     nacks_served: int = 0
     generation_history: list = field(default_factory=list)
+    # per generation change (not the first sync): [seconds from the grant's arrival to the stop, to the
+    # barrier's answer, to the replay's end (first missing chunk back where it was), chunks replayed,
+    # seconds of ring work lost (an aborted ring op's time before the stop)]
+    pauses: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()}
@@ -174,6 +188,13 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
                 pass
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
+        self._wakefd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # notify_* wake the INA window's poll
+        self._wpoll = select.poll()  # the INA window's: the socket and the wake-up
+        self._wpoll.register(sock, select.POLLIN)
+        self._wpoll.register(self._wakefd, select.POLLIN)
+        self._notice_at: float | None = None  # when the pending generation's grant arrived
+        self._catchup: list | None = None  # the pause being measured: [notice, stop, synced, first missing, replayed, lost]
+        self._ring_lost = 0.0  # seconds of the last aborted ring op (host_agent/ring_phases.py)
         self._listener = listener
         self._listen_addr = listener.getsockname()[:2]
         self._sync = sync
@@ -200,15 +221,20 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._rings: dict[tuple[int, ...], RingAllReduce] = {}
         self._bstore: dict[int, bytes] = {}
         self._acks: dict[int, int] = {}
-        self._rtt_samples = [options.rto_initial / 4] * 32
-        self._rtt_next = 0
-        self._rto = options.rto_initial
+        self._rtt = RttEstimator(options.rto_initial, options.rto_min, options.rto_max)
+        self._cwnd = CongestionWindow(options.initial_window)
+        self._reorder_mult = 1  # widening of the reorder window after spurious early resends (host_agent/flight.py)
         self._guard_until = 0.0
         self._pace_next = 0.0  # link emulation: when the next INA packet may leave
         self._pace_gap = (wire.INA_FRAME_LEN * 8 / options.link_bps) if options.link_bps else 0.0
         self._closed = False
 
     # ------------------------------------------------------------------ control (any thread)
+
+    @property
+    def _rto(self) -> float:
+        """The retransmission timeout now (Rina's repair requests use it too)."""
+        return self._rtt.rto
 
     @property
     def plan(self) -> Plan:
@@ -229,13 +255,24 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
             self._latest = grant
             if same:
                 return
+            if not self._pending:
+                self._notice_at = time.monotonic()
             self._pending = True
+        self._wake()
         self._abort_rings()
 
     def notify_released(self) -> None:
         with self._ctl:
             self._released = True
+        self._wake()
         self._abort_rings()
+
+    def _wake(self) -> None:
+        """Wake a window blocked in poll (it sees the flags at once instead of after its 50 ms tick)."""
+        try:
+            os.eventfd_write(self._wakefd, 1)
+        except OSError:
+            pass
 
     def _abort_rings(self) -> None:
         for ring in list(self._rings.values()):
@@ -340,6 +377,10 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
             ring.close()
         self._rings.clear()
         self._listener.close()
+        try:
+            os.close(self._wakefd)
+        except OSError:
+            pass
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -366,6 +407,18 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
                 self._run_segment(seg, i0)
             except Interrupted:
                 continue
+            if self._catchup is not None:
+                self._caught_up()
+
+    def _caught_up(self) -> None:
+        """Record the pause of the last generation change once the stream is back where it stopped."""
+        notice, stop, synced, m, replayed, lost = self._catchup
+        if self.first_missing() < m:
+            return
+        self._catchup = None
+        now = time.monotonic()
+        self.stats.pauses.append([round(stop - notice, 6), round(synced - notice, 6), round(now - notice, 6), replayed,
+                                  round(lost, 6)])
 
     def _next_work(self) -> tuple[Segment, int] | None:
         pos = self._pruned_end
@@ -417,7 +470,13 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
 
     def _resync(self) -> None:
         opts = self.options
-        deadline = time.monotonic() + opts.op_timeout
+        stop = time.monotonic()
+        lost, self._ring_lost = self._ring_lost, 0.0  # an aborted ring op's work
+        deadline = stop + opts.op_timeout
+        try:
+            os.eventfd_read(self._wakefd)
+        except OSError:
+            pass
         while True:
             with self._ctl:
                 grant = self._latest
@@ -451,6 +510,11 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._generation = grant.generation
         self._base = resume
         self._acks = {w: resume for w in self.ids}
+        self._rtt.reset()  # the new plan may aggregate in another switch
+        notice, self._notice_at = self._notice_at, None
+        if notice is not None and self.stats.resyncs:
+            self._catchup = [notice, stop, time.monotonic(), m, m - resume, lost]
+            self._caught_up()
         self.stats.resyncs += 1
         self.stats.generation_history.append((grant.generation, self._plan.kind, resume))
         log.info("worker %d: generation %d (%s), resume at chunk %d (first missing was %d)",

@@ -1,0 +1,229 @@
+"""The chunks of one INA window in flight: when each was sent, which are lost, which resends were spurious.
+
+Loss is found two ways (docs/agent.md, "Loss recovery"):
+
+- **Early (RACK, RFC 8985).** A result for a chunk *sent later* than an outstanding one means the
+  outstanding one should have come back by now: once it is ``rack_rtt + reorder_window`` past its own
+  transmission (``rack_rtt``: the round trip of that later chunk, queueing included), it is resent.
+  Results of one worker's chunks come back in the order they were sent (every worker sends in order
+  and a slot completes when its last copy arrives), so only loss or real reordering triggers this; the
+  reorder window is a quarter of the path's round trip, at least ``REORDER_FLOOR``.
+- **Tail probe (TLP).** When results stop for ``tail_wait``, the stalled window resends its oldest
+  chunk, once per stall, without backing off; after an answered probe, the overdue tail.
+- **Timeout.** One timer for the window, restarted by every new result (RFC 6298 5.3): while results
+  flow (a queue draining, a late peer catching up) it never fires; when it does, the oldest outstanding
+  chunks are resent and the timeout backs off (until the next new result): every chunk outstanding for a
+  timeout that results came back after (a tail lost while the rest flowed), else the oldest alone as a
+  probe (nothing came back since it was sent: a late peer answers the probe, then the rest); after an
+  answered probe, every chunk outstanding for a timeout. Only chunks sent once feed RACK (Karn's rule for RACK: an
+  INA result of a resent chunk may answer either send, and a probe answered by a late peer says nothing
+  of the chunks sent before it).
+
+A resend is **spurious** when the chunk's original reached the switch. The agent counts it when the first
+result comes back sooner than the path's shortest round trip after the resend (it cannot be the resend's
+answer), or when a second result comes back for a chunk resent once (the switch answers a resend of a
+completed chunk to its sender alone). A resend held at the switch until a late peer completes the chunk
+looks like a needed one: under loss the count is a lower bound (on a lossless path every resend is spurious).
+
+Times are plain floats passed in by the caller (tests use a fake clock).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from host_agent.congestion import CongestionWindow
+from host_agent.rtt import RttEstimator
+
+__all__ = ["Flight", "REORDER_FLOOR"]
+
+REORDER_FLOOR = 0.001  # seconds: the smallest reorder window
+MAX_REORDER_MULT = 1  # no widening: in INA a spurious early resend is mostly a peer's loss (see reorder_window)
+
+
+class Flight:
+    """Send times, resends and loss detection of chunks ``[i0, K)`` of one window.
+
+    Args:
+        K, i0: the window's chunks are ``i0 .. K-1``.
+        rtt: the stream's round-trip estimator (sampled here, Karn's rule).
+        cwnd: the stream's congestion window (fed here).
+        granted: slots granted (the window's upper bound).
+        stats: the stream's counters (``spurious_resends``).
+        reorder_mult: the stream's current widening of the reorder window (carried between windows).
+    """
+
+    def __init__(self, K: int, i0: int, rtt: RttEstimator, cwnd: CongestionWindow, granted: int, stats,
+                 reorder_mult: int = 1) -> None:
+        self.K, self.i0, self.rtt, self.cwnd, self.granted, self.stats = K, i0, rtt, cwnd, granted, stats
+        self.sent_at = np.zeros(K, dtype=np.float64)  # last transmission of each chunk
+        self.tries = bytearray(K)  # resends of each chunk (saturating)
+        self.early = bytearray(K)  # 1: resent by RACK (a spurious one widens the reorder window)
+        self.counted = bytearray(K)  # 1: counted as a spurious resend already
+        self.reorder_mult = reorder_mult
+        self.rack_xmit = float("-inf")  # transmission time of the latest-sent chunk with a result
+        self.rack_i = -1
+        self.rack_rtt = 0.0
+        self.rack_timer = float("inf")  # when an outstanding chunk becomes lost unless its result comes
+        self.rack_dirty = False
+        self.last_new = 0.0  # when the latest new result arrived
+        self.probe_answered = False  # a timeout's probe came back: the next timeout resends every overdue chunk
+        self.tail_probed = False  # the tail probe of the current stall was sent (re-armed by a new result)
+
+    # ------------------------------------------------------------------ transmissions
+
+    def sent(self, first: int, end: int, now: float) -> None:
+        self.sent_at[first:end] = now
+
+    def resent(self, i: int, now: float, early: bool) -> None:
+        self.sent_at[i] = now
+        if self.tries[i] < 255:
+            self.tries[i] += 1
+        self.early[i] = 1 if early else 0
+
+    # ------------------------------------------------------------------ results
+
+    def _spurious(self, i: int) -> None:
+        if not self.counted[i]:
+            self.counted[i] = 1
+            self.stats.spurious_resends += 1
+            if self.early[i] and self.reorder_mult < MAX_REORDER_MULT:
+                self.reorder_mult += 1
+
+    def delivered(self, i: int, now: float) -> None:
+        """The first result of chunk ``i`` arrived at ``now``."""
+        t = float(self.sent_at[i])
+        rtt = now - t
+        self.last_new = now
+        self.tail_probed = False
+        est = self.rtt
+        est.progressed()
+        if self.tries[i]:
+            if rtt < est.path_rtt:
+                self._spurious(i)  # it answers an earlier send
+            elif not self.early[i]:
+                self.probe_answered = True
+            return  # Karn: a resent chunk's time says nothing of the path, nor of what was sent before it
+        est.sample(rtt, int(self.cwnd.cwnd) // 2)
+        self.cwnd.on_results(est.recent_min, 1, now, est.path_rtt, est.srtt, self.granted)
+        if t > self.rack_xmit or (t == self.rack_xmit and i > self.rack_i):
+            self.rack_xmit, self.rack_i, self.rack_rtt = t, i, rtt
+            self.rack_dirty = True
+
+    def delivered_many(self, sel: np.ndarray, now: float) -> None:
+        """The first results of chunks ``sel`` (in arrival order) arrived at ``now``."""
+        self.last_new = now
+        self.tail_probed = False
+        self.rtt.progressed()
+        t = self.sent_at[sel]
+        rtts = now - t
+        once = np.frombuffer(self.tries, dtype=np.uint8)[sel] == 0
+        est = self.rtt
+        if once.any():
+            sample = rtts[once]
+            step = max(1, sample.size // 16)  # a few samples stand for the batch (same arrival time)
+            per_round = int(self.cwnd.cwnd) // (2 * step)
+            for r in sample[::step]:
+                est.sample(float(r), per_round)
+            self.cwnd.on_results(est.recent_min, int(sample.size), now, est.path_rtt, est.srtt, self.granted)
+        if not once.all():
+            resent = ~once
+            early = rtts < est.path_rtt
+            for i in sel[resent & early]:
+                self._spurious(int(i))
+            answered = sel[resent & ~early]
+            if answered.size and not all(self.early[int(i)] for i in answered):
+                self.probe_answered = True
+        if once.any():
+            tv = t[once]
+            so = sel[once]
+            last = tv.max()
+            ties = np.flatnonzero(tv == last)
+            k = int(ties[np.argmax(so[ties])])  # the latest transmission; of a run, the highest chunk
+            if last > self.rack_xmit or (last == self.rack_xmit and int(so[k]) > self.rack_i):
+                self.rack_xmit, self.rack_i, self.rack_rtt = float(last), int(so[k]), float(rtts[once][k])
+                self.rack_dirty = True
+
+    def duplicate(self, i: int) -> None:
+        """Another result for chunk ``i``, which already has one."""
+        if self.tries[i] == 1:
+            self._spurious(i)
+
+    # ------------------------------------------------------------------ loss detection
+
+    def reorder_window(self) -> float:
+        """A quarter of the path's round trip, at least ``REORDER_FLOOR``. RACK widens it after spurious
+        early resends; here it stays (``MAX_REORDER_MULT``): when a peer loses a chunk every worker's RACK
+        resends it, spuriously but for one packet, and a wider window would only delay the recoveries
+        that are needed."""
+        est = self.rtt
+        w = max(est.path_rtt / 4, REORDER_FLOOR) * self.reorder_mult
+        return min(w, max(est.srtt, REORDER_FLOOR)) if est.samples else w
+
+    def resend_timeout(self) -> float:
+        """How long a resent chunk may stay unanswered before it is resent again: ``tail_wait`` (no backoff: a resend lost too would otherwise cost the whole job a timeout;
+        the average round trip includes peers' loss recovery and grows with the loss rate)."""
+        return self.tail_wait()
+
+    def lost(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> list[int]:
+        """Outstanding chunks in ``[lo, hi)`` found lost: sent once before the latest-sent chunk with a
+        result and overdue by ``min(rack_rtt, recent_min) + reorder window`` (RACK; results of one worker come
+        back in sending order, so the later chunk's result is the evidence, and the round trip only allows
+        for reordering), or resent and unanswered for ``resend_timeout``."""
+        self.rack_dirty = False
+        self.rack_timer = float("inf")
+        if hi <= lo:
+            return []
+        t = self.sent_at[lo:hi]
+        idx = np.arange(lo, hi)
+        out = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0)
+        resent = np.frombuffer(self.tries, dtype=np.uint8)[lo:hi] > 0
+        cand = out & ~resent
+        if self.rack_i >= 0:
+            cand &= (t < self.rack_xmit) | ((t == self.rack_xmit) & (idx < self.rack_i))
+        else:
+            cand[:] = False
+        wait = min(self.rack_rtt, self.rtt.recent_min)
+        due = np.where(resent, t + self.resend_timeout(), t + (wait + self.reorder_window()))
+        pending = cand | (out & resent)
+        if not pending.any():
+            return []
+        over = pending & (due <= now)
+        rest = pending & ~over
+        if rest.any():
+            self.rack_timer = float(due[rest].min())
+        return [int(i) for i in idx[over]]
+
+    def on_timeout(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray,
+                   after: float | None = None) -> list[int]:
+        """The window's timer (or tail probe) fired (its oldest outstanding chunk is ``lo``): what to resend.
+
+        Every chunk in ``[lo, hi)`` outstanding for ``after`` (default: a timeout) when results came back after it was sent (a
+        tail lost while the rest of the window flowed), or after a probe was answered; else only ``lo``, as
+        a probe (nothing has come back since: a late peer, whose answer to the probe then brings the rest).
+        """
+        probe_answered, self.probe_answered = self.probe_answered, False
+        t = self.sent_at[lo:hi]
+        wait = self.rtt.rto if after is None else after
+        cand = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0) & (t + wait <= now)
+        if not probe_answered:
+            cand &= t < self.last_new
+        lost = [int(i) + lo for i in np.flatnonzero(cand)]
+        return lost if lost else [lo]
+
+    def tail_deadline(self, lo: int) -> float:
+        """When a stalled window sends its tail probe (TLP, RFC 8985): results have stopped for twice the
+        recent shortest round trip plus the reorder window, long before the timeout (which also covers
+        the skew between workers and backs off). A lost tail has no later chunk to reveal it to RACK."""
+        if self.tail_probed or not self.last_new:  # before the window's first result: a late peer, not a tail
+            return float("inf")
+        return max(self.last_new, float(self.sent_at[lo])) + self.tail_wait()
+
+    def tail_wait(self) -> float:
+        """Twice the recent shortest round trip plus the reorder window, at least ``rto_min`` (as Linux
+        floors its probe timeout: below that, a worker descheduled for a moment looks like a lost tail)."""
+        est = self.rtt
+        return max(2 * est.recent_min + self.reorder_window(), est.rto_min)
+
+    def rto_deadline(self, lo: int) -> float:
+        """When the window's timer fires, given its oldest outstanding chunk ``lo``."""
+        return max(self.last_new, float(self.sent_at[lo])) + self.rtt.rto

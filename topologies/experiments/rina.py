@@ -188,7 +188,9 @@ class RinaExperiment(Experiment):
             lines.append(head)
             for r in p["rina"]:
                 ratio = f"{r['ratio_to_ring']:.2f}" if r.get("ratio_to_ring") else "-"
-                lines.append(f"  Rina {r['ina_fraction']:.0%} INA racks ({'/'.join(r['granted_backend'])}): "
+                granted = r["granted_backend"]
+                granted = granted if isinstance(granted, str) else "/".join(granted)
+                lines.append(f"  Rina {r['ina_fraction']:.0%} INA racks ({granted}): "
                              f"{r['seconds'] * 1e3:.0f} ms, /ring {ratio} (framed ideal {r['framed_ideal_ratio']:.2f}), "
                              f"retransmits/chunk {r['retransmits_per_chunk']:.3f}, exact {r['exact']}")
         return lines

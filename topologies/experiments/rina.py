@@ -217,7 +217,7 @@ class RinaExperiment(Experiment):
         ax.axhline(1.0, color="#999999", lw=0.8)
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, fontsize=7)
-        ax.set_ylabel("time / flat ring (lower is faster); dashed: framed ideal")
+        ax.set_ylabel("time / ring (dashed: framed ideal)")
         ax.grid(alpha=0.3, axis="y")
         legend(ax, fontsize=8)
         note(fig, f"{config.elements * 4 // 1024} KiB float32, {config.bw_mbps:g} Mbit/s host links, uplinks x"

@@ -110,7 +110,7 @@ class TrainConfig:
     jitter: float = 0.0
     update_every: int = 2
     smoothing: float = 0.5
-    jump: float | None = 0.3
+    jump: float | None = 0.5
     deadband: float = 0.05
     max_change: float = 0.5
     eval_every: int = 2
@@ -185,6 +185,7 @@ def train(agent: Reducer, cfg: TrainConfig, *,
         adaptive = AdaptiveAllocator.start(cfg.adaptive_config(), n)
         alloc = adaptive.allocation
 
+    agent.allgather(np.zeros(1, dtype=np.float32))  # start together: agents start seconds apart, off the clock
     result = TrainResult(target_accuracy=cfg.target_accuracy)
     window_samples, window_seconds = np.zeros(n), np.zeros(n)
     steps_per_epoch = X.shape[0] // cfg.global_batch

@@ -66,7 +66,7 @@ class HeteroConfig:
     lr: float = 0.5
     per_sample_ms: float = 0.5
     jitter: float = 0.0
-    update_every: int = 1
+    update_every: int = 2
     eval_every: int = 1
     target_accuracy: float = 0.9
     torch_ratio: float = 3.0

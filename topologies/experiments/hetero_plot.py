@@ -78,6 +78,9 @@ def plot(rows: list[dict], summary: dict, config: Any, path: Path) -> None:
     for r in strag:
         ax_strag.plot(range(1, len(r["step_wall_s"]) + 1), [t * 1e3 for t in r["step_wall_s"]], color=COLORS[r["mode"]],
                       label=r["mode"], lw=1)
+    tail = [t * 1e3 for r in strag for t in r["step_wall_s"][1:]]
+    if tail:  # the first step (warm-up) would flatten the others
+        ax_strag.set_ylim(0, 1.3 * max(tail))
     ax_strag.set_xlabel("step")
     ax_strag.set_ylabel("step wall time (ms)")
     st = summary.get("straggler") or {}

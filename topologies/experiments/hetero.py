@@ -25,11 +25,15 @@ from typing import Any
 from topologies.experiments import register
 from topologies.experiments.base import Experiment
 from topologies.experiments.hetero_summary import MODES, report, summarize, train_row
-from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
+from topologies.experiments.testbed import AgentFailure, AgentJob
 
 __all__ = ["HeteroConfig", "HeteroExperiment", "Scenario", "scenarios", "straggler_schedule", "train_row"]
 
 BACKENDS = ("ina", "ring", "rina")
+# Each run's workers bind UDP and TCP port PORT_BASE + k. Below Linux's ephemeral range (32768-60999):
+# with ports in that range (47100 + k), an earlier run's ring connection in TIME_WAIT on the same
+# port made a later agent's bind fail (seen once in 84 runs).
+PORT_BASE = 20000
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,7 @@ class HeteroExperiment(Experiment):
                 "--target-accuracy", str(cfg.target_accuracy), "--seed", str(seed))
         job = AgentJob(f"tr{k}-{mode}", tuple(f"h{i}" for i in range(1, sc.workers + 1)), "train", backend=sc.backend,
                        args=args, worker_args={w: ("--speed", s) for w, s in enumerate(sc.speeds)},
-                       udp_port=INA_UDP_BASE + k)
+                       udp_port=PORT_BASE + k)
         ident = {"scenario": sc.name, "scenario_kind": sc.kind, "backend": sc.backend, "compute": sc.compute, "mode": mode,
                  "seed": seed, "ratio": sc.ratio, "speeds": list(sc.speeds)}
         try:

@@ -361,6 +361,9 @@ class AdaptiveConfig:
         min_batch: smallest b_i; a worker never drops to 0 so it keeps being measured.
         update_every: K, update every K steps; None updates at each epoch start.
         smoothing: weight of the newest measurement in the exponential moving average of speeds.
+        jump: a measurement that differs from the average by more than this fraction of it replaces
+            the average (a real change of speed, not noise: react at once instead of over several
+            updates); None: always average.
         deadband: no change unless some b_i would change by at least this fraction of itself.
         max_change: largest fraction by which any b_i moves per update (at least one sample).
     """
@@ -371,6 +374,7 @@ class AdaptiveConfig:
     smoothing: float = 0.5
     deadband: float = 0.05
     max_change: float = 0.25
+    jump: float | None = None
 
     def __post_init__(self) -> None:
         if self.min_batch < 1:
@@ -385,6 +389,8 @@ class AdaptiveConfig:
             raise ValueError(f"deadband must be in [0, 1), got {self.deadband}")
         if not self.max_change > 0.0:
             raise ValueError(f"max_change must be > 0, got {self.max_change}")
+        if self.jump is not None and not self.jump > 0.0:
+            raise ValueError(f"jump must be > 0 or None, got {self.jump}")
 
 
 def _max_relative_change(old: Sequence[int], new: Sequence[int]) -> float:
@@ -427,7 +433,8 @@ class AdaptiveAllocator:
         cfg = self.config
         m = _check_speeds(measured, self.allocation.size)
         a = cfg.smoothing
-        smoothed = tuple(a * x + (1.0 - a) * s for x, s in zip(m, self.speeds))
+        smoothed = tuple(x if cfg.jump is not None and abs(x - s) > cfg.jump * s else a * x + (1.0 - a) * s
+                         for x, s in zip(m, self.speeds))
         current = self.allocation.batch_sizes
         target = apportion(smoothed, cfg.global_batch, cfg.min_batch)
         nxt = replace(self, speeds=smoothed, updates=self.updates + 1)

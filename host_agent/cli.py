@@ -6,7 +6,7 @@
 
 Every worker of a job is started with the same job (``--workers`` or ``--job-file``) and its own
 ``--worker-id``. ``allreduce`` benchmarks an all-reduce of a given size and prints time and goodput;
-``train`` trains the MLP of ``host_agent.train``. Both print a summary, and the full results as JSON
+``train`` trains a model on scikit-learn's digits (``host_agent.train``). Both print a summary, and the full results as JSON
 with ``--json PATH`` (``-`` for stdout). Progress goes to stderr. Mistakes exit 2 with one line;
 failures at run time exit 1 with one line.
 """
@@ -26,7 +26,8 @@ import numpy as np
 
 from host_agent.grant import JobSpec, parse_workers
 from host_agent.stream import StreamOptions
-from host_agent.train import ALLOCATIONS, TrainConfig
+from host_agent.compute import SpeedSchedule
+from host_agent.train import ALLOCATIONS, ComputeMode, TrainConfig
 from host_agent.udp_io import IoMode
 from inaproto.backends import BackendChoice
 from inaproto.cli import Parser, UsageError
@@ -102,18 +103,48 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--warmup", type=int, default=1, help="untimed all-reduces first (default 1)")
     ar.add_argument("--check", action="store_true", help="verify the sum against the value every worker can predict")
 
-    tr = sub.add_parser("train", help="train a small MLP with an allocation mode")
+    tr = sub.add_parser("train", help="train a model on the digits with an allocation mode")
     common(tr)
     tr.add_argument("--allocation", choices=ALLOCATIONS, default="equal", help="data allocation (default equal)")
+    tr.add_argument("--compute", choices=[m.value for m in ComputeMode], default="emulated",
+                    help="emulated: numpy MLP, step time = batch x --per-sample-ms / speed; torch: PyTorch CNN, "
+                         "measured and scaled to the speed (default emulated)")
     tr.add_argument("--steps", type=_positive_int, default=50, help="training steps (default 50)")
-    tr.add_argument("--global-batch", type=_positive_int, default=64, help="samples per step over all workers (default 64)")
+    tr.add_argument("--global-batch", type=_positive_int, default=240, help="samples per step over all workers (default 240)")
     tr.add_argument("--lr", type=_positive_float, default=0.5, help="SGD learning rate (default 0.5)")
-    tr.add_argument("--update-every", type=_positive_int, default=10, help="adaptive: steps between re-allocations")
-    tr.add_argument("--slowdown", type=float, default=1.0, help="emulate a worker this many times slower (>= 1)")
+    tr.add_argument("--per-sample-ms", type=_positive_float, default=0.5, help="emulated: ms per sample at speed 1 (default 0.5)")
+    tr.add_argument("--speed", metavar="SPEED[,STEP:SPEED...]", type=_schedule, default=None,
+                    help="this worker's relative speed (<= 1 for --compute torch), optionally changing at steps: "
+                         "1,30:0.333,60:1 is a straggler (default 1)")
+    tr.add_argument("--slowdown", type=float, default=None, help="the same as --speed 1/SLOWDOWN (>= 1)")
     tr.add_argument("--slowdown-at", metavar="STEP:FACTOR", type=_step_factor, default=None,
-                    help="from STEP on, this worker's slowdown becomes FACTOR (a mid-run speed change)")
-    tr.add_argument("--seed", type=int, default=0, help="data, initialisation and sample order (default 0)")
+                    help="from STEP on, this worker is FACTOR times slower (a mid-run speed change)")
+    tr.add_argument("--jitter", type=_nonneg_float, default=0.0, help="emulated: relative spread of step times (default 0)")
+    tr.add_argument("--update-every", type=_positive_int, default=2, help="adaptive: steps per measurement window (default 2)")
+    tr.add_argument("--eval-every", type=_positive_int, default=2, help="steps between held-out evaluations (default 2)")
+    tr.add_argument("--target-accuracy", type=_positive_float, default=None, help="held-out accuracy for time to target")
+    tr.add_argument("--seed", type=int, default=0, help="initialisation and sample order (default 0)")
     return parser
+
+
+def _schedule(text: str) -> SpeedSchedule:
+    try:
+        return SpeedSchedule.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _speed_of(args: argparse.Namespace) -> SpeedSchedule:
+    """--speed, or the older --slowdown / --slowdown-at (speed = 1 / slowdown)."""
+    if args.speed is not None and (args.slowdown is not None or args.slowdown_at is not None):
+        raise UsageError("give --speed or --slowdown/--slowdown-at, not both")
+    if args.speed is not None:
+        return args.speed
+    slowdown = 1.0 if args.slowdown is None else args.slowdown
+    if not (slowdown >= 1 and slowdown < float("inf")):
+        raise UsageError(f"--slowdown must be >= 1, got {slowdown}")
+    changes = () if args.slowdown_at is None else ((args.slowdown_at[0], 1.0 / args.slowdown_at[1]),)
+    return SpeedSchedule(1.0 / slowdown, changes)
 
 
 def _step_factor(text: str) -> tuple[int, float]:
@@ -252,16 +283,17 @@ def _cmd_allreduce(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     spec = _job_spec(args)
     try:
-        cfg = TrainConfig(allocation=args.allocation, steps=args.steps, global_batch=args.global_batch, lr=args.lr,
-                          update_every=args.update_every, slowdown=args.slowdown, slowdown_at=args.slowdown_at,
-                          seed=args.seed)
-        if args.slowdown < 1:
-            raise ValueError(f"--slowdown must be >= 1, got {args.slowdown}")
+        cfg = TrainConfig(allocation=args.allocation, compute=args.compute, steps=args.steps,
+                          global_batch=args.global_batch, lr=args.lr, per_sample_s=args.per_sample_ms / 1e3,
+                          speed=_speed_of(args), jitter=args.jitter, update_every=args.update_every,
+                          eval_every=args.eval_every, target_accuracy=args.target_accuracy, seed=args.seed)
+        if cfg.compute is ComputeMode.TORCH and any(v > 1 for v in (cfg.speed.base, *(v for _, v in cfg.speed.changes))):
+            raise ValueError("--compute torch emulates slower devices only: speeds must be <= 1")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    from host_agent.train import Mlp, train
+    from host_agent.train import model_size, train
 
-    spec = replace(spec, tensor_elements=Mlp(64, cfg.hidden, 10).size + 1)  # the gradient and the loss
+    spec = replace(spec, tensor_elements=model_size(cfg) + 1 + len(spec.workers))  # gradient, loss, compute times
     progress = _Progress(not args.quiet, f"worker {args.worker_id} train")
     agent = _open_agent(args, spec)
     try:
@@ -271,9 +303,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     finally:
         agent.close()
     results = {"command": "train", "worker_id": args.worker_id, "workers": len(spec.workers), "backend": backend,
-               "allocation": args.allocation, "config": cfg.__dict__, **result.as_dict(), "stats": stats}
-    print(f"worker {args.worker_id}: trained {cfg.steps} steps ({args.allocation}, {backend}): loss "
-          f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f}, accuracy {result.accuracy:.3f}, "
+               "allocation": str(cfg.allocation), "config": cfg.as_dict(), **result.as_dict(), "stats": stats}
+    ttt = "" if result.time_to_target_s is None else f", accuracy {cfg.target_accuracy:g} at {result.time_to_target_s:.2f} s"
+    print(f"worker {args.worker_id}: trained {cfg.steps} steps ({cfg.allocation}, {cfg.compute}, {backend}): loss "
+          f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f}, held-out accuracy {result.accuracy:.3f}{ttt}, "
           f"{result.seconds:.2f} s ({result.compute_seconds:.2f} compute, {result.comm_seconds:.2f} all-reduce), "
           f"final batch sizes {result.batch_sizes[-1]}")
     _emit(results, args.json)

@@ -131,11 +131,19 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         assert "--fault-drop 0.05" in (run_dir / "runs" / "02-loss5-ina" / "logs" / "s1.log").read_text().splitlines()[0]
     elif name == "hetero":
         train = {(r["scenario"], r["mode"]): r for r in rows if r["kind"] == "train"}
-        assert set(train) == {("ratio 1:1", "equal"), ("ratio 1:1", "static"), ("ratio 3:1", "equal"), ("ratio 3:1", "static")}
+        assert set(train) == {(sc, m) for sc in ("ratio 1:1", "ratio 3:1", "straggler") for m in ("equal", "static", "adaptive")}
         assert all(r["same_model"] for r in train.values())  # every worker ends with the same parameters
+        assert all(len(r["step_wall_s"]) == 9 and r["evals"] and r["t_comm_ms"] > 0 for r in train.values())
         # static allocation gives the 3x slower worker (worker 0) the smallest share
         split = train[("ratio 3:1", "static")]["final_batch"]
         assert split[0] == min(split) and sum(split) == doc["config"]["global_batch"]
+        # adaptive follows the straggler (a third of its speed from step 3 to 5): a smaller share there
+        B = doc["config"]["global_batch"]
+        shares = [b[0] for b in train[("straggler", "adaptive")]["batch_sizes"]]
+        assert shares[0] == B // 3 and min(shares[4:6]) < B // 3
+        summary = doc["summary"]
+        assert summary["straggler"]["adaptive_time_to_target_s"]["n"] == 1 and summary["targets"]["convergence_1pp"] is not None
+        assert (run_dir / "hetero_shares.png").read_bytes()[:8] == PNG
 
 
 def test_relative_out_from_the_checkout_root(tmp_path):

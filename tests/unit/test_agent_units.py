@@ -130,31 +130,22 @@ def test_stream_options_are_checked() -> None:
         StreamOptions(reorder_guard=-1)
 
 
-def test_train_slowdown_changes_mid_run(monkeypatch):
-    """--slowdown-at STEP:FACTOR: the worker's emulated speed changes at that step (experiment 2)."""
-    import host_agent.train as train_mod
-    from host_agent.cli import _step_factor
+def test_train_slowdown_options_become_a_speed_schedule():
+    """--slowdown F and --slowdown-at STEP:FACTOR are --speed 1/F,STEP:1/FACTOR (experiment 2's straggler)."""
+    import argparse
 
-    used = []
+    from host_agent.cli import UsageError, _speed_of, _step_factor
+    from host_agent.compute import SpeedSchedule
 
-    class Recording(train_mod.SlowdownCompute):
-        def __call__(self, fn, *args, **kwargs):
-            used.append(self.factor)
-            return fn(*args, **kwargs)
+    def ns(**kw):
+        return argparse.Namespace(**({"speed": None, "slowdown": None, "slowdown_at": None} | kw))
 
-    class Alone:  # a one-worker reducer
-        size, rank = 1, 0
-
-        def allreduce(self, x):
-            return x
-
-        def allgather(self, x):
-            return x[None, :]
-
-    monkeypatch.setattr(train_mod, "SlowdownCompute", Recording)
-    cfg = train_mod.TrainConfig(allocation="adaptive", steps=4, global_batch=16, slowdown=2.0, slowdown_at=(2, 5.0))
-    train_mod.train(Alone(), cfg)
-    assert used == [2.0, 2.0, 5.0, 5.0]
+    assert _speed_of(ns(slowdown=2.0, slowdown_at=(2, 5.0))) == SpeedSchedule(0.5, ((2, 0.2),))
+    assert _speed_of(ns()) == SpeedSchedule(1.0)
+    assert _speed_of(ns(speed=SpeedSchedule.parse("1,3:0.5"))).at(3) == 0.5
+    for bad in (ns(slowdown=0.5), ns(speed=SpeedSchedule(1.0), slowdown=2.0)):
+        with pytest.raises(UsageError):
+            _speed_of(bad)
     assert _step_factor("3:2.5") == (3, 2.5)
     for bad in ("3", "x:2", "3:0.5", "-1:2"):
         with pytest.raises(Exception):

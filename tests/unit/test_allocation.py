@@ -366,3 +366,15 @@ def test_membership_speeds_for_a_static_allocation() -> None:
     speeds = membership_speeds(["a", "b"], [1.0, 3.0], ["b", "c", "d"], profiles={"d": 8.0})
     assert speeds == (3.0, 2.0, 8.0)
     assert static_allocation(speeds, 26, workers=["b", "c", "d"]).batch_sizes == (6, 4, 16)
+
+
+def test_a_jump_replaces_the_average_and_noise_is_averaged() -> None:
+    cfg = AdaptiveConfig(global_batch=100, smoothing=0.5, deadband=0.0, max_change=1.0, jump=0.5)
+    alloc = AdaptiveAllocator.start(cfg, 2, speeds=[100.0, 100.0])
+    noisy = alloc.update([130.0, 100.0])  # 30 % off: averaged
+    assert noisy.speeds == (115.0, 100.0)
+    dropped = alloc.update([25.0, 100.0])  # 75 % off: a real change, taken at once
+    assert dropped.speeds == (25.0, 100.0) and dropped.allocation.batch_sizes == (20, 80)
+    assert dropped.update([100.0, 100.0]).speeds == (100.0, 100.0)  # +300 %: the recovery too
+    with pytest.raises(ValueError, match="jump"):
+        AdaptiveConfig(global_batch=10, jump=0.0)

@@ -24,7 +24,8 @@ from topologies.experiments.aggregate import (
 )
 from topologies.experiments.base import Experiment, RunOptions, flatten_row, rows_to_csv
 from topologies.experiments.calibrate import calibration_from, ring_fraction
-from topologies.experiments.hetero import time_to_target, train_row
+from topologies.experiments.hetero import scenarios, straggler_schedule
+from topologies.experiments.hetero_summary import ideal_reduction, train_row
 from topologies.experiments.multijob import MultijobExperiment, pool_size
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -91,17 +92,39 @@ def test_calibration_from_probes_is_a_valid_simulator_calibration():
     assert calibration_from([], ring_goodput=None, source="x").ina_rtt_us == 5.0  # defaults kept
 
 
-def test_train_row_wait_fractions_and_time_to_target():
-    base = {"losses": [2.0, 1.0, 0.5, 0.4], "batch_sizes": [[10, 20]] * 4, "accuracy": 0.9, "backend": "ina",
-            "final_params_digest": "ab"}
-    results = [dict(base, worker_id=1, seconds=2.0, comm_seconds=1.5, compute_seconds=0.4),
-               dict(base, worker_id=0, seconds=2.0, comm_seconds=0.5, compute_seconds=1.4)]
-    row = train_row(results, scenario="s", mode="equal", global_batch=30)
-    assert row["wait_fraction"] == [0.0, 0.5] and row["comm_fraction"] == [0.25, 0.75]
-    assert row["step_ms"] == 500.0 and row["samples_per_s"] == 60.0 and row["same_model"]
-    assert time_to_target(row, 0.5) == 1.5  # 3 steps of 0.5 s
-    assert time_to_target(row, 0.1) is None
-    assert time_to_target(dict(row, step_seconds=[0.1, 0.2, 0.3, 0.4]), 1.0) == pytest.approx(0.3)
+def agent_train(worker_id, *, wall, comm, compute, batch, acc=0.9, ttt=1.0, digest="ab"):
+    steps = len(wall)
+    return {"worker_id": worker_id, "seconds": sum(wall), "step_wall_s": wall, "step_comm_s": comm,
+            "step_compute_s": compute, "batch_sizes": [batch] * steps, "losses": [1.0] * steps, "accuracy": acc,
+            "test_loss": 0.3, "target_accuracy": 0.9, "time_to_target_s": ttt, "final_params_digest": digest,
+            "evals": [{"step": i, "samples": 30 * (i + 1), "seconds": sum(wall[: i + 1]), "loss": 1.0, "accuracy": acc}
+                      for i in range(steps)], "backend": "ina"}
+
+
+def test_train_row_takes_the_slowest_worker_per_step_and_the_shortest_all_reduce():
+    results = [agent_train(1, wall=[0.5, 0.4], comm=[0.3, 0.2], compute=[0.2, 0.2], batch=[10, 20]),
+               agent_train(0, wall=[0.4, 0.5], comm=[0.1, 0.1], compute=[0.3, 0.4], batch=[10, 20])]
+    row = train_row(results, global_batch=30, per_sample_s=0.001, scenario="s", mode="equal")
+    assert row["step_wall_s"] == [0.5, 0.5] and row["step_ms_median"] == 500.0
+    assert row["t_comm_ms"] == pytest.approx(100.0)  # the last to arrive does not wait
+    assert row["wait_fraction"] == [0.0, pytest.approx(0.3 / 1.0)]
+    assert row["samples_per_s"] == pytest.approx(60 / 0.9) and row["us_per_sample"] == pytest.approx(0.9 / 60 * 1e6)
+    assert row["same_model"] and row["final_batch"] == [10, 20] and row["time_to_target_s"] == 1.0
+
+
+def test_ideal_reduction_formula_and_scenarios():
+    # speeds (1/3, 1, 1), B c = 1 s, no communication: 1 - (1/(7/3)) / ((1/3)/(1/3)) = 4/7
+    assert ideal_reduction([1 / 3, 1, 1], 100, 0.01, 0.0) == pytest.approx(4 / 7)
+    assert ideal_reduction([1, 1, 1], 90, 0.01, 0.05) == pytest.approx(0.0)
+    assert straggler_schedule(30) == "1,10:0.333333,20:1"
+    cfg = get_experiment("hetero").make_config("full")
+    plan = scenarios(cfg)
+    names = [(s.name, s.backend, s.compute) for s in plan]
+    assert ("ratio 4:1", "ina", "emulated") in names and ("mixed 1,1,2,4", "rina", "emulated") in names
+    assert ("straggler", "ina", "emulated") in names and ("2 fast", "ina", "emulated") in names
+    assert ("ratio 3:1", "ina", "torch") in names
+    mixed = next(s for s in plan if s.kind == "mixed")
+    assert mixed.speeds == ("0.25", "0.25", "0.5", "1") and mixed.workers == 4
 
 
 def test_multijob_scenarios_run_zero_supply_once():
@@ -144,16 +167,17 @@ def synthetic_rows(name: str, cfg) -> list[dict]:
         return rows
     if name == "hetero":
         rows = []
-        for r in cfg.ratios:
-            for m in cfg.modes:
-                res = [{"worker_id": i, "seconds": 1.0 * r, "comm_seconds": 0.1 if i == 0 else 0.5, "compute_seconds": 0.5,
-                        "losses": [2.0, 1.0, 0.5], "batch_sizes": [[10, 20, 20]], "accuracy": 0.8, "backend": "ina"}
-                       for i in range(cfg.workers)]
-                rows.append(train_row(res, scenario=f"ratio {r:g}:1", ratio=r, mode=m, global_batch=cfg.global_batch))
-        for m in cfg.modes:
-            res = [{"worker_id": i, "seconds": 0.8, "comm_seconds": 0.2, "losses": [2.0, 0.5], "batch_sizes": [[25, 25]],
-                    "accuracy": 0.8} for i in range(cfg.workers - 1)]
-            rows.append(train_row(res, scenario=f"{cfg.workers - 1} fast", ratio=None, mode=m, global_batch=cfg.global_batch))
+        for sc in scenarios(cfg):
+            for seed in sc.seeds:
+                for m in cfg.modes:
+                    slow = 2.0 if m == "equal" else 1.0
+                    res = [agent_train(i, wall=[0.1 * slow] * sc.steps, comm=[0.01 + 0.05 * i] * sc.steps,
+                                       compute=[0.05] * sc.steps, batch=[10] * sc.workers, acc=0.9 + 0.001 * seed,
+                                       ttt=1.0 * slow) for i in range(sc.workers)]
+                    rows.append(train_row(res, global_batch=cfg.global_batch, per_sample_s=cfg.per_sample_ms / 1e3,
+                                          scenario=sc.name, scenario_kind=sc.kind, backend=sc.backend, compute=sc.compute, mode=m,
+                                          seed=seed, ratio=sc.ratio, speeds=list(sc.speeds)))
+        rows.append({"kind": "train", "scenario": "x", "mode": "equal", "error": "boom"})
         return rows
     raise AssertionError(name)
 
@@ -188,6 +212,10 @@ def test_summaries_state_the_figures():
     hcfg = get_experiment("hetero").make_config("small")
     hs = get_experiment("hetero").summarize(synthetic_rows("hetero", hcfg), hcfg)
     assert set(hs["membership"]["equal"]) == {"fast_only", "with_slow", "slow_replaced"}
+    assert hs["straggler"]["adaptive_vs_static"]["median"] == 0.0 and hs["errors"] == 1
+    ratio3 = next(e for e in hs["ideal"] if e["scenario"] == "ratio 3:1")
+    assert ratio3["static_reduction"]["median"] == pytest.approx(0.5) and ratio3["ideal_reduction"]["median"] > 0.5
+    assert hs["targets"]["convergence_1pp"] is True and hs["targets"]["max_accuracy_diff_pp"] == pytest.approx(0.0)
 
 
 # --- configuration -----------------------------------------------------------------------------------------

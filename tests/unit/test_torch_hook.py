@@ -152,14 +152,18 @@ def test_ddp_backward_goes_on_while_buckets_are_reduced(tmp_path) -> None:
 
             def __init__(self) -> None:
                 self.hold = False
+                self.started = threading.Event()  # the communication thread has begun bucket 0
                 self.saw_later_hook = threading.Event()
 
             def allgather(self, a):
                 if self.hold:  # hold bucket 0 until another bucket's hook has been called
                     self.hold = False
+                    with state._lock:
+                        calls = len(state._calls)
+                    self.started.set()
                     for _ in range(3000):
                         with state._lock:
-                            if len(state._calls) > 1:
+                            if len(state._calls) > calls:
                                 self.saw_later_hook.set()
                                 break
                         self.saw_later_hook.wait(0.01)
@@ -171,9 +175,15 @@ def test_ddp_backward_goes_on_while_buckets_are_reduced(tmp_path) -> None:
             def allreduce(self, a):  # pragma: no cover
                 raise AssertionError
 
+        def hook(st, bucket):  # bucket 0's hook returns only once its all-reduce is under way
+            fut = mean_hook(st, bucket)
+            if agent.hold and bucket.index() == 0:
+                assert agent.started.wait(30)
+            return fut
+
         agent = OneWorker()
         state = AgentHookState(agent)
-        ddp.register_comm_hook(state, mean_hook)
+        ddp.register_comm_hook(state, hook)
         ddp(torch.randn(8, 32)).sum().backward()  # DDP rebuilds its buckets after the first iteration
         assert state.take_step().buckets == 1
         model.zero_grad()

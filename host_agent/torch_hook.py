@@ -63,10 +63,11 @@ class Numerics(str, Enum):
 class CommStep:
     """Communication of one backward pass, as the hooks saw it (seconds).
 
-    ``comm``: time the all-reduces of the buckets took (in the communication thread);
-    ``hidden``: the part of it that ran while backward was still computing gradients, i.e. between the
-    first and the last bucket's hook call; ``exposed``: how long after the last hook call the last
-    all-reduce ended (the wait backward adds for communication).
+    ``comm``: time the all-reduces of the buckets took; ``hidden``: the part of it that ran while
+    backward was computing gradients, i.e. between the return of one bucket's hook and the call of the
+    next one's; ``exposed``: how long communication held backward up: the time spent inside the hooks
+    plus how long after the last hook returned the last all-reduce ended. A synchronous hook hides
+    nothing (its all-reduce runs inside the hook) and exposes all of it.
     """
 
     buckets: int
@@ -147,7 +148,7 @@ class AgentHookState:
                          else self.agent)
         self._comm: _CommThread | None = None
         self._lock = threading.Lock()
-        self._calls: list[float] = []  # hook call times of the current backward pass
+        self._calls: list[tuple[float, float]] = []  # (called, returned) of each hook in the current backward pass
         self._spans: list[tuple[float, float]] = []  # (start, end) of its all-reduces
 
     @staticmethod
@@ -170,14 +171,17 @@ class AgentHookState:
         import torch
 
         fut: torch.futures.Future = torch.futures.Future()
+        called = time.perf_counter()
         with self._lock:
-            self._calls.append(time.perf_counter())
+            self._calls.append((called, called))
         if not self.asynchronous:
             self._reduce_now(tensor, weight, fut)
-            return fut
-        if self._comm is None:
-            self._comm = _CommThread(self)
-        self._comm.queue.put((tensor, weight, fut))
+        else:
+            if self._comm is None:
+                self._comm = _CommThread(self)
+            self._comm.queue.put((tensor, weight, fut))
+        with self._lock:
+            self._calls[-1] = (called, time.perf_counter())
         return fut
 
     def _reduce_now(self, tensor: Any, weight: float, fut: Any) -> None:
@@ -206,10 +210,12 @@ class AgentHookState:
             self._calls, self._spans = [], []
         if not calls:
             return CommStep(0, 0.0, 0.0, 0.0)
-        first, last = min(calls), max(calls)
+        calls.sort()
+        computing = [(ret, nxt) for (_, ret), (nxt, _) in zip(calls, calls[1:])]  # backward between two hooks
         comm = sum(e - s for s, e in spans)
-        hidden = sum(max(0.0, min(e, last) - max(s, first)) for s, e in spans)
-        exposed = max([0.0] + [e - last for _, e in spans])
+        hidden = sum(max(0.0, min(e, b) - max(s, a)) for s, e in spans for a, b in computing)
+        last_return = calls[-1][1]
+        exposed = sum(r - c for c, r in calls) + max([0.0] + [e - last_return for _, e in spans])
         return CommStep(len(calls), comm, hidden, exposed)
 
     def close(self) -> None:

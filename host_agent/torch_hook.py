@@ -11,22 +11,32 @@ object that checks its fields when it is built, and a registry from names to hoo
 
 The hook all-reduces each gradient bucket through whatever backend the agent's job runs (INA, ring or
 Rina), so DDP never calls the process group for gradients; DDP still needs an initialised process
-group for its start-up broadcast of the parameters (gloo on CPU is enough).
+group for its start-up broadcast of the parameters (gloo on CPU is enough). As torch's
+``allreduce_hook`` returns the future of an asynchronous ``all_reduce``, the hook here returns a
+future that the state's communication thread completes: bucket k is all-reduced while backward
+computes the gradients of bucket k + 1. Values go through block floating point by default
+(``host_agent.block_scale``): a power-of-two scale per block of 256, agreed by all workers.
 """
 from __future__ import annotations
 
 import math
+import queue
+import threading
 import time
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
 from host_agent.allocation import Allocation, epoch_permutation
+from host_agent.block_scale import BLOCK_ELEMENTS, BlockScaledReducer
 
 __all__ = [
     "AgentHookState",
+    "CommStep",
     "HOOKS",
+    "Numerics",
     "WeightedBatchSampler",
     "get_hook",
     "mean_hook",
@@ -42,14 +52,77 @@ class _Reducer(Protocol):
     def allreduce(self, array: np.ndarray) -> np.ndarray: ...
 
 
+class Numerics(str, Enum):
+    """How a bucket's float32 values become the int32 the switch adds (docs/agent.md, "Fixed point")."""
+
+    BLOCK = "block"  # a power-of-two scale per block of 256 values, agreed by all workers first (block_scale.py)
+    FIXED = "fixed"  # the job's one scale (agent.allreduce; 2**16 by default)
+
+
+@dataclass(frozen=True)
+class CommStep:
+    """Communication of one backward pass, as the hooks saw it (seconds).
+
+    ``comm``: time the all-reduces of the buckets took; ``hidden``: the part of it that ran while
+    backward was computing gradients, i.e. between the return of one bucket's hook and the call of the
+    next one's; ``exposed``: how long communication held backward up: the time spent inside the hooks
+    plus how long after the last hook returned the last all-reduce ended. A synchronous hook hides
+    nothing (its all-reduce runs inside the hook) and exposes all of it.
+    """
+
+    buckets: int
+    comm: float
+    hidden: float
+    exposed: float
+
+    @property
+    def overlap(self) -> float:
+        """Fraction of the communication time hidden behind the backward pass (0 when there was none)."""
+        return self.hidden / self.comm if self.comm > 0 else 0.0
+
+
+class _CommThread:
+    """One thread that runs the buckets' all-reduces in the order the hooks queued them.
+
+    DDP calls the hook for bucket 0, 1, ... in the same order on every rank, and the agent's stream
+    needs every worker to make the same calls in the same order: a single FIFO thread keeps both.
+    """
+
+    def __init__(self, state: AgentHookState) -> None:
+        self.state = state
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=f"ina-ddp-comm-r{state.agent.rank}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            self.state._reduce_now(*item)
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=30)
+
+
 @dataclass
 class AgentHookState:
-    """State of the agent hooks.
+    """State of the agent hooks: the agent, the worker's weight, the numerics and the communication thread.
 
     Args:
-        agent: the worker's ``Agent`` (anything with ``rank``, ``size`` and ``allreduce(ndarray)``).
+        agent: the worker's ``Agent`` (anything with ``rank``, ``size`` and ``allreduce(ndarray)``; with
+            ``Numerics.BLOCK`` also ``allgather`` and ``allreduce_fixed``).
         weight: this worker's b_i / B, the factor its bucket is scaled by before the sum (``weighted``);
             change it with ``set_allocation`` when the allocation changes.
+        numerics: ``Numerics.BLOCK`` (default) or ``Numerics.FIXED``.
+        asynchronous: True (default): a hook queues its bucket and returns a pending future that a
+            communication thread completes, so backward goes on computing the next buckets; False: the
+            all-reduce runs inside the hook (for comparison).
+        block_elements: values per agreed scale with ``Numerics.BLOCK``.
+
+    While a backward pass runs, the agent belongs to the communication thread: make other calls on it
+    (losses, speeds) only after ``backward()`` has returned (DDP waits for every bucket's future).
 
     Raises:
         TypeError: ``agent`` cannot all-reduce.
@@ -58,7 +131,10 @@ class AgentHookState:
 
     agent: Any
     weight: float = 1.0
-    comm_seconds: float = 0.0  # time spent all-reducing inside the hooks (subtract it to time the compute)
+    numerics: Numerics = Numerics.BLOCK
+    asynchronous: bool = True
+    block_elements: int = BLOCK_ELEMENTS
+    comm_seconds: float = 0.0  # time spent all-reducing buckets, in total
 
     def __post_init__(self) -> None:
         if not callable(getattr(self.agent, "allreduce", None)):
@@ -67,6 +143,13 @@ class AgentHookState:
             if not isinstance(getattr(self.agent, attr, None), int):
                 raise TypeError(f"agent must have an int {attr!r}")
         self._check(self.weight)
+        self.numerics = Numerics(self.numerics)
+        self._reducer = (BlockScaledReducer(self.agent, self.block_elements) if self.numerics is Numerics.BLOCK
+                         else self.agent)
+        self._comm: _CommThread | None = None
+        self._lock = threading.Lock()
+        self._calls: list[tuple[float, float]] = []  # (called, returned) of each hook in the current backward pass
+        self._spans: list[tuple[float, float]] = []  # (start, end) of its all-reduces
 
     @staticmethod
     def _check(weight: float) -> None:
@@ -74,30 +157,72 @@ class AgentHookState:
             raise ValueError(f"weight (b_i / B) must be in (0, 1], got {weight!r}")
 
     @classmethod
-    def for_allocation(cls, agent: _Reducer, allocation: Allocation) -> AgentHookState:
+    def for_allocation(cls, agent: _Reducer, allocation: Allocation, **options: Any) -> AgentHookState:
         """State whose weight is the agent's b_i / B in ``allocation`` (ranks in worker-id order)."""
-        return cls(agent, allocation.gradient_scale(agent.rank))
+        return cls(agent, allocation.gradient_scale(agent.rank), **options)
 
     def set_allocation(self, allocation: Allocation) -> None:
         weight = allocation.gradient_scale(self.agent.rank)
         self._check(weight)
         self.weight = weight
 
+    def submit(self, tensor: Any, weight: float):
+        """All-reduce ``weight * tensor`` into ``tensor``; a future of ``tensor`` (pending if asynchronous)."""
+        import torch
 
-def _reduce_bucket(state: AgentHookState, bucket: Any, weight: float):
-    import torch
+        fut: torch.futures.Future = torch.futures.Future()
+        called = time.perf_counter()
+        with self._lock:
+            self._calls.append((called, called))
+        if not self.asynchronous:
+            self._reduce_now(tensor, weight, fut)
+        else:
+            if self._comm is None:
+                self._comm = _CommThread(self)
+            self._comm.queue.put((tensor, weight, fut))
+        with self._lock:
+            self._calls[-1] = (called, time.perf_counter())
+        return fut
 
-    start = time.perf_counter()
-    tensor = bucket.buffer()
-    arr = tensor.detach().to("cpu", torch.float32).numpy()
-    if weight != 1.0:
-        arr = arr * np.float32(weight)
-    total = state.agent.allreduce(arr)
-    tensor.copy_(torch.from_numpy(total).to(tensor.device, tensor.dtype))
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(tensor)
-    state.comm_seconds += time.perf_counter() - start
-    return fut
+    def _reduce_now(self, tensor: Any, weight: float, fut: Any) -> None:
+        import torch
+
+        start = time.perf_counter()
+        try:
+            arr = tensor.detach().to("cpu", torch.float32).numpy()
+            if weight != 1.0:
+                arr = arr * np.float32(weight)
+            total = self._reducer.allreduce(arr)
+            tensor.copy_(torch.from_numpy(total).to(tensor.device, tensor.dtype))
+        except BaseException as exc:  # the future carries it to backward(), which raises it
+            fut.set_exception(exc)
+            return
+        end = time.perf_counter()
+        with self._lock:
+            self._spans.append((start, end))
+            self.comm_seconds += end - start
+        fut.set_result(tensor)
+
+    def take_step(self) -> CommStep:
+        """The communication of the backward pass(es) since the last call (call it after ``backward()``)."""
+        with self._lock:
+            calls, spans = self._calls, self._spans
+            self._calls, self._spans = [], []
+        if not calls:
+            return CommStep(0, 0.0, 0.0, 0.0)
+        calls.sort()
+        computing = [(ret, nxt) for (_, ret), (nxt, _) in zip(calls, calls[1:])]  # backward between two hooks
+        comm = sum(e - s for s, e in spans)
+        hidden = sum(max(0.0, min(e, b) - max(s, a)) for s, e in spans for a, b in computing)
+        last_return = calls[-1][1]
+        exposed = sum(r - c for c, r in calls) + max([0.0] + [e - last_return for _, e in spans])
+        return CommStep(len(calls), comm, hidden, exposed)
+
+    def close(self) -> None:
+        """Stop the communication thread (after the last backward pass)."""
+        if self._comm is not None:
+            self._comm.stop()
+            self._comm = None
 
 
 def weighted_hook(state: AgentHookState, bucket):  # no annotations on bucket/return: DDP checks them against torch's types
@@ -108,21 +233,18 @@ def weighted_hook(state: AgentHookState, bucket):  # no annotations on bucket/re
         bucket: DDP's ``GradBucket``.
 
     Returns:
-        A completed ``torch.futures.Future`` holding the bucket's tensor, overwritten with the sum.
+        A ``torch.futures.Future`` of the bucket's tensor, overwritten with the sum once the agent's
+        communication thread has all-reduced it (already completed if the state is synchronous).
 
     Example:
         ddp.register_comm_hook(AgentHookState.for_allocation(agent, alloc), weighted_hook)
-
-    Warning:
-        The all-reduce runs synchronously inside the hook (no overlap with the backward pass), and
-        through the agent's fixed point: results are exact sums of ``rint(x * scale)`` (docs/agent.md).
     """
-    return _reduce_bucket(state, bucket, state.weight)
+    return state.submit(bucket.buffer(), state.weight)
 
 
 def mean_hook(state: AgentHookState, bucket):
     """The plain mean over workers (each bucket scaled by 1/n), as DDP's default all-reduce: equal shares."""
-    return _reduce_bucket(state, bucket, 1.0 / state.agent.size)
+    return state.submit(bucket.buffer(), 1.0 / state.agent.size)
 
 
 HookFn = Callable[[AgentHookState, Any], Any]

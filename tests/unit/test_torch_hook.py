@@ -14,7 +14,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from host_agent.allocation import static_allocation  # noqa: E402
-from host_agent.torch_hook import AgentHookState, WeightedBatchSampler, get_hook, mean_hook, register_hook, weighted_hook  # noqa: E402
+from host_agent.torch_hook import (  # noqa: E402
+    AgentHookState,
+    Numerics,
+    WeightedBatchSampler,
+    get_hook,
+    mean_hook,
+    register_hook,
+    weighted_hook,
+)
 from tests.udp_switch import LocalCluster  # noqa: E402
 
 
@@ -27,12 +35,14 @@ class _FakeAgent:
 
 def test_state_checks_its_fields_and_registry() -> None:
     alloc = static_allocation([1.0, 3.0, 2.0, 2.0], 16)
-    state = AgentHookState.for_allocation(_FakeAgent(), alloc)
+    state = AgentHookState.for_allocation(_FakeAgent(), alloc, numerics=Numerics.FIXED)
     assert state.weight == alloc.batch_sizes[1] / 16
     with pytest.raises(ValueError, match="weight"):
-        AgentHookState(_FakeAgent(), weight=0.0)
+        AgentHookState(_FakeAgent(), weight=0.0, numerics="fixed")
     with pytest.raises(TypeError, match="allreduce"):
         AgentHookState(object())
+    with pytest.raises(TypeError, match="allgather"):  # block floating point needs the exact collectives
+        AgentHookState(_FakeAgent())
     assert get_hook("weighted") is weighted_hook and get_hook("mean") is mean_hook
     with pytest.raises(KeyError, match="registered"):
         get_hook("nope")
@@ -48,11 +58,152 @@ def test_hook_scales_and_returns_the_bucket() -> None:
         def buffer(self):
             return self.t
 
-    state = AgentHookState(_FakeAgent(), weight=0.25)
-    t = torch.arange(6, dtype=torch.float32)
-    out = weighted_hook(state, Bucket(t)).wait()
-    assert out is t and t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # 0.25 * 4 = 1
-    assert mean_hook(state, Bucket(torch.ones(2))).wait().tolist() == [1.0, 1.0]
+    for asynchronous in (False, True):
+        state = AgentHookState(_FakeAgent(), weight=0.25, numerics=Numerics.FIXED, asynchronous=asynchronous)
+        t = torch.arange(6, dtype=torch.float32)
+        out = weighted_hook(state, Bucket(t)).wait()
+        assert out is t and t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # 0.25 * 4 = 1
+        assert mean_hook(state, Bucket(torch.ones(2))).wait().tolist() == [1.0, 1.0]
+        step = state.take_step()
+        assert step.buckets == 2
+        if not asynchronous:  # the all-reduce ran inside the hook: nothing hidden, all of it exposed
+            assert step.hidden == 0 and step.overlap == 0 and step.exposed >= step.comm
+        state.close()
+
+
+class _Bucket:
+    def __init__(self, t):
+        self.t = t
+
+    def buffer(self):
+        return self.t
+
+
+class _GatedGroup:
+    """n identical workers (sum = n x own values) through block floating point; each all-reduce waits for a gate."""
+
+    rank, size = 0, 4
+
+    def __init__(self) -> None:
+        import threading
+
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.calls = 0
+
+    def allgather(self, a: np.ndarray) -> np.ndarray:
+        self.started.set()
+        assert self.gate.wait(30), "gate never opened"
+        return np.stack([a] * self.size)
+
+    def allreduce_fixed(self, q: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        return q.astype(np.int64) * self.size
+
+    def allreduce(self, a: np.ndarray) -> np.ndarray:  # pragma: no cover - block numerics never call it
+        raise AssertionError("block floating point goes through allgather + allreduce_fixed")
+
+
+def test_async_hook_returns_a_pending_future_completed_with_the_mean() -> None:
+    group = _GatedGroup()
+    state = AgentHookState(group, block_elements=1)  # asynchronous, block floating point, a scale per value
+    grads = [torch.tensor([1e-8, -3e-9, 0.5]), torch.tensor([1000.0, 2.0**-20, 0.0])]
+    want = [g.clone() for g in grads]
+    futs = [mean_hook(state, _Bucket(g)) for g in grads]  # both queued while the first all-reduce is held
+    assert group.started.wait(30)
+    assert not any(f.done() for f in futs)
+    group.gate.set()
+    for f, g, w in zip(futs, grads, want):
+        assert f.wait() is g and torch.equal(g, w)  # mean of 4 identical workers = own gradient, bit for bit
+    step = state.take_step()
+    assert step.buckets == 2 and step.comm > 0
+    state.close()
+
+
+def test_async_hook_hands_errors_to_the_future() -> None:
+    class Broken(_FakeAgent):
+        def allreduce(self, array):
+            raise RuntimeError("stream broken")
+
+    state = AgentHookState(Broken(), numerics=Numerics.FIXED)
+    with pytest.raises(RuntimeError, match="stream broken"):
+        weighted_hook(state, _Bucket(torch.ones(3))).wait()
+    state.close()
+
+
+def test_ddp_backward_goes_on_while_buckets_are_reduced(tmp_path) -> None:
+    """The first bucket's all-reduce is held until backward has called the hook of the last bucket.
+
+    A synchronous hook could never get there (backward would wait inside the first hook): the test
+    asserts the overlap by what happened, not by timing. The gradients come out as without DDP.
+    """
+    import threading
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(32, 32) for _ in range(4)]
+        model = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.Tanh())])
+        ref = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.Tanh())])
+        ddp = DDP(model, bucket_cap_mb=32 * 33 * 4 / 2**20)  # about one bucket per layer
+
+        class OneWorker:
+            rank, size = 0, 1
+
+            def __init__(self) -> None:
+                self.hold = False
+                self.started = threading.Event()  # the communication thread has begun bucket 0
+                self.saw_later_hook = threading.Event()
+
+            def allgather(self, a):
+                if self.hold:  # hold bucket 0 until another bucket's hook has been called
+                    self.hold = False
+                    with state._lock:
+                        calls = len(state._calls)
+                    self.started.set()
+                    for _ in range(3000):
+                        with state._lock:
+                            if len(state._calls) > calls:
+                                self.saw_later_hook.set()
+                                break
+                        self.saw_later_hook.wait(0.01)
+                return a[None]
+
+            def allreduce_fixed(self, q):
+                return q.astype(np.int64)
+
+            def allreduce(self, a):  # pragma: no cover
+                raise AssertionError
+
+        def hook(st, bucket):  # bucket 0's hook returns only once its all-reduce is under way
+            fut = mean_hook(st, bucket)
+            if agent.hold and bucket.index() == 0:
+                assert agent.started.wait(30)
+            return fut
+
+        agent = OneWorker()
+        state = AgentHookState(agent)
+        ddp.register_comm_hook(state, hook)
+        ddp(torch.randn(8, 32)).sum().backward()  # DDP rebuilds its buckets after the first iteration
+        assert state.take_step().buckets == 1
+        model.zero_grad()
+        agent.hold = True
+        x = torch.randn(8, 32)
+        ddp(x).square().sum().backward()
+        step = state.take_step()
+        assert agent.saw_later_hook.is_set()
+        assert step.buckets >= 2 and step.hidden > 0 and 0 < step.overlap <= 1
+        expected = torch.autograd.grad(ref(x).square().sum(), list(ref.parameters()))
+        peak = max(float(g.abs().max()) for g in expected)
+        for p, g in zip(model.parameters(), expected):
+            # block floating point, one worker: |error| <= half a step of 2**(E - 30), max|block| < 2**E
+            np.testing.assert_allclose(p.grad.numpy(), g.numpy(), rtol=0, atol=peak * 2**-30)
+        state.close()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_weighted_batch_sampler_splits_each_global_batch() -> None:

@@ -1,0 +1,83 @@
+"""examples/torchrun_train.py as users start it (torchrun, tiny size): INA == ring bit for bit, close to gloo, allocation.
+
+Each run is ``torchrun --standalone --nproc-per-node 2`` of the script, against the pipeline model behind
+UDP and the fake controller for INA (``tests.udp_switch.LocalCluster``), on the agent's ring without a
+controller, and with DDP's own gloo all-reduce. The runs go side by side to save wall time.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from tests.udp_switch import LocalCluster  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "torchrun_train.py"
+TINY = ("--epochs", "1", "--steps", "12", "--eval-every", "6", "--global-batch", "64")
+
+
+def _torchrun(tmp_path: Path, name: str, *args: str, nproc: int = 2) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / f"{name}.json"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(SCRIPT),
+            *TINY, "--json", str(out), "--save-params", str(tmp_path / f"{name}.npz"), *args]
+    log = (tmp_path / f"{name}.log").open("w")
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path), out
+
+
+def _finish(runs: dict, tmp_path: Path) -> dict:
+    results = {}
+    try:
+        for name, (proc, out) in runs.items():
+            rc = proc.wait(timeout=300)
+            assert rc == 0, f"{name} exited {rc}:\n" + (tmp_path / f"{name}.log").read_text()[-3000:]
+            results[name] = json.loads(out.read_text())
+    finally:
+        for proc, _ in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def test_usage_errors_are_one_line_and_exit_2() -> None:
+    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "torchrun" in r.stderr.splitlines()[-1]
+    r = subprocess.run([sys.executable, str(SCRIPT), "--comm", "gloo", "--controller", "127.0.0.1:1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--comm gloo" in r.stderr.splitlines()[-1]
+
+
+def test_ina_equals_ring_bit_for_bit_and_stays_close_to_gloo(tmp_path) -> None:
+    with LocalCluster(["s1", "s1"], slots=16) as cl:  # its sockets are not used: the script binds its own
+        runs = {
+            "ina": _torchrun(tmp_path, "ina", "--controller", cl.fake.address, "--agent-host", "h0", "--job-name", "tr"),
+            "ring": _torchrun(tmp_path, "ring"),
+            "gloo": _torchrun(tmp_path, "gloo", "--comm", "gloo"),
+        }
+        res = _finish(runs, tmp_path)
+    assert res["ina"]["backend"] == "ina" and res["ring"]["backend"] == "ring" and res["gloo"]["backend"] == "gloo"
+    assert all(r["same_model_on_every_rank"] and r["steps"] == 12 for r in res.values())
+    # block floating point: exact integer sums, so every backend trains the same model, bit for bit
+    assert res["ina"]["param_digest"] == res["ring"]["param_digest"]
+    assert res["ina"]["asynchronous_hook"] and res["ina"]["buckets_per_step"] >= 2
+    assert 0 <= res["ina"]["overlap"] <= 1
+    ina, gloo = np.load(tmp_path / "ina.npz"), np.load(tmp_path / "gloo.npz")
+    assert sorted(ina.files) == sorted(gloo.files) == ["step_0", "step_12", "step_6"]
+    for key in ina.files:  # at the same steps, the parameters of gloo's float all-reduce
+        rel = np.linalg.norm(ina[key] - gloo[key]) / np.linalg.norm(gloo[key])
+        assert rel < 1e-5, (key, rel)
+    assert abs(res["ina"]["final_accuracy"] - res["gloo"]["final_accuracy"]) <= 0.01
+
+
+def test_adaptive_allocation_shrinks_the_slow_workers_share(tmp_path) -> None:
+    runs = {"adaptive": _torchrun(tmp_path, "adaptive", "--allocation", "adaptive", "--slowdown", "1,3",
+                                  "--epochs", "3", "--steps", "0", "--global-batch", "240")}
+    res = _finish(runs, tmp_path)["adaptive"]
+    assert res["steps"] == 3 * (1437 // 240) and sum(res["batch_sizes"]) == 240
+    assert res["batch_sizes"][1] < res["batch_sizes"][0], res["batch_sizes"]

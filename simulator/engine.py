@@ -354,7 +354,7 @@ class Simulation:
         if spec.slots is not None:
             return spec.slots, spec.min_slots or 1
         cap = model.ina_rate(cal, cluster.host_Bps, 1 << 40, widest)  # the rate no window can exceed
-        requested = model.saturating_slots(cal, min(cap, cross_rate))
+        requested = model.saturating_slots(cal, min(cap, cross_rate), cluster.host_Bps)
         useful = model.min_useful_slots(cal, requested, slot_time, ring)
         if useful is None:
             return None
@@ -459,8 +459,11 @@ class Simulation:
         comm, backend, slots = self._comm(job)
         iter_time = model.iteration_time(self.cal, job.compute, comm)
         if job.iter_time > 0:
-            job.remaining = max(0.0, job.remaining - (t - job.last) / job.iter_time)
-        job.last = t
+            job.remaining = max(0.0, job.remaining - max(0.0, t - job.last) / job.iter_time)
+        job.last = max(t, job.last)  # a reallocation pause still running keeps its end
+        moved = (backend, slots) != (job.backend, job.slots) and job.backend != ""
+        if moved and self.cal.realloc_pause_s:
+            job.last += self.cal.realloc_pause_s  # SyncGeneration barrier and resend: no progress meanwhile
         if (backend, slots) != (job.backend, job.slots):
             if job.history and job.history[-1][0] == t:
                 job.history.pop()  # superseded at the same instant (e.g. two arrivals at once)
@@ -469,12 +472,12 @@ class Simulation:
             job.backend, job.slots = backend, slots
         held = sum(self._held(r, job.spec.job_id) for r in job.demand_racks)
         self._set_effective(job, held if backend in (SimBackend.INA, SimBackend.RINA) else 0)
-        if iter_time == job.iter_time and job.version:
+        if iter_time == job.iter_time and job.version and not (moved and self.cal.realloc_pause_s):
             return  # same speed: the scheduled completion still holds
         job.iter_time = iter_time
         job.version += 1
         self._seq += 1
-        heapq.heappush(self._heap, (t + job.remaining * iter_time, _DONE, self._seq, job.spec.job_id, job.version))
+        heapq.heappush(self._heap, (job.last + job.remaining * iter_time, _DONE, self._seq, job.spec.job_id, job.version))
 
     def _set_effective(self, job: _Job, slots: int) -> None:
         self.effective_total += slots - job.effective

@@ -308,6 +308,8 @@ def test_an_interrupted_run_keeps_what_was_measured(tmp_path):
     (["run", "multijob", "--policies", "fair"], "policies must be some of"),
     (["run", "allreduce", "--tiny", "--small"], "not allowed with argument"),
     (["list", "extra"], "unrecognized arguments"),
+    (["run", "allreduce", "--switch", "bmv2", "--rtt-ms", "10"], "--rtt-ms: BMv2 cannot delay frames"),
+    (["run", "loss", "--rtt-ms", "-1"], "a round trip must be >= 0"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(argv, message):
     out, err = io.StringIO(), io.StringIO()

@@ -9,7 +9,6 @@ options, stats and interrupt flags.
 from __future__ import annotations
 
 import enum
-import heapq
 import time
 from collections import deque
 
@@ -17,6 +16,7 @@ import numpy as np
 
 from host_agent.chunks import CHUNK_BYTES, Segment
 from host_agent.errors import AgentTimeout, Interrupted, JobReleased
+from host_agent.flight import Flight
 from host_agent.grant import Rack
 from inaproto import wire
 
@@ -51,21 +51,7 @@ def gradient_packets(contrib: np.ndarray, first: int, base: int, num_slots: int,
 
 
 class InaPhase:
-    """The SwitchML window and its retransmission timer (mixed into ChunkStream)."""
-
-    def _update_rto(self, sample: float) -> None:
-        """RTO = 4 x the shortest of the last 32 round trips of chunks sent once (within the bounds).
-
-        A chunk's round trip includes waiting for the slowest worker, and for that worker's own
-        retransmissions: averages of it track the other workers' RTOs and inflate without bound under
-        loss. The shortest recent round trip is what the worker that completes a chunk sees: the path
-        and its queueing. A spurious retransmission costs one packet that the switch drops.
-        """
-        buf = self._rtt_samples
-        buf[self._rtt_next] = sample
-        self._rtt_next = (self._rtt_next + 1) % len(buf)
-        o = self.options
-        self._rto = min(max(4 * min(buf), o.rto_min), o.rto_max)
+    """The SwitchML window, its loss recovery and congestion window (mixed into ChunkStream)."""
 
     def _ina_window(self, seg: Segment, i0: int, rack: Rack, mode: WindowMode) -> tuple[bytearray, bytearray] | None:
         """Contribute chunks ``seg[i0:]`` to ``rack``'s switch under the SwitchML window.
@@ -73,9 +59,10 @@ class InaPhase:
         Returns when every chunk has its switch result: for ``WindowMode.PARTIAL`` the rack's partial sums
         and their overflow flags (one byte per chunk), else None (see ``WindowMode``).
 
-        I/O (docs/agent.md, "I/O"): the chunks the window allows go to the kernel as one run
-        (``DatagramIo.send_run``: GSO batches of up to 64 packets); results are drained in batches into
-        ``self._rbatch`` and applied together (``ResultBatch``), in arrival order.
+        Each turn: drain the results (``ResultBatch``, applied together), find lost chunks (``Flight``:
+        early by RACK, else the window's timeout), resend them, then send the new chunks that the slots
+        (chunk ``i`` after the result of ``i - S``), the congestion window (``CongestionWindow``), the
+        reorder guard and pacing allow, as one run (``DatagramIo.send_run``: GSO batches of up to 64).
         """
         K, a = seg.K, seg.a
         S = rack.num_slots
@@ -85,27 +72,28 @@ class InaPhase:
         io, poll = self._io, self._poll
         got = bytearray(K)  # 1: the chunk has its switch result
         got[:i0] = b"\x01" * i0
+        gotv = np.frombuffer(got, dtype=np.uint8)
         final = mode is WindowMode.FINAL
         partial = bytearray(K * CHUNK_BYTES) if mode is WindowMode.PARTIAL else None
         pflag = bytearray(K) if mode is WindowMode.PARTIAL else None
         pkts = gradient_packets(seg.contrib[i0:], a + i0, base, S, job, gen, wid)
+        est, cwnd = self._rtt, self._cwnd
+        cwnd.clamp(S)
+        flight = Flight(K, i0, est, cwnd, S, self.stats, self._reorder_mult)
         results = ResultBatch(self, seg, got, i0, job, gen, rack,  # MEMBER: results only move the window
-                              seg.res32 if final else partial, seg.flag if final else pflag, seg.src if final else None)
-        sent_at = [0.0] * K  # first transmission (round-trip samples)
-        last_tx = [0.0] * K  # last transmission (reorder guard)
+                              seg.res32 if final else partial, seg.flag if final else pflag, seg.src if final else None,
+                              flight)
+        last_tx = flight.sent_at  # last transmission (reorder guard)
         guard = self.options.reorder_guard
         pace = self._pace_gap
         if guard:  # the first S chunks reuse the slots of the previous run's last ones
             delay = self._guard_until - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-        tries: dict[int, int] = {}
-        fresh: deque[tuple[float, int, int]] = deque()  # runs [start, end) of first sends, in deadline order
-        retry: list[tuple[float, int]] = []  # heap of resends
+        lost: deque[tuple[int, bool]] = deque()  # (chunk, found early) to resend, in order
+        queued = bytearray(K)  # 1: in `lost`
         stats = self.stats
-        results.tries = tries
-        results.sent_at = sent_at
-        nxt = i0
+        nxt = lo = i0  # next chunk to send; lowest chunk without a result
         opts = self.options
         mono = time.monotonic
         last_progress = mono()
@@ -116,16 +104,60 @@ class InaPhase:
                 raise Interrupted()
             if self._released:
                 raise JobReleased("the controller released the job")
-            # 1. send what the window allows: chunk i after the result of chunk i - S (and, with a
-            #    reorder guard, no earlier than `guard` after the last transmission of chunk i - S)
+            # 1. take every datagram waiting
+            progressed = results.drain()
             now = mono()
+            if progressed:
+                last_progress = now
+            # 2. find lost chunks: early (RACK), else the window's timer (restarted by every new result)
+            if lo < results.sent:
+                lo = got.find(0, lo, results.sent)
+                if lo < 0:
+                    lo = results.sent
+            if flight.rack_dirty or now >= flight.rack_timer:
+                found = flight.lost(gotv, lo, results.sent, now, queued)
+                if found:
+                    for i in found:
+                        queued[i] = 1
+                        lost.append((i, True))
+                    stats.early_resends += len(found)
+                    cwnd.on_loss(now, est.path_rtt, est.srtt)
+            if lo < results.sent and not queued[lo] and now >= flight.rto_deadline(lo):
+                est.expired()
+                cwnd.on_timeout(now, est.path_rtt, est.srtt)
+                stats.timeouts += 1
+                queued[lo] = 1
+                lost.appendleft((lo, False))  # the probe
+            # 3. resend what is lost (paced like first sends)
+            while lost:
+                if pace:
+                    if now < self._pace_next:
+                        break
+                    self._pace_next = max(self._pace_next, now - 8 * pace) + pace
+                i, early = lost.popleft()
+                queued[i] = 0
+                if got[i]:
+                    continue
+                off = (i - i0) * PAYLOAD
+                pkt = bytearray(pkts[off : off + PAYLOAD])
+                pkt[1] = F_RETRANSMIT
+                io.send_run(memoryview(pkt), PAYLOAD, 1, addr)
+                flight.resent(i, now, early)
+                stats.retransmits += 1
+            # 4. send what the slots, the congestion window, the reorder guard and pacing allow
+            room = 0
+            first = nxt
             if nxt < K:
-                first = nxt
+                done = K - i0 - results.remaining
+                room = cwnd.limit(S) - (results.sent - i0 - done)
+            if room > 0:
+                upper = min(K, nxt + room)
                 if not guard and not pace:  # the run up to the first chunk whose slot is still busy
-                    busy = got.find(0, max(nxt - S, i0), K - S) if K > S else -1
-                    nxt = K if busy < 0 else busy + S
+                    lo_s = max(nxt - S, i0)
+                    busy = got.find(0, lo_s, upper - S) if upper - S > lo_s else -1
+                    nxt = upper if busy < 0 else busy + S
                 else:
-                    while nxt < K and (nxt - S < i0 or got[nxt - S]):
+                    while nxt < upper and (nxt - S < i0 or got[nxt - S]):
                         if guard and nxt - S >= i0 and now < last_tx[nxt - S] + guard:
                             break
                         if pace:
@@ -137,71 +169,31 @@ class InaPhase:
                     count = nxt - first
                     io.send_run(pkts[(first - i0) * PAYLOAD :], PAYLOAD, count, addr)
                     results.sent = nxt
-                    sent_at[first:nxt] = last_tx[first:nxt] = [now] * count
-                    fresh.append((now + self._rto, first, nxt))
+                    flight.sent(first, nxt, now)
                     sent += count
-            # 2. take every datagram waiting
-            progressed = results.drain()
-            now = mono()
-            if progressed:
-                last_progress = now
-            # 3. retransmit what timed out (exponential backoff per chunk)
-            while True:
-                if fresh and fresh[0][0] <= now and (not retry or fresh[0][0] <= retry[0][0]):
-                    deadline, start, end = fresh[0]
-                    i = got.find(0, start, end)
-                    if i < 0:
-                        fresh.popleft()
-                        continue
-                    if pace:
-                        if now < self._pace_next:
-                            break
-                        self._pace_next = max(self._pace_next, now - 8 * pace) + pace
-                    if i + 1 < end:
-                        fresh[0] = (deadline, i + 1, end)
-                    else:
-                        fresh.popleft()
-                elif retry and retry[0][0] <= now:
-                    if pace:
-                        if now < self._pace_next:
-                            break
-                        self._pace_next = max(self._pace_next, now - 8 * pace) + pace
-                    _, i = heapq.heappop(retry)
-                    if got[i]:
-                        continue
-                else:
-                    break
-                k = tries.get(i, 0) + 1
-                tries[i] = k
-                off = (i - i0) * PAYLOAD
-                pkt = bytearray(pkts[off : off + PAYLOAD])
-                pkt[1] = F_RETRANSMIT
-                io.send_run(memoryview(pkt), PAYLOAD, 1, addr)
-                last_tx[i] = now
-                stats.retransmits += 1
-                heapq.heappush(retry, (now + min(self._rto * (1 << min(k, 3)), opts.rto_max), i))
             if now - last_progress > opts.op_timeout:
                 first = got.find(0)
                 raise AgentTimeout(
                     f"worker {wid}: no result from switch {rack.switch} at {addr[0]}:{addr[1]} for {opts.op_timeout}s "
                     f"(job {job}, generation {gen}, chunk {a + (first if first >= 0 else K)})")
-            wait = 0.05
-            if nxt < K and (nxt - S < i0 or got[nxt - S]):
-                if not guard or nxt - S < i0:
-                    wait = self._pace_next - now if pace else 0.0
-                else:
-                    wait = max(last_tx[nxt - S] + guard, self._pace_next if pace else 0.0) - now
-                if wait <= 0:
-                    continue
-            if progressed:
+            # 5. wait for a datagram, the next timer, or the pacing/guard that holds a send back
+            wake = now + 0.05  # short, so a generation change is seen quickly
+            if lo < results.sent and not queued[lo]:
+                wake = min(wake, flight.rto_deadline(lo))
+            wake = min(wake, flight.rack_timer)
+            held = nxt < K and room > nxt - first and (nxt - S < i0 or got[nxt - S])  # by pacing or the guard
+            if lost or held:
+                hold = self._pace_next if pace else now
+                if held and not lost and guard and nxt - S >= i0:
+                    hold = max(hold, last_tx[nxt - S] + guard)
+                wake = min(wake, hold)
+            wait = wake - now
+            if wait <= 0 or progressed:
                 continue
-            # 4. wait for a datagram or the next timer (short, so a generation change is seen quickly)
-            timers = [t[0][0] for t in (fresh, retry) if t]
-            if timers:
-                wait = min(wait, max(min(timers) - now, self._pace_next - now if pace else 0.0))
             poll.poll(wait * 1000.0)
+        self._reorder_mult = flight.reorder_mult
         if guard and sent:
-            self._guard_until = max(last_tx) + guard
+            self._guard_until = float(last_tx.max()) + guard
         stats.packets_sent += sent
         stats.results += K - i0
         return (partial, pflag) if partial is not None else None
@@ -219,14 +211,13 @@ class ResultBatch:
     VECTOR_FROM = 16  # results per batch from which numpy is faster than a loop
 
     def __init__(self, stream, seg: Segment, got: bytearray, i0: int, job: int, gen: int, rack: Rack,
-                 values: bytearray | None, flags: bytearray | None, src: bytearray | None) -> None:
+                 values: bytearray | None, flags: bytearray | None, src: bytearray | None, flight: Flight) -> None:
         self.stream, self.seg, self.got, self.i0, self.job, self.gen, self.rack = stream, seg, got, i0, job, gen, rack
         self.values, self.flags, self.src = values, flags, src
+        self.flight = flight  # send times, round-trip samples, RACK, spurious resends
         self.remaining = seg.K - i0
         self.sent = i0  # chunks [i0, sent) were sent at least once
-        self.samples = 0
-        self.tries: dict[int, int] = {}
-        self.sent_at: list[float] = []
+        self.now = 0.0  # when the batch being applied was read
         self.buf = stream._rbatch
         self.view = memoryview(self.buf)
         self.progressed = False
@@ -237,6 +228,7 @@ class ResultBatch:
         io, view, room = self.stream._io, self.view, self.stream._io.read_room
         while True:
             kept = io.drain(view, self._on_run)
+            self.now = time.monotonic()
             if kept:
                 self._apply(kept // PAYLOAD)
             if kept <= len(view) - room:
@@ -279,6 +271,8 @@ class ResultBatch:
         i = (seq - self.seg.a) & 0xFFFFFFFF
         if i >= self.sent or i < self.i0 or got[i]:
             stats.ignored += 1
+            if self.i0 <= i < self.sent:
+                self.flight.duplicate(i)
             return
         got[i] = 1
         self.remaining -= 1
@@ -290,9 +284,7 @@ class ResultBatch:
                 self.flags[i] = 1
         if self.src is not None:
             self.src[i] = 1
-        self.samples += 1
-        if self.samples & 3 == 0 and i not in self.tries:  # every 4th: the RTO needs no more
-            stream._update_rto(time.monotonic() - self.sent_at[i])
+        self.flight.delivered(i, self.now)
 
     def _apply_many(self, m: int) -> None:
         stats = self.stream.stats
@@ -301,7 +293,8 @@ class ResultBatch:
         stats.stale += m - int(np.count_nonzero(ours))
         idx = (rec["seq"].astype(np.int64) - self.seg.a) & 0xFFFFFFFF
         got = np.frombuffer(self.got, dtype=np.uint8)
-        ok = ours & (idx >= self.i0) & (idx < self.sent)
+        inwin = ours & (idx >= self.i0) & (idx < self.sent)
+        ok = inwin.copy()
         ok[ok] = got[idx[ok]] == 0
         pos = np.flatnonzero(ok)
         if pos.size:
@@ -309,6 +302,11 @@ class ResultBatch:
             if first.size != pos.size:
                 pos = pos[np.sort(first)]
         stats.ignored += int(np.count_nonzero(ours)) - int(pos.size)
+        if int(np.count_nonzero(inwin)) != pos.size:  # duplicates of chunks in the window
+            dup = inwin.copy()
+            dup[pos] = False
+            for i in idx[dup]:
+                self.flight.duplicate(int(i))
         if not pos.size:
             return
         sel = idx[pos]
@@ -322,12 +320,4 @@ class ResultBatch:
                 np.frombuffer(self.flags, dtype=np.uint8)[sel[over]] = 1
         if self.src is not None:
             np.frombuffer(self.src, dtype=np.uint8)[sel] = 1
-        # round-trip samples: every 4th result, in arrival order, of chunks sent once
-        s0 = self.samples
-        self.samples += int(pos.size)
-        now = time.monotonic()
-        tries, sent_at, update = self.tries, self.sent_at, self.stream._update_rto
-        for j in range((-s0 - 1) % 4, int(pos.size), 4):
-            i = int(sel[j])
-            if i not in tries:
-                update(now - sent_at[i])
+        self.flight.delivered_many(sel, self.now)

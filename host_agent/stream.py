@@ -30,6 +30,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from host_agent.chunks import LANES, Call, Segment
+from host_agent.congestion import CongestionWindow
 from host_agent.errors import AgentError, AgentTimeout, Interrupted, JobReleased, StaleGeneration
 from host_agent.fixedpoint import split_chunks
 from host_agent.grant import Grant, Plan, Worker, plan_for
@@ -37,6 +38,7 @@ from host_agent.ina_window import InaPhase, WindowMode
 from host_agent.rina import RinaPhases
 from host_agent.ring import RingAllReduce
 from host_agent.ring_phases import RingPhases
+from host_agent.rtt import RttEstimator
 from host_agent.udp_io import DatagramIo, IoMode
 from inaproto import wire
 from inaproto.backends import Backend, BackendChoice
@@ -56,7 +58,8 @@ class StreamOptions:
         op_timeout: an operation that makes no progress for this long raises AgentTimeout.
         connect_timeout: deadline for connecting a ring.
         rto_initial, rto_min, rto_max: retransmission timeout: starts at rto_initial, then follows the
-            measured round trips (Jacobson/Karn) within [rto_min, rto_max]; doubles per retry of a chunk.
+            measured round trips (RFC 6298, Karn's rule) within [rto_min, rto_max]; backs off per expiry.
+        initial_window: chunks in flight at first; the congestion window then adapts, up to the slots.
         ring_grace: after a ring failure, how long to wait for the generation change that explains it.
         broadcast_window: Rina: chunks a representative broadcasts beyond the slowest rack worker's ack.
         reorder_guard: chunk g+S is sent no earlier than this after the last transmission of chunk g
@@ -76,6 +79,7 @@ class StreamOptions:
     rto_initial: float = 0.05
     rto_min: float = 0.01
     rto_max: float = 1.0
+    initial_window: int = 8
     ring_grace: float = 10.0
     broadcast_window: int = 512
     reorder_guard: float = 0.0
@@ -94,6 +98,8 @@ class StreamOptions:
             raise ValueError(f"link_bps must be >= 0, got {self.link_bps!r}")
         if not self.rto_min <= self.rto_initial <= self.rto_max:
             raise ValueError("need rto_min <= rto_initial <= rto_max")
+        if self.initial_window < 1:
+            raise ValueError(f"initial_window must be >= 1, got {self.initial_window}")
         if self.broadcast_window < 1:
             raise ValueError(f"broadcast_window must be >= 1, got {self.broadcast_window}")
 
@@ -105,7 +111,10 @@ class StreamStats:
     calls: int = 0
     chunks: int = 0
     packets_sent: int = 0
-    retransmits: int = 0
+    retransmits: int = 0  # every resend (early, timeout probe)
+    early_resends: int = 0  # resends of chunks found lost before the timeout (RACK)
+    timeouts: int = 0  # expiries of a window's retransmission timer (each resends one probe)
+    spurious_resends: int = 0  # resent chunks whose original reached the switch (host_agent/flight.py)
     results: int = 0
     ignored: int = 0  # duplicate, late or foreign packets
     stale: int = 0  # packets of another generation or job
@@ -196,15 +205,20 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._rings: dict[tuple[int, ...], RingAllReduce] = {}
         self._bstore: dict[int, bytes] = {}
         self._acks: dict[int, int] = {}
-        self._rtt_samples = [options.rto_initial / 4] * 32
-        self._rtt_next = 0
-        self._rto = options.rto_initial
+        self._rtt = RttEstimator(options.rto_initial, options.rto_min, options.rto_max)
+        self._cwnd = CongestionWindow(options.initial_window)
+        self._reorder_mult = 1  # widening of the reorder window after spurious early resends (host_agent/flight.py)
         self._guard_until = 0.0
         self._pace_next = 0.0  # link emulation: when the next INA packet may leave
         self._pace_gap = (wire.INA_FRAME_LEN * 8 / options.link_bps) if options.link_bps else 0.0
         self._closed = False
 
     # ------------------------------------------------------------------ control (any thread)
+
+    @property
+    def _rto(self) -> float:
+        """The retransmission timeout now (Rina's repair requests use it too)."""
+        return self._rtt.rto
 
     @property
     def plan(self) -> Plan:
@@ -447,6 +461,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._generation = grant.generation
         self._base = resume
         self._acks = {w: resume for w in self.ids}
+        self._rtt.reset()  # the new plan may aggregate in another switch
         self.stats.resyncs += 1
         self.stats.generation_history.append((grant.generation, self._plan.kind, resume))
         log.info("worker %d: generation %d (%s), resume at chunk %d (first missing was %d)",

@@ -16,8 +16,11 @@ import numpy as np
 import pytest
 
 from host_agent.agent import AgentOptions, bind_worker_sockets
+from host_agent.congestion import CongestionWindow
+from host_agent.flight import Flight
 from host_agent.grant import Grant, SwitchGrant, Worker
 from host_agent.ina_window import ResultBatch, gradient_packets
+from host_agent.rtt import RttEstimator
 from host_agent.stream import ChunkStream, StreamOptions, StreamStats
 from host_agent.udp_io import GSO_MAX_SEGMENTS, DatagramIo, IoMode, gso_supported
 from inaproto import wire
@@ -147,16 +150,12 @@ def test_gro_drain_splits_coalesced_reads_into_datagrams() -> None:
 
 
 class _StreamStub:
-    """What ResultBatch uses of a ChunkStream: stats, the RTO update, the drain buffer, Rina's handler."""
+    """What ResultBatch uses of a ChunkStream: stats, the drain buffer, Rina's handler."""
 
     def __init__(self) -> None:
         self.stats = StreamStats()
-        self.rto_samples: list[int] = []
         self.others: list[bytes] = []
         self._rbatch = bytearray(1 << 16)
-
-    def _update_rto(self, sample: float) -> None:
-        self.rto_samples.append(1)
 
     def _other_datagram(self, rbuf, n, seg, rack) -> None:
         self.others.append(bytes(rbuf[:n]))
@@ -175,17 +174,21 @@ def _batch_state(vector: bool, results: list[bytes]) -> tuple:
     seg = Segment(a, np.zeros((K, wire.LANES), dtype=np.int32))
     got = bytearray(K)
     got[:i0] = b"\x01" * i0
-    rb = ResultBatch(stub, seg, got, i0, 3, 1, None, seg.res32, seg.flag, seg.src)
+    est = RttEstimator(0.05, 0.01, 1.0)
+    est.sample(0.004)  # path round trip 4 ms
+    flight = Flight(K, i0, est, CongestionWindow(), 16, stub.stats)
+    rb = ResultBatch(stub, seg, got, i0, 3, 1, None, seg.res32, seg.flag, seg.src, flight)
     rb.sent = 30
-    rb.tries = {7: 1}
-    rb.sent_at = [0.0] * K
+    flight.sent(i0, 30, 0.0)
+    flight.resent(7, 0.999, early=True)  # resent 1 ms before the results: any result of 7 answers the original
+    rb.now = 1.0
     rb.VECTOR_FROM = 0 if vector else 10**9
     data = b"".join(results)
     rb.buf[: len(data)] = data
     rb._apply(len(results))
     st = stub.stats
     return (bytes(got), bytes(seg.res32), bytes(seg.flag), bytes(seg.src), rb.remaining, rb.progressed,
-            st.stale, st.ignored, len(stub.rto_samples), rb.samples)
+            st.stale, st.ignored, st.spurious_resends, flight.rack_i, flight.rack_xmit)
 
 
 def test_results_applied_in_batches_exactly_as_one_at_a_time() -> None:
@@ -202,6 +205,7 @@ def test_results_applied_in_batches_exactly_as_one_at_a_time() -> None:
     got = one[0]
     assert got[:30] == b"\x01" * 30 and got[30:] == bytes(10)
     assert one[6] == 2  # stale: another generation, another job
+    assert one[8] == 1  # chunk 7's resend was spurious
     assert np.frombuffer(one[1], dtype=wire.LANES_DTYPE).reshape(40, wire.LANES)[29, 0] == 30
 
 

@@ -1,0 +1,177 @@
+"""The INA sender's timing on a fake clock: RTO (RFC 6298, Karn, backoff), RACK loss detection, spurious
+resends, the congestion window."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from host_agent.congestion import CongestionWindow
+from host_agent.flight import REORDER_FLOOR, Flight
+from host_agent.rtt import MAX_BACKOFF, RttEstimator
+from host_agent.stream import StreamStats
+
+pytestmark = pytest.mark.unit
+
+
+def test_rto_follows_rfc6298_from_the_first_sample() -> None:
+    est = RttEstimator(0.05, 0.001, 1.0, granularity=0.0001)
+    assert est.rto == 0.05
+    est.sample(0.010)
+    assert est.srtt == 0.010 and est.rttvar == 0.005 and est.rto == pytest.approx(0.030)
+    est.sample(0.018)  # rttvar = 3/4 * 5 + 1/4 * 8 = 5.75 ms; srtt = 7/8 * 10 + 1/8 * 18 = 11 ms
+    assert est.rttvar == pytest.approx(0.00575) and est.srtt == pytest.approx(0.011)
+    assert est.rto == pytest.approx(0.011 + 4 * 0.00575)
+    assert est.min_rtt == 0.010 and est.path_rtt == 0.010
+
+
+def test_rto_follows_queueing_and_stays_within_bounds() -> None:
+    est = RttEstimator(0.05, 0.01, 0.2)
+    est.sample(0.001)
+    assert est.rto == 0.01  # rto_min
+    for k in range(200):  # a queue builds up: round trips grow to 100 ms
+        est.sample(0.001 + k * 0.0005)
+    assert est.srtt > 0.08 and est.rto > est.srtt
+    for _ in range(100):
+        est.sample(5.0)
+    assert est.rto == 0.2  # rto_max
+
+
+def test_backoff_doubles_until_a_sample_and_is_capped() -> None:
+    est = RttEstimator(0.05, 0.001, 100.0)
+    est.sample(0.010)
+    base = est.rto
+    est.expired()
+    est.expired()
+    assert est.rto == pytest.approx(4 * base)
+    for _ in range(20):
+        est.expired()
+    assert est.rto == pytest.approx(MAX_BACKOFF * base)
+    est.sample(0.010)
+    assert est.backoff == 1
+
+
+def test_many_samples_per_round_move_the_estimate_less_each() -> None:
+    one, many = RttEstimator(0.05, 0.001, 1.0), RttEstimator(0.05, 0.001, 1.0)
+    one.sample(0.010)
+    many.sample(0.010)
+    one.sample(0.020)
+    many.sample(0.020, per_round=8)
+    assert 0.010 < many.srtt < one.srtt
+
+
+def _flight(K: int = 32, granted: int = 32, path: float = 0.010) -> tuple[Flight, StreamStats, RttEstimator]:
+    est = RttEstimator(0.05, 0.010, 1.0)  # StreamOptions' defaults
+    est.sample(path)
+    stats = StreamStats()
+    return Flight(K, 0, est, CongestionWindow(initial=granted), granted, stats), stats, est
+
+
+def test_rack_finds_a_hole_after_the_reorder_window_and_not_before() -> None:
+    fl, _, est = _flight()
+    got = np.zeros(32, dtype=np.uint8)
+    queued = bytearray(32)
+    fl.sent(0, 8, 1.000)
+    for i in (0, 1, 3, 4):  # chunk 2 missing
+        got[i] = 1
+        fl.delivered(i, 1.010)
+    assert fl.rack_i == 4 and fl.rack_rtt == pytest.approx(0.010)
+    reo = fl.reorder_window()
+    assert reo == pytest.approx(max(0.010 / 4, REORDER_FLOOR))
+    assert fl.lost(got, 2, 8, 1.010, queued) == []  # not overdue yet
+    assert fl.rack_timer == pytest.approx(1.000 + 0.010 + reo)
+    assert fl.lost(got, 2, 8, fl.rack_timer, queued) == [2]  # 5..7 were sent after 4: not evidence
+
+
+def test_queued_results_arriving_in_order_are_never_lost_and_restart_the_timer() -> None:
+    """A window of 64 chunks through a link of 5 ms per frame (a 2 ms path): no RACK, no timeout."""
+    fl, stats, est = _flight(K=64, granted=64, path=0.002)
+    got = np.zeros(64, dtype=np.uint8)
+    queued = bytearray(64)
+    fl.sent(0, 64, 0.0)
+    for i in range(64):
+        now = 0.002 + 0.005 * (i + 1)
+        assert now < fl.rto_deadline(i)  # the oldest outstanding chunk is i, its result arrives in time
+        got[i] = 1
+        fl.delivered(i, now)
+        assert fl.lost(got, i + 1, 64, now, queued) == []
+    assert stats.spurious_resends == 0
+    assert est.srtt > 0.05  # the estimate followed the queueing
+
+
+def test_timer_restarts_on_every_new_result() -> None:
+    fl, _, est = _flight(path=0.010)
+    fl.sent(0, 4, 1.0)
+    assert fl.rto_deadline(0) == pytest.approx(1.0 + est.rto)
+    fl.delivered(1, 1.5)  # a late result (its sample raises the RTO too)
+    assert fl.rto_deadline(0) == pytest.approx(1.5 + est.rto)
+
+
+def test_spurious_resends_counted_at_the_first_result_or_a_second_one() -> None:
+    fl, stats, _ = _flight(path=0.010)
+    fl.sent(0, 4, 1.0)
+    fl.resent(0, 1.030, early=False)
+    fl.delivered(0, 1.032)  # 2 ms after the resend: the original's result
+    assert stats.spurious_resends == 1
+    fl.resent(1, 1.030, early=False)
+    fl.delivered(1, 1.045)  # could be the resend's answer: not counted ...
+    assert stats.spurious_resends == 1
+    fl.duplicate(1)  # ... until the switch answers the resend too
+    fl.duplicate(1)
+    assert stats.spurious_resends == 2
+    fl.resent(2, 1.030, early=True)
+    fl.delivered(2, 1.031)
+    assert stats.spurious_resends == 3 and fl.reorder_mult == 2  # a spurious early resend widens the window
+
+
+def test_delivered_many_equals_one_at_a_time() -> None:
+    a, sa, _ = _flight()
+    b, sb, _ = _flight()
+    for f in (a, b):
+        f.sent(0, 16, 1.0)
+        f.resent(5, 1.020, early=True)
+        f.resent(6, 1.005, early=False)
+    sel = np.array([3, 1, 5, 6, 9, 2])
+    for i in sel:
+        a.delivered(int(i), 1.022)
+    b.delivered_many(sel, 1.022)
+    assert (a.rack_i, a.rack_xmit, a.rack_rtt) == (b.rack_i, b.rack_xmit, b.rack_rtt) == (6, 1.005, pytest.approx(0.017))
+    assert sa.spurious_resends == sb.spurious_resends == 1
+
+
+def test_window_grows_while_round_trips_stay_flat() -> None:
+    cw = CongestionWindow(initial=4)
+    now = 0.0
+    for _ in range(50):
+        now += 0.010
+        cw.on_results(0.010, int(cw.cwnd), now, 0.010, 0.010, 256)
+    assert cw.limit(256) == 256 and cw.cuts == 0
+    assert cw.limit(16) == 16
+
+
+def test_window_shrinks_when_round_trips_grow_and_settles() -> None:
+    """A 10 ms path behind a queue of 1 ms per chunk in flight beyond 10: the window settles near the BDP."""
+    cw = CongestionWindow(initial=4, queue_allowance=0.004)
+    now = 0.0
+    sizes = []
+    for _ in range(300):
+        w = cw.limit(256)
+        rtt = 0.010 + max(0, w - 10) * 0.001
+        now += rtt
+        cw.on_results(rtt, w, now, 0.010, rtt, 256)
+        sizes.append(cw.limit(256))
+    tail = sizes[-100:]
+    assert cw.cuts > 0 and max(tail) <= 24 and min(tail) >= 8
+
+
+def test_loss_without_a_queue_keeps_the_window_and_with_one_halves_it() -> None:
+    cw = CongestionWindow(initial=64)
+    cw.on_results(0.010, 1, 0.010, 0.010, 0.010, 256)
+    before = cw.cwnd
+    cw.on_loss(0.011, 0.010, 0.010)
+    assert cw.cwnd == before
+    cw.on_results(0.050, 1, 0.030, 0.010, 0.010, 256)  # a round with a queue
+    w = cw.cwnd
+    cw.on_loss(0.050, 0.010, 0.010)
+    assert cw.cwnd == max(1.0, w / 2)
+    cw.on_timeout(0.060, 0.010, 0.010)
+    assert cw.cwnd == max(1.0, w / 4)

@@ -133,6 +133,8 @@ class Simulation:
         placement: where jobs' workers go.
         data_split: ``equal`` or ``proportional`` compute split for heterogeneous workers.
         queue: ``backfill`` (start any waiting job that fits, in arrival order) or ``fifo`` (strict).
+        follow_grant: a job holding slots aggregates in-network even where ring would be faster (as
+            ``ina-agent --backend auto`` does); default: each job takes the faster of ring and INA/Rina.
         check: validate every switch's allocation and the worker count after every event.
         on_event: called as on_event(sim, time) after every event (tests hook invariant checks here).
         progress: seconds between progress lines on stderr; None = silent.
@@ -147,6 +149,7 @@ class Simulation:
         *,
         data_split: str = "equal",
         queue: str = "backfill",
+        follow_grant: bool = False,
         check: bool = False,
         on_event: Callable[[Simulation, float], None] | None = None,
         progress: float | None = None,
@@ -160,6 +163,7 @@ class Simulation:
         self.placer = placement
         self.data_split = data_split
         self.queue_mode = queue
+        self.follow_grant = follow_grant
         self.check = check
         self.on_event = on_event
         self.progress = progress
@@ -447,7 +451,7 @@ class Simulation:
                     candidate = (t_agg, SimBackend.RINA, slots)
                 else:
                     candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), SimBackend.INA, slots)
-                if candidate[0] <= best[0]:
+                if candidate[0] <= best[0] or self.follow_grant:
                     best = candidate
         return best
 

@@ -73,7 +73,7 @@ class AllreduceConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "workers", tuple(int(n) for n in self.workers))
         object.__setattr__(self, "backends", tuple(self.backends))
-        object.__setattr__(self, "slot_sweep", tuple(int(s) for s in self.slot_sweep))
+        object.__setattr__(self, "slot_sweep", tuple(int(s) for s in self.slot_sweep or ()))
         if any(not 1 <= s <= 1024 for s in self.slot_sweep) or not 2 <= self.sweep_workers <= 16 or self.sweep_elements < 1:
             raise ValueError("slot_sweep values must be 1..1024, sweep_workers 2..16, sweep_elements >= 1")
         if not self.rtt_ms >= 0:
@@ -102,6 +102,7 @@ class AllreduceExperiment(Experiment):
         ("--slots", "slots", int, "INA slots per job (its window)"),
         ("--slot-sweep", "slot_sweep", "ints", "granted slots of the pool-size curve, e.g. 1,4,16,64 (empty: none)"),
         ("--sweep-workers", "sweep_workers", int, "workers of the pool-size curve's job"),
+        ("--no-slot-sweep", "slot_sweep", "false", "skip the pool-size curve"),
         ("--no-calibrate", "calibrate", "false", "skip the calibration probes"),
     )
 

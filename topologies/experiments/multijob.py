@@ -54,13 +54,14 @@ class TraceJob:
 
 
 # The fixed trace (ESA/INAlloc style: sizes differ, two priorities, arrivals over time, later jobs overlap
-# earlier ones). 18 hosts; at 2 Mbit/s one all-reduce of 64 KiB takes ~0.4 s at line rate. Every job has >= 4
-# workers: with fewer, ring moves fewer bytes than INA's framed stream.
+# earlier ones). 16 hosts at 1 Mbit/s: at most 16 x 680 = 10.9k gradients/s reach the switch, under the
+# measured ceiling of the Python data path (docs/experiments.md); one all-reduce of 64 KiB takes ~0.75 s at
+# line rate. Every job has 4 workers: with 2 or 3, ring moves fewer bytes than INA's framed stream.
 TRACE = (
-    TraceJob(1, workers=6, elements=16384, iterations=8, arrival_s=0.0, priority=LOW),
-    TraceJob(2, workers=4, elements=16384, iterations=6, arrival_s=1.0, priority=LOW),
-    TraceJob(3, workers=4, elements=8192, iterations=6, arrival_s=2.0, priority=HIGH),
-    TraceJob(4, workers=4, elements=8192, iterations=6, arrival_s=3.0, priority=HIGH),
+    TraceJob(1, workers=4, elements=16384, iterations=8, arrival_s=0.0, priority=LOW),
+    TraceJob(2, workers=4, elements=16384, iterations=5, arrival_s=1.5, priority=LOW),
+    TraceJob(3, workers=4, elements=8192, iterations=6, arrival_s=3.0, priority=HIGH),
+    TraceJob(4, workers=4, elements=8192, iterations=4, arrival_s=4.5, priority=HIGH),
 )
 TINY_TRACE = (
     TraceJob(1, workers=2, elements=4096, iterations=3, arrival_s=0.0, priority=LOW),
@@ -87,8 +88,8 @@ class MultijobConfig:
     supply: tuple[float, ...] = (1.0, 0.5, 0.25)
     policies: tuple[str, ...] = POLICIES + BASELINES
     demand_slots: int = 16
-    bw_mbps: float = 2.0
-    rtt_ms: float = 10.0
+    bw_mbps: float = 1.0
+    rtt_ms: float = 20.0
     repetitions: int = 3
     simulate: bool = True
     calibration: str | None = None
@@ -153,7 +154,7 @@ class MultijobExperiment(Experiment):
     def presets(cls) -> dict[str, MultijobConfig]:
         return {
             "tiny": MultijobConfig(trace="tiny", supply=(1.0, 0.5), policies=("first-fit", "priority", "static"),
-                                   demand_slots=8, rtt_ms=4.0, repetitions=1),
+                                   demand_slots=8, bw_mbps=2.0, rtt_ms=4.0, repetitions=1),
             "small": MultijobConfig(supply=(1.0, 0.5), repetitions=1),
             "full": MultijobConfig(),
         }

@@ -47,6 +47,15 @@ class Calibration:
     # Latency of one ring step (one worker's chunk to its neighbour, through the stack and the switch).
     # Measure: half the ping round trip between two workers of one rack; 2(n-1) of them per all-reduce.
     ring_step_latency_us: float = 10.0
+    # Propagation round trip added between a worker and its switch (the testbed's ina-switch --link-delay,
+    # a cluster's cable and queueing-free fabric delay). Lengthens every INA window round trip
+    # (slots * payload per ina_rtt + propagation + serialization) and every ring step (a worker-to-worker hop
+    # crosses the switch: one propagation round trip). Measure: the experiment's --rtt-ms.
+    propagation_rtt_us: float = 0.0
+    # Pause of a job whose slots move (a new range, or ring <-> INA): the SyncGeneration barrier and the
+    # resend of what the workers lack. Added once per change of a running job's grant.
+    # Measure: the agents' reported reallocation pause (ina-agent stats), median.
+    realloc_pause_us: float = 0.0
     # Fraction of communication hidden behind computation (DDP bucketing overlaps backward with
     # all-reduce): iteration = compute + (1 - overlap) * communication. 0 = no overlap (conservative).
     comm_overlap: float = 0.0
@@ -59,6 +68,10 @@ class Calibration:
             value = getattr(self, name)
             if not _is_number(value) or value <= 0:
                 raise CalibrationError(f"calibration field {name!r} must be a number > 0, got {value!r}")
+        for name in ("propagation_rtt_us", "realloc_pause_us"):
+            value = getattr(self, name)
+            if not _is_number(value) or value < 0:
+                raise CalibrationError(f"calibration field {name!r} must be a number >= 0, got {value!r}")
         if not _is_number(self.ring_step_latency_us) or self.ring_step_latency_us < 0:
             raise CalibrationError(
                 f"calibration field 'ring_step_latency_us' must be a number >= 0, got {self.ring_step_latency_us!r}"
@@ -78,6 +91,14 @@ class Calibration:
     @property
     def ina_rtt_s(self) -> float:
         return self.ina_rtt_us * 1e-6
+
+    @property
+    def propagation_rtt_s(self) -> float:
+        return self.propagation_rtt_us * 1e-6
+
+    @property
+    def realloc_pause_s(self) -> float:
+        return self.realloc_pause_us * 1e-6
 
     @property
     def ring_step_latency_s(self) -> float:

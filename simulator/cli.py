@@ -113,6 +113,8 @@ def build_parser() -> Parser:
     run.add_argument("--policy", type=_policies, default=list(POLICIES),
                      help=f"comma-separated allocation policies, or 'all' ({', '.join(POLICIES)}; default all)")
     run.add_argument("--placement", choices=sorted(PLACEMENTS), default="ina-aware", help="placement policy (default ina-aware)")
+    run.add_argument("--follow-grant", action="store_true",
+                     help="a job holding slots aggregates in-network even where ring would be faster (as ina-agent --backend auto)")
     run.add_argument("--queue", choices=("backfill", "fifo"), default="backfill",
                      help="start any waiting job that fits (backfill, default) or strictly in order (fifo)")
     run.add_argument("--data-split", choices=("equal", "proportional"), default="equal",
@@ -191,6 +193,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             make_placement(args.placement),
             data_split=args.data_split,
             queue=args.queue,
+            follow_grant=args.follow_grant,
             check=args.check,
             progress=None if args.quiet else 2.0,
         )

@@ -133,6 +133,8 @@ class Simulation:
         placement: where jobs' workers go.
         data_split: ``equal`` or ``proportional`` compute split for heterogeneous workers.
         queue: ``backfill`` (start any waiting job that fits, in arrival order) or ``fifo`` (strict).
+        follow_grant: a job holding slots aggregates in-network even where ring would be faster (as
+            ``ina-agent --backend auto`` does); default: each job takes the faster of ring and INA/Rina.
         check: validate every switch's allocation and the worker count after every event.
         on_event: called as on_event(sim, time) after every event (tests hook invariant checks here).
         progress: seconds between progress lines on stderr; None = silent.
@@ -147,6 +149,7 @@ class Simulation:
         *,
         data_split: str = "equal",
         queue: str = "backfill",
+        follow_grant: bool = False,
         check: bool = False,
         on_event: Callable[[Simulation, float], None] | None = None,
         progress: float | None = None,
@@ -160,6 +163,7 @@ class Simulation:
         self.placer = placement
         self.data_split = data_split
         self.queue_mode = queue
+        self.follow_grant = follow_grant
         self.check = check
         self.on_event = on_event
         self.progress = progress
@@ -354,7 +358,7 @@ class Simulation:
         if spec.slots is not None:
             return spec.slots, spec.min_slots or 1
         cap = model.ina_rate(cal, cluster.host_Bps, 1 << 40, widest)  # the rate no window can exceed
-        requested = model.saturating_slots(cal, min(cap, cross_rate))
+        requested = model.saturating_slots(cal, min(cap, cross_rate), cluster.host_Bps)
         useful = model.min_useful_slots(cal, requested, slot_time, ring)
         if useful is None:
             return None
@@ -447,7 +451,7 @@ class Simulation:
                     candidate = (t_agg, SimBackend.RINA, slots)
                 else:
                     candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), SimBackend.INA, slots)
-                if candidate[0] <= best[0]:
+                if candidate[0] <= best[0] or self.follow_grant:
                     best = candidate
         return best
 
@@ -459,8 +463,11 @@ class Simulation:
         comm, backend, slots = self._comm(job)
         iter_time = model.iteration_time(self.cal, job.compute, comm)
         if job.iter_time > 0:
-            job.remaining = max(0.0, job.remaining - (t - job.last) / job.iter_time)
-        job.last = t
+            job.remaining = max(0.0, job.remaining - max(0.0, t - job.last) / job.iter_time)
+        job.last = max(t, job.last)  # a reallocation pause still running keeps its end
+        moved = (backend, slots) != (job.backend, job.slots) and job.backend != ""
+        if moved and self.cal.realloc_pause_s:
+            job.last += self.cal.realloc_pause_s  # SyncGeneration barrier and resend: no progress meanwhile
         if (backend, slots) != (job.backend, job.slots):
             if job.history and job.history[-1][0] == t:
                 job.history.pop()  # superseded at the same instant (e.g. two arrivals at once)
@@ -469,12 +476,12 @@ class Simulation:
             job.backend, job.slots = backend, slots
         held = sum(self._held(r, job.spec.job_id) for r in job.demand_racks)
         self._set_effective(job, held if backend in (SimBackend.INA, SimBackend.RINA) else 0)
-        if iter_time == job.iter_time and job.version:
+        if iter_time == job.iter_time and job.version and not (moved and self.cal.realloc_pause_s):
             return  # same speed: the scheduled completion still holds
         job.iter_time = iter_time
         job.version += 1
         self._seq += 1
-        heapq.heappush(self._heap, (t + job.remaining * iter_time, _DONE, self._seq, job.spec.job_id, job.version))
+        heapq.heappush(self._heap, (job.last + job.remaining * iter_time, _DONE, self._seq, job.spec.job_id, job.version))
 
     def _set_effective(self, job: _Job, slots: int) -> None:
         self.effective_total += slots - job.effective

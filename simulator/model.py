@@ -3,10 +3,14 @@
 Every formula here is written out, with the origin of its constants, in docs/simulation.md. Rates are
 payload bytes per second, times are seconds, ``nbytes`` is the gradient size of one iteration.
 
-    INA rate      R_ina(s, m) = min(host * payload/frame, s * payload / rtt, switch_pps * payload / m)
-    INA (1 rack)  t = B / R_ina + rtt
-    ring          t = 2(n-1)/n * B / R + 2(n-1) * step_latency,  R = goodput of the slowest link
-    Rina          t = 2(r-1)/r * B / min(R_cross, R_ina) + 2(r-1) * step_latency + rtt   (r racks)
+    window rtt    W = rtt + propagation + 2 * frame / host   (one frame's serialization up and down)
+    INA rate      R_ina(s, m) = min(host * payload/frame, s * payload / W, switch_pps * payload / m)
+    INA (1 rack)  t = B / R_ina + W
+    ring          t = 2(n-1)/n * B / R + 2(n-1) * (step_latency + propagation),  R = goodput of the slowest link
+    Rina          t = 2(r-1)/r * B / min(R_cross, R_ina) + 2(r-1) * (step_latency + propagation) + W   (r racks)
+
+A congestion window (the agent may use fewer slots than granted) changes none of this: it settles near the
+window that reaches line rate, and slots beyond it add nothing here either (the min above).
     iteration     t = compute + (1 - overlap) * t_comm
 """
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Sequence
 from simulator.calibration import Calibration
 
 __all__ = [
+    "window_rtt",
     "ina_rate",
     "ina_time",
     "ring_time",
@@ -28,6 +33,13 @@ __all__ = [
 ]
 
 
+def window_rtt(cal: Calibration, host_Bps: float | None = None) -> float:
+    """The round trip a slot is held: the measured software round trip, the propagation round trip, and one
+    frame's serialization on the worker's link each way (nothing when the link rate is unknown)."""
+    serialization = 2 * cal.frame_bytes / host_Bps if host_Bps else 0.0
+    return cal.ina_rtt_s + cal.propagation_rtt_s + serialization
+
+
 def ina_rate(cal: Calibration, host_Bps: float, slots: int, workers_in_rack: int) -> float:
     """Aggregated payload rate of one job through one switch with `slots` slots.
 
@@ -35,15 +47,16 @@ def ina_rate(cal: Calibration, host_Bps: float, slots: int, workers_in_rack: int
     `slots` packets is in flight per round trip (SwitchML's bound: each slot holds one packet until
     its result returns); a packet-rate-bound switch processes m packets per aggregated payload.
     """
-    rate = min(host_Bps * cal.ina_efficiency, slots * cal.payload_bytes / cal.ina_rtt_s)
+    rate = min(host_Bps * cal.ina_efficiency, slots * cal.payload_bytes / window_rtt(cal, host_Bps))
     if cal.switch_pps is not None:
         rate = min(rate, cal.switch_pps * cal.payload_bytes / max(1, workers_in_rack))
     return rate
 
 
 def ina_time(cal: Calibration, nbytes: float, rate: float) -> float:
-    """One all-reduce through one switch: stream B bytes up at `rate`, the last result returns one rtt later."""
-    return nbytes / rate + cal.ina_rtt_s
+    """One all-reduce through one switch: stream B bytes up at `rate`, the last result returns one round trip
+    (software and propagation) later."""
+    return nbytes / rate + cal.ina_rtt_s + cal.propagation_rtt_s
 
 
 def ring_time(cal: Calibration, nbytes: float, workers: int, rate: float) -> float:
@@ -51,7 +64,7 @@ def ring_time(cal: Calibration, nbytes: float, workers: int, rate: float) -> flo
     if workers <= 1:
         return 0.0
     n = workers
-    return 2 * (n - 1) / n * nbytes / rate + 2 * (n - 1) * cal.ring_step_latency_s
+    return 2 * (n - 1) / n * nbytes / rate + 2 * (n - 1) * (cal.ring_step_latency_s + cal.propagation_rtt_s)
 
 
 def rina_time(cal: Calibration, nbytes: float, racks: int, rate: float) -> float:
@@ -63,12 +76,13 @@ def rina_time(cal: Calibration, nbytes: float, racks: int, rate: float) -> float
     if racks <= 1:
         return ina_time(cal, nbytes, rate)
     r = racks
-    return 2 * (r - 1) / r * nbytes / rate + 2 * (r - 1) * cal.ring_step_latency_s + cal.ina_rtt_s
+    return (2 * (r - 1) / r * nbytes / rate + 2 * (r - 1) * (cal.ring_step_latency_s + cal.propagation_rtt_s)
+            + cal.ina_rtt_s + cal.propagation_rtt_s)
 
 
-def saturating_slots(cal: Calibration, rate: float) -> int:
-    """Slots whose window reaches `rate`: the bandwidth-delay product in packets, ceil(rate * rtt / payload)."""
-    return max(1, math.ceil(rate * cal.ina_rtt_s / cal.payload_bytes - 1e-9))
+def saturating_slots(cal: Calibration, rate: float, host_Bps: float | None = None) -> int:
+    """Slots whose window reaches `rate`: the bandwidth-delay product in packets, ceil(rate * W / payload)."""
+    return max(1, math.ceil(rate * window_rtt(cal, host_Bps) / cal.payload_bytes - 1e-9))
 
 
 def min_useful_slots(cal: Calibration, requested: int, slot_time, ring: float) -> int | None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from inaproto.cli import Parser, UsageError
 from softswitch.dataplane import TRACE, DataPlane, DataPlaneError, IoMode
 from softswitch.faults import FaultConfig, build_config
+from softswitch.link_delay import LinkDelay, parse_link_delays
 from softswitch.p4program import JSON_VERSION, ProgramError, check_program
 from softswitch.pipeline import DROP_PORT
 
@@ -82,6 +83,7 @@ class SwitchCommandLine:
     dump_packet_data: int
     faults: FaultConfig
     io: IoMode = IoMode.FRAMES  # rings are opt-in until they beat frames without adding latency
+    link_delay: LinkDelay = field(default_factory=LinkDelay)
     warnings: tuple[str, ...] = field(default=())
 
 
@@ -145,6 +147,9 @@ def _core_parser() -> Parser:
                    help="packet I/O: one recv()/send() per frame (default), or PACKET_MMAP rings with batches "
                    "through the pipeline (falls back to frames where the kernel refuses rings)")
     p.add_argument("--max-port-count", type=_uint, default=512, metavar="N", help="most interfaces accepted (default 512)")
+    p.add_argument("--link-delay", action="append", default=[], metavar="MS|PORT:MS",
+                   help="propagation delay: hold every frame MS milliseconds on ingress and again on egress of "
+                        "every port (or of PORT; repeatable). A worker's round trip through the switch gains 2 MS")
     g = p.add_argument_group("fault injection (INA packets only: UDP from or to port 47000)")
     g.add_argument("--fault-drop", action="append", default=[], metavar="P|PORT:P", help="drop probability, global or per port")
     g.add_argument("--fault-dup", action="append", default=[], metavar="P|PORT:P", help="duplication probability")
@@ -267,11 +272,19 @@ def parse_args(argv: list[str]) -> SwitchCommandLine | str:
     for port in a.fault_port:
         if port not in interfaces:
             warnings.append(f"--fault-port {port} has no interface (-i {port}@IFACE)")
+    try:
+        link_delay = parse_link_delays(a.link_delay)
+    except ValueError as e:
+        raise UsageError(f"--link-delay: {e}") from None
+    for port, _ in link_delay.per_port:
+        if port not in interfaces:
+            warnings.append(f"--link-delay {port}:... has no interface (-i {port}@IFACE)")
     return SwitchCommandLine(
         program=program, no_p4=a.no_p4, device_id=a.device_id, interfaces=interfaces, grpc_addr=t.grpc_server_addr,
         cpu_port=t.cpu_port, log_console=a.log_console, log_file=a.log_file, log_level=a.log_level,
         log_file_max_size=a.log_file_max_size, log_file_max_files=a.log_file_max_files, pcap_dir=pcap,
-        dump_packet_data=a.dump_packet_data, faults=faults, io=IoMode(a.io), warnings=tuple(warnings),
+        dump_packet_data=a.dump_packet_data, faults=faults, io=IoMode(a.io), link_delay=link_delay,
+        warnings=tuple(warnings),
     )
 
 
@@ -354,6 +367,7 @@ def run(opts: SwitchCommandLine) -> int:
     dataplane = DataPlane(
         pipeline, opts.interfaces, cpu_port=opts.cpu_port, faults=opts.faults, pcap_dir=opts.pcap_dir,
         live=program is not None, dump_packet_data=opts.dump_packet_data, io=opts.io,
+        link_delay=opts.link_delay,
     )
     try:
         dataplane.open()
@@ -407,6 +421,8 @@ def run(opts: SwitchCommandLine) -> int:
         received = sum(st.rx for st in dataplane.stats.ports.values())
         log.info("packet rings: %d frames received in %d batches (%.1f per batch)", received, dataplane.stats.batches,
                  received / dataplane.stats.batches)
+    if dataplane.delay is not None:
+        log.info("link delay: at most %d frames held at once", dataplane.delay.held_most)
     if dataplane.faults is not None:
         for direction, st in dataplane.faults.stats.items():
             log.info("faults %s: %d INA packets, %d dropped, %d duplicated, %d reordered",

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from softswitch.faults import FaultConfig, FaultInjector
+from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay
 from softswitch.errors import SoftSwitchError
 from softswitch.pcap import PcapWriter
 from softswitch.ring_io import PacketRing, RingUnavailable
@@ -139,6 +140,8 @@ class DataPlane:
         dump_packet_data: log this many bytes of every frame received and sent, at info level.
         io: the I/O wanted; RINGS falls back to FRAMES (with a log line) where the kernel refuses rings.
             ``self.io`` says which one runs once the ports are open.
+        link_delay: propagation delay per port, held on ingress and again on egress (softswitch/link_delay.py),
+            or None.
     """
 
     def __init__(
@@ -153,6 +156,7 @@ class DataPlane:
         live: bool | Callable[[], bool] = True,
         dump_packet_data: int = 0,
         io: IoMode = IoMode.FRAMES,
+        link_delay: LinkDelay | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.interfaces = dict(interfaces)
@@ -177,6 +181,9 @@ class DataPlane:
         self.io_requested = IoMode(io)
         self.io = IoMode.FRAMES
         self._rings: dict[int, PacketRing] = {}
+        self.delay = DelayLine(link_delay) if link_delay is not None and link_delay.active else None
+        self._timer: DeadlineTimer | None = None
+        self._process_batch = None  # the rings loop's batch entry point (held frames are released in batches)
 
     # --- life cycle -------------------------------------------------------------------------------
     def open(self) -> None:
@@ -296,6 +303,7 @@ class DataPlane:
             recvs[sock.fileno()] = (port, sock.recv, self._ignores_outgoing[port], sock)
         ep.register(self._wake, select.EPOLLIN)
         wake_fd = self._wake
+        timer_fd = self._open_timer(ep)
         sends = {port: sock.send for port, sock in self._sockets.items()}
         self._sends = sends
         process = self.pipeline.process
@@ -305,6 +313,7 @@ class DataPlane:
         pcaps = bool(self._pcap_in)
         dirty = False  # pcap data written since the last flush
         batch = BATCH
+        delay = self.delay
         # Everything that needs per-packet bookkeeping takes the slow path; decided once.
         fast = not (pcaps or self.faults is not None or log.isEnabledFor(logging.DEBUG)
                     or (self.dump_packet_data and log.isEnabledFor(logging.INFO)))
@@ -312,19 +321,12 @@ class DataPlane:
         outq: list[tuple[int, bytes]] = []
         try:
             while not self._stopping:
-                timeout = -1.0
-                if dirty:
-                    timeout = IDLE_FLUSH
-                if self.faults is not None and self.faults.holding:
-                    deadline = self.faults.next_deadline()
-                    timeout = max(0.0, min(timeout if timeout >= 0 else 1.0, deadline - monotonic()))
-                events = ep.poll(timeout)
+                events = ep.poll(self._poll_timeout(dirty))
                 if not events:
                     if dirty:
                         self._flush_pcaps()
                         dirty = False
-                    if self.faults is not None and self.faults.holding:
-                        self._release_due(monotonic())
+                    self._release_held(outq, fast)
                     continue
                 for fd, _ev in events:
                     if fd == wake_fd:
@@ -335,8 +337,12 @@ class DataPlane:
                         while self._packet_outs:
                             self._packet_out(self._packet_outs.popleft())
                         continue
+                    if fd == timer_fd:
+                        self._timer.clear()
+                        continue
                     port, recv, ignores_outgoing, sock = recvs[fd]
                     stats = port_stats[port]
+                    got: list[bytes] = []
                     for _ in range(batch):
                         try:
                             if ignores_outgoing:
@@ -356,29 +362,24 @@ class DataPlane:
                             if not live:
                                 self.stats.not_live += 1
                                 continue
-                        if fast:
-                            outq += process(port, frame)
-                        else:
+                        if not fast:
                             self._ingress(port, frame)
                             dirty = pcaps
+                        elif delay is None:
+                            outq += process(port, frame)
+                        else:
+                            got.append(frame)
+                    if got:  # held from after the read: never less than the delay since the frame arrived
+                        now = monotonic()
+                        for frame in got:
+                            if not delay.hold_in(port, frame, now):
+                                outq += process(port, frame)
                 # Outputs leave after the round's inputs: a worker woken by its first result finds the others
                 # queued already (fewer wake-ups); per egress port the order is the processing order.
-                if outq:
-                    for eport, out in outq:
-                        send = sends.get(eport)
-                        if send is None:
-                            self._unsendable(eport, out)
-                            continue
-                        try:
-                            send(out)
-                            port_stats[eport].tx += 1
-                        except OSError as e:
-                            self._send_error(eport, e)
-                    outq = []
-                if self.faults is not None and self.faults.holding:
-                    self._release_due(monotonic())
+                self._release_held(outq, fast)
         finally:
             ep.close()
+            self._close_timer()
             self._flush_pcaps()
 
     def _loop_rings(self) -> None:
@@ -390,37 +391,33 @@ class DataPlane:
             rings[sock.fileno()] = (port, self._rings[port].receive)
         ep.register(self._wake, select.EPOLLIN)
         wake_fd = self._wake
+        timer_fd = self._open_timer(ep)
         sends = {port: ring.send for port, ring in self._rings.items()}
         self._sends = sends
         process_batch = getattr(self.pipeline, "process_batch", None)
         if process_batch is None:  # a pipeline without a batch entry point: one frame at a time
             process = self.pipeline.process
             process_batch = lambda port, frames: [out for f in frames for out in process(port, f)]  # noqa: E731
+        self._process_batch = process_batch
         port_stats = self.stats.ports
         monotonic = time.monotonic
         pcaps = bool(self._pcap_in)
         dirty = False
         ring_batch = RING_BATCH
+        delay = self.delay
         fast = not (pcaps or self.faults is not None or log.isEnabledFor(logging.DEBUG)
                     or (self.dump_packet_data and log.isEnabledFor(logging.INFO)))
         live = self.live
         outq: list[tuple[int, bytes]] = []
         try:
             while not self._stopping:
-                timeout = -1.0
-                if dirty:
-                    timeout = IDLE_FLUSH
-                if self.faults is not None and self.faults.holding:
-                    deadline = self.faults.next_deadline()
-                    timeout = max(0.0, min(timeout if timeout >= 0 else 1.0, deadline - monotonic()))
-                events = ep.poll(timeout)
+                events = ep.poll(self._poll_timeout(dirty))
                 if not events:
                     if dirty:
                         self._flush_pcaps()
                         dirty = False
-                    if self.faults is not None and self.faults.holding:
-                        self._release_due(monotonic())
-                        self._flush_rings()
+                    self._release_held(outq, fast)
+                    self._flush_rings()
                     continue
                 for fd, _ev in events:
                     if fd == wake_fd:
@@ -430,6 +427,9 @@ class DataPlane:
                             pass
                         while self._packet_outs:
                             self._packet_out(self._packet_outs.popleft())
+                        continue
+                    if fd == timer_fd:
+                        self._timer.clear()
                         continue
                     port, receive = rings[fd]
                     frames = receive(ring_batch)
@@ -442,30 +442,102 @@ class DataPlane:
                         if not live:
                             self.stats.not_live += len(frames)
                             continue
-                    if fast:
-                        outq += process_batch(port, frames)
-                    else:
+                    if not fast:
                         for frame in frames:
                             self._ingress(port, frame)
                         dirty = pcaps
-                if outq:
-                    for eport, out in outq:
-                        send = sends.get(eport)
-                        if send is None:
-                            self._unsendable(eport, out)
-                            continue
-                        try:
-                            send(out)
-                            port_stats[eport].tx += 1
-                        except OSError as e:
-                            self._send_error(eport, e)
-                    outq = []
-                if self.faults is not None and self.faults.holding:
-                    self._release_due(monotonic())
+                    elif delay is None:
+                        outq += process_batch(port, frames)
+                    else:
+                        now = monotonic()
+                        if delay.seconds(port) > 0:
+                            for frame in frames:
+                                delay.hold_in(port, frame, now)
+                        else:
+                            outq += process_batch(port, frames)
+                self._release_held(outq, fast)
                 self._flush_rings()
         finally:
             ep.close()
+            self._close_timer()
             self._flush_pcaps()
+
+    # --- held frames: link delay and fault reordering ---------------------------------------------
+    def _open_timer(self, ep: select.epoll) -> int:
+        """The link-delay timer's fd in ``ep`` (-1 without delay or without timerfd)."""
+        if self.delay is None:
+            return -1
+        self._timer = DeadlineTimer()
+        if self._timer.fd >= 0:
+            ep.register(self._timer.fd, select.EPOLLIN)
+        log.info("Link delay: %s", self.delay.delays.describe())
+        return self._timer.fd
+
+    def _close_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.close()
+
+    def _poll_timeout(self, dirty: bool) -> float:
+        """Seconds the loop may sleep: until the pcap flush, a fault's held frame, a delayed frame (-1: no end)."""
+        timeout = IDLE_FLUSH if dirty else -1.0
+        deadlines = []
+        if self.faults is not None and self.faults.holding:
+            deadlines.append(self.faults.next_deadline())
+        if self.delay is not None and self._timer is not None and self._timer.fd < 0:
+            deadline = self.delay.next_deadline()
+            if deadline is not None:
+                deadlines.append(deadline)
+        if deadlines:
+            rest = max(0.0, min(deadlines) - time.monotonic())
+            timeout = rest if timeout < 0 else min(timeout, rest)
+        return timeout
+
+    def _release_held(self, outq: list[tuple[int, bytes]], fast: bool) -> None:
+        """Send what the round produced (``outq``, emptied) and everything held whose time has come; re-arm."""
+        if self.faults is not None and self.faults.holding:
+            self._release_due(time.monotonic())
+        delay = self.delay
+        if delay is None:
+            self._send_all(outq)
+        else:
+            now = time.monotonic()
+            if fast:
+                process, process_batch = self.pipeline.process, self._process_batch
+                for port, frames in delay.due_in(now).items():
+                    if process_batch is not None:
+                        outq += process_batch(port, frames)
+                    else:
+                        for frame in frames:
+                            outq += process(port, frame)
+                if outq:
+                    now = time.monotonic()  # emitted now: held from here
+                    hold_out = delay.hold_out
+                    outq[:] = [(eport, out) for eport, out in outq if not hold_out(eport, out, now)]
+                    self._send_all(outq)
+                self._send_all(delay.due_out(time.monotonic()))
+            else:
+                for port, frames in delay.due_in(now).items():
+                    for frame in frames:
+                        self._enter(port, frame)
+                for eport, out in delay.due_out(time.monotonic()):
+                    self._transmit(self._packet_id, 0, eport, out)
+            self._timer.arm(delay.next_deadline(), time.monotonic())
+
+    def _send_all(self, outq: list[tuple[int, bytes]]) -> None:
+        if not outq:
+            return
+        sends, port_stats = self._sends, self.stats.ports
+        for eport, out in outq:
+            send = sends.get(eport)
+            if send is None:
+                self._unsendable(eport, out)
+                continue
+            try:
+                send(out)
+                port_stats[eport].tx += 1
+            except OSError as e:
+                self._send_error(eport, e)
+        outq.clear()
 
     def _flush_rings(self) -> None:
         """One send() per transmit ring with queued frames; frames a failed flush drops are send errors."""
@@ -484,10 +556,15 @@ class DataPlane:
 
     # --- the slow path: pcap, faults, per-packet logs ---------------------------------------------
     def _ingress(self, port: int, frame: bytes) -> None:
-        now = time.time()
         pcap = self._pcap_in.get(port)
         if pcap is not None:
-            pcap.write(frame, now)
+            pcap.write(frame, time.time())
+        if self.delay is not None and self.delay.hold_in(port, frame, time.monotonic()):
+            return
+        self._enter(port, frame)
+
+    def _enter(self, port: int, frame: bytes) -> None:
+        """A received frame, its link delay over, meets the faults and the pipeline."""
         if self.faults is not None:
             frames = self.faults.ingress(port, frame, time.monotonic())
             if not frames:
@@ -524,6 +601,8 @@ class DataPlane:
         else:
             frames = (out,)
         for f in frames:
+            if self.delay is not None and eport in self._sockets and self.delay.hold_out(eport, f, time.monotonic()):
+                continue
             self._transmit(pid, copy_id, eport, f)
 
     def _transmit(self, pid: int, copy_id: int, eport: int, frame: bytes) -> None:
@@ -548,7 +627,7 @@ class DataPlane:
         for direction, port, frame in self.faults.due(now):
             if direction == "in":
                 self._pipeline(port, frame)
-            else:
+            elif self.delay is None or not self.delay.hold_out(port, frame, time.monotonic()):
                 self._transmit(self._packet_id, 0, port, frame)
 
     # --- the CPU port -----------------------------------------------------------------------------

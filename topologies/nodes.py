@@ -189,6 +189,8 @@ class P4Switch(Switch):
             where no controller runs; leave False when a controller programs the switch).
         faults: ina-switch fault options, e.g. ``{"drop": 0.01, "seed": 1, "port": 2}`` ->
             ``--fault-drop 0.01 --fault-seed 1 --fault-port 2`` (not supported by BMv2).
+        link_delay_ms: ``{port: ms}`` held each way on those ports (``--link-delay PORT:MS``; the topologies
+            set it from ``rtt_ms``). BMv2 cannot delay frames: refused there.
         extra_args: more options before the program argument.
         executable: the command to run instead of the target's (tests use a stand-in).
         ina_ip, ina_mac, ina, rack, role: the switch's INA address and role, kept for the controller.
@@ -212,6 +214,7 @@ class P4Switch(Switch):
         routes: Iterable[Route | Mapping] = (),
         install_routes: bool = False,
         faults: Mapping[str, Any] | None = None,
+        link_delay_ms: Mapping[int, float] | None = None,
         extra_args: Sequence[str] = (),
         executable: str | Sequence[str] | None = None,
         thrift_port: int | None = None,
@@ -233,6 +236,9 @@ class P4Switch(Switch):
         self.faults = dict(faults or {})
         if self.faults and self.kind == "bmv2":
             raise ValueError(f"{name}: fault options are an ina-switch feature; BMv2 has none")
+        self.link_delay_ms = {int(p): float(ms) for p, ms in (link_delay_ms or {}).items() if float(ms) > 0}
+        if self.link_delay_ms and self.kind == "bmv2":
+            raise ValueError(f"{name}: link delay (rtt_ms) is an ina-switch feature; BMv2 cannot delay frames")
         self.device_id = int(device_id) if device_id is not None else self._device_id_from_name(name)
         self.routes = tuple(r if isinstance(r, Route) else Route(**r) for r in routes)
         self.cpu_port = int(cpu_port) if cpu_port is not None else None
@@ -308,6 +314,8 @@ class P4Switch(Switch):
             values = value if isinstance(value, (list, tuple)) else [value]
             for v in values:
                 argv += [f"--fault-{key.replace('_', '-')}", str(v)]
+        for port, ms in sorted(self.link_delay_ms.items()):
+            argv += ["--link-delay", f"{port}:{ms:g}"]
         argv += self.extra_args
         argv += [str(self.program)] if self.program else ["--no-p4"]
         argv += ["--", "--grpc-server-addr", self.grpc_address]

@@ -164,6 +164,7 @@ class LinkSpec:
     node2: str
     port2: int
     bw: float | None = None
+    delay_ms: float = 0.0  # one-way propagation delay, held by the switch end(s) (ina-switch --link-delay)
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,9 @@ class NetworkPlan:
         links = []
         for link in self.links:
             ends = [n if not self._is_switch(n) else f"{n}-p{p}" for n, p in ((link.node1, link.port1), (link.node2, link.port2))]
-            links.append(ends + (["0ms", link.bw] if link.bw is not None else []))
+            if link.bw is not None or link.delay_ms:
+                ends += [f"{link.delay_ms:g}ms", link.bw]
+            links.append(ends)
         return {"hosts": hosts, "switches": switches, "links": links}
 
     def write(self, run_dir: str | Path, *, switch_extra: Mapping[str, Mapping] | None = None,

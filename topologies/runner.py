@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--full", dest="size", action="store_const", const="full", help="the full configuration (minutes; default)")
     run.add_argument("--switch", choices=("ina-switch", "bmv2"), default="ina-switch", help="switch target (default: ina-switch)")
     run.add_argument("--out", default="results", help="results folder (default: results/)")
+    run.add_argument("--rtt-ms", type=float, default=None, metavar="MS",
+                     help="round trip added between each worker and its switch (ina-switch --link-delay, MS/2 each "
+                          "way; docs/topologies.md); default: the size preset's (0 on bmv2, which cannot delay)")
     run.add_argument("--agent-timeout", type=float, default=180.0, metavar="S", help="longest wait for one measurement's agents (default 180)")
     run.add_argument("--switch-log-level", default="warn", choices=("trace", "debug", "info", "warn", "error", "off"),
                      help="the switches' -L level (default warn; trace is slow)")
@@ -155,6 +158,24 @@ def _run_help(name: str | None, out: TextIO) -> int:
         for size, cfg in cls.presets().items():
             print(f"  --{size}: {dataclasses.asdict(cfg)}", file=out)
     return EXIT_OK
+
+
+def _with_rtt(cls: Any, overrides: dict, rtt_ms: float | None, switch: str) -> dict:
+    """The experiment's overrides with the run's ``--rtt-ms`` (configs with an ``rtt_ms`` field); on BMv2, which
+    cannot hold frames, an explicit delay is refused and the presets' delay becomes 0."""
+    if rtt_ms is not None and not (rtt_ms >= 0):
+        raise UsageError(f"--rtt-ms {rtt_ms:g}: a round trip must be >= 0")
+    if switch == "bmv2" and rtt_ms:
+        raise UsageError("--rtt-ms: BMv2 cannot delay frames (no netem here; the delay is ina-switch's --link-delay); "
+                         "use --switch ina-switch or --rtt-ms 0")
+    fields = {f.name for f in dataclasses.fields(cls.Config)} if dataclasses.is_dataclass(cls.Config) else set()
+    if "rtt_ms" not in fields:
+        return overrides
+    if rtt_ms is not None:
+        return {**overrides, "rtt_ms": rtt_ms}
+    if switch == "bmv2":
+        return {**overrides, "rtt_ms": 0.0}
+    return overrides
 
 
 def _preflight(switch: str, classes: Sequence[Any]) -> None:
@@ -347,6 +368,7 @@ def _run(args: argparse.Namespace, rest: list[str], out: TextIO, err: TextIO) ->
             classes, overrides = [exp_cls], [vars(ns)]
         if args.agent_timeout <= 0:
             raise UsageError("--agent-timeout must be > 0")
+        overrides = [_with_rtt(cls, ov, args.rtt_ms, args.switch) for cls, ov in zip(classes, overrides)]
         options = RunOptions(switch=args.switch, size=args.size, out=args.out, log_level=args.switch_log_level,
                              agent_timeout=args.agent_timeout, quiet=args.quiet)
         configs = []

@@ -7,8 +7,11 @@ topology has a :class:`~topologies.plan.NetworkPlan` in ``.plan``: every address
 switch nodes and hosts are configured from and which the controller reads.
 
 Bandwidths are Mbit/s on ``htb`` (both directions of a link). Heterogeneous clusters: give ``bw`` per host.
-There is no ``netem`` on this kernel: delay and loss come from ina-switch's fault options (``P4Switch``'s
-``faults``), and topology.json latencies are ignored with a note in ``plan.notes``.
+There is no ``netem`` on this kernel: loss comes from ina-switch's fault options (``P4Switch``'s ``faults``)
+and propagation delay from its ``--link-delay`` (``rtt_ms``: the round trip a worker sees to its first
+switch; every link gets a one-way delay of ``rtt_ms / 2``, held at the switch ends: all of it at the switch
+port of a host link, half at each end of a switch-switch link). topology.json latencies are ignored with a
+note in ``plan.notes``.
 """
 from __future__ import annotations
 
@@ -86,6 +89,14 @@ def parse_racks(racks: int | str | Iterable[int] | None, count: int) -> set[int]
     return chosen
 
 
+def _delay(ms: Any) -> float:
+    """A one-way delay in ms (``mn`` passes text); PlanError if negative."""
+    value = float(ms or 0.0)
+    if not value >= 0:
+        raise PlanError(f"delay {ms!r} ms must be >= 0")
+    return value
+
+
 def _flag(value: Any) -> bool:
     """A boolean from Python or from ``mn --topo name,key=value`` (``true``/``false``/``1``/``0``)."""
     if isinstance(value, str):
@@ -109,6 +120,7 @@ class InaTopo(Topo):
         self._fixed_routes: dict[str, tuple[Route, ...]] = {}
         self._auto_host_config: dict[str, bool] = {}
         self._notes: list[str] = []
+        self._port_delay_ms: dict[str, dict[int, float]] = {}  # switch -> port -> ms held each way
         self.plan: NetworkPlan | None = None
         super().__init__(*args, **params)
         self._finalize()
@@ -137,7 +149,8 @@ class InaTopo(Topo):
         self._auto_host_config[name] = auto_config
         return self.addHost(name, cls=P4Host, ip=str(iface))
 
-    def link_host(self, host: str, switch: str, port: int, bw: float | None = None) -> None:
+    def link_host(self, host: str, switch: str, port: int, bw: float | None = None, delay_ms: float = 0.0) -> None:
+        """A host's one link; ``delay_ms`` one way, all of it held at the switch port."""
         spec, sw = self._host_specs[host], self._switch_specs[switch]
         if spec.switch:
             raise PlanError(f"host {host} already has a link (to {spec.switch}); hosts here have one interface")
@@ -146,20 +159,26 @@ class InaTopo(Topo):
             spec, switch=switch, switch_port=port, bw=bw, switch_ip=sw.ip, switch_mac=sw.mac,
         )
         self._switch_specs[switch] = replace(sw, ports=sw.ports + ((port, host),))
-        self._link_specs.append(LinkSpec(host, 0, switch, port, bw))
+        self._link_specs.append(LinkSpec(host, 0, switch, port, bw, _delay(delay_ms)))
+        if delay_ms:
+            self._port_delay_ms.setdefault(switch, {})[port] = delay_ms
         self.addLink(
             host, switch, port1=0, port2=port, cls=InaLink, bw=bw,
             intfName1="eth0", intfName2=port_intf_name(switch, port, self.intf_prefix),
             addr1=spec.mac, addr2=port_mac(sw.device_id, port),
         )
 
-    def link_switches(self, a: str, port_a: int, b: str, port_b: int, bw: float | None = None) -> None:
+    def link_switches(self, a: str, port_a: int, b: str, port_b: int, bw: float | None = None, delay_ms: float = 0.0) -> None:
+        """A switch-switch link; ``delay_ms`` one way, half held at each end."""
         sa, sb = self._switch_specs[a], self._switch_specs[b]
         self._check_port(a, port_a)
         self._check_port(b, port_b)
         self._switch_specs[a] = replace(sa, ports=sa.ports + ((port_a, b),))
         self._switch_specs[b] = replace(sb, ports=sb.ports + ((port_b, a),))
-        self._link_specs.append(LinkSpec(a, port_a, b, port_b, bw))
+        self._link_specs.append(LinkSpec(a, port_a, b, port_b, bw, _delay(delay_ms)))
+        if delay_ms:
+            self._port_delay_ms.setdefault(a, {})[port_a] = delay_ms / 2
+            self._port_delay_ms.setdefault(b, {})[port_b] = delay_ms / 2
         self.addLink(
             a, b, port1=port_a, port2=port_b, cls=InaLink, bw=bw,
             intfName1=port_intf_name(a, port_a, self.intf_prefix), intfName2=port_intf_name(b, port_b, self.intf_prefix),
@@ -205,7 +224,10 @@ class InaTopo(Topo):
             routes = self._fixed_routes.get(s.name, computed[s.name])
             s = replace(s, ports=tuple(sorted(s.ports)), routes=routes)
             switches.append(s)
-            self.setNodeInfo(s.name, {**self.nodeInfo(s.name), "routes": list(routes)})
+            info = {**self.nodeInfo(s.name), "routes": list(routes)}
+            if self._port_delay_ms.get(s.name):
+                info["link_delay_ms"] = dict(sorted(self._port_delay_ms[s.name].items()))
+            self.setNodeInfo(s.name, info)
         self.plan = NetworkPlan(
             hosts=tuple(final_hosts), switches=tuple(switches), links=tuple(self._link_specs),
             intf_prefix=self.intf_prefix, notes=tuple(self._notes),
@@ -216,10 +238,12 @@ class StarTopo(InaTopo):
     """One rack: ``n_workers`` hosts ``h1..hN`` on switch ``s1`` (host ``i`` on port ``i``).
 
     ``bw``: Mbit/s for every host link, or one value per host (heterogeneous workers), or None.
-    ``mn --topo star,4,bw=10`` or ``--topo star,3,bw=10:20:40``.
+    ``rtt_ms``: round trip added between every worker and the switch (``rtt_ms / 2`` each way).
+    ``mn --topo star,4,bw=10`` or ``--topo star,3,bw=10:20:40`` or ``--topo star,8,bw=2,rtt_ms=10``.
     """
 
-    def build(self, n_workers: int = 2, bw: Bandwidth = None, rack: int = 1, ina: bool = True) -> None:  # type: ignore[override]
+    def build(self, n_workers: int = 2, bw: Bandwidth = None, rack: int = 1, ina: bool = True,  # type: ignore[override]
+              rtt_ms: float = 0.0) -> None:
         n_workers, rack = int(n_workers), int(rack)
         if n_workers < 1:
             raise PlanError("a star needs at least one worker")
@@ -229,7 +253,7 @@ class StarTopo(InaTopo):
         for i in range(1, n_workers + 1):
             ip, mac = host_address(rack, i)
             host = self.add_p4_host(f"h{i}", cidr=f"{ip}/24", mac=mac, rack=rack)
-            self.link_host(host, switch, i, bws[i - 1])
+            self.link_host(host, switch, i, bws[i - 1], _delay(rtt_ms) / 2)
 
 
 class LeafSpineTopo(InaTopo):
@@ -246,6 +270,8 @@ class LeafSpineTopo(InaTopo):
         bw: host links, Mbit/s: one value, or one per host (heterogeneous).
         uplink_bw: leaf-spine links: one value, or one per rack.
         spine_ina: whether the spine may aggregate too (default no).
+        rtt_ms: round trip between a worker and its leaf; every link (host and uplink) is ``rtt_ms / 2`` one
+            way, so a worker's round trip to the spine is ``2 * rtt_ms``.
     """
 
     def build(  # type: ignore[override]
@@ -256,6 +282,7 @@ class LeafSpineTopo(InaTopo):
         bw: Bandwidth = None,
         uplink_bw: Bandwidth = None,
         spine_ina: bool = False,
+        rtt_ms: float = 0.0,
     ) -> None:
         racks, per_rack = int(racks), int(workers_per_rack)
         if racks < 1 or per_rack < 1:
@@ -275,8 +302,8 @@ class LeafSpineTopo(InaTopo):
                 ip, mac = host_address(r, i)
                 n += 1
                 host = self.add_p4_host(f"h{n}", cidr=f"{ip}/24", mac=mac, rack=r)
-                self.link_host(host, leaf, i, host_bws[n - 1])
-            self.link_switches(leaf, per_rack + 1, spine, r, up_bws[r - 1])
+                self.link_host(host, leaf, i, host_bws[n - 1], _delay(rtt_ms) / 2)
+            self.link_switches(leaf, per_rack + 1, spine, r, up_bws[r - 1], _delay(rtt_ms) / 2)
 
 
 class TopologyJson(InaTopo):

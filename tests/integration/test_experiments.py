@@ -113,16 +113,22 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         cal = load_calibration(run_dir / "calibration.json")  # the simulator's own format and checks
         assert cal.ina_rtt_us > 0 and cal.switch_pps and "ina-exp allreduce" in cal.source
         assert doc["summary"]["points"][1]["ina_ring_ratio"] > 0
+        curve = doc["summary"]["slot_curve"]  # the pool-size curve: 1 slot is window-bound, 8 at the BDP (7.4)
+        assert [(c["slots"], c["regime"]) for c in curve] == [(1, "window"), (8, "wire")]
+        assert curve[0]["seconds_median"] > 2 * curve[1]["seconds_median"] and all(c["exact"] is True for c in curve)
     elif name == "multijob":
         jobs = [r for r in rows if r["kind"] == "job"]
-        assert {(r["supply"], r["policy"]) for r in jobs} == {(1.0, "equal"), (1.0, "first-fit"), (0.5, "equal"),
-                                                              (0.5, "first-fit"), (0.0, "none")}
-        assert all(r["throughput_mbps"] > 0 for r in jobs)
-        assert {r["slots_at_admission"] for r in jobs if r["supply"] == 0.0} == {0}
+        assert {(r["supply"], r["policy"]) for r in jobs} == {(s, p) for s in (1.0, 0.5) for p in ("first-fit", "priority", "static")}
+        assert all(r["jct_s"] > r["busy_s"] > 0 and r["exact"] is True for r in jobs)
+        assert {r["requested"] for r in jobs if r["policy"] == "static" and r["supply"] == 0.5} == {4}  # pool 8 / 2 jobs
+        memory = [r for r in rows if r["kind"] == "memory"]
+        assert len(memory) == 6 and all(max(s for _, s in r["samples"]) <= r["pool"] for r in memory)
         sims = [r for r in rows if r["kind"] == "sim"]
         assert len(sims) == len(jobs) and all(r["sim_s"] > 0 for r in sims)
-        load_calibration(run_dir / "calibration.json")
+        assert load_calibration(run_dir / "calibration.json").propagation_rtt_us == 4000
         assert doc["summary"]["simulator"]["jobs_compared"] == len(jobs)
+        assert {"best_vs_unlimited", "static_vs_unlimited", "priority_high_speedup_over_static"} <= set(doc["summary"]["targets"])
+        assert "--link-delay 1:2" in (run_dir / "runs" / "01-trace" / "logs" / "s1.log").read_text().splitlines()[0]
     elif name == "loss":
         points = doc["summary"]["points"]
         assert [p["loss"] for p in points] == [0.0, 0.05]

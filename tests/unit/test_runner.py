@@ -127,15 +127,17 @@ def test_ideal_reduction_formula_and_scenarios():
     assert mixed.speeds == ("0.25", "0.25", "0.5", "1") and mixed.workers == 4
 
 
-def test_multijob_scenarios_run_zero_supply_once():
-    cfg = MultijobExperiment.make_config("small", {"policies": ("equal", "priority"), "supply": (1.0, 0.5, 0.0)})
+def test_multijob_runs_the_fixed_trace_per_pool_policy_and_baseline():
+    cfg = MultijobExperiment.make_config("small", {"policies": ("equal", "priority", "static", "fcfs"), "supply": (1.0, 0.5)})
     exp = MultijobExperiment(cfg, ctx=None)
-    assert exp.scenarios() == [(2, 1.0, "equal"), (2, 1.0, "priority"), (2, 0.5, "equal"), (2, 0.5, "priority"), (2, 0.0, "none")]
-    assert pool_size(3, 4, 0.25) == 3 and pool_size(2, 4, 0.0) == 0
-    jobs = exp.jobs_for(2, run=7)
-    assert [j.hosts for j in jobs] == [("h1", "h2", "h3", "h4"), ("h5", "h6", "h7", "h8")]
-    assert [j.priority for j in jobs] == [0, 1] and [j.weight for j in jobs] == [2.0, 1.0]
-    assert {j.udp_port for j in jobs} == {47107}
+    assert exp.scenarios()[:3] == [(1.0, "equal", 1), (1.0, "priority", 1), (1.0, "static", 1)] and len(exp.scenarios()) == 8
+    assert pool_size(4, 16, 0.25) == 16 and pool_size(4, 16, 1.0) == 64
+    jobs = exp.jobs_for(0.5, "equal", run=7)
+    assert [len(j.hosts) for j in jobs] == [4, 4, 4, 4] and jobs[1].hosts == ("h5", "h6", "h7", "h8")
+    assert [j.priority for j in jobs] == [0, 0, 1, 1] and {j.udp_port for j in jobs} == {47107}
+    assert {(j.requested_slots, j.min_slots) for j in jobs} == {(16, 1)}
+    assert {(j.requested_slots, j.min_slots) for j in exp.jobs_for(0.5, "static", 8)} == {(8, 8)}  # pool 32 / 4 jobs
+    assert {(j.requested_slots, j.min_slots) for j in exp.jobs_for(0.5, "fcfs", 9)} == {(16, 16)}
 
 
 # --- every experiment: summary, report and plot from synthetic rows ------------------------------------------
@@ -149,16 +151,18 @@ def synthetic_rows(name: str, cfg) -> list[dict]:
         return rows
     if name == "multijob":
         rows = []
-        for J in cfg.jobs:
-            for s in cfg.supply:
-                for p in (cfg.policies if s else ("none",)):
-                    for k in range(1, J + 1):
-                        r = allreduce_row([worker([0.38] * 3)] * 4, kind="job", jobs=J, supply=s, pool=pool_size(J, 4, s),
-                                          policy=p, job=k)
-                        r.update(busy_s=1.2 + 0.05 * k, throughput_mbps=0.6, slots_at_admission=4, backends=["ina"])
+        for s in cfg.supply:
+            for p in cfg.policies:
+                for rep in (1, 2):
+                    rows.append({"kind": "memory", "supply": s, "policy": p, "rep": rep, "samples": [(0.0, 16), (1.0, 32)]})
+                    for tj in cfg.jobs:
+                        r = allreduce_row([worker([0.38] * 3)] * tj.workers, kind="job", supply=s, pool=pool_size(len(cfg.jobs), 16, s),
+                                          policy=p, job=tj.job, rep=rep, priority=tj.priority)
+                        r.update(busy_s=1.2 + 0.05 * tj.job, jct_s=2.0 + tj.job / s, backends=["ina"])
                         rows.append(r)
-                        rows.append({"kind": "sim", "jobs": J, "supply": s, "pool": r["pool"], "policy": p, "job": k,
-                                     "testbed_s": r["busy_s"], "sim_s": 1.2, "rel_diff": (r["busy_s"] - 1.2) / 1.2})
+                for tj in cfg.jobs:
+                    rows.append({"kind": "sim", "supply": s, "pool": pool_size(len(cfg.jobs), 16, s), "policy": p, "job": tj.job,
+                                 "testbed_s": 1.2 + 0.05 * tj.job, "sim_s": 1.2, "rel_diff": 0.05 * tj.job / 1.2})
         return rows
     if name == "loss":
         rows = [allreduce_row([worker([0.2 + p * 10], check=True, retransmits=int(p * 1000))] * 2, kind="loss", loss=p,
@@ -208,7 +212,10 @@ def test_summaries_state_the_figures():
     assert ls["all_exact"] is True and ls["points"][0]["relative_goodput"] == 1.0 and ls["ring_goodput_mbps"]
     mcfg = get_experiment("multijob").make_config("small")
     ms = get_experiment("multijob").summarize(synthetic_rows("multijob", mcfg), mcfg)
-    assert ms["simulator"]["jobs_compared"] == 14 and ms["simulator"]["within_tolerance"] == 14
+    assert ms["simulator"]["jobs_compared"] == 2 * 6 * 4 and ms["simulator"]["within_tolerance"] == 2 * 6 * 3
+    half = next(r for r in ms["runs"] if r["supply"] == 0.5 and r["policy"] == "priority")
+    assert half["high_mean_jct_s"] == (2 + 3 / 0.5 + 2 + 4 / 0.5) / 2 and half["repetitions"] == 2
+    assert ms["targets"]["best_vs_unlimited"] == half["all_mean_jct_s"] / ms["runs"][0]["all_mean_jct_s"]
     hcfg = get_experiment("hetero").make_config("small")
     hs = get_experiment("hetero").summarize(synthetic_rows("hetero", hcfg), hcfg)
     assert set(hs["membership"]["equal"]) == {"fast_only", "with_slow", "slow_replaced"}
@@ -336,6 +343,8 @@ def test_an_interrupted_run_keeps_what_was_measured(tmp_path):
     (["run", "multijob", "--policies", "fair"], "policies must be some of"),
     (["run", "allreduce", "--tiny", "--small"], "not allowed with argument"),
     (["list", "extra"], "unrecognized arguments"),
+    (["run", "allreduce", "--switch", "bmv2", "--rtt-ms", "10"], "--rtt-ms: BMv2 cannot delay frames"),
+    (["run", "loss", "--rtt-ms", "-1"], "a round trip must be >= 0"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(argv, message):
     out, err = io.StringIO(), io.StringIO()

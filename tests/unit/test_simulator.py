@@ -18,6 +18,9 @@ CAL = Calibration()  # defaults: rtt 5 us, 128 B payload in 184 B frames, ring a
 GB = 1e9 / 8  # bytes per second in one Gbit/s
 
 
+WINDOW = 5e-6 + 2 * 184 / (100 * GB)  # a slot's round trip: rtt + one frame's serialization each way (100G)
+
+
 def job(job_id=0, arrival=0.0, workers=4, nbytes=100_000_000, iterations=100, compute=0.05, **kw) -> JobSpec:
     return JobSpec(job_id, arrival, workers, nbytes, iterations, (compute,), **kw)
 
@@ -39,8 +42,9 @@ def test_one_job_alone_runs_at_line_rate_ina(policy):
     bw = 100 * GB
     comm = 100e6 * 184 / (128 * bw) + 5e-6
     assert r.jct_s == pytest.approx(100 * (0.05 + comm), rel=1e-9)
-    assert r.history == ((0.0, "ina", math.ceil(bw * 128 / 184 * 5e-6 / 128)),)
-    assert r.slots_requested == 340 and r.queue_s == 0
+    window = 5e-6 + 2 * 184 / bw  # the round trip a slot is held: software rtt + one frame's serialization each way
+    assert r.history == ((0.0, "ina", math.ceil(bw * 128 / 184 * window / 128)),)
+    assert r.slots_requested == 342 and r.queue_s == 0
 
 
 @pytest.mark.parametrize("policy", ["equal", "weighted"])
@@ -50,7 +54,7 @@ def test_two_identical_jobs_share_half_the_memory_each(policy):
     jobs = [job(0, slots=pool, min_slots=10), job(1, slots=pool, min_slots=10)]
     cal = dataclasses.replace(CAL, ring_goodput_fraction=0.05)  # make ring hopeless so INA is always chosen
     result = simulate(jobs, policy=policy, slots_per_switch=pool, cal=cal)
-    rate = (pool // 2) * 128 / 5e-6
+    rate = (pool // 2) * 128 / WINDOW
     expected = 100 * (0.05 + 100e6 / rate + 5e-6)
     for r in result.jobs:
         assert r.jct_s == pytest.approx(expected, rel=1e-9)
@@ -81,8 +85,8 @@ def test_slot_loss_mid_run_is_charged_from_that_moment():
     pool, T = 200, 3.0
     jobs = [job(0, slots=pool, min_slots=10), job(1, arrival=T, slots=pool, min_slots=10)]
     result = simulate(jobs, policy="equal", slots_per_switch=pool, cal=cal)
-    t_full = 0.05 + 100e6 / (pool * 128 / 5e-6) + 5e-6
-    t_half = 0.05 + 100e6 / (pool // 2 * 128 / 5e-6) + 5e-6
+    t_full = 0.05 + 100e6 / (pool * 128 / WINDOW) + 5e-6
+    t_half = 0.05 + 100e6 / (pool // 2 * 128 / WINDOW) + 5e-6
     a, b = result.jobs
     done_before = T / t_full
     assert a.finish_s == pytest.approx(T + (100 - done_before) * t_half, rel=1e-9)
@@ -201,7 +205,7 @@ def test_job_larger_than_the_cluster_is_refused():
 def test_ina_rate_bounds():
     bw = 100 * GB
     assert model.ina_rate(CAL, bw, 10_000, 4) == pytest.approx(bw * 128 / 184)  # line rate
-    assert model.ina_rate(CAL, bw, 10, 4) == pytest.approx(10 * 128 / 5e-6)  # window bound
+    assert model.ina_rate(CAL, bw, 10, 4) == pytest.approx(10 * 128 / WINDOW)  # window bound
     slow = dataclasses.replace(CAL, switch_pps=100_000)
     assert model.ina_rate(slow, bw, 10_000, 4) == pytest.approx(100_000 * 128 / 4)  # packet-rate bound
     assert model.saturating_slots(CAL, bw * 128 / 184) == 340
@@ -288,4 +292,30 @@ def test_simulator_hands_placements_the_slot_hint():
 
     sim = Simulation(ClusterSpec(racks=2), CAL, make_policy("equal"), Spy())
     sim.run([job(0, workers=1), job(1, workers=8), job(2, workers=16, arrival=1e4), job(3, workers=8, slots=77)])
-    assert seen == [(1, 0), (8, 340), (8, 77), (16, 340)]
+    assert seen == [(1, 0), (8, 342), (8, 77), (16, 342)]
+
+
+def test_propagation_round_trip_lengthens_the_window_and_every_ring_step():
+    cal = dataclasses.replace(CAL, propagation_rtt_us=10_000.0)  # the testbed's 10 ms
+    host = 2e6 / 8  # 2 Mbit/s
+    window = 5e-6 + 0.010 + 2 * 184 / host
+    assert model.window_rtt(cal, host) == pytest.approx(window)
+    assert model.ina_rate(cal, host, 4, 4) == pytest.approx(4 * 128 / window)  # below the BDP: window-bound
+    assert model.ina_rate(cal, host, 64, 4) == pytest.approx(host * 128 / 184)  # above it: line rate
+    assert model.saturating_slots(cal, host * 128 / 184, host) == math.ceil(host / 184 * window)  # 16 slots
+    assert model.ring_time(cal, 1e6, 4, 1e9) == pytest.approx(1.5 * 1e6 / 1e9 + 6 * (10e-6 + 0.010))
+    assert model.ina_time(cal, 1e6, 1e9) == pytest.approx(1e6 / 1e9 + 5e-6 + 0.010)
+
+
+def test_a_reallocation_pause_stops_a_moved_job_once_per_move():
+    """As test_slot_loss_mid_run_is_charged_from_that_moment, with a pause P: A is moved once (at T), so it
+    finishes P later; B is moved once too (when A leaves), one more P."""
+    pause = 0.25
+    cal = dataclasses.replace(CAL, ring_goodput_fraction=0.05)
+    paused = dataclasses.replace(cal, realloc_pause_us=pause * 1e6)
+    pool, T = 200, 3.0
+    jobs = [job(0, slots=pool, min_slots=10), job(1, arrival=T, slots=pool, min_slots=10)]
+    base = simulate(jobs, policy="equal", slots_per_switch=pool, cal=cal).jobs
+    a, b = simulate(jobs, policy="equal", slots_per_switch=pool, cal=paused).jobs
+    assert a.range_changes == 1 and a.finish_s == pytest.approx(base[0].finish_s + pause, rel=1e-9)
+    assert b.finish_s > base[1].finish_s + pause * 0.5

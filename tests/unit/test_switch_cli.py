@@ -165,3 +165,12 @@ def test_main_refuses_a_program_in_one_line(tmp_path, capsys):
     assert cli.main(["--device-id", "1", str(path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "MyIngress.acl" in err
+
+
+def test_link_delay_from_the_command_line():
+    opts = _opts(*BASE, "--no-p4", "--link-delay", "5", "--link-delay", "2:1.5", "--link-delay", "7:1")
+    assert opts.link_delay.default == 0.005 and dict(opts.link_delay.per_port) == {2: 0.0015, 7: 0.001}
+    assert any("--link-delay 7" in w for w in opts.warnings)
+    assert not _opts(*BASE, "--no-p4").link_delay.active
+    with pytest.raises(cli.UsageError, match="--link-delay: expected MS or PORT:MS"):
+        cli.parse_args([*BASE, "--no-p4", "--link-delay", "ten"])

@@ -22,6 +22,9 @@ __all__ = [
     "framed_ina_ring_ratio",
     "ina_wire_seconds",
     "ring_wire_seconds",
+    "window_rtt_seconds",
+    "bdp_slots",
+    "slot_model_seconds",
     "group_by",
 ]
 
@@ -123,6 +126,23 @@ def ring_wire_seconds(nbytes: int, n: int, link_mbps: float) -> float:
     if n <= 1:
         return 0.0
     return 2 * (n - 1) / n * nbytes * ETH_TCP_FRAME / TCP_PAYLOAD * 8 / (link_mbps * 1e6)
+
+
+def window_rtt_seconds(rtt_ms: float, link_mbps: float, frame: int = wire.INA_FRAME_LEN) -> float:
+    """The round trip one INA slot waits for: the added propagation round trip plus one frame's serialization
+    on the way up (worker link) and one on the way down (the switch's egress to the worker)."""
+    return rtt_ms / 1000 + 2 * frame * 8 / (link_mbps * 1e6)
+
+
+def bdp_slots(rtt_ms: float, link_mbps: float, frame: int = wire.INA_FRAME_LEN) -> float:
+    """The bandwidth-delay product in slots (frames): how many chunks fill the window round trip at line rate."""
+    return window_rtt_seconds(rtt_ms, link_mbps, frame) * link_mbps * 1e6 / (frame * 8)
+
+
+def slot_model_seconds(nbytes: int, slots: int, rtt_ms: float, link_mbps: float) -> float:
+    """SwitchML's pool-size curve: max(framed wire time, chunks x RTT / slots)."""
+    chunks = math.ceil(nbytes / wire.INA_DATA_LEN)
+    return max(ina_wire_seconds(nbytes, link_mbps), chunks * window_rtt_seconds(rtt_ms, link_mbps) / slots)
 
 
 def group_by(rows: Iterable[Mapping[str, Any]], *keys: str) -> dict[tuple, list[Mapping[str, Any]]]:

@@ -7,6 +7,12 @@ rack's switch, ring between the racks). Each job all-reduces a float32 tensor ``
 INA/ring against its ideal n/(2(n-1)) (payload only) and against the same with each protocol's framing
 (INA: 128 B of payload in a 184 B frame; TCP: 1448 in 1514). With ``calibrate`` it also runs the
 calibration probes and writes ``calibration.json`` for ``ina-sim``.
+
+The links carry ``rtt_ms`` of propagation round trip between each worker and its switch (ina-switch
+``--link-delay``), so a job's bandwidth-delay product is ``bdp_slots`` (16 slots at 2 Mbit/s and 10 ms)
+and switch memory matters. ``slot_sweep`` adds SwitchML's pool-size curve: one INA job of
+``sweep_workers`` at a fixed RTT, time vs granted slots, against ``max(framed wire time, chunks x RTT /
+slots)`` (RTT: the added round trip plus one frame's serialization each way).
 """
 from __future__ import annotations
 
@@ -19,11 +25,14 @@ from topologies.experiments import register
 from topologies.experiments.aggregate import (
     allreduce_row,
     framed_ina_ring_ratio,
+    bdp_slots,
     group_by,
     ideal_ina_ring_ratio,
     ina_wire_seconds,
     median,
     ring_wire_seconds,
+    slot_model_seconds,
+    window_rtt_seconds,
 )
 from topologies.experiments.base import Experiment
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
@@ -41,8 +50,10 @@ class AllreduceConfig:
         elements: float32 elements per all-reduce.
         iterations: timed all-reduces per (n, backend); warmup: untimed ones before.
         bw_mbps: every host link and uplink, Mbit/s (htb).
-        slots: INA slots each job asks for (its window). A few saturate a link of a few Mbit/s; many more
-            than the link's bandwidth-delay product only queue in htb and make the agents retransmit.
+        slots: INA slots each job asks for (its window): the bandwidth-delay product (16 at 2 Mbit/s, 10 ms).
+        rtt_ms: round trip added between each worker and its switch (``ina-exp --rtt-ms``; 0 on bmv2).
+        slot_sweep: granted slot counts of the pool-size curve (empty: no curve).
+        sweep_workers, sweep_elements: the curve's job (workers, float32 elements per all-reduce).
         calibrate: also run the calibration probes and write calibration.json.
     """
 
@@ -52,12 +63,21 @@ class AllreduceConfig:
     iterations: int = 5
     warmup: int = 1
     bw_mbps: float = 2.0
-    slots: int = 8
+    slots: int = 16
+    rtt_ms: float = 10.0
+    slot_sweep: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 64, 128)
+    sweep_workers: int = 4
+    sweep_elements: int = 16384
     calibrate: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workers", tuple(int(n) for n in self.workers))
         object.__setattr__(self, "backends", tuple(self.backends))
+        object.__setattr__(self, "slot_sweep", tuple(int(s) for s in self.slot_sweep or ()))
+        if any(not 1 <= s <= 1024 for s in self.slot_sweep) or not 2 <= self.sweep_workers <= 16 or self.sweep_elements < 1:
+            raise ValueError("slot_sweep values must be 1..1024, sweep_workers 2..16, sweep_elements >= 1")
+        if not self.rtt_ms >= 0:
+            raise ValueError("rtt_ms must be >= 0")
         if not self.workers or any(not 2 <= n <= 16 for n in self.workers):
             raise ValueError(f"workers must be between 2 and 16, got {list(self.workers)}")
         bad = [b for b in self.backends if b not in BACKENDS]
@@ -80,14 +100,19 @@ class AllreduceExperiment(Experiment):
         ("--iterations", "iterations", int, "timed all-reduces per point"),
         ("--bw", "bw_mbps", float, "link bandwidth, Mbit/s"),
         ("--slots", "slots", int, "INA slots per job (its window)"),
+        ("--slot-sweep", "slot_sweep", "ints", "granted slots of the pool-size curve, e.g. 1,4,16,64 (empty: none)"),
+        ("--sweep-workers", "sweep_workers", int, "workers of the pool-size curve's job"),
+        ("--no-slot-sweep", "slot_sweep", "false", "skip the pool-size curve"),
         ("--no-calibrate", "calibrate", "false", "skip the calibration probes"),
     )
 
     @classmethod
     def presets(cls) -> dict[str, AllreduceConfig]:
         return {
-            "tiny": AllreduceConfig(workers=(2, 4), elements=8192, iterations=2, calibrate=True),
-            "small": AllreduceConfig(workers=(2, 4), elements=16384, iterations=3),
+            "tiny": AllreduceConfig(workers=(2, 4), elements=8192, iterations=2, rtt_ms=4.0, slots=8, slot_sweep=(1, 8),
+                                    sweep_workers=2, sweep_elements=2048, calibrate=True),
+            "small": AllreduceConfig(workers=(2, 8), elements=16384, iterations=3, slot_sweep=(1, 2, 4, 8, 16, 32, 64),
+                                     sweep_elements=8192),
             "full": AllreduceConfig(),
         }
 
@@ -102,14 +127,16 @@ class AllreduceExperiment(Experiment):
             star_backends = [b for b in cfg.backends if b in ("ina", "ring")]
             plans: list[tuple[str, Any, list[str]]] = []
             if star_backends:
-                plans.append(("star", StarTopo(n, bw=cfg.bw_mbps), star_backends))
+                plans.append(("star", StarTopo(n, bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), star_backends))
             if "rina" in cfg.backends:
                 if n % 2:
                     ctx.progress(f"n={n}: rina skipped (two racks need an even worker count)")
                 else:
-                    plans.append(("leafspine", LeafSpineTopo(2, n // 2, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps), ["rina"]))
+                    plans.append(("leafspine", LeafSpineTopo(2, n // 2, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps,
+                                                             rtt_ms=cfg.rtt_ms), ["rina"]))
             for topo_name, topo, backends in plans:
-                ctx.progress(f"n={n}: starting {topo_name} ({cfg.bw_mbps:g} Mbit/s links, switch {ctx.options.switch})")
+                ctx.progress(f"n={n}: starting {topo_name} ({cfg.bw_mbps:g} Mbit/s links, {cfg.rtt_ms:g} ms round trip, "
+                             f"switch {ctx.options.switch})")
                 with ctx.testbed(topo, f"n{n}-{topo_name}") as bed:
                     hosts = tuple(f"h{i}" for i in range(1, n + 1))
                     for backend in backends:
@@ -130,8 +157,38 @@ class AllreduceExperiment(Experiment):
                         ctx.record(row)
                         ctx.progress(f"n={n} backend={backend}: median {row['seconds_median'] * 1e3:.0f} ms, "
                                      f"{row['goodput_mbps']:.2f} Mbit/s, retransmits {row['retransmits']}")
+        if cfg.slot_sweep:
+            self._slot_sweep(port + 1)
         if cfg.calibrate:
-            self._calibrate(port + 10)
+            self._calibrate(port + 100)
+
+    def _slot_sweep(self, port: int) -> None:
+        """SwitchML's pool-size curve: one job, time vs granted slots at a fixed round trip."""
+        from topologies.topos import StarTopo
+
+        cfg, ctx = self.config, self.ctx
+        n = cfg.sweep_workers
+        hosts = tuple(f"h{i}" for i in range(1, n + 1))
+        args = ("--elements", str(cfg.sweep_elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
+                "--check")
+        ctx.progress(f"pool-size curve: {n} workers, {cfg.rtt_ms:g} ms round trip, BDP "
+                     f"{bdp_slots(cfg.rtt_ms, cfg.bw_mbps):.1f} slots, slots {', '.join(map(str, cfg.slot_sweep))}")
+        with ctx.testbed(StarTopo(n, bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), f"sweep-n{n}") as bed:
+            for k, slots in enumerate(cfg.slot_sweep):
+                job = AgentJob(f"sweep-s{slots}", hosts, "allreduce", backend="ina", args=args, requested_slots=slots,
+                               udp_port=port + k)
+                try:
+                    workers = bed.run_jobs([job])[job.name]
+                except AgentFailure as exc:
+                    ctx.error(str(exc))
+                    ctx.record({"kind": "slots", "workers": n, "slots": slots, "error": str(exc)})
+                    continue
+                row = allreduce_row(workers, kind="slots", workers=n, backend="ina", topology="star", bw_mbps=cfg.bw_mbps,
+                                    slots=slots, rtt_ms=cfg.rtt_ms)
+                row["model_s"] = slot_model_seconds(row["bytes"], slots, cfg.rtt_ms, cfg.bw_mbps)
+                ctx.record(row)
+                ctx.progress(f"slots={slots}: median {row['seconds_median'] * 1e3:.0f} ms (model {row['model_s'] * 1e3:.0f} ms), "
+                             f"retransmits {row['retransmits']}")
 
     def _calibrate(self, port: int) -> None:
         from topologies.experiments.calibrate import calibration_from, ring_fraction, run_probes, write_calibration
@@ -146,7 +203,7 @@ class AllreduceExperiment(Experiment):
                 ctx.error(f"calibration: {exc}")
                 return
         cal = calibration_from(
-            probes, ring_goodput=ring_fraction(ctx.rows, cfg.bw_mbps),
+            probes, ring_goodput=ring_fraction(ctx.rows, cfg.bw_mbps, cfg.rtt_ms), rtt_ms=cfg.rtt_ms,
             source=f"ina-exp allreduce ({ctx.options.switch}, unshaped 2-worker probes; ring goodput on "
                    f"{cfg.bw_mbps:g} Mbit/s htb links), {ctx.out_dir.name}")
         path = write_calibration(cal, ctx.out_dir / "calibration.json")
@@ -173,10 +230,13 @@ class AllreduceExperiment(Experiment):
                 point["ring_wire_s"] = ring_wire_seconds(nbytes, n, config.bw_mbps)
             if point.get("ina_s") and point.get("ring_s"):
                 point["ina_ring_ratio"] = point["ina_s"] / point["ring_s"]
+                point["ina_faster_than_ring"] = 1 - point["ina_ring_ratio"]
             if point.get("rina_s") and point.get("ring_s"):
                 point["rina_ring_ratio"] = point["rina_s"] / point["ring_s"]
             points.append(point)
-        return {"points": points, "errors": sum(1 for r in rows if r.get("error"))}
+        return {"points": points, "rtt_ms": config.rtt_ms, "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
+                "window_rtt_ms": window_rtt_seconds(config.rtt_ms, config.bw_mbps) * 1e3,
+                "slot_curve": slot_curve(rows, config), "errors": sum(1 for r in rows if r.get("error"))}
 
     @staticmethod
     def report(summary: dict) -> list[str]:
@@ -192,14 +252,25 @@ class AllreduceExperiment(Experiment):
             if p.get("rina_ring_ratio"):
                 parts.append(f"Rina/ring {p['rina_ring_ratio']:.2f}")
             lines.append(", ".join(parts))
+        curve = summary.get("slot_curve") or []
+        if curve:
+            lines.append(f"pool-size curve at {summary['rtt_ms']:g} ms (BDP {summary['bdp_slots']:.1f} slots):")
+            for c in curve:
+                target = {"window": "model", "wire": "wire time"}[c["regime"]]
+                lines.append(f"  {c['slots']} slots: {c['seconds_median'] * 1e3:.0f} ms [{c['seconds_min'] * 1e3:.0f}-"
+                             f"{c['seconds_max'] * 1e3:.0f}], model {c['model_s'] * 1e3:.0f} ms, {c['error_vs_target']:+.1%} vs "
+                             f"{target} ({'within' if c['within_target'] else 'OUTSIDE'} {c['target']:.0%})")
         return lines
 
     @staticmethod
     def plot(rows: list[dict], summary: dict, config: AllreduceConfig, path: Path) -> None:
         from topologies.experiments.plotting import COLORS, figure, legend, note, save
 
-        fig, axes = figure(2)
-        ax, ax2 = axes[0]
+        curve = summary.get("slot_curve") or []
+        fig, axes = figure(3 if curve else 2)
+        ax, ax2 = axes[0][0], axes[0][1]
+        if curve:
+            _plot_slot_curve(axes[0][2], curve, summary, config)
         data = [r for r in rows if r.get("kind") == "allreduce" and r.get("seconds_median")]
         for b in BACKENDS:
             rs = sorted((r for r in data if r["backend"] == b), key=lambda r: r["workers"])
@@ -255,3 +326,50 @@ class AllreduceExperiment(Experiment):
         note(fig, f"{config.iterations} timed calls per point after {config.warmup} warm-up; INA slots per job {config.slots}; "
                   "Rina: 2 racks of n/2 under a spine")
         save(fig, path, AllreduceExperiment.title)
+
+
+BELOW_BDP_TOLERANCE = 0.15  # below the BDP: measured within 15 % of max(wire, chunks x RTT / slots)
+ABOVE_BDP_TOLERANCE = 0.10  # at or above it: within 10 % of the framed wire time
+
+
+def slot_curve(rows: list[dict], config: AllreduceConfig) -> list[dict]:
+    """The pool-size curve's points: measured (median, min, max over the timed calls) against the model;
+    the target is the model below the BDP and the framed wire time at or above it."""
+    bdp = bdp_slots(config.rtt_ms, config.bw_mbps)
+    out = []
+    for r in sorted((r for r in rows if r.get("kind") == "slots" and r.get("seconds_median")), key=lambda r: r["slots"]):
+        wire_s = ina_wire_seconds(r["bytes"], config.bw_mbps)
+        model = slot_model_seconds(r["bytes"], r["slots"], config.rtt_ms, config.bw_mbps)
+        regime = "window" if r["slots"] < bdp else "wire"
+        ref, tol = (model, BELOW_BDP_TOLERANCE) if regime == "window" else (wire_s, ABOVE_BDP_TOLERANCE)
+        err = r["seconds_median"] / ref - 1
+        out.append({"slots": r["slots"], "seconds_median": r["seconds_median"], "seconds_min": r["seconds_min"],
+                    "seconds_max": r["seconds_max"], "model_s": model, "wire_s": wire_s, "regime": regime,
+                    "error_vs_target": err, "target": tol, "within_target": abs(err) <= tol,
+                    "retransmits": r.get("retransmits"), "exact": r.get("exact")})
+    return out
+
+
+def _plot_slot_curve(ax, curve: list[dict], summary: dict, config: AllreduceConfig) -> None:
+    import numpy as np
+
+    from topologies.experiments.plotting import COLORS, legend
+
+    xs = [c["slots"] for c in curve]
+    ys = [c["seconds_median"] * 1e3 for c in curve]
+    lo = [y - c["seconds_min"] * 1e3 for y, c in zip(ys, curve)]
+    hi = [c["seconds_max"] * 1e3 - y for y, c in zip(ys, curve)]
+    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=COLORS["ina"], label="INA (measured)")
+    grid = np.unique(np.geomspace(min(xs), max(xs), 80).round(2))
+    nbytes = config.sweep_elements * 4
+    ax.plot(grid, [slot_model_seconds(nbytes, g, config.rtt_ms, config.bw_mbps) * 1e3 for g in grid], "--", color="#444444",
+            label="max(wire, chunks x RTT / slots)")
+    ax.axvline(summary["bdp_slots"], color="#999999", lw=0.8, ls=":", label=f"BDP {summary['bdp_slots']:.1f} slots")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("granted slots")
+    ax.set_ylabel("all-reduce time (ms), median, min-max")
+    ax.set_title(f"pool-size curve: {config.sweep_workers} workers, {config.sweep_elements * 4 // 1024} KiB, "
+                 f"{config.rtt_ms:g} ms RTT", fontsize=9)
+    ax.grid(alpha=0.3)
+    legend(ax, fontsize=7)

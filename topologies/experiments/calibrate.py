@@ -47,23 +47,33 @@ def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
     return rows
 
 
-def ring_fraction(rows: Sequence[Mapping[str, Any]], link_mbps: float) -> float | None:
+def ring_fraction(rows: Sequence[Mapping[str, Any]], link_mbps: float, rtt_ms: float = 0.0) -> float | None:
     """Ring goodput as a share of the link rate, as ina-sim's ring formula uses it (payload bytes only,
-    so TCP/IP framing is part of the fraction): 2(n-1)/n * B / link rate over the measured time, median
-    over ring rows (n >= 2)."""
+    so TCP/IP framing is part of the fraction): 2(n-1)/n * B / link rate over the measured time less the
+    propagation ina-sim adds itself (2(n-1) hops of ``rtt_ms``), median over ring rows (n >= 2)."""
     shares = []
     for r in rows:
         if r.get("backend") == "ring" and r.get("seconds_median") and int(r.get("workers", 0)) >= 2 and r.get("kind") != "probe":
             n = int(r["workers"])
             ideal = 2 * (n - 1) / n * int(r["bytes"]) * 8 / (link_mbps * 1e6)
-            shares.append(min(1.0, ideal / float(r["seconds_median"])))
+            moving = float(r["seconds_median"]) - 2 * (n - 1) * rtt_ms / 1000
+            if moving > 0:
+                shares.append(min(1.0, ideal / moving))
     return median(shares)
 
 
-def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float | None, source: str) -> Calibration:
-    """A :class:`Calibration` from probe rows (see :data:`PROBES`); unmeasured fields keep their defaults."""
+def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float | None, source: str,
+                     rtt_ms: float = 0.0, realloc_pause_s: float | None = None) -> Calibration:
+    """A :class:`Calibration` from probe rows (see :data:`PROBES`); unmeasured fields keep their defaults.
+
+    The probes run unshaped and undelayed (the software path); ``rtt_ms``, the experiment's added round
+    trip, is carried as ``propagation_rtt_us`` and ``realloc_pause_s`` (measured by the agents) as
+    ``realloc_pause_us``."""
     by = {r.get("probe"): r for r in probes}
-    fields: dict[str, Any] = {"payload_bytes": wire.INA_DATA_LEN, "frame_bytes": wire.INA_FRAME_LEN, "source": source}
+    fields: dict[str, Any] = {"payload_bytes": wire.INA_DATA_LEN, "frame_bytes": wire.INA_FRAME_LEN, "source": source,
+                              "propagation_rtt_us": rtt_ms * 1000}
+    if realloc_pause_s:
+        fields["realloc_pause_us"] = realloc_pause_s * 1e6
     one = by.get("ina-1slot")
     if one and one.get("seconds_median"):
         bps = float(one["bytes"]) / float(one["seconds_median"])

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from topologies.experiments import register
-from topologies.experiments.aggregate import allreduce_row
+from topologies.experiments.aggregate import allreduce_row, bdp_slots
 from topologies.experiments.base import Experiment
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
+
+
+GOODPUT_TARGETS = ((0.01, 0.90), (0.05, 0.70))  # (loss, share of lossless goodput), every result exact
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,9 @@ class LossConfig:
         workers: workers of the job.
         elements, iterations, warmup: the all-reduces at each rate.
         bw_mbps: host links (Mbit/s).
-        slots: INA slots of the job.
+        slots: INA slots of the job: twice the bandwidth-delay product (2 x 16 at 2 Mbit/s and 10 ms), the
+            sender's congestion window uses what it needs.
+        rtt_ms: round trip added between each worker and the switch (``ina-exp --rtt-ms``).
         seed: the switch's fault seed.
         ring_reference: also measure the ring once (unaffected by the switch's faults).
     """
@@ -38,7 +43,8 @@ class LossConfig:
     iterations: int = 5
     warmup: int = 1
     bw_mbps: float = 2.0
-    slots: int = 8
+    slots: int = 32
+    rtt_ms: float = 10.0
     seed: int = 1
     ring_reference: bool = True
 
@@ -48,6 +54,8 @@ class LossConfig:
             raise ValueError(f"loss rates must be in [0, 1), got {list(self.loss)}")
         if self.workers < 2 or self.elements < 1 or self.iterations < 1 or self.slots < 1 or not self.bw_mbps > 0:
             raise ValueError("workers >= 2; elements, iterations, slots, bw_mbps > 0")
+        if not self.rtt_ms >= 0:
+            raise ValueError("rtt_ms must be >= 0")
 
 
 @register
@@ -70,7 +78,8 @@ class LossExperiment(Experiment):
     @classmethod
     def presets(cls) -> dict[str, LossConfig]:
         return {
-            "tiny": LossConfig(loss=(0.0, 0.05), workers=2, elements=4096, iterations=2, ring_reference=False),
+            "tiny": LossConfig(loss=(0.0, 0.05), workers=2, elements=4096, iterations=2, ring_reference=False, rtt_ms=4.0,
+                               slots=16),
             "small": LossConfig(loss=(0.0, 0.01, 0.02, 0.05), elements=8192, iterations=3),
             "full": LossConfig(),
         }
@@ -87,9 +96,10 @@ class LossExperiment(Experiment):
         for k, (backend, p) in enumerate(plans, start=1):
             faults = {"drop": p, "seed": cfg.seed} if p > 0 else None
             ctx.progress(f"loss {p:.1%} backend={backend} ({k}/{len(plans)}): {cfg.workers} workers, {cfg.bw_mbps:g} Mbit/s, "
+                         f"{cfg.rtt_ms:g} ms round trip, {cfg.slots} slots, "
                          f"{cfg.warmup}+{cfg.iterations} all-reduces of {cfg.elements} float32")
             opts = {"faults": faults} if faults else {}
-            with ctx.testbed(StarTopo(cfg.workers, bw=cfg.bw_mbps), f"loss{p * 100:g}-{backend}", switch_opts=opts) as bed:
+            with ctx.testbed(StarTopo(cfg.workers, bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), f"loss{p * 100:g}-{backend}", switch_opts=opts) as bed:
                 job = AgentJob(f"loss-{k}", hosts, "allreduce", backend=backend, args=args,
                                requested_slots=cfg.slots if backend == "ina" else None, udp_port=INA_UDP_BASE + k)
                 try:
@@ -114,12 +124,21 @@ class LossExperiment(Experiment):
                      key=lambda r: r["loss"])
         ring = [r for r in rows if r.get("kind") == "loss" and r.get("backend") == "ring" and r.get("seconds_median")]
         points = [{"loss": r["loss"], "goodput_mbps": r["goodput_mbps"], "seconds_median": r["seconds_median"],
+                   "seconds_min": r.get("seconds_min"), "seconds_max": r.get("seconds_max"),
                    "retransmits_per_chunk": r.get("retransmits_per_chunk"), "exact": r["exact"]} for r in ina]
         base = points[0]["goodput_mbps"] if points and points[0]["loss"] == 0 else None
         for p in points:
             p["relative_goodput"] = p["goodput_mbps"] / base if base else None
+        targets = []
+        for loss, share in GOODPUT_TARGETS:
+            p = next((p for p in points if abs(p["loss"] - loss) < 1e-9), None)
+            if p is not None and p["relative_goodput"] is not None:
+                targets.append({"loss": loss, "target": share, "relative_goodput": p["relative_goodput"],
+                                "met": p["relative_goodput"] >= share and p["exact"] is True})
         return {
             "points": points,
+            "rtt_ms": config.rtt_ms, "slots": config.slots, "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
+            "goodput_targets": targets,
             "ring_goodput_mbps": ring[0]["goodput_mbps"] if ring else None,
             "all_exact": all(p["exact"] is True for p in points) if points else None,
             "unchecked": sum(1 for p in points if p["exact"] is None),
@@ -136,6 +155,9 @@ class LossExperiment(Experiment):
                          f"{p['retransmits_per_chunk'] or 0:.3f} retransmits per chunk, {exact}")
         if summary.get("ring_goodput_mbps"):
             lines.append(f"ring (TCP, no injected loss): {summary['ring_goodput_mbps']:.2f} Mbit/s")
+        for t in summary.get("goodput_targets", []):
+            lines.append(f"target at {t['loss']:.0%} loss: >= {t['target']:.0%} of lossless, exact: "
+                         f"{t['relative_goodput']:.0%} ({'met' if t['met'] else 'MISSED'})")
         return lines
 
     @staticmethod
@@ -157,7 +179,8 @@ class LossExperiment(Experiment):
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         legend(ax, fontsize=8)
-        ax.set_title(f"{config.workers} workers, {config.bw_mbps:g} Mbit/s links, {config.slots} slots", fontsize=9)
+        ax.set_title(f"{config.workers} workers, {config.bw_mbps:g} Mbit/s links, {config.rtt_ms:g} ms RTT, {config.slots} slots",
+                     fontsize=9)
         ax2.bar(xs, [p.get("retransmits_per_chunk") or 0 for p in pts], width=0.3 if len(xs) > 1 else 0.5, color=COLORS["ina"])
         for x, p in zip(xs, pts):
             label = {True: "exact", False: "WRONG", None: "unchecked"}[p["exact"]]

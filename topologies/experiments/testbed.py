@@ -475,6 +475,78 @@ class Testbed:
                     raise AgentFailure(job.name, f"worker {wid} wrote no results ({exc}); {self._last_line(job, wid)}") from None
         return results
 
+    def run_trace(self, jobs: Sequence[AgentJob], arrivals: Mapping[str, float], *, timeout: float | None = None,
+                  sample_every: float = 0.25, on_sample: Callable[[float], None] | None = None) -> dict[str, list[dict]]:
+        """Run a job trace: each job is registered at the controller and its agents started at its arrival
+        (seconds after the start), and released as soon as all its workers have exited, so that its slots
+        go to the others at once. ``on_sample(t)`` is called every ``sample_every`` seconds (memory in use).
+        Each worker's results get ``runner``: launched_s, exited_s, arrival_s (seconds after the start)."""
+        timeout = timeout or self.agent_timeout
+        started = time.monotonic()
+        pending = sorted(jobs, key=lambda j: (arrivals.get(j.name, 0.0), j.name))
+        running: dict[str, list[subprocess.Popen]] = {}
+        job_ids: dict[str, int] = {}
+        released: set[str] = set()
+        next_sample = started
+        try:
+            while True:
+                now = time.monotonic()
+                while pending and now - started >= arrivals.get(pending[0].name, 0.0):
+                    job = pending.pop(0)
+                    if self.controller is not None:
+                        job_ids[job.name] = self.register(job)
+                    running[job.name] = self.launch(job, job_ids.get(job.name))
+                self._check(jobs, running)
+                now = time.monotonic()
+                for job in jobs:
+                    procs = running.get(job.name, [])
+                    for wid, p in enumerate(procs):
+                        if p.pid not in self._exited and p.poll() is not None:
+                            self._exited[p.pid] = now
+                        elif p.poll() is None and self._lingers(job, wid, now):
+                            self._exited[p.pid] = now
+                            self.lingered.append(f"{job.name} worker {wid}")
+                            self.on_linger(f"{job.name} worker {wid}")
+                            _end(p)
+                    if procs and job.name not in released and all(p.poll() is not None for p in procs):
+                        released.add(job.name)
+                        if job.name in job_ids:
+                            self.release(job_ids[job.name])
+                if on_sample is not None and now >= next_sample:
+                    on_sample(now - started)
+                    next_sample = now + sample_every
+                if not pending and all(p.poll() is not None for procs in running.values() for p in procs):
+                    break
+                if now - started > timeout:
+                    late = [j for j, procs in running.items() if any(p.poll() is None for p in procs)]
+                    raise AgentFailure(",".join(late), f"still running after {timeout:g} s (logs: {self.run_dir / 'logs'})")
+                time.sleep(0.02)
+        finally:
+            for procs in running.values():
+                for p in procs:
+                    _end(p)
+                    if p in self._agents:
+                        self._agents.remove(p)
+            for name, job_id in job_ids.items():
+                if name not in released:
+                    self.release(job_id)
+        results: dict[str, list[dict]] = {}
+        for job in jobs:
+            results[job.name] = []
+            for wid in range(len(job.hosts)):
+                path = self.result_path(job, wid)
+                try:
+                    doc = json.loads(path.read_text())
+                except (OSError, ValueError) as exc:
+                    raise AgentFailure(job.name, f"worker {wid} wrote no results ({exc}); {self._last_line(job, wid)}") from None
+                p = running[job.name][wid]
+                doc["runner"] = {"launched_s": round(self._launched[job.name] - started, 3),
+                                 "exited_s": round(self._exited.get(p.pid, time.monotonic()) - started, 3),
+                                 "arrival_s": arrivals.get(job.name, 0.0),
+                                 "stopped_after_results": f"{job.name} worker {wid}" in self.lingered}
+                results[job.name].append(doc)
+        return results
+
     def _lingers(self, job: AgentJob, wid: int, now: float) -> bool:
         try:
             written = self.result_path(job, wid).stat().st_mtime

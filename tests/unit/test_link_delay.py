@@ -1,0 +1,66 @@
+"""Link delay (softswitch/link_delay.py): parsing, per-port order, release at the deadline, the timerfd."""
+from __future__ import annotations
+
+import select
+
+import pytest
+
+from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay, parse_link_delays
+
+
+
+def test_parse_global_and_per_port_milliseconds():
+    d = parse_link_delays(["10", "3:0", "2:2.5"])
+    assert d.default == 0.010 and dict(d.per_port) == {2: 0.0025, 3: 0.0}
+    assert d.seconds(1) == 0.010 and d.seconds(3) == 0.0 and d.active
+    assert not parse_link_delays([]).active and not parse_link_delays(["0"]).active
+    assert "10 ms on every port" in d.describe()
+
+
+@pytest.mark.parametrize("text, needle", [("x", "MS or PORT:MS"), ("-1", "not within"), ("600:1", "9-bit"),
+                                          ("1e9", "not within"), ("a:1", "MS or PORT:MS")])
+def test_parse_refuses_mistakes(text, needle):
+    with pytest.raises(ValueError, match=needle):
+        parse_link_delays([text])
+
+
+def test_frames_wait_their_port_delay_in_both_directions_and_keep_their_order():
+    line = DelayLine(LinkDelay(0.010, ((2, 0.030), (3, 0.0))))
+    assert not line.hold_in(3, b"now", 0.0) and not line.hold_out(3, b"now", 0.0)
+    for i in range(5):
+        assert line.hold_in(1, b"a%d" % i, 1.0 + i * 0.001)
+        assert line.hold_in(2, b"b%d" % i, 1.0 + i * 0.001)
+    assert line.next_deadline() == pytest.approx(1.010)
+    assert line.due_in(1.0099) == {}
+    assert line.due_in(1.012) == {1: [b"a0", b"a1", b"a2"]}
+    assert line.due_in(1.0305) == {1: [b"a3", b"a4"], 2: [b"b0"]}
+    assert line.due_in(2.0) == {2: [b"b1", b"b2", b"b3", b"b4"]}
+    assert line.held == 0 and line.next_deadline() is None
+    for i in range(3):
+        line.hold_out(1, b"o%d" % i, 5.0)  # same instant: order by arrival
+    assert line.due_out(5.009) == [] and line.due_out(5.010) == [(1, b"o0"), (1, b"o1"), (1, b"o2")]
+    assert line.held_most == 10
+
+
+def test_the_timer_fires_at_the_deadline_not_before():
+    import time
+
+    timer = DeadlineTimer()
+    if timer.fd < 0:
+        pytest.skip("no timerfd here")
+    try:
+        ep = select.epoll()
+        ep.register(timer.fd, select.EPOLLIN)
+        start = time.monotonic()
+        deadline = start + 0.02
+        timer.arm(deadline, start)
+        timer.arm(deadline + 1.0, start)  # a later deadline does not postpone the armed one
+        events = []
+        while not events:
+            events = ep.poll(5.0)
+        assert time.monotonic() >= deadline
+        timer.clear()
+        assert timer.timeout(deadline, start) == -1.0
+        ep.close()
+    finally:
+        timer.close()

@@ -4,8 +4,11 @@
 The switch is ina-switch's pipeline behind its P4Runtime server in this process (tests.harness.LocalSwitch),
 bridged to loopback UDP (softswitch.udp.UdpSwitch); the agents are ``host_agent.agent.Agent`` threads. Jobs
 a and b are admitted and all-reducing when the controller dies; their data plane keeps running (they
-finish all-reduces while it is down). Jobs c and d start registering after the kill: their RegisterJob
-calls meet a dead controller and are retried until it is back.
+finish all-reduces while it is down). Job c starts registering as it is killed, job d right after: their
+RegisterJob calls (and the joins of their second workers) meet a dead controller and are retried until it
+is back.
+(A worker waiting in its job's first generation barrier, SyncGeneration, waits for the controller: the
+barrier is the controller's.)
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import json
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -110,7 +114,10 @@ def wait_for(condition, timeout: float, what: str) -> None:
 
 def test_agents_ride_out_a_controller_killed_during_registration(bed):
     bed.start_controller()
-    jobs = {name: local_job(2, name, hosts=hosts, backend="ina") for name, hosts in HOSTS.items()}
+    jobs = {}
+    for name, hosts in HOSTS.items():
+        spec, sockets = local_job(2, name, hosts=hosts, backend="ina")
+        jobs[name] = replace(spec, requested_slots=16), sockets  # 4 x 16 of the 64 slots: no job waits
     for name, (spec, sockets) in jobs.items():
         for host, (udp, _) in zip(HOSTS[name], sockets):
             bed.bridge.attach("127.0.0.1", udp.getsockname()[1], bed.ports[host])
@@ -121,6 +128,7 @@ def test_agents_ride_out_a_controller_killed_during_registration(bed):
     down = threading.Event()
     restarted = threading.Event()
     during_outage = {name: 0 for name in jobs}
+    all_reducing = {name: threading.Event() for name in jobs}
 
     def run_job(name: str) -> list:
         spec, sockets = jobs[name]
@@ -132,6 +140,7 @@ def test_agents_ride_out_a_controller_killed_during_registration(bed):
                 # a and b all-reduce until the controller is back (and at least 3 times); c and d 3 times
                 while len(outs) < 3 or (name in "ab" and not restarted.is_set()):
                     outs.append(agent.allreduce(inputs[name][i]))
+                    all_reducing[name].set()
                     if down.is_set() and not restarted.is_set() and i == 0:
                         during_outage[name] += 1
                 return agent.backend, outs
@@ -148,10 +157,11 @@ def test_agents_ride_out_a_controller_killed_during_registration(bed):
         return t
 
     threads = [launch("a"), launch("b")]
-    wait_for(lambda: {j.name for j in bed.jobs()} >= {"a", "b"}, 30, "jobs a and b registered")
-    bed.kill_controller()  # the agents of a and b may still be joining (WatchJob) or already all-reducing
+    wait_for(lambda: all_reducing["a"].is_set() and all_reducing["b"].is_set(), 60, "jobs a and b all-reducing")
+    threads.append(launch("c"))
+    bed.kill_controller()  # while c registers (its call may be in flight: then its retry is recognised by its key)
     down.set()
-    threads += [launch("c"), launch("d")]  # their RegisterJob meets a dead controller
+    threads.append(launch("d"))  # d's RegisterJob surely meets the dead controller
     time.sleep(2.0)  # the scenario: the controller is down for 2 s
     wait_for(lambda: during_outage["a"] > 0 and during_outage["b"] > 0, 60,
              "jobs a and b all-reducing through the switch while the controller is down")

@@ -258,3 +258,17 @@ def test_p4runtime_over_tls_with_a_client_certificate(tmp_path):
                 Controller(topo, options).start()
     finally:
         sw.stop()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tls-cert", "x.pem"], "--tls-cert and --tls-key go together"),
+    (["--tls-client-ca", "ca.pem"], "--tls-client-ca needs --tls-cert"),
+    (["--switch-tls-cert", "c.pem", "--switch-tls-key", "k.pem"], "--switch-tls-cert needs --switch-tls-ca"),
+    (["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"], "/nonexistent.pem: no such file"),
+])
+def test_controller_tls_options_are_checked(argv, words, capsys):
+    from controller import daemon
+
+    assert daemon.main(["--switch", "name=s1,addr=127.0.0.1:1,device_id=1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ina-controller: error: ") and words in err

@@ -112,6 +112,23 @@ def unknown_counter_write():
     return _write(u)
 
 
+def counter_index_past_size():
+    u = Update(type=Update.MODIFY)
+    c = SCHEMA.counter("MyIngress.ina_aggregated")
+    u.entity.counter_entry.counter_id = c.preamble.id
+    u.entity.counter_entry.index.index = c.size
+    u.entity.counter_entry.data.packet_count = 1
+    return _write(u)
+
+
+def read_counter_index_past_size():
+    e = p4runtime_pb2.Entity()
+    c = SCHEMA.counter("MyIngress.ina_aggregated")
+    e.counter_entry.counter_id = c.preamble.id
+    e.counter_entry.index.index = c.size
+    return _read(e)
+
+
 def read_unknown_table():
     e = p4runtime_pb2.Entity()
     e.table_entry.table_id = UNKNOWN_ID
@@ -135,13 +152,33 @@ CASES: dict[str, Callable[[], object]] = {
     f.__name__: f for f in (
         unknown_table, unknown_action, unknown_match_field, unknown_param, missing_match_field,
         priority_on_exact_table, param_too_wide, lpm_prefix_too_long, unspecified_update_type,
-        update_without_entity, counter_index_negative, unknown_counter_write, read_unknown_table,
+        update_without_entity, counter_index_negative, counter_index_past_size, unknown_counter_write,
+        read_counter_index_past_size, read_unknown_table,
         read_unknown_counter, batch_beyond_table_size,
     )
 }
 
 # (gRPC status code of the call, canonical code of each update of a failed Write (None: not a Write failure))
-BMV2: dict[str, tuple[str, tuple[str, ...] | None]] = {}
+BMV2: dict[str, tuple[str, tuple[str, ...] | None]] = {
+    "unknown_table": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "unknown_action": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "unknown_match_field": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "unknown_param": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "missing_match_field": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "priority_on_exact_table": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "param_too_wide": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "lpm_prefix_too_long": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "unspecified_update_type": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "update_without_entity": ("UNKNOWN", ("UNKNOWN",)),  # PI: "Incorrect entity type"
+    "counter_index_negative": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "counter_index_past_size": ("UNKNOWN", ("UNKNOWN",)),  # PI: "Error when writing to counter"
+    "unknown_counter_write": ("UNKNOWN", ("INVALID_ARGUMENT",)),
+    "read_counter_index_past_size": ("UNKNOWN", None),
+    "read_unknown_table": ("INVALID_ARGUMENT", None),
+    "read_unknown_counter": ("INVALID_ARGUMENT", None),
+    # the table takes its size; PI reports the target's refusal of the rest as UNKNOWN, not RESOURCE_EXHAUSTED
+    "batch_beyond_table_size": ("UNKNOWN", ("OKx1024", "UNKNOWNx4")),
+}
 
 
 def _update_codes(err: grpc.RpcError) -> tuple[str, ...] | None:

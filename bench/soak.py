@@ -5,8 +5,8 @@
 Set-up, all on 127.0.0.1 (no root): ina-switch's pipeline behind its P4Runtime server, bridged to UDP by
 ``softswitch.udp.UdpSwitch`` with seeded faults (each datagram into and out of the switch: ``--loss`` drop,
 ``--duplicate``, ``--reorder``, default 1 % each); ``ina-controller`` as a process (policy first-fit);
-``--jobs`` jobs of ``--workers`` agents (``host_agent.agent.Agent`` threads, one process), each job
-all-reducing fresh random arrays of ``--elements`` float32 again and again. Both workers of a job derive
+``--jobs`` jobs of ``--workers`` agents (``host_agent.agent.Agent`` threads, one process, backend ``auto``: INA where
+the job has slots, else the ring), each job all-reducing fresh random arrays of ``--elements`` float32 again and again. Both workers of a job derive
 every worker's array from a shared seed, so each checks its result bit for bit against the exact
 fixed-point sum. Events, at fixed fractions of the run: the controller is killed with SIGKILL and
 restarted 2 s later at 1/3 and 2/3, and the policy is set to ``equal`` (every job reallocated: new
@@ -61,7 +61,8 @@ class SoakOptions:
     jobs: int = 8
     workers: int = 2
     elements: int = 4096
-    slots: int = 64  # requested per job (first-fit: 8 x 64 of 1024, all admitted)
+    slots: int = 200  # requested per job: first-fit gives 5 jobs 200, one the 24 left, two none (ring);
+    # the policy change to equal gives every job 128 (1024 / 8): every job moves (new generation, barrier)
     loss: float = 0.01
     duplicate: float = 0.01
     reorder: float = 0.01
@@ -168,7 +169,7 @@ class Soak:
                         for i, s in enumerate(sockets))
         for i, (udp, _) in enumerate(sockets):
             self.bridge.attach("127.0.0.1", udp.getsockname()[1], k * o.workers + i + 1)
-        spec = JobSpec(f"soak-{k}", workers, backend="ina", tensor_elements=o.elements, requested_slots=o.slots,
+        spec = JobSpec(f"soak-{k}", workers, backend="auto", tensor_elements=o.elements, requested_slots=o.slots,
                        secret=new_secret())
         opts = AgentOptions(stream=StreamOptions(op_timeout=60.0), rendezvous_timeout=60.0, close_timeout=15.0,
                             switch_addresses={"s1": self.bridge.address})

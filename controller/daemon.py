@@ -120,13 +120,13 @@ def _tls(args: argparse.Namespace) -> tuple[ServerTls | None, SwitchTls | None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args_or_exit(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("ina.p4runtime").setLevel(logging.WARNING)
     try:
         server_tls, switch_tls = _tls(args)
     except ValueError as exc:
         print(f"ina-controller: error: {exc}", file=sys.stderr)
         return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("ina.p4runtime").setLevel(logging.WARNING)
     try:
         topo = _topology(args)
         if args.write_runtime:

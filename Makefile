@@ -13,7 +13,7 @@ BUILD    := build
 PYTEST   := $(PY) -m pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo demo-model run test test-fast p4 proto bench bench-switch stop clean
+.PHONY: help install demo demo-model run test test-fast p4 proto bench bench-switch soak stop clean
 
 help: ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -66,6 +66,10 @@ bench: $(STAMP) ## benchmarks that print ratios measured side by side (root)
 
 bench-switch: $(STAMP) ## the switch benchmark alone
 	$(PY) bench/switch_bench.py
+
+SOAK_DURATION ?= 600
+soak: $(STAMP) ## 8 jobs for SOAK_DURATION s (600) under 1 % loss/dup/reorder, 2 controller kills, a policy change (not in CI)
+	$(PY) bench/soak.py --duration $(SOAK_DURATION) $(SOAK_ARGS)
 
 stop: $(STAMP) ## remove every namespace, interface and process a testbed run left behind
 	$(PY) -m topologies.cleanup

@@ -5,7 +5,11 @@
 
 Every read command takes ``--json``. Errors are one line on stderr and a non-zero exit status:
 1 for a refused request (unknown job, bad policy name), 2 for bad arguments, 3 when the controller
-cannot be reached. ``--controller`` defaults to $INA_CONTROLLER, else 127.0.0.1:50060.
+cannot be reached. ``--controller`` defaults to $INA_CONTROLLER, else 127.0.0.1:50060. Every call carries the
+admin credential the controller wrote beside its database: ``--credential-file`` defaults to
+$INA_ADMIN_CREDENTIAL_FILE, else ina-controller.db.admin (the controller's default --db, + .admin); a job's
+secret in such a file shows and releases that job only. TLS: ``--tls-ca`` (and ``--tls-cert``/``--tls-key``),
+or $INA_TLS_CA, $INA_TLS_CERT, $INA_TLS_KEY (docs/security.md).
 """
 from __future__ import annotations
 
@@ -23,8 +27,10 @@ from google.protobuf import json_format
 from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto.cli import EXIT_USAGE, Parser, UsageError
+from inaproto.credentials import ADMIN_CREDENTIAL_ENV, TlsFiles, admission_channel, read_credential_file
 
 DEFAULT_CONTROLLER = "127.0.0.1:50060"
+DEFAULT_CREDENTIAL_FILE = "ina-controller.db.admin"  # beside the controller's default database
 EXIT_REFUSED, EXIT_UNREACHABLE = 1, 3  # and EXIT_USAGE (2)
 
 
@@ -42,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     common.add_argument("--controller", default=argparse.SUPPRESS, metavar="ADDR", help="controller address (default: $INA_CONTROLLER or 127.0.0.1:50060)")
     common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="S", help="RPC timeout in seconds (default: 5)")
+    common.add_argument("--credential-file", default=argparse.SUPPRESS, metavar="FILE",
+                        help=f"credential to send (default: ${ADMIN_CREDENTIAL_ENV} or {DEFAULT_CREDENTIAL_FILE})")
+    common.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="PEM", help="TLS: the controller's CA (default: $INA_TLS_CA)")
+    common.add_argument("--tls-cert", default=argparse.SUPPRESS, metavar="PEM", help="TLS client certificate (default: $INA_TLS_CERT)")
+    common.add_argument("--tls-key", default=argparse.SUPPRESS, metavar="PEM", help="its key (default: $INA_TLS_KEY)")
     reader = Parser(add_help=False, parents=[common])
     reader.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
@@ -181,7 +192,15 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     addr = getattr(args, "controller", None) or os.environ.get("INA_CONTROLLER") or DEFAULT_CONTROLLER
     timeout = getattr(args, "timeout", 5.0)
     as_json = getattr(args, "json", False)
-    channel = grpc.insecure_channel(addr)
+    try:
+        credential = _credential(args)
+        env_tls = TlsFiles.from_env()
+        tls = TlsFiles(getattr(args, "tls_ca", env_tls.ca), getattr(args, "tls_cert", env_tls.cert),
+                       getattr(args, "tls_key", env_tls.key))
+        channel = admission_channel(addr, credential, tls)
+    except (OSError, ValueError) as exc:
+        print(f"inactl: {exc}", file=err)
+        return EXIT_USAGE
     stub = pb_grpc.AdmissionStub(channel)
     try:
         return _run(args, stub, timeout, as_json, out)
@@ -193,6 +212,20 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         return 130
     finally:
         channel.close()
+
+
+def _credential(args) -> str | None:
+    """The credential from --credential-file, $INA_ADMIN_CREDENTIAL_FILE or the default file (None if that
+    default is absent: the controller then answers UNAUTHENTICATED)."""
+    path = getattr(args, "credential_file", None) or os.environ.get(ADMIN_CREDENTIAL_ENV)
+    if path is None:
+        if not os.path.exists(DEFAULT_CREDENTIAL_FILE):
+            return None
+        path = DEFAULT_CREDENTIAL_FILE
+    try:
+        return read_credential_file(path)
+    except OSError as exc:
+        raise OSError(f"cannot read the credential file: {exc.strerror}: {path}") from None
 
 
 def _emit(msg, render: Callable, as_json: bool, out: TextIO) -> None:

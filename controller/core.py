@@ -31,6 +31,7 @@ from typing import Callable
 import grpc
 
 from inaproto import admission_pb2 as pb
+from controller.auth import TRUSTED, Authority, Caller, SwitchTls, admin_credential_path, hash_secret
 from controller.barrier import GenerationBarriers
 from controller.errors import Refusal
 from controller.memory import allocate_pools, memory_view
@@ -71,6 +72,8 @@ class ControllerOptions:
     connect_timeout: float = 10.0
     monitor_interval: float = 0.5  # heartbeat reaping and switch health checks
     rina_chains: bool = False  # Rina jobs whose racks all hold slots run as chains across the switches
+    admin_credential: Path | None = None  # the admin credential file; None: beside the database (<db>.admin)
+    switch_tls: SwitchTls | None = None  # P4Runtime over TLS
 
 
 class Subscription:
@@ -124,6 +127,7 @@ class Controller:
         self._monitor: threading.Thread | None = None
         self._running = False
         self._demoted: set[str] = set()  # switches where another controller took over
+        self.authority: Authority | None = None
 
     # ================================================================================================
     # lifecycle
@@ -136,6 +140,7 @@ class Controller:
         """Load the database, become primary on every INA switch, push the pipeline if needed,
         reconcile every switch with the stored grants, then re-run the policy (restart upgrades)."""
         self.store = Store(self.options.db_path)
+        self.authority = Authority(self.options.admin_credential or admin_credential_path(self.options.db_path))
         stored_policy = self.store.get_meta("policy")
         if stored_policy is not None and stored_policy != self._policy_name:
             if stored_policy in POLICIES:
@@ -198,7 +203,8 @@ class Controller:
         if old is not None:
             old.close()
         sw = self._switch_factory(
-            SwitchOptions(name, info.address, info.device_id, self.options.election_id, self.options.connect_timeout),
+            SwitchOptions(name, info.address, info.device_id, self.options.election_id, self.options.connect_timeout,
+                          tls=self.options.switch_tls),
             self.schema,
         )
         try:
@@ -453,6 +459,19 @@ class Controller:
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"job {job_id} not found")
         return job
 
+    def caller(self, credential: str) -> Caller:
+        """Who presents ``credential`` (controller/auth.py)."""
+        if self.authority is None:
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, "controller is not running")
+        return self.authority.caller(credential)
+
+    def _owned_job(self, job_id: int, caller: Caller) -> Job:
+        """The job, if the caller may act on it: UNAUTHENTICATED, PERMISSION_DENIED or NOT_FOUND otherwise."""
+        caller.require()
+        job = self._job(job_id)
+        caller.check_job(job_id, job.secret_hash)
+        return job
+
     def _require_running(self) -> None:
         if not self._running:
             raise Refusal(grpc.StatusCode.UNAVAILABLE, "controller is not running")
@@ -468,12 +487,22 @@ class Controller:
                 return job_id
         raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"all {n} job ids are in use")
 
-    def register(self, request: pb.RegisterJobRequest) -> pb.JobGrant:
+    def register(self, request: pb.RegisterJobRequest, caller: Caller = TRUSTED) -> pb.JobGrant:
+        """Admit a job owned by ``caller``'s credential (the admin's: only the admin may act on it). A request
+        whose ``idempotency_key`` an admitted job carries is a retry: it gets that job's current grant."""
+        caller.require()
         with self._lock:
             self._require_running()
+            if request.idempotency_key:
+                for job in self._jobs.values():
+                    if job.request.idempotency_key == request.idempotency_key:
+                        caller.check_job(job.job_id, job.secret_hash)
+                        log.info("job %d: registration retried (idempotency key), current grant sent again", job.job_id)
+                        return self._grant(job)
             req, placement = validate_registration(request, self.topology, self._jobs.values())
             job_id = self._free_job_id()
-            job = Job(job_id, self._next_seq, req, placement, time.time(), generation=0)
+            job = Job(job_id, self._next_seq, req, placement, time.time(), generation=0,
+                      secret_hash="" if caller.admin else hash_secret(caller.credential))
             jobs = dict(self._jobs)
             jobs[job_id] = job
             new, counter = self._reallocate(jobs, f"job {job_id} admitted", self._next_generation, fresh=job_id)
@@ -492,10 +521,10 @@ class Controller:
         if worker_id not in job.worker_ids:
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"job {job.job_id} has no worker {worker_id}")
 
-    def heartbeat(self, job_id: int, worker_id: int) -> int:
+    def heartbeat(self, job_id: int, worker_id: int, caller: Caller = TRUSTED) -> int:
         with self._lock:
             self._require_running()
-            job = self._job(job_id)
+            job = self._owned_job(job_id, caller)
             self._worker(job, worker_id)
             self._heartbeats[job_id] = time.time()
             return job.generation
@@ -505,18 +534,18 @@ class Controller:
         new, counter = self._reallocate(jobs, cause, self._next_generation)
         self._commit(new, set(job_ids), counter)
 
-    def release(self, job_id: int, cause: str | None = None) -> None:
+    def release(self, job_id: int, cause: str | None = None, caller: Caller = TRUSTED) -> None:
         with self._lock:
             self._require_running()
-            self._job(job_id)
+            self._owned_job(job_id, caller)
             self._release([job_id], cause or f"job {job_id} released")
             log.info("job %d released", job_id)
 
-    def watch(self, job_id: int, worker_id: int) -> Subscription:
+    def watch(self, job_id: int, worker_id: int, caller: Caller = TRUSTED) -> Subscription:
         """A stream of the job's AllocationEvents, starting with its current grant."""
         with self._lock:
             self._require_running()
-            job = self._job(job_id)
+            job = self._owned_job(job_id, caller)
             if worker_id:
                 self._worker(job, worker_id)
             sub = Subscription(job_id, worker_id)
@@ -529,14 +558,15 @@ class Controller:
             self._subs.get(sub.job_id, set()).discard(sub)
             sub.close()
 
-    def sync_generation(self, job_id: int, worker_id: int, generation: int, first_missing: int, timeout: float | None = None) -> int:
+    def sync_generation(self, job_id: int, worker_id: int, generation: int, first_missing: int, timeout: float | None = None,
+                        caller: Caller = TRUSTED) -> int:
         """The barrier after a generation change: returns, once every worker of the job has reported
         for `generation`, the minimum reported first-missing chunk."""
         wait = self.options.sync_timeout if timeout is None else min(timeout, self.options.sync_timeout)
         deadline = time.monotonic() + wait
         with self._lock:
             self._require_running()
-            job = self._job(job_id)
+            job = self._owned_job(job_id, caller)
             self._worker(job, worker_id)
             if generation != job.generation:
                 raise Refusal(
@@ -551,13 +581,16 @@ class Controller:
     # ================================================================================================
     # operators
     # ================================================================================================
-    def list_jobs(self) -> list[pb.JobInfo]:
+    def list_jobs(self, caller: Caller = TRUSTED) -> list[pb.JobInfo]:
+        """Every job the caller may act on (all of them for the admin)."""
+        caller.require()
         with self._lock:
-            return [self._info(j) for j in sorted(self._jobs.values(), key=lambda j: j.job_id)]
+            return [self._info(j) for j in sorted(self._jobs.values(), key=lambda j: j.job_id)
+                    if caller.may_use(j.secret_hash)]
 
-    def job_info(self, job_id: int) -> pb.JobInfo:
+    def job_info(self, job_id: int, caller: Caller = TRUSTED) -> pb.JobInfo:
         with self._lock:
-            return self._info(self._job(job_id))
+            return self._info(self._owned_job(job_id, caller))
 
     def memory(self) -> pb.MemoryMap:
         with self._lock:
@@ -573,9 +606,11 @@ class Controller:
                     m.ranges.add(base=base, size=size, job_id=job_id or 0, free=job_id is None)
             return out
 
-    def stats(self, job_id: int = 0) -> pb.StatsResponse:
+    def stats(self, job_id: int = 0, caller: Caller = TRUSTED) -> pb.StatsResponse:
+        if not job_id:
+            caller.require_admin("stats of every job")
         with self._lock:
-            jobs = [self._job(job_id)] if job_id else sorted(self._jobs.values(), key=lambda j: j.job_id)
+            jobs = [self._owned_job(job_id, caller)] if job_id else sorted(self._jobs.values(), key=lambda j: j.job_id)
             switches = dict(self.switches)
         out = pb.StatsResponse()
         try:

@@ -4,7 +4,8 @@
     ina-controller --switch name=s1,addr=127.0.0.1:9559,device_id=1 [--switch ...]
     ina-controller --topology topology.json --write-runtime DIR     # write sX-runtime.json files and exit
 
-docs/controller.md describes every option, the reallocation protocol and restart behaviour.
+docs/controller.md describes every option, the reallocation protocol and restart behaviour; docs/security.md
+the credentials (the admin credential is written beside the database, mode 0600) and TLS.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
+from controller.auth import ServerTls, SwitchTls
 from controller.core import DEFAULT_SCALE, Controller, Refusal, ControllerOptions
 from controller.p4entity import Schema
 from controller.policies import POLICIES
@@ -69,11 +71,19 @@ def build_parser() -> Parser:
     net.add_argument("--election-id", type=_election_id, default=(0, 10), metavar="HIGH,LOW", help="P4Runtime election id (default: 0,10)")
     net.add_argument("--force-push", action="store_true", help="push the pipeline even if the switch already runs it (resets the switch)")
     net.add_argument("--connect-timeout", type=_positive, default=10.0, metavar="S", help="wait this long for each switch (default: 10)")
+    net.add_argument("--switch-tls-ca", metavar="PEM", help="P4Runtime over TLS: the switches' CA certificate")
+    net.add_argument("--switch-tls-cert", metavar="PEM", help="client certificate for switches that require one")
+    net.add_argument("--switch-tls-key", metavar="PEM", help="its private key")
+    net.add_argument("--switch-tls-name", metavar="NAME", default="", help="name to check in the switches' certificates (default: the host of each address)")
     net.add_argument("--write-runtime", metavar="DIR", help="write each switch's forwarding entries as sX-runtime.json into DIR and exit")
     svc = p.add_argument_group("admission service")
     svc.add_argument("--listen", default=DEFAULT_LISTEN, metavar="ADDR", help="admission service address (default: %(default)s)")
     svc.add_argument("--db", default="ina-controller.db", metavar="FILE", help="SQLite database (default: %(default)s)")
     svc.add_argument("--policy", default="first-fit", choices=sorted(POLICIES), help="allocation policy for a new database (default: %(default)s)")
+    svc.add_argument("--admin-credential", metavar="FILE", help="admin credential file, made (mode 0600) if missing (default: DB.admin)")
+    svc.add_argument("--tls-cert", metavar="PEM", help="serve the admission service over TLS with this certificate")
+    svc.add_argument("--tls-key", metavar="PEM", help="its private key")
+    svc.add_argument("--tls-client-ca", metavar="PEM", help="require client certificates signed by this CA")
     svc.add_argument("--heartbeat-timeout", type=float, default=15.0, metavar="S", help="release jobs silent this long; 0: never (default: 15)")
     svc.add_argument("--sync-timeout", type=_positive, default=30.0, metavar="S", help="longest SyncGeneration wait (default: 30)")
     svc.add_argument("--rina-chains", action="store_true",
@@ -91,8 +101,32 @@ def _topology(args: argparse.Namespace) -> Topology:
     return Topology.from_specs(args.switch)
 
 
+def _tls(args: argparse.Namespace) -> tuple[ServerTls | None, SwitchTls | None]:
+    """The TLS options, checked: files named in pairs, each readable."""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if args.tls_client_ca and not args.tls_cert:
+        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+    if bool(args.switch_tls_cert) != bool(args.switch_tls_key):
+        raise ValueError("--switch-tls-cert and --switch-tls-key go together")
+    if args.switch_tls_cert and not args.switch_tls_ca:
+        raise ValueError("--switch-tls-cert needs --switch-tls-ca")
+    for f in (args.tls_cert, args.tls_key, args.tls_client_ca, args.switch_tls_ca, args.switch_tls_cert, args.switch_tls_key):
+        if f and not Path(f).is_file():
+            raise ValueError(f"{f}: no such file")
+    server = ServerTls(args.tls_cert, args.tls_key, args.tls_client_ca or "") if args.tls_cert else None
+    switch = (SwitchTls(args.switch_tls_ca, args.switch_tls_cert or "", args.switch_tls_key or "", args.switch_tls_name)
+              if args.switch_tls_ca else None)
+    return server, switch
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args_or_exit(argv)
+    try:
+        server_tls, switch_tls = _tls(args)
+    except ValueError as exc:
+        print(f"ina-controller: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("ina.p4runtime").setLevel(logging.WARNING)
     try:
@@ -120,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             force_push=args.force_push,
             connect_timeout=args.connect_timeout,
             rina_chains=args.rina_chains,
+            admin_credential=Path(args.admin_credential) if args.admin_credential else None,
+            switch_tls=switch_tls,
         )
         ctl = Controller(topo, options)
         ctl.start()
@@ -127,14 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ina-controller: {exc}", file=sys.stderr)
         return 1
     try:
-        server, port = serve(ctl, args.listen)
+        server, port = serve(ctl, args.listen, tls=server_tls)
     except RuntimeError as exc:
         ctl.stop()
         print(f"ina-controller: {exc}", file=sys.stderr)
         return 1
     host = args.listen.rsplit(":", 1)[0]
-    log.info("admission service on %s:%d, policy %s, %d switch(es), %d job(s)", host, port,
-             ctl.policy_info().policy, len(ctl.switches), len(ctl.list_jobs()))
+    log.info("admission service on %s:%d%s, admin credential in %s, policy %s, %d switch(es), %d job(s)", host, port, " (TLS)" if server_tls else "",
+             ctl.authority.path, ctl.policy_info().policy, len(ctl.switches), len(ctl.list_jobs()))
     print(f"ina-controller: listening on {host}:{port}", file=sys.stderr, flush=True)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -19,7 +19,7 @@ from controller.policies import SlotRange
 
 __all__ = ["Job", "Store", "StoreError"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: jobs.secret_hash
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     registered_at REAL    NOT NULL,
     generation    INTEGER NOT NULL,
     backend       TEXT    NOT NULL,
-    reason        TEXT    NOT NULL
+    reason        TEXT    NOT NULL,
+    secret_hash   TEXT    NOT NULL DEFAULT ''  -- controller/auth.py hash_secret of the job's secret
 );
 CREATE TABLE IF NOT EXISTS grants (
     job_id INTEGER NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
@@ -65,6 +66,7 @@ class Job:
     backend: str = "ring"
     reason: str = ""
     ranges: tuple[tuple[str, SlotRange | None], ...] = ()  # per INA switch the job has workers under
+    secret_hash: str = field(default="", repr=False)  # salted hash of the job's secret ("" = admin only)
 
     @property
     def worker_ids(self) -> list[int]:
@@ -104,6 +106,9 @@ class Store:
             version = self.get_meta("schema_version")
             if version is None:
                 self._set_meta_now({"schema_version": str(SCHEMA_VERSION)})
+            elif int(version) == 1:  # before tenants: its jobs answer only the admin credential
+                self._db.execute("ALTER TABLE jobs ADD COLUMN secret_hash TEXT NOT NULL DEFAULT ''")
+                self._set_meta_now({"schema_version": str(SCHEMA_VERSION)})
             elif int(version) != SCHEMA_VERSION:
                 raise StoreError(f"{self.path}: schema version {version}, this controller uses {SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
@@ -126,14 +131,15 @@ class Store:
         """Every stored job, in admission order."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT job_id, seq, request, placement, registered_at, generation, backend, reason FROM jobs ORDER BY seq"
+                "SELECT job_id, seq, request, placement, registered_at, generation, backend, reason, secret_hash"
+                " FROM jobs ORDER BY seq"
             ).fetchall()
             grants = self._db.execute("SELECT job_id, switch, base, size FROM grants").fetchall()
         by_job: dict[int, dict[str, SlotRange | None]] = {}
         for job_id, switch, base, size in grants:
             by_job.setdefault(job_id, {})[switch] = SlotRange(base, size) if size > 0 else None
         jobs = []
-        for job_id, seq, request, placement, registered_at, generation, backend, reason in rows:
+        for job_id, seq, request, placement, registered_at, generation, backend, reason, secret_hash in rows:
             req = pb.RegisterJobRequest()
             req.ParseFromString(request)
             jobs.append(
@@ -147,6 +153,7 @@ class Store:
                     backend=backend,
                     reason=reason,
                     ranges=tuple(sorted(by_job.get(job_id, {}).items())),
+                    secret_hash=secret_hash,
                 )
             )
         return jobs
@@ -173,10 +180,11 @@ class Store:
                     db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
                 for j in jobs:
                     db.execute(
-                        "INSERT INTO jobs (job_id, seq, request, placement, registered_at, generation, backend, reason)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id) DO UPDATE SET seq = excluded.seq,"
-                        " request = excluded.request, placement = excluded.placement, registered_at = excluded.registered_at,"
-                        " generation = excluded.generation, backend = excluded.backend, reason = excluded.reason",
+                        "INSERT INTO jobs (job_id, seq, request, placement, registered_at, generation, backend, reason,"
+                        " secret_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id) DO UPDATE SET"
+                        " seq = excluded.seq, request = excluded.request, placement = excluded.placement,"
+                        " registered_at = excluded.registered_at, generation = excluded.generation,"
+                        " backend = excluded.backend, reason = excluded.reason, secret_hash = excluded.secret_hash",
                         (
                             j.job_id,
                             j.seq,
@@ -186,6 +194,7 @@ class Store:
                             j.generation,
                             j.backend,
                             j.reason,
+                            j.secret_hash,
                         ),
                     )
                     db.execute("DELETE FROM grants WHERE job_id = ?", (j.job_id,))

@@ -54,6 +54,7 @@ class SwitchOptions:
     election_id: tuple[int, int] = (0, 10)  # (high, low); p4runtime-shell's default (0, 1) stays below it
     connect_timeout: float = 10.0  # seconds to wait for the server and the arbitration answer
     rpc_timeout: float = 10.0
+    tls: object | None = None  # controller.auth.SwitchTls: P4Runtime over TLS (channel_credentials, channel_options)
 
 
 class SwitchError(ControllerError):
@@ -178,10 +179,12 @@ class Switch:
     def __init__(self, options: SwitchOptions, schema: Schema) -> None:
         self.options = options
         self.schema = schema
-        self._channel = grpc.insecure_channel(
-            options.address,
-            options=[("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)],
-        )
+        channel_options = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
+        if options.tls is not None:
+            self._channel = grpc.secure_channel(options.address, options.tls.channel_credentials(),
+                                                options=channel_options + options.tls.channel_options())
+        else:
+            self._channel = grpc.insecure_channel(options.address, options=channel_options)
         self._stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
         self._cond = threading.Condition()
         self._requests: queue.Queue | None = None

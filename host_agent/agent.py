@@ -51,6 +51,8 @@ class AgentOptions:
         rpc_timeout: deadline of each ordinary controller call.
         rendezvous_timeout: how long a worker waits for the job to appear (or its first grant).
         close_timeout: at the end, how long a worker waits for the job's release.
+        controller_retry: how long a controller call is retried while the controller is unavailable
+            (restarting); the data plane keeps running meanwhile.
         scale: fixed-point scale when there is no controller (otherwise the grant's).
         switch_addresses: switch name -> (ip, port) to send its INA packets to instead of the grant's
             (switch_ip, ina_port): a relay, or a switch model on loopback in tests.
@@ -61,11 +63,12 @@ class AgentOptions:
     rpc_timeout: float = 10.0
     rendezvous_timeout: float = 60.0
     close_timeout: float = 10.0
+    controller_retry: float = 30.0
     scale: float = float(2**16)
     switch_addresses: Mapping[str, tuple[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("heartbeat_interval", "rpc_timeout", "rendezvous_timeout", "close_timeout", "scale"):
+        for name in ("heartbeat_interval", "rpc_timeout", "rendezvous_timeout", "close_timeout", "scale", "controller_retry"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
@@ -156,7 +159,8 @@ class Agent:
             self.stream = self._make_stream(grant, sync=None)
             self._start_service()
             return
-        self.client = AdmissionClient(controller, timeout=opts.rpc_timeout)
+        self.client = AdmissionClient(controller, timeout=opts.rpc_timeout, credential=self.spec.secret or None,
+                                      retry_for=opts.controller_retry)
         first: Grant | None = None
         if job_id is None and self.worker_id == min(self.spec.worker_ids):
             first = self.client.register(self.spec)

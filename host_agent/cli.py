@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--worker-id", type=int, required=True, help="this worker's id")
         p.add_argument("--controller", help="admission service HOST:PORT; without it only --backend ring runs")
         p.add_argument("--job-id", type=int, help="join this registered job instead of finding it by name")
+        p.add_argument("--controller-retry", type=_positive_float, default=30.0, metavar="S",
+                       help="retry controller calls this long while it is unavailable (restarting) (default 30); "
+                            "the job's secret comes from the job file's 'secret' or $INA_JOB_SECRET, TLS from $INA_TLS_CA")
         p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds without progress before giving up (default 60)")
         p.add_argument("--reorder-guard", type=_nonneg_float, default=0.0,
                        help="seconds between a chunk's last send and its slot's reuse, for switches without "
@@ -197,7 +200,7 @@ def _open_agent(args: argparse.Namespace, spec: JobSpec):
 
     opts = AgentOptions(stream=StreamOptions(op_timeout=args.timeout, reorder_guard=args.reorder_guard,
                                                io=IoMode(args.io), rina_chains=args.rina_chains),
-                        rendezvous_timeout=args.timeout)
+                        rendezvous_timeout=args.timeout, controller_retry=args.controller_retry)
     return Agent(spec, args.worker_id, controller=args.controller, job_id=args.job_id, options=opts)
 
 

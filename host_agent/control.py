@@ -3,13 +3,22 @@
 One error type, ``host_agent.errors.AdmissionError``, wraps ``grpc.RpcError`` with its status code and details. The
 event stream (``WatchJob``) and the heartbeat run in ``JobWatcher``'s background threads, which hand
 grants and releases to a callback; everything else is a plain blocking call with a deadline.
+
+Every call carries the job's secret (inaproto/credentials.py). A controller that is down or restarting
+(UNAVAILABLE) is retried with capped exponential backoff and jitter for ``retry_for`` seconds (default
+30) before the call fails; meanwhile the data plane keeps running. RegisterJob sends an idempotency
+key, the same on every retry, so that a registration whose reply was lost is not refused as a duplicate.
 """
 from __future__ import annotations
 
 import logging
+import os
+import random
 import threading
 import time
-from typing import Callable
+import uuid
+from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import grpc
 
@@ -18,8 +27,12 @@ from inaproto import admission_pb2_grpc as pb_grpc
 from host_agent.grant import Grant, JobSpec
 from inaproto.backends import JobState
 from host_agent.errors import AgentTimeout, AdmissionError, StaleGeneration
+from inaproto.credentials import JOB_SECRET_ENV, TlsFiles, admission_channel
 
-__all__ = ["AdmissionClient", "AdmissionError", "JobWatcher"]
+__all__ = ["AdmissionClient", "AdmissionError", "Backoff", "JobWatcher"]
+
+T = TypeVar("T")
+RETRIED = (grpc.StatusCode.UNAVAILABLE,)  # the controller is down or restarting
 
 log = logging.getLogger("host_agent.control")
 
@@ -31,32 +44,71 @@ def _wrap(what: str, exc: grpc.RpcError) -> AdmissionError:
     return AdmissionError(f"{what}: {name}: {details}", code, details or "")
 
 
-class AdmissionClient:
-    """Blocking calls to the admission service at ``address`` ("host:port")."""
+@dataclass(frozen=True)
+class Backoff:
+    """Capped exponential backoff with jitter: the n-th wait is uniform in [d/2, d], d = min(cap, first * 2**n)."""
 
-    def __init__(self, address: str, *, timeout: float = 10.0) -> None:
+    first: float = 0.05
+    cap: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        d = min(self.cap, self.first * 2 ** min(attempt, 30))
+        return random.uniform(d / 2, d)
+
+
+class AdmissionClient:
+    """Blocking calls to the admission service at ``address`` ("host:port").
+
+    Args:
+        credential: the job's secret; None: ``$INA_JOB_SECRET`` (calls without one are refused).
+        tls: the controller's CA (and a client certificate); None: ``$INA_TLS_*``, else plaintext.
+        retry_for: how long a call is retried while the controller is unavailable (seconds).
+    """
+
+    def __init__(self, address: str, *, timeout: float = 10.0, credential: str | None = None,
+                 tls: TlsFiles | None = None, retry_for: float = 30.0, backoff: Backoff = Backoff()) -> None:
         self.address = address
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(address)
+        self.retry_for = retry_for
+        self.backoff = backoff
+        if credential is None:
+            credential = os.environ.get(JOB_SECRET_ENV, "")
+        self.channel = admission_channel(address, credential or None, tls if tls is not None else TlsFiles.from_env())
         self.stub = pb_grpc.AdmissionStub(self.channel)
 
+    def _retrying(self, what: str, call: Callable[[], T], deadline: float | None = None) -> T:
+        """``call()``, retried while the controller is unavailable, until ``retry_for`` seconds after the first
+        failure (or ``deadline``, a time.monotonic() value, if later)."""
+        attempt = 0
+        give_up: float | None = None
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as exc:
+                now = time.monotonic()
+                if give_up is None:
+                    give_up = max(now + self.retry_for, deadline or 0.0)
+                if exc.code() not in RETRIED or now >= give_up:
+                    raise _wrap(what, exc) from None
+                wait = min(self.backoff.delay(attempt), max(0.0, give_up - now))
+                if attempt == 0:
+                    log.info("%s: %s; retrying for up to %.0f s", what, exc.code().name, give_up - now)
+                attempt += 1
+                time.sleep(wait)
+
     def register(self, spec: JobSpec) -> Grant:
-        try:
-            return Grant.from_proto(self.stub.RegisterJob(spec.register_request(), timeout=self.timeout))
-        except grpc.RpcError as exc:
-            raise _wrap(f"RegisterJob({spec.name!r})", exc) from None
+        req = spec.register_request()
+        req.idempotency_key = uuid.uuid4().hex  # the same on every retry of this registration
+        return Grant.from_proto(self._retrying(
+            f"RegisterJob({spec.name!r})", lambda: self.stub.RegisterJob(req, timeout=self.timeout)))
 
     def find_job(self, name: str, timeout: float) -> tuple[int, Grant]:
         """The running job called ``name`` (registered by another worker): polls ListJobs until it appears."""
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
-            try:
-                jobs = self.stub.ListJobs(pb.ListJobsRequest(), timeout=self.timeout).jobs
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                    raise _wrap("ListJobs", exc) from None
-                jobs = []
+            jobs = self._retrying("ListJobs", lambda: self.stub.ListJobs(pb.ListJobsRequest(), timeout=self.timeout).jobs,
+                                  deadline=deadline)
             found = [j for j in jobs if j.name == name and j.state != JobState.RELEASED]
             if found:
                 if len(found) > 1:
@@ -78,21 +130,23 @@ class AdmissionClient:
 
     def release(self, job_id: int) -> None:
         try:
-            self.stub.ReleaseJob(pb.ReleaseJobRequest(job_id=job_id), timeout=self.timeout)
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND:
-                raise _wrap(f"ReleaseJob({job_id})", exc) from None
+            self._retrying(f"ReleaseJob({job_id})",
+                           lambda: self.stub.ReleaseJob(pb.ReleaseJobRequest(job_id=job_id), timeout=self.timeout))
+        except AdmissionError as exc:
+            if exc.code != grpc.StatusCode.NOT_FOUND:
+                raise
 
     def sync(self, job_id: int, worker_id: int, generation: int, first_missing: int, timeout: float) -> int:
         """SyncGeneration: the resume chunk; StaleGeneration on FAILED_PRECONDITION."""
         req = pb.SyncGenerationRequest(job_id=job_id, worker_id=worker_id, generation=generation,
                                        first_missing_chunk=first_missing)
         try:
-            resp = self.stub.SyncGeneration(req, timeout=timeout)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                raise StaleGeneration(exc.details()) from None
-            raise _wrap(f"SyncGeneration(job {job_id}, generation {generation})", exc) from None
+            resp = self._retrying(f"SyncGeneration(job {job_id}, generation {generation})",
+                                  lambda: self.stub.SyncGeneration(req, timeout=timeout))
+        except AdmissionError as exc:
+            if exc.code == grpc.StatusCode.FAILED_PRECONDITION:
+                raise StaleGeneration(exc.details) from None
+            raise
         if resp.generation != generation:
             raise StaleGeneration(f"controller answered for generation {resp.generation}, not {generation}")
         return int(resp.resume_chunk)
@@ -137,7 +191,7 @@ class JobWatcher:
             self.on_released()
 
     def _watch(self) -> None:
-        delay = 0.05
+        attempt = 0
         while not self._stop.is_set():
             try:
                 call = self.client.stub.WatchJob(pb.WatchJobRequest(job_id=self.job_id, worker_id=self.worker_id))
@@ -148,7 +202,7 @@ class JobWatcher:
                         call.cancel()
                         return
                 for event in call:
-                    delay = 0.05
+                    attempt = 0
                     if event.released:
                         self._gone()
                         return
@@ -162,13 +216,18 @@ class JobWatcher:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     self._gone()
                     return
+                if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    self.error = _wrap(f"WatchJob({self.job_id})", exc)
+                    log.error("worker %d: %s", self.worker_id, self.error)
+                    self._gone()
+                    return
                 log.warning("worker %d: job %d event stream broke (%s); reopening", self.worker_id, self.job_id,
                             exc.code().name)
             except BaseException as exc:  # a callback failed: report, keep watching
                 self.error = exc
                 log.exception("worker %d: handling an event of job %d failed", self.worker_id, self.job_id)
-            self._stop.wait(delay)
-            delay = min(delay * 2, 2.0)
+            self._stop.wait(self.client.backoff.delay(attempt))
+            attempt += 1
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_interval):

@@ -108,6 +108,7 @@ class JobSpec:
     requested_slots: int = 0
     weight: float = 0.0
     min_slots: int = 0
+    secret: str = field(default="", repr=False, compare=False)  # the job's credential (docs/security.md)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workers", tuple(sorted(self.workers, key=lambda w: w.worker_id)))
@@ -145,7 +146,7 @@ class JobSpec:
         return json.dumps({
             "name": self.name, "backend": self.backend, "tensor_elements": self.tensor_elements,
             "priority": self.priority, "requested_slots": self.requested_slots, "weight": self.weight,
-            "min_slots": self.min_slots,
+            "min_slots": self.min_slots, **({"secret": self.secret} if self.secret else {}),
             "workers": [{"worker_id": w.worker_id, "ip": w.ip, "udp_port": w.udp_port, "mac": w.mac, "host": w.host}
                         for w in self.workers],
         }, indent=2)
@@ -157,7 +158,7 @@ class JobSpec:
             raise ValueError("a job file is a JSON object with 'name' and 'workers'")
         workers = tuple(Worker(int(w["worker_id"]), str(w["ip"]), int(w["udp_port"]), str(w.get("mac", "")),
                                str(w.get("host", ""))) for w in d["workers"])
-        keys = ("backend", "tensor_elements", "priority", "requested_slots", "weight", "min_slots")
+        keys = ("backend", "tensor_elements", "priority", "requested_slots", "weight", "min_slots", "secret")
         return cls(str(d["name"]), workers, **{k: d[k] for k in keys if k in d})
 
 

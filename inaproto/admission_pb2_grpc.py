@@ -76,7 +76,7 @@ class AdmissionServicer(object):
 
     def RegisterJob(self, request, context):
         """Agents.
-        INVALID_ARGUMENT, ALREADY_EXISTS
+        INVALID_ARGUMENT, ALREADY_EXISTS, UNAUTHENTICATED
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -114,7 +114,8 @@ class AdmissionServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """Operators (inactl).
+        """Operators (inactl). ListJobs, GetJob and GetStats of one job answer a job's secret for its own jobs;
+        the rest need the admin credential (PERMISSION_DENIED otherwise).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

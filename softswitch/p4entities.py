@@ -66,8 +66,8 @@ class P4Entities:
         """Apply one update; P4RuntimeFailure says why it was refused."""
         kind = update.entity.WhichOneof("entity")
         handler = _WRITERS.get(kind)
-        if handler is None:
-            raise fail(Code.INVALID_ARGUMENT, "Update has no entity")
+        if handler is None:  # PI: an unset (or unknown) entity is UNKNOWN, as in a read
+            raise fail(Code.UNKNOWN, "Incorrect entity type")
         handler(self, update.type, getattr(update.entity, kind))
 
     def read(self, entity: p4runtime_pb2.Entity) -> Iterator[p4runtime_pb2.Entity]:
@@ -230,8 +230,8 @@ class P4Entities:
                 except KeyError:
                     raise fail(Code.ALREADY_EXISTS,
                                 f"Match entry exists in {t.name}, use MODIFY if you wish to change action") from None
-                except OverflowError as e:
-                    raise fail(Code.RESOURCE_EXHAUSTED, str(e)) from None
+                except OverflowError as e:  # PI answers a full BMv2 table (entry_add failed) with UNKNOWN
+                    raise fail(Code.UNKNOWN, f"Error when adding match entry to target: {e}") from None
             else:
                 p.modify_entry(t.name, match, action, params)
             self._entry_meta[(t.name, match)] = (te.controller_metadata, te.metadata)
@@ -310,8 +310,8 @@ class P4Entities:
         if utype == Update.INSERT:
             raise fail(Code.INVALID_ARGUMENT, "INSERT update type not supported for counters")
         check_update_type(utype)
-        if index >= size:
-            raise fail(Code.OUT_OF_RANGE, f"Index {index} is out of range for counter {name} of size {size}")
+        if index >= size:  # PI passes the target's refusal on as UNKNOWN
+            raise fail(Code.UNKNOWN, f"Error when writing to counter: index {index} is out of range for counter {name} of size {size}")
         value = ce.data.packet_count if utype == Update.MODIFY else 0  # the counters count packets
         if value < 0:
             raise fail(Code.INVALID_ARGUMENT, f"Negative packet count {value}")
@@ -380,8 +380,8 @@ class P4Entities:
                 index = req.index.index
                 if index < 0:
                     raise fail(Code.INVALID_ARGUMENT, "A negative number is not a valid index value")
-                if index >= size:
-                    raise fail(Code.OUT_OF_RANGE, f"Index {index} is out of range for counter {name} of size {size}")
+                if index >= size:  # PI passes the target's refusal on as UNKNOWN
+                    raise fail(Code.UNKNOWN, f"Error when reading counter: index {index} is out of range for counter {name} of size {size}")
                 with self.pipeline.lock:
                     values = [(index, self.pipeline.counters[name][index])]
             else:

@@ -98,10 +98,12 @@ class P4RuntimeServer:
         initial_p4info: p4info_pb2.P4Info | None = None,
         initial_device_config: bytes = b"",
         reference_p4info: p4info_pb2.P4Info | None = None,
+        server_credentials: grpc.ServerCredentials | None = None,
     ):
         self.pipeline = pipeline
         self.device_id = device_id
         self.address = address
+        self._credentials = server_credentials  # TLS (grpc.ssl_server_credentials); None: plaintext
         self.cpu_port = cpu_port
         self._packet_out_fn = packet_out
         self._emit = emit
@@ -140,7 +142,10 @@ class P4RuntimeServer:
         )
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(_Service(self), server)
         try:
-            port = server.add_insecure_port(self.address)
+            if self._credentials is not None:
+                port = server.add_secure_port(self.address, self._credentials)
+            else:
+                port = server.add_insecure_port(self.address)
         except RuntimeError as e:
             raise RuntimeError(f"P4Runtime server cannot listen on {self.address}: {e}") from None
         if port == 0:

@@ -2,7 +2,8 @@
 
 ``LocalSwitch`` is ina-switch's data plane (``InaPipeline``) behind its real P4Runtime gRPC server on
 127.0.0.1:0; ``Harness`` starts a controller with its admission service over a star topology of such
-switches, and can kill and restart the controller on the same database. Frames go through
+switches, and can kill and restart the controller on the same database. ``Harness.stub`` carries the
+admin credential the controller wrote; ``Harness.job_stub(secret)`` a tenant's. Frames go through
 ``pipeline.process`` directly (:func:`gradient_frame`, :func:`parse_result`).
 """
 from __future__ import annotations
@@ -20,20 +21,36 @@ from controller.core import Controller, ControllerOptions
 from controller.service import serve
 from controller.topology import Topology
 from inaproto import wire
+from inaproto.credentials import admission_channel, read_credential_file
 
-__all__ = ["LocalSwitch", "Harness", "star_topology", "gradient_frame", "parse_result", "worker"]
+__all__ = ["LocalSwitch", "Harness", "star_topology", "gradient_frame", "parse_result", "worker", "write_admin_credential"]
+
+
+def write_admin_credential(path: Path) -> Path:
+    """A fresh admin credential in ``path`` (mode 0600), for ``ina-controller --admin-credential``: a test
+    then knows it before the controller starts."""
+    import os
+
+    from inaproto.credentials import new_secret
+
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
+        fh.write(new_secret() + "\n")
+    return path
 
 
 class LocalSwitch:
-    """An InaPipeline with ina-switch's P4Runtime server, listening on 127.0.0.1 (a free port)."""
+    """An InaPipeline with ina-switch's P4Runtime server, listening on 127.0.0.1 (a free port); over TLS with
+    ``server_credentials``."""
 
-    def __init__(self, device_id: int = 1) -> None:
+    def __init__(self, device_id: int = 1, server_credentials: grpc.ServerCredentials | None = None) -> None:
         from softswitch.p4runtime_server import P4RuntimeServer
         from softswitch.pipeline import InaPipeline
 
         self.device_id = device_id
+        self.server_credentials = server_credentials
         self.pipeline = InaPipeline()
-        self.server = P4RuntimeServer(self.pipeline, device_id=device_id, address="127.0.0.1:0")
+        self.server = P4RuntimeServer(self.pipeline, device_id=device_id, address="127.0.0.1:0",
+                                      server_credentials=server_credentials)
         self.port = self.server.start()
         self.address = f"127.0.0.1:{self.port}"
 
@@ -47,7 +64,8 @@ class LocalSwitch:
 
         self.server.stop()
         self.pipeline = InaPipeline()
-        self.server = P4RuntimeServer(self.pipeline, device_id=self.device_id, address=self.address)
+        self.server = P4RuntimeServer(self.pipeline, device_id=self.device_id, address=self.address,
+                                      server_credentials=self.server_credentials)
         self.server.start()
 
     def entries(self, table: str) -> dict:
@@ -143,9 +161,17 @@ class Harness:
         self.controller.start()
         self.server, port = serve(self.controller, "127.0.0.1:0", max_workers=64)
         self.address = f"127.0.0.1:{port}"
-        self.channel = grpc.insecure_channel(self.address)
+        self.admin_credential = read_credential_file(self.controller.authority.path)
+        self.channel = admission_channel(self.address, self.admin_credential)
         self.stub = pb_grpc.AdmissionStub(self.channel)
+        self._tenant_channels: list[grpc.Channel] = []
         return self.controller
+
+    def job_stub(self, secret: str | None) -> pb_grpc.AdmissionStub:
+        """A stub that sends ``secret`` (None: no credential); closed with the controller."""
+        channel = admission_channel(self.address, secret)
+        self._tenant_channels.append(channel)
+        return pb_grpc.AdmissionStub(channel)
 
     def stop_controller(self) -> None:
         """Stop the controller as abruptly as an in-process test can: no release of anything."""
@@ -155,6 +181,8 @@ class Harness:
             self.server.stop(0).wait()
         if self.channel is not None:
             self.channel.close()
+        for c in getattr(self, "_tenant_channels", ()):
+            c.close()
         self.controller = self.server = self.channel = self.stub = None
 
     def restart_controller(self, **changes) -> Controller:

@@ -21,6 +21,7 @@ from inaproto import admission_pb2_grpc as pb_grpc
 from host_agent.agent import bind_worker_sockets
 from host_agent.grant import JobSpec, Worker
 from inaproto import wire
+from inaproto.credentials import new_secret
 from softswitch.udp import Faults, UdpSwitch, make_switches
 
 # ----------------------------------------------------------------------------- fake admission service
@@ -304,11 +305,12 @@ class FakeAdmission(pb_grpc.AdmissionServicer):
 
 def local_job(n: int, name: str = "job", *, backend: str = "auto", hosts: list[str] | None = None,
               ip: str = "127.0.0.1") -> tuple[JobSpec, list[tuple[socket.socket, socket.socket]]]:
-    """A job of ``n`` workers on ``ip`` with their sockets bound (worker i on host ``hosts[i]``, default "h{i}")."""
+    """A job of ``n`` workers on ``ip`` with their sockets bound (worker i on host ``hosts[i]``, default "h{i}"),
+    with a fresh secret."""
     sockets = [bind_worker_sockets(ip) for _ in range(n)]
     hosts = hosts or [f"h{i}" for i in range(n)]
     workers = tuple(Worker(i, ip, s[0].getsockname()[1], "", hosts[i]) for i, s in enumerate(sockets))
-    return JobSpec(name, workers, backend=backend), sockets
+    return JobSpec(name, workers, backend=backend, secret=new_secret()), sockets
 
 
 def run_workers(n: int, fn, *, timeout: float = 60.0) -> list:

@@ -25,6 +25,8 @@ from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto import wire
 from inaproto.commands import Command, command_argv
+from inaproto.credentials import admission_channel
+from tests.harness import write_admin_credential
 from topologies.netns import Network, Process, TcpForward, wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("softswitch.cli") is None, reason="ina-switch is not there yet")
@@ -74,14 +76,15 @@ class Bed:
         self.topology = tmp / "topology.json"
         self.topology.write_text(json.dumps(doc, indent=2))
         self.listen = f"127.0.0.1:{free_port()}"
-        self.channel = grpc.insecure_channel(self.listen)
+        self.admin = write_admin_credential(tmp / "admin.credential")  # the controller reads it (--admin-credential)
+        self.channel = admission_channel(self.listen, self.admin.read_text().strip())
         self.stub = pb_grpc.AdmissionStub(self.channel)
         self.controller: Process | None = None
 
     def start_controller(self) -> None:
         self.controller = self.net.track(Process(
             [*command_argv(Command.CONTROLLER), "--topology", str(self.topology), "--db", str(self.tmp / "ctl.db"), "--listen", self.listen,
-             "--heartbeat-timeout", "0", "--sync-timeout", "20"],
+             "--heartbeat-timeout", "0", "--sync-timeout", "20", "--admin-credential", str(self.admin)],
             self.tmp / f"controller-{time.monotonic_ns()}.log"))
 
         def ready():
@@ -97,7 +100,7 @@ class Bed:
         self.controller.stop()
 
     def inactl(self, *argv: str) -> str:
-        out = subprocess.run([*command_argv(Command.CTL), "--controller", self.listen, *argv], capture_output=True, text=True, timeout=30)
+        out = subprocess.run([*command_argv(Command.CTL), "--controller", self.listen, "--credential-file", str(self.admin), *argv], capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         return out.stdout
 

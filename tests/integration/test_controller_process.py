@@ -24,6 +24,8 @@ from inaproto import admission_pb2_grpc as pb_grpc
 from controller.p4entity import Schema
 from controller.switch import Switch, SwitchOptions
 from inaproto.commands import Command, command_argv
+from inaproto.credentials import admission_channel
+from tests.harness import write_admin_credential
 from topologies.netns import Process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +77,8 @@ class Bench:
         self.db = tmp / "ctl.db"
         self.listen = f"127.0.0.1:{free_port()}"
         self.controller: Process | None = None
-        self.channel = grpc.insecure_channel(self.listen)
+        self.admin = write_admin_credential(tmp / "admin.credential")  # the controller reads it (--admin-credential)
+        self.channel = admission_channel(self.listen, self.admin.read_text().strip())
         self.stub = pb_grpc.AdmissionStub(self.channel)
 
     def track(self, proc: Process) -> Process:
@@ -84,7 +87,8 @@ class Bench:
 
     def start_controller(self, *extra: str, wait: bool = True, listen: str | None = None) -> Process:
         argv = [*command_argv(Command.CONTROLLER), "--topology", str(self.topology), "--db", str(self.db),
-                "--listen", listen or self.listen, "--heartbeat-timeout", "0", "--log-level", "info", *extra]
+                "--listen", listen or self.listen, "--heartbeat-timeout", "0", "--log-level", "info",
+                "--admin-credential", str(self.admin), *extra]
         log_path = self.tmp / f"controller-{len(self.procs)}.log"
         proc = self.track(Process(argv, log_path))
         if wait:
@@ -176,7 +180,7 @@ def test_admission_installs_the_exact_entries_in_the_switch_process(bench):
     assert g.generation != b.generation
     assert bench.switch_jobs()["jobs"] == {b.job_id: (0, 16, 0b11, 2, b.job_id + 1, g.generation)}
     # inactl against the daemon
-    out = subprocess.run([*command_argv(Command.CTL), "--controller", bench.listen, "memory", "--json"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run([*command_argv(Command.CTL), "--controller", bench.listen, "--credential-file", str(bench.admin), "memory", "--json"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and json.loads(out.stdout)["switches"][0]["used"] == 16
 
 

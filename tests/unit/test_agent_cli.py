@@ -33,7 +33,7 @@ def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:
 def test_runtime_failure_exits_1_with_one_line() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "host_agent.cli", "allreduce", "--workers", "127.0.0.1:0", "--worker-id", "0",
-         "--controller", "127.0.0.1:1", "--timeout", "2", "--quiet"],
+         "--controller", "127.0.0.1:1", "--controller-retry", "1", "--timeout", "2", "--quiet"],
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "UNAVAILABLE" in proc.stderr

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -26,7 +27,8 @@ def h(tmp_path_factory):
 
 def run(h, *argv):
     out, err = io.StringIO(), io.StringIO()
-    code = cli.main(["--controller", h.address, *argv] if h else list(argv), out=out, err=err)
+    code = cli.main(["--controller", h.address, "--credential-file", str(h.controller.authority.path), *argv]
+                    if h else list(argv), out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -140,6 +142,7 @@ def test_unreachable_controller_is_one_line_and_exit_3():
 
 
 def test_runs_as_a_program(h):
+    env = {**os.environ, "INA_ADMIN_CREDENTIAL_FILE": str(h.controller.authority.path)}
     proc = subprocess.run([sys.executable, "-m", "controller.cli", "--controller", h.address, "jobs", "--json"],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30, env=env)
     assert proc.returncode == 0 and [j["name"] for j in json.loads(proc.stdout)["jobs"]] == ["alpha", "beta"]

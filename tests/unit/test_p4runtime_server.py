@@ -24,6 +24,10 @@ from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.pipeline import InaPipeline
 from controller.switch import SwitchError
 from tests.p4rt_client import P4RuntimeTestClient, table_entry
+from tests.p4rt_malformed import BMV2 as BMV2_ANSWERS
+from tests.p4rt_malformed import CASES as MALFORMED
+from tests.p4rt_malformed import answer as malformed_answer
+from tests.p4rt_malformed import check_unharmed
 from tests.targets import dissect, gradient, install_job, make_workers
 
 DEVICE = 1
@@ -477,7 +481,7 @@ def test_counters_read_and_write(loaded):
         u.entity.counter_entry.index.index = 256
         with pytest.raises(SwitchError) as info:
             client.raw.write(u)
-        assert info.value.errors[0][1] == "OUT_OF_RANGE"
+        assert info.value.errors[0][1] == "UNKNOWN"  # as PI: the target's refusal
         e = p4runtime_pb2.Entity()
         e.counter_entry.counter_id = 0  # every index of every counter
         got = client.raw.read(e)
@@ -487,7 +491,7 @@ def test_counters_read_and_write(loaded):
         e.counter_entry.index.index = 256
         with pytest.raises(SwitchError) as info:
             client.raw.read(e)
-        assert info.value.code == grpc.StatusCode.OUT_OF_RANGE
+        assert info.value.code == grpc.StatusCode.UNKNOWN
 
 
 def test_multicast_group_errors(loaded):
@@ -688,3 +692,23 @@ def test_p4info_and_device_config_checks_accept_the_program():
     assert "has id" in p4info_mismatch(info, other)
     with pytest.raises(ValueError):
         P4RuntimeServer(InaPipeline(), device_id=1, initial_p4info=other)
+
+
+# --- malformed requests: BMv2's answers (tests/p4rt_malformed.py), the server unharmed -----------------------
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_malformed_request_gets_bmv2_s_status(loaded, name):
+    assert malformed_answer(loaded.address, name) == BMV2_ANSWERS[name]
+    if name != "batch_beyond_table_size":  # its fitting updates are applied (CONTINUE_ON_ERROR), as on BMv2
+        assert all(not t.entries for t in loaded.pipeline.tables.values()), "a refused update changed a table"
+    check_unharmed(loaded.address)
+
+
+def test_server_unharmed_after_every_malformed_request(loaded):
+    for name in MALFORMED:
+        malformed_answer(loaded.address, name)
+    check_unharmed(loaded.address)
+    with P4RuntimeTestClient(loaded.address, DEVICE, 1) as client:  # a primary's session works as before
+        client.insert_entry(*JOB)
+        assert loaded.pipeline.tables["MyIngress.ina_job"].entries[(5,)].params == JOB[3]

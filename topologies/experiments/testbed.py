@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from inaproto.commands import REPO, Command, command_argv
+from inaproto.credentials import new_secret
 from topologies import state as run_state
 from topologies.errors import ExperimentError, TopologiesError
 from topologies.netns import LoopbackForward
@@ -136,6 +137,7 @@ class Testbed:
         self.heartbeat_timeout = heartbeat_timeout
         self.progress = progress or (lambda text: None)
         self.on_linger = on_linger or (lambda worker: None)
+        self.job_secrets: dict[str, str] = {}  # job name -> its secret, in its job file (docs/security.md)
         self.net = None
         self.controller: subprocess.Popen | None = None
         self.controller_port: int | None = None
@@ -285,13 +287,15 @@ class Testbed:
         _end(p, group=True)
         run_state.current_state().remove_process(p.pid)
 
-    def stub(self):
-        """An admission-service stub for the running controller (root namespace, 127.0.0.1)."""
-        import grpc
-
+    def stub(self, credential: str | None = None):
+        """An admission-service stub for the running controller (root namespace, 127.0.0.1), with the admin
+        credential it wrote beside its database unless another ``credential`` is given."""
         from inaproto import admission_pb2_grpc as pb_grpc
+        from inaproto.credentials import admission_channel, read_credential_file
 
-        channel = grpc.insecure_channel(self.controller_address)
+        if credential is None:
+            credential = read_credential_file(self.run_dir / "controller.db.admin")
+        channel = admission_channel(self.controller_address, credential)
         return channel, pb_grpc.AdmissionStub(channel)
 
     def controller_state(self) -> dict:
@@ -327,13 +331,15 @@ class Testbed:
         doc = {
             "name": job.name, "backend": job.backend, "priority": job.priority, "weight": job.weight,
             "min_slots": job.min_slots, "requested_slots": job.requested_slots or 0,
+            "secret": self.job_secrets.setdefault(job.name, new_secret()),
             **({"tensor_elements": job.tensor_elements} if job.tensor_elements > 0 else {}),
             "workers": [{"worker_id": i, "ip": ip, "udp_port": job.udp_port, "mac": mac, "host": h}
                         for i, (ip, mac, h) in enumerate(self.host_addresses(job.hosts))],
         }
         path = self.run_dir / "agents" / f"{job.name}.job.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=2) + "\n")
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+            fh.write(json.dumps(doc, indent=2) + "\n")
         return path
 
     def register(self, job: AgentJob) -> int:
@@ -343,7 +349,7 @@ class Testbed:
         from host_agent.grant import JobSpec
 
         spec = JobSpec.from_json(self.job_file(job).read_text())
-        channel, stub = self.stub()
+        channel, stub = self.stub(spec.secret)
         try:
             return int(stub.RegisterJob(spec.register_request(), timeout=10).job_id)
         except grpc.RpcError as exc:

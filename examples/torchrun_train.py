@@ -10,7 +10,8 @@ group from torchrun's environment (DDP broadcasts the initial parameters with it
 exchanges its control values over it: worker addresses, measured speeds, a digest of the model), binds
 its agent's UDP socket and TCP listener on the address that routes towards the rendezvous host
 (``--agent-ip`` to choose), all-gathers every worker's address, and joins the INA job at
-``--controller`` (without it the job runs on the agent's ring). DDP's gradient buckets then go through
+``--controller`` (without it the job runs on the agent's ring; with it, the job's secret comes from
+``$INA_JOB_SECRET``, the same on every worker). DDP's gradient buckets then go through
 the agent's asynchronous hook (``--comm ina``, the default) or through DDP's own gloo float all-reduce
 (``--comm gloo``, the reference). Each worker's share of the global batch comes from ``--allocation``
 (equal, static: profiled once, adaptive: re-split every epoch from measured compute speeds) through
@@ -135,6 +136,7 @@ def join(args: argparse.Namespace, rank: int, world: int, gather):
     """The worker's ``Agent``: bind, all-gather every worker's address over gloo, join the job."""
     from host_agent.agent import Agent, bind_worker_sockets
     from host_agent.grant import JobSpec, Worker
+    from inaproto.credentials import JOB_SECRET_ENV
 
     ip = agent_address(args.agent_ip)
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -142,8 +144,10 @@ def join(args: argparse.Namespace, rank: int, world: int, gather):
     addresses = gather((ip, udp.getsockname()[1], args.agent_host))
     workers = tuple(Worker(i, a_ip, port, "", host) for i, (a_ip, port, host) in enumerate(addresses))
     name = args.job_name or f"torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}"
+    # The job's secret comes from the environment (whoever launches the workers sets it), never argv.
     spec = JobSpec(name, workers, backend=args.backend, requested_slots=args.requested_slots,
-                   tensor_elements=sum(p.numel() for p in make_model(args.model).parameters()))
+                   tensor_elements=sum(p.numel() for p in make_model(args.model).parameters()),
+                   secret=os.environ.get(JOB_SECRET_ENV, ""))
     return Agent(spec, rank, controller=args.controller, sock=udp, listener=tcp)
 
 

@@ -105,4 +105,6 @@ class SwitchProcess:
         if self.forward is not None:
             self.forward.close()
             self.forward = None
-        return self.process.stop()
+        # A clean exit (gRPC server stopped, counters logged, rings unmapped) can take seconds on a loaded
+        # 2-core machine; SIGKILL only a switch that really hangs.
+        return self.process.stop(timeout=10.0)

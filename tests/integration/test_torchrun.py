@@ -16,6 +16,7 @@ pytest.importorskip("mininet")
 pytest.importorskip("torch")
 
 from inaproto.commands import REPO  # noqa: E402
+from inaproto.credentials import JOB_SECRET_ENV, new_secret  # noqa: E402
 from topologies.experiments import testbed  # noqa: E402
 from topologies.topos import StarTopo  # noqa: E402
 
@@ -26,6 +27,7 @@ RDZV_PORT = 29411
 def test_torchrun_two_hosts_two_workers_each_through_ina(tmp_path) -> None:
     out = tmp_path / "summary.json"
     procs: list[subprocess.Popen] = []
+    secret = new_secret()  # the job's secret, shared by its four workers through the environment
     with testbed.Testbed(StarTopo(2), run_dir=tmp_path, agent_timeout=300) as bed:
         (h1_ip, _, _), (h2_ip, _, _) = bed.host_addresses(["h1", "h2"])
         try:
@@ -38,7 +40,7 @@ def test_torchrun_two_hosts_two_workers_each_through_ina(tmp_path) -> None:
                         "--job-name", "torchrun-int", "--epochs", "1", "--steps", "6", "--eval-every", "3",
                         "--global-batch", "64", "--json", str(out)]
                 log = (tmp_path / f"torchrun-{host}.log").open("w")
-                env = {**testbed.AGENT_ENV, "GLOO_SOCKET_IFNAME": intf}
+                env = {**testbed.AGENT_ENV, "GLOO_SOCKET_IFNAME": intf, JOB_SECRET_ENV: secret}
                 procs.append(bed.net.popen(host, argv, stdout=log, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, env=env, cwd=str(tmp_path)))
             for host, p in zip(("h1", "h2"), procs):

@@ -134,7 +134,7 @@ def test_multijob_runs_the_fixed_trace_per_pool_policy_and_baseline():
     assert pool_size(4, 16, 0.25) == 16 and pool_size(4, 16, 1.0) == 64
     jobs = exp.jobs_for(0.5, "equal", run=7)
     assert [len(j.hosts) for j in jobs] == [4, 4, 4, 4] and jobs[1].hosts == ("h5", "h6", "h7", "h8")
-    assert [j.priority for j in jobs] == [0, 0, 1, 1] and {j.udp_port for j in jobs} == {47107}
+    assert [j.priority for j in jobs] == [0, 0, 1, 1] and {j.udp_port for j in jobs} == {21007}
     assert {(j.requested_slots, j.min_slots) for j in jobs} == {(16, 1)}
     assert {(j.requested_slots, j.min_slots) for j in exp.jobs_for(0.5, "static", 8)} == {(8, 8)}  # pool 32 / 4 jobs
     assert {(j.requested_slots, j.min_slots) for j in exp.jobs_for(0.5, "fcfs", 9)} == {(16, 16)}

@@ -33,7 +33,9 @@ from topologies.netns import LoopbackForward
 __all__ = ["AgentJob", "AgentFailure", "Testbed", "agent_command", "free_port", "REPO"]
 
 BMV2_PROGRAM = REPO / "build" / "ina.json"
-INA_UDP_BASE = 47100  # agents' UDP/TCP port (the switch's INA port is 47000)
+# Agents' UDP/TCP port (the switch's INA port is 47000). Below Linux's ephemeral range (32768-60999): inside
+# it, an earlier run's connection in TIME_WAIT on the same port could make a later agent's bind fail.
+INA_UDP_BASE = 21000
 EXIT_GRACE = 15.0  # seconds an agent may take to exit after writing its results
 
 

@@ -181,6 +181,7 @@ class DataPlane:
         self.io_requested = IoMode(io)
         self.io = IoMode.FRAMES
         self._rings: dict[int, PacketRing] = {}
+        self._flush_order: dict[int, None] = {}  # ports by their last queued frame (see _flush_rings)
         self.delay = DelayLine(link_delay) if link_delay is not None and link_delay.active else None
         self._timer: DeadlineTimer | None = None
         self._process_batch = None  # the rings loop's batch entry point (held frames are released in batches)
@@ -537,11 +538,25 @@ class DataPlane:
                 port_stats[eport].tx += 1
             except OSError as e:
                 self._send_error(eport, e)
+        if self._rings:
+            order = self._flush_order
+            for eport, _ in outq:  # a port moves to the end with each frame: ordered by its last frame
+                order.pop(eport, None)
+                order[eport] = None
         outq.clear()
 
     def _flush_rings(self) -> None:
-        """One send() per transmit ring with queued frames; frames a failed flush drops are send errors."""
-        for port, ring in self._rings.items():
+        """One send() per transmit ring with queued frames; frames a failed flush drops are send errors.
+
+        Rings go out in the order of their last queued frame: the last frame of a batch (e.g. the barrier a
+        test sends behind its gradients) leaves after everything emitted before it on other ports (e.g. the
+        partial those gradients sent onward), as it does when frames go out one at a time.
+        """
+        order = [port for port in self._flush_order if port in self._rings]
+        order += [port for port in self._rings if port not in self._flush_order]
+        self._flush_order.clear()
+        for port in order:
+            ring = self._rings[port]
             dropped = ring.tx_dropped
             try:
                 ring.flush()
@@ -622,6 +637,9 @@ class DataPlane:
             self.stats.ports[eport].tx += 1
         except OSError as e:
             self._send_error(eport, e)
+        if self._rings:
+            self._flush_order.pop(eport, None)
+            self._flush_order[eport] = None
 
     def _release_due(self, now: float) -> None:
         for direction, port, frame in self.faults.due(now):

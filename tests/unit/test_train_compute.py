@@ -78,13 +78,35 @@ def test_jitter_is_seeded_and_bounded() -> None:
 
 def test_scaled_accelerator_multiplies_measured_time() -> None:
     clock = FakeClock()
-    acc = ScaledAccelerator(SpeedSchedule(0.25), clock=clock, sleep=clock.sleep)
+    acc = ScaledAccelerator(SpeedSchedule(0.25), clock=clock, cpu_clock=clock, sleep=clock.sleep)
 
     def fn():
         clock.now += 0.01
 
     _, t = acc.run(fn, 10, 0)
     assert t == pytest.approx(0.04)  # 4x slower than the host
+    assert clock.now == pytest.approx(0.04)
+
+
+def test_scaled_accelerator_scales_cpu_time_not_wall_time() -> None:
+    """Under contention the wall time of the work (30 ms) exceeds its CPU time (10 ms): the device time
+    is CPU time / speed, reached by sleeping from the step's start, and that is what is reported."""
+    clock, cpu = FakeClock(), FakeClock()
+    slow = ScaledAccelerator(SpeedSchedule(0.25), clock=clock, cpu_clock=cpu, sleep=clock.sleep)
+
+    def fn():
+        clock.now += 0.03
+        cpu.now += 0.01
+
+    _, t = slow.run(fn, 10, 0)
+    assert t == pytest.approx(0.04) and clock.now == pytest.approx(0.04) and clock.slept == [pytest.approx(0.01)]
+    fast = ScaledAccelerator(SpeedSchedule(1.0), clock=clock, cpu_clock=cpu, sleep=clock.sleep)
+    start = clock.now
+    _, t = fast.run(fn, 10, 0)
+    assert t == pytest.approx(0.01) and clock.now - start == pytest.approx(0.03) and fast.overruns == 0
+    half = ScaledAccelerator(SpeedSchedule(0.5), clock=clock, cpu_clock=cpu, sleep=clock.sleep)
+    _, t = half.run(lambda: (fn(), fn()), 10, 0)  # 60 ms of wall for a 40 ms device: an overrun, no sleep
+    assert t == pytest.approx(0.04) and half.overruns == 1
 
 
 def test_digits_split_is_fixed_and_disjoint() -> None:

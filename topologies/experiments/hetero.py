@@ -161,6 +161,7 @@ class HeteroExperiment(Experiment):
         ("--jitter", "jitter", float, "relative spread of emulated step times"),
         ("--target-accuracy", "target_accuracy", float, "held-out accuracy for time to target"),
         ("--torch-ratio", "torch_ratio", float, "ratio also run with real PyTorch compute (0: none)"),
+        ("--torch-seeds", "torch_seeds", "ints", "seeds of the PyTorch runs, e.g. 0,1,2"),
         ("--no-straggler", "straggler", "false", "skip the straggler"),
         ("--no-membership", "membership", "false", "skip the 2-fast run"),
     )

@@ -75,7 +75,7 @@ class HeteroConfig:
     eval_every: int = 1
     target_accuracy: float = 0.9
     torch_ratio: float = 3.0
-    torch_seeds: tuple[int, ...] = (0,)
+    torch_seeds: tuple[int, ...] = (0, 1, 2)
     torch_steps: int = 60
     torch_only: bool = False
 

@@ -20,6 +20,8 @@ from typing import Literal, ParamSpec, TypeVar
 
 import numpy as np
 
+from host_agent.cost_model import AffineCost, CostModel, equal_finish_shares, fit_affine
+
 __all__ = [
     "AdaptiveAllocator",
     "AdaptiveConfig",
@@ -27,6 +29,7 @@ __all__ = [
     "ComputeMeter",
     "SlowdownCompute",
     "apportion",
+    "cost_allocation",
     "default_workers",
     "epoch_batches",
     "epoch_permutation",
@@ -207,6 +210,19 @@ def static_allocation(
     return Allocation(ids, apportion(values, global_batch, min_batch))
 
 
+def cost_allocation(
+    costs: Sequence[AffineCost],
+    global_batch: int,
+    *,
+    min_batch: int = 1,
+    workers: Sequence[str] | None = None,
+) -> Allocation:
+    """Batch sizes with equal predicted finishing times a_i + c_i b_i (``equal_finish_shares``), rounded exactly."""
+    ids = default_workers(len(costs)) if workers is None else tuple(workers)
+    shares = equal_finish_shares(costs, global_batch, min_batch)
+    return Allocation(ids, apportion([Fraction(x) for x in shares], global_batch, min_batch))
+
+
 def epoch_permutation(seed: int, epoch: int, dataset_size: int) -> np.ndarray:
     """The epoch's sample order, identical on every worker: a numpy Generator seeded by (seed, epoch)."""
     if seed < 0 or epoch < 0 or dataset_size < 0:
@@ -366,6 +382,9 @@ class AdaptiveConfig:
             updates); None: always average.
         deadband: no change unless some b_i would change by at least this fraction of itself.
         max_change: largest fraction by which any b_i moves per update (at least one sample).
+        cost_model: proportional (``update``: smoothed speeds) or affine (``observe``: a robust fit of
+            each worker's last ``history`` steps, host_agent/cost_model.py).
+        history: affine: steps per worker the fit uses.
     """
 
     global_batch: int
@@ -375,8 +394,13 @@ class AdaptiveConfig:
     deadband: float = 0.05
     max_change: float = 0.25
     jump: float | None = None
+    cost_model: CostModel = CostModel.PROPORTIONAL
+    history: int = 16
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cost_model", CostModel(self.cost_model))
+        if self.history < 2:
+            raise ValueError(f"history must be >= 2 steps, got {self.history}")
         if self.min_batch < 1:
             raise ValueError(f"min_batch must be >= 1, got {self.min_batch}")
         if self.global_batch < self.min_batch:
@@ -410,6 +434,7 @@ class AdaptiveAllocator:
     allocation: Allocation
     speeds: tuple[float, ...]  # smoothed samples/s, in allocation.workers order
     updates: int = 0
+    observations: tuple[tuple[tuple[int, float], ...], ...] = ()  # affine: each worker's recent (batch, seconds)
 
     @classmethod
     def start(
@@ -435,9 +460,43 @@ class AdaptiveAllocator:
         a = cfg.smoothing
         smoothed = tuple(x if cfg.jump is not None and abs(x - s) > cfg.jump * s else a * x + (1.0 - a) * s
                          for x, s in zip(m, self.speeds))
-        current = self.allocation.batch_sizes
         target = apportion(smoothed, cfg.global_batch, cfg.min_batch)
-        nxt = replace(self, speeds=smoothed, updates=self.updates + 1)
+        return replace(self, speeds=smoothed, updates=self.updates + 1)._towards(target)
+
+    def observe(self, steps: Sequence[tuple[Sequence[int], Sequence[float]]]) -> AdaptiveAllocator:
+        """Affine cost model: fold in a window's steps (each: every worker's batch and compute seconds).
+
+        Each worker keeps its last ``history`` steps and fits ``fit_affine`` to them (robust to a few
+        steps slowed by other load). If the window's median time is off the previous fit's prediction by
+        more than ``jump`` of it, the worker's older steps are dropped (a real change of speed, not
+        noise). The target split equalises the predicted finishing times (``cost_allocation``) and is
+        approached with the same deadband and clamp as ``update``.
+        """
+        cfg = self.config
+        n = self.allocation.size
+        if not steps or any(len(b) != n or len(t) != n for b, t in steps):
+            raise ValueError(f"need at least one step with {n} batches and {n} times")
+        history = list(self.observations) if self.observations else [()] * n
+        costs = []
+        for i in range(n):
+            new = tuple((int(b[i]), float(t[i])) for b, t in steps)
+            old = history[i]
+            if old and cfg.jump is not None:
+                before = fit_affine(*zip(*old))
+                predicted = float(np.median([before.seconds(b) for b, _ in new]))
+                if abs(float(np.median([t for _, t in new])) - predicted) > cfg.jump * predicted:
+                    old = ()
+            history[i] = (old + new)[-cfg.history:]
+            costs.append(fit_affine(*zip(*history[i])))
+        current = self.allocation.batch_sizes
+        speeds = tuple(b / c.seconds(b) for b, c in zip(current, costs))
+        target = cost_allocation(costs, cfg.global_batch, min_batch=cfg.min_batch).batch_sizes
+        return replace(self, speeds=speeds, updates=self.updates + 1, observations=tuple(history))._towards(target)
+
+    def _towards(self, target: tuple[int, ...]) -> AdaptiveAllocator:
+        """This allocator moved towards ``target`` within the deadband and the clamp."""
+        cfg, nxt = self.config, self
+        current = self.allocation.batch_sizes
         if _max_relative_change(current, target) < cfg.deadband:
             return nxt
         # Move towards the target by the largest fraction that keeps every |db_i| within the clamp;
@@ -454,7 +513,7 @@ class AdaptiveAllocator:
         """A new membership, reallocated at once (no deadband or clamp: the old split no longer applies)."""
         speeds = membership_speeds(self.allocation.workers, self.speeds, workers, profiles)
         alloc = static_allocation(speeds, self.config.global_batch, min_batch=self.config.min_batch, workers=workers)
-        return replace(self, allocation=alloc, speeds=speeds)
+        return replace(self, allocation=alloc, speeds=speeds, observations=())
 
     def add_worker(self, worker: str, speed: float | None = None) -> AdaptiveAllocator:
         """Append ``worker`` at the end of the ring, at ``speed`` or the current mean speed."""

@@ -27,7 +27,7 @@ import numpy as np
 from host_agent.grant import JobSpec, parse_workers
 from host_agent.stream import StreamOptions
 from host_agent.compute import SpeedSchedule
-from host_agent.train import ALLOCATIONS, ComputeMode, TrainConfig
+from host_agent.train import ALLOCATIONS, ComputeMode, CostModel, TrainConfig
 from host_agent.udp_io import IoMode
 from inaproto.backends import BackendChoice
 from inaproto.cli import Parser, UsageError
@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="from STEP on, this worker is FACTOR times slower (a mid-run speed change)")
     tr.add_argument("--jitter", type=_nonneg_float, default=0.0, help="emulated: relative spread of step times (default 0)")
     tr.add_argument("--update-every", type=_positive_int, default=2, help="adaptive: steps per measurement window (default 2)")
+    tr.add_argument("--cost-model", choices=[m.value for m in CostModel], default=None,
+                    help="static/adaptive: compute time proportional to the batch, or affine (a per-step constant "
+                         "plus a per-sample cost, fitted) (default: proportional for emulated, affine for torch)")
     tr.add_argument("--eval-every", type=_positive_int, default=2, help="steps between held-out evaluations (default 2)")
     tr.add_argument("--target-accuracy", type=_positive_float, default=None, help="held-out accuracy for time to target")
     tr.add_argument("--seed", type=int, default=0, help="initialisation and sample order (default 0)")
@@ -289,7 +292,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = TrainConfig(allocation=args.allocation, compute=args.compute, steps=args.steps,
                           global_batch=args.global_batch, lr=args.lr, per_sample_s=args.per_sample_ms / 1e3,
                           speed=_speed_of(args), jitter=args.jitter, update_every=args.update_every,
-                          eval_every=args.eval_every, target_accuracy=args.target_accuracy, seed=args.seed)
+                          eval_every=args.eval_every, target_accuracy=args.target_accuracy, seed=args.seed,
+                          cost_model=args.cost_model)
         if cfg.compute is ComputeMode.TORCH and any(v > 1 for v in (cfg.speed.base, *(v for _, v in cfg.speed.changes))):
             raise ValueError("--compute torch emulates slower devices only: speeds must be <= 1")
     except ValueError as exc:

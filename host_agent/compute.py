@@ -9,9 +9,12 @@ compute seconds of the step):
   that deadline. Sleeping leaves the host CPU to the others, like a busy accelerator, so the speeds are
   exact and repeatable on a busy machine. If the real work alone takes longer, the step takes that long
   (``overruns`` counts it: the emulation no longer holds; make ``per_sample_s`` larger).
-- ``ScaledAccelerator``: real compute (PyTorch), measured; a worker of speed v < 1 then sleeps
-  (1/v - 1) times the measured time, so it computes 1/v times slower than the host. Its time is not
-  proportional to the batch (per-call overheads), which is what real compute looks like.
+- ``ScaledAccelerator``: real compute (PyTorch), measured as the CPU time of the computing thread
+  (``time.thread_time``: one thread per worker), not as wall time: with several workers on 2 cores the
+  wall time of the same work varies with the other workers' load, its CPU time hardly. A step of CPU
+  time t on a worker of speed v takes t / v on its device: the worker sleeps to that deadline (measured
+  from the step's start), and t / v is the compute time it reports. Its time is not proportional to the
+  batch (a per-step overhead), which is what real compute looks like (``host_agent/cost_model.py``).
 
 ``SpeedSchedule`` gives a worker's speed at each step: a constant, or the straggler's drop and recovery.
 """
@@ -131,24 +134,30 @@ class EmulatedAccelerator:
 
 @dataclass
 class ScaledAccelerator:
-    """Real compute, measured, then slept (1/speed - 1) times as long: a device 1/speed times slower."""
+    """Real compute of CPU time t, on a device 1/speed times slower: the step lasts t / speed (slept to).
+
+    ``overruns`` counts steps whose wall time already exceeded t / speed (the host was so busy that the
+    emulated device is not the bottleneck; always the case at speed 1 when the CPU is shared).
+    """
 
     schedule: SpeedSchedule = field(default_factory=SpeedSchedule)
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
+    cpu_clock: Callable[[], float] = field(default=time.thread_time, repr=False)
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
     overruns: int = 0
 
     def run(self, fn: Callable[[], T], batch: int, step: int) -> tuple[T, float]:
-        start = self.clock()
+        start, cpu_start = self.clock(), self.cpu_clock()
         result = fn()
+        device = (self.cpu_clock() - cpu_start) / self.schedule.at(step)
+        deadline = start + device
         now = self.clock()
-        speed = self.schedule.at(step)
-        if speed < 1.0:
-            deadline = now + (now - start) * (1.0 / speed - 1.0)
-            while now < deadline:
-                self.sleep(deadline - now)
-                now = self.clock()
-        return result, now - start
+        if now > deadline and self.schedule.at(step) < 1.0:
+            self.overruns += 1
+        while now < deadline:
+            self.sleep(deadline - now)
+            now = self.clock()
+        return result, device
 
 
 def schedules_for(speeds: Sequence[float]) -> list[SpeedSchedule]:

@@ -5,9 +5,14 @@ scales its mean gradient by b_i / B and all-reduces it through the agent, so the
 gradient of the global batch whatever the split (docs/agent-allocation.md). Allocation modes:
 
 - ``equal``: B split evenly;
-- ``static``: split in proportion to speeds profiled once before training (the fastest of a few timed
-  runs of the worker's device, which other load can only slow down) and all-gathered;
-- ``adaptive``: ``AdaptiveAllocator`` re-splits from the compute speeds measured during training.
+- ``static``: split from costs profiled once before training (the fastest of a few timed runs of the
+  worker's device, which other load can only slow down) and all-gathered;
+- ``adaptive``: ``AdaptiveAllocator`` re-splits from the compute times measured during training.
+
+Both follow the cost model (``host_agent/cost_model.py``): ``proportional`` (the paper's: split in
+proportion to speed; exact for the emulated accelerator) or ``affine`` (t = a + c b, fitted; the split
+equalises predicted finishing times; the default for torch compute, whose steps have a fixed overhead).
+Static with the affine model profiles two batch sizes, B/n and B/(4n).
 
 Each step's all-reduce carries, after the gradient, the batch's loss and every worker's compute time of
 the step (worker i's slot holds its time, the others add zeros), so every worker learns all speeds without
@@ -29,12 +34,14 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from host_agent.allocation import AdaptiveAllocator, AdaptiveConfig, Allocation, epoch_permutation, static_allocation
+from host_agent.allocation import (AdaptiveAllocator, AdaptiveConfig, Allocation, cost_allocation, epoch_permutation,
+                                   static_allocation)
 from host_agent.compute import Accelerator, EmulatedAccelerator, ScaledAccelerator, SpeedSchedule
+from host_agent.cost_model import AffineCost, CostModel, fit_affine
 from host_agent.metrics import EvalPoint, TrainResult, time_to_target
 from host_agent.models import Mlp, ModelKind, digits_split, make_dataset, make_model
 
-__all__ = ["ALLOCATIONS", "AllocationMode", "ComputeMode", "Mlp", "Reducer", "TrainConfig", "TrainResult",
+__all__ = ["ALLOCATIONS", "AllocationMode", "ComputeMode", "CostModel", "Mlp", "Reducer", "TrainConfig", "TrainResult",
            "make_dataset", "model_size", "train"]
 
 
@@ -96,6 +103,8 @@ class TrainConfig:
         target_accuracy: held-out accuracy whose first reaching gives ``time_to_target_s``.
         static_probes: static: timed probe runs; the fastest gives the speed.
         min_batch: smallest per-worker batch.
+        cost_model: how static and adaptive predict compute time from the batch; None: proportional for
+            emulated compute, affine for torch.
     """
 
     allocation: AllocationMode = AllocationMode.EQUAL
@@ -117,9 +126,14 @@ class TrainConfig:
     target_accuracy: float | None = None
     static_probes: int = 3
     min_batch: int = 1
+    cost_model: CostModel | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allocation", AllocationMode(self.allocation))
+        if self.cost_model is None:
+            object.__setattr__(self, "cost_model", CostModel.PROPORTIONAL if ComputeMode(self.compute) is ComputeMode.EMULATED
+                               else CostModel.AFFINE)
+        object.__setattr__(self, "cost_model", CostModel(self.cost_model))
         object.__setattr__(self, "compute", ComputeMode(self.compute))
         if min(self.steps, self.global_batch, self.hidden, self.update_every, self.eval_every, self.static_probes) < 1:
             raise ValueError("steps, global_batch, hidden, update_every, eval_every and static_probes must be >= 1")
@@ -134,7 +148,7 @@ class TrainConfig:
     def adaptive_config(self) -> AdaptiveConfig:
         return AdaptiveConfig(self.global_batch, min_batch=self.min_batch, update_every=self.update_every,
                               smoothing=self.smoothing, deadband=self.deadband, max_change=self.max_change,
-                              jump=self.jump)
+                              jump=self.jump, cost_model=self.cost_model)
 
     def accelerator(self, rank: int) -> Accelerator:
         if self.compute is ComputeMode.EMULATED:
@@ -147,7 +161,8 @@ class TrainConfig:
                 "per_sample_s": self.per_sample_s, "speed": str(self.speed), "jitter": self.jitter,
                 "update_every": self.update_every, "smoothing": self.smoothing, "jump": self.jump,
                 "deadband": self.deadband, "max_change": self.max_change, "eval_every": self.eval_every,
-                "target_accuracy": self.target_accuracy, "min_batch": self.min_batch}
+                "target_accuracy": self.target_accuracy, "min_batch": self.min_batch,
+                "cost_model": str(self.cost_model)}
 
 
 def model_size(cfg: TrainConfig) -> int:
@@ -159,6 +174,13 @@ def _static_speed(accel: Accelerator, compute: Callable[[np.ndarray], object], p
     accel.run(lambda: compute(probe), len(probe), 0)  # warm-up
     best = min(accel.run(lambda: compute(probe), len(probe), 0)[1] for _ in range(runs))
     return len(probe) / max(best, 1e-9)
+
+
+def _static_cost(accel: Accelerator, compute: Callable[[np.ndarray], object], sizes: tuple[int, ...], runs: int) -> AffineCost:
+    """The affine cost fitted to the fastest of ``runs`` timed runs at each batch size."""
+    accel.run(lambda: compute(np.arange(sizes[0])), sizes[0], 0)  # warm-up
+    best = [min(accel.run(lambda: compute(np.arange(b)), b, 0)[1] for _ in range(runs)) for b in sizes]
+    return fit_affine(sizes, [max(t, 1e-9) for t in best])
 
 
 def train(agent: Reducer, cfg: TrainConfig, *,
@@ -177,6 +199,11 @@ def train(agent: Reducer, cfg: TrainConfig, *,
     adaptive: AdaptiveAllocator | None = None
     if cfg.allocation is AllocationMode.EQUAL:
         alloc = static_allocation([1.0] * n, cfg.global_batch, min_batch=cfg.min_batch)
+    elif cfg.allocation is AllocationMode.STATIC and cfg.cost_model is CostModel.AFFINE:
+        full = max(1, cfg.global_batch // n)
+        cost = _static_cost(accel, compute, tuple(sorted({max(1, full // 4), full})), cfg.static_probes)
+        ac = agent.allgather(np.array([cost.fixed_s, cost.per_sample_s], dtype=np.float64))
+        alloc = cost_allocation([AffineCost(float(a), float(c)) for a, c in ac], cfg.global_batch, min_batch=cfg.min_batch)
     elif cfg.allocation is AllocationMode.STATIC:
         speed = _static_speed(accel, compute, np.arange(max(1, cfg.global_batch // n)), cfg.static_probes)
         speeds = agent.allgather(np.array([speed], dtype=np.float64))[:, 0]
@@ -188,6 +215,7 @@ def train(agent: Reducer, cfg: TrainConfig, *,
     agent.allgather(np.zeros(1, dtype=np.float32))  # start together: agents start seconds apart, off the clock
     result = TrainResult(target_accuracy=cfg.target_accuracy)
     window_samples, window_seconds = np.zeros(n), np.zeros(n)
+    window_steps: list[tuple[tuple[int, ...], np.ndarray]] = []  # affine: (batches, times) per step
     steps_per_epoch = X.shape[0] // cfg.global_batch
     snapshots: list[tuple[int, float, np.ndarray]] = []
     size = params.size
@@ -197,9 +225,13 @@ def train(agent: Reducer, cfg: TrainConfig, *,
     for step in range(cfg.steps):
         t0 = time.perf_counter()
         if adaptive is not None and adaptive.due(step, steps_per_epoch) and window_seconds.all():
-            adaptive = adaptive.update(list(window_samples / window_seconds))
+            if cfg.cost_model is CostModel.AFFINE:
+                adaptive = adaptive.observe(window_steps)
+            else:
+                adaptive = adaptive.update(list(window_samples / window_seconds))
             alloc = adaptive.allocation
             window_samples[:], window_seconds[:] = 0.0, 0.0
+            window_steps.clear()
         if step // steps_per_epoch != epoch:
             epoch = step // steps_per_epoch
             perm = epoch_permutation(cfg.seed, epoch, X.shape[0])
@@ -215,6 +247,8 @@ def train(agent: Reducer, cfg: TrainConfig, *,
         times = np.maximum(total[size + 1:].astype(np.float64), 1e-6)
         window_samples += alloc.batch_sizes
         window_seconds += times
+        if adaptive is not None:
+            window_steps.append((alloc.batch_sizes, times))
         result.add_step(loss=float(total[size]), batch=alloc.batch_sizes, wall=t2 - t0, compute=tc, comm=t2 - t1,
                         compute_all=times, end=t2 - start)
         if rank == 0 and ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):

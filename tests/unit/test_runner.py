@@ -125,6 +125,8 @@ def test_ideal_reduction_formula_and_scenarios():
     assert ("ratio 3:1", "ina", "torch") in names
     mixed = next(s for s in plan if s.kind == "mixed")
     assert mixed.speeds == ("0.25", "0.25", "0.5", "1") and mixed.workers == 4
+    only = scenarios(get_experiment("hetero").make_config("full", {"torch_only": True, "torch_seeds": (0, 1, 2)}))
+    assert [(s.name, s.compute, s.seeds) for s in only] == [("ratio 3:1", "torch", (0, 1, 2))]
 
 
 def test_multijob_runs_the_fixed_trace_per_pool_policy_and_baseline():

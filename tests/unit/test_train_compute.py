@@ -78,13 +78,35 @@ def test_jitter_is_seeded_and_bounded() -> None:
 
 def test_scaled_accelerator_multiplies_measured_time() -> None:
     clock = FakeClock()
-    acc = ScaledAccelerator(SpeedSchedule(0.25), clock=clock, sleep=clock.sleep)
+    acc = ScaledAccelerator(SpeedSchedule(0.25), clock=clock, cpu_clock=clock, sleep=clock.sleep)
 
     def fn():
         clock.now += 0.01
 
     _, t = acc.run(fn, 10, 0)
     assert t == pytest.approx(0.04)  # 4x slower than the host
+    assert clock.now == pytest.approx(0.04)
+
+
+def test_scaled_accelerator_scales_cpu_time_not_wall_time() -> None:
+    """Under contention the wall time of the work (30 ms) exceeds its CPU time (10 ms): the device time
+    is CPU time / speed, reached by sleeping from the step's start, and that is what is reported."""
+    clock, cpu = FakeClock(), FakeClock()
+    slow = ScaledAccelerator(SpeedSchedule(0.25), clock=clock, cpu_clock=cpu, sleep=clock.sleep)
+
+    def fn():
+        clock.now += 0.03
+        cpu.now += 0.01
+
+    _, t = slow.run(fn, 10, 0)
+    assert t == pytest.approx(0.04) and clock.now == pytest.approx(0.04) and clock.slept == [pytest.approx(0.01)]
+    fast = ScaledAccelerator(SpeedSchedule(1.0), clock=clock, cpu_clock=cpu, sleep=clock.sleep)
+    start = clock.now
+    _, t = fast.run(fn, 10, 0)
+    assert t == pytest.approx(0.01) and clock.now - start == pytest.approx(0.03) and fast.overruns == 0
+    half = ScaledAccelerator(SpeedSchedule(0.5), clock=clock, cpu_clock=cpu, sleep=clock.sleep)
+    _, t = half.run(lambda: (fn(), fn()), 10, 0)  # 60 ms of wall for a 40 ms device: an overrun, no sleep
+    assert t == pytest.approx(0.04) and half.overruns == 1
 
 
 def test_digits_split_is_fixed_and_disjoint() -> None:
@@ -171,3 +193,20 @@ def test_adaptive_follows_a_straggler_and_static_profiles_once() -> None:
     st = run_threads(["0.25", "1"], allocation="static", steps=3, global_batch=100,
                      per_sample_s=2e-4)[0]
     assert st.batch_sizes[0] == [20, 80]  # profiled speeds 1:4
+
+
+def test_affine_cost_model_in_training() -> None:
+    """Emulated compute is proportional, so the affine fit finds (almost) no fixed part and the same split;
+    adaptive affine follows the straggler; torch compute defaults to the affine model."""
+    st = run_threads(["0.25", "1"], allocation="static", steps=3, global_batch=100, per_sample_s=2e-4,
+                     cost_model="affine")[0]
+    assert sum(st.batch_sizes[0]) == 100 and abs(st.batch_sizes[0][0] - 20) <= 2
+    ad = run_threads(["1,6:0.25,14:1", "1"], allocation="adaptive", steps=20, global_batch=100, per_sample_s=2e-4,
+                     update_every=1, cost_model="affine")[0]
+    shares = [b[0] for b in ad.batch_sizes]
+    assert shares[0] == 50 and min(shares[6:14]) < 30 and shares[-1] >= 40
+    assert TrainConfig(compute="torch").cost_model.value == "affine"
+    assert TrainConfig().cost_model.value == "proportional" and TrainConfig().as_dict()["cost_model"] == "proportional"
+    # (threads share torch's global seed, so the two models are not compared here: agents are processes)
+    r0, r1 = run_threads(["0.5", "1"], allocation="static", compute="torch", steps=2, global_batch=40)
+    assert r0.batch_sizes == r1.batch_sizes and sum(r0.batch_sizes[0]) == 40

@@ -55,6 +55,7 @@ class HeteroConfig:
         target_accuracy: held-out accuracy that defines time to target.
         torch_ratio: a ratio also run with real PyTorch compute (0: none), on ``torch_seeds``.
         torch_steps: steps of those runs.
+        torch_only: only the PyTorch runs (no emulated scenario).
     """
 
     ratios: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0)
@@ -74,8 +75,9 @@ class HeteroConfig:
     eval_every: int = 1
     target_accuracy: float = 0.9
     torch_ratio: float = 3.0
-    torch_seeds: tuple[int, ...] = (0,)
+    torch_seeds: tuple[int, ...] = (0, 1, 2)
     torch_steps: int = 60
+    torch_only: bool = False
 
     def __post_init__(self) -> None:
         for name in ("ratios", "mixed", "modes", "backends", "seeds", "torch_seeds"):
@@ -122,19 +124,19 @@ def straggler_schedule(steps: int) -> str:
 def scenarios(cfg: HeteroConfig) -> list[Scenario]:
     """The runs of a configuration, in run order."""
     out = []
-    for r in cfg.ratios:
+    for r in () if cfg.torch_only else cfg.ratios:
         out.append(Scenario(f"ratio {r:g}:1", "ratio", (f"{1 / r:.6g}", "1", "1"), cfg.backend, ratio=r,
                             steps=cfg.steps, seeds=cfg.seeds))
-    if cfg.mixed:
+    if cfg.mixed and not cfg.torch_only:
         top = max(cfg.mixed)
         speeds = tuple(f"{v / top:.6g}" for v in cfg.mixed)
         label = "mixed " + ",".join(f"{v:g}" for v in cfg.mixed)
         for b in cfg.backends:
             out.append(Scenario(label, "mixed", speeds, b, steps=cfg.steps, seeds=cfg.seeds))
-    if cfg.straggler:
+    if cfg.straggler and not cfg.torch_only:
         out.append(Scenario("straggler", "straggler", (straggler_schedule(cfg.steps), "1", "1"), cfg.backend,
                             steps=cfg.steps, seeds=cfg.seeds))
-    if cfg.membership:
+    if cfg.membership and not cfg.torch_only:
         out.append(Scenario("2 fast", "membership", ("1", "1"), cfg.backend, steps=cfg.steps, seeds=cfg.seeds))
     if cfg.torch_ratio:
         r = cfg.torch_ratio
@@ -161,6 +163,8 @@ class HeteroExperiment(Experiment):
         ("--jitter", "jitter", float, "relative spread of emulated step times"),
         ("--target-accuracy", "target_accuracy", float, "held-out accuracy for time to target"),
         ("--torch-ratio", "torch_ratio", float, "ratio also run with real PyTorch compute (0: none)"),
+        ("--torch-seeds", "torch_seeds", "ints", "seeds of the PyTorch runs, e.g. 0,1,2"),
+        ("--torch-only", "torch_only", "true", "only the PyTorch runs"),
         ("--no-straggler", "straggler", "false", "skip the straggler"),
         ("--no-membership", "membership", "false", "skip the 2-fast run"),
     )

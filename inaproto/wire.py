@@ -73,9 +73,10 @@ class DropReason(enum.IntEnum):
     STALE_GENERATION = 5
     BAD_MSG_TYPE = 6
     NO_ROUTE = 7
+    SPOOFED = 8  # not from the port and addresses the controller bound to (job, worker): table ina_binding
 
 
-NUM_DROP_REASONS = 8
+NUM_DROP_REASONS = 16  # counter slots per job; reasons 9.. are reserved for new data-plane checks
 
 
 class InaHeader(NamedTuple):

@@ -7,7 +7,9 @@
  * The switch sums the LANES int32 values of every worker into the slot; the last contribution turns the packet
  * into a result that is multicast to all the job's workers. A retransmission for a completed slot gets the
  * result back to its sender alone. Slot state is reset by the data plane when a slot changes owner (job or
- * generation), so the control plane never writes registers (BMv2 cannot over P4Runtime anyway).
+ * generation), so the control plane never writes registers (BMv2 cannot over P4Runtime anyway). A job's member
+ * (a worker) is accepted only from the switch port, source MAC, IPv4 address and UDP port the controller bound
+ * to it (table ina_binding); anything else is dropped as DROP_SPOOFED.
  *
  * Everything that is not INA is plain IPv4 LPM forwarding, as in p4lang/tutorials' basic.p4.
  *
@@ -27,8 +29,9 @@ const bit<9>  CPU_PORT     = 255;
 #define NUM_CELLS        2048   /* NUM_SLOTS * 2 shadow copies; cell = slot * 2 + shadow */
 #define NUM_LANE_CELLS   65536  /* NUM_CELLS * LANES; lane cell = cell * LANES + lane */
 #define MAX_JOBS         256
-#define NUM_DROP_REASONS 8
-#define NUM_JOB_DROPS    2048   /* MAX_JOBS * NUM_DROP_REASONS */
+#define NUM_DROP_REASONS 16
+#define NUM_JOB_DROPS    4096   /* MAX_JOBS * NUM_DROP_REASONS */
+#define NUM_BINDINGS     8192   /* (job, member) bindings: MAX_JOBS * 32 workers */
 
 const bit<16> INA_IPV4_LEN = 170;  /* 20 IPv4 + 8 UDP + 14 ina_t + 128 ina_data_t */
 const bit<16> INA_UDP_LEN  = 150;
@@ -47,6 +50,7 @@ const bit<8> DROP_FOREIGN_WORKER    = 4;
 const bit<8> DROP_STALE_GENERATION  = 5;
 const bit<8> DROP_BAD_MSG_TYPE      = 6;
 const bit<8> DROP_NO_ROUTE          = 7;
+const bit<8> DROP_SPOOFED           = 8;  /* not from the port and addresses bound to (job, member): ina_binding */
 
 typedef bit<9>  egressSpec_t;
 typedef bit<48> macAddr_t;
@@ -137,14 +141,22 @@ struct metadata_t {
     bit<8>  num_workers;
     bit<16> mcast_grp;
     bit<16> generation;
+    bit<32> owner_epoch;   /* how often the controller's 16-bit generation counter wrapped (set_job) */
+    /* ingress binding (ina_binding): where (job, member) may send from */
+    bit<8>  member_id;     /* a worker: its worker_id (0..31); ids 32..255 are free for switch members */
+    bit<1>  bound;         /* 1: the packet comes from the member's bound port, MAC, IPv4 and UDP port */
+    bit<9>  bound_port;
+    bit<48> bound_mac;
+    bit<32> bound_ip;
+    bit<16> bound_udp_port;
     /* aggregation */
     bit<8>  drop_reason;
     bit<32> slot_abs;      /* absolute slot in the pool */
     bit<32> cell;          /* slot_abs * 2 + shadow */
     bit<32> other_cell;    /* slot_abs * 2 + (1 - shadow) */
     bit<32> lane_base;     /* cell * LANES */
-    bit<32> owner;         /* job_id ++ generation */
-    bit<32> prev_owner;
+    bit<64> owner;         /* owner_epoch ++ job_id ++ generation: never repeats for one job */
+    bit<64> prev_owner;
     bit<32> wbit;
     bit<32> bitmap;
     bit<32> other_bitmap;
@@ -265,7 +277,7 @@ control MyIngress(inout headers_t hdr,
     counter(NUM_DROP_REASONS, CounterType.packets) ina_drops; /* every drop, by reason */
     counter(NUM_JOB_DROPS, CounterType.packets) ina_job_drops; /* job_id * NUM_DROP_REASONS + reason */
 
-    register<bit<32>>(NUM_SLOTS) ina_owner;        /* job_id ++ generation of the slot's last user */
+    register<bit<64>>(NUM_SLOTS) ina_owner;        /* owner_epoch ++ job_id ++ generation of the slot's last user */
     register<bit<32>>(NUM_CELLS) ina_bitmap;       /* workers that contributed to this copy */
     register<bit<8>>(NUM_CELLS) ina_count;         /* contributions so far; 0 = empty or complete */
     register<bit<8>>(NUM_CELLS) ina_overflow;      /* 1 if any lane overflowed in this copy */
@@ -302,13 +314,14 @@ control MyIngress(inout headers_t hdr,
     }
 
     action set_job(bit<16> base_slot, bit<16> num_slots, bit<32> worker_mask,
-                   bit<8> num_workers, bit<16> mcast_grp, bit<16> generation) {
+                   bit<8> num_workers, bit<16> mcast_grp, bit<16> generation, bit<32> owner_epoch) {
         meta.base_slot = base_slot;
         meta.num_slots = num_slots;
         meta.worker_mask = worker_mask;
         meta.num_workers = num_workers;
         meta.mcast_grp = mcast_grp;
         meta.generation = generation;
+        meta.owner_epoch = owner_epoch;
     }
 
     table ina_job {
@@ -322,6 +335,30 @@ control MyIngress(inout headers_t hdr,
         size = MAX_JOBS;
         const default_action = NoAction();
     }
+
+    /* ---- Ingress binding (docs/security.md, "Data plane"): a member of a job - a worker, or later a switch
+     * contributing for its subtree - may send only from the switch port, source MAC, IPv4 address and UDP
+     * port the controller bound to (job, member) when it admitted the job. */
+    action bind_member(egressSpec_t port, macAddr_t mac, ip4Addr_t ip, bit<16> udp_port) {
+        meta.bound_port = port;
+        meta.bound_mac = mac;
+        meta.bound_ip = ip;
+        meta.bound_udp_port = udp_port;
+    }
+
+    table ina_binding {
+        key = {
+            hdr.ina.job_id: exact;
+            meta.member_id: exact;
+        }
+        actions = {
+            bind_member;
+            @defaultonly NoAction;
+        }
+        size = NUM_BINDINGS;
+        const default_action = NoAction();
+    }
+    /* ---- end of ingress binding */
 
     /* Results and broadcasts leave from the address the worker sent to. */
     action multicast_to_job() {
@@ -373,7 +410,7 @@ control MyIngress(inout headers_t hdr,
             exit;
         }
 
-        /* 4. INA: validate lengths, job, message type, generation, worker, slot. */
+        /* 4. INA: validate lengths, job, message type, generation, worker, binding, slot. */
         if (hdr.ipv4.totalLen != INA_IPV4_LEN || hdr.udp.length != INA_UDP_LEN) {
             ina_drops.count((bit<32>)DROP_MALFORMED);
             drop();
@@ -389,6 +426,15 @@ control MyIngress(inout headers_t hdr,
             drop();
             exit;
         }
+        /* 4b. Ingress binding: the sender must be where (job, member) was bound. */
+        meta.member_id = hdr.ina.worker_id;
+        meta.bound = 0;
+        if (ina_binding.apply().hit) {
+            if (standard_metadata.ingress_port == meta.bound_port && hdr.ethernet.srcAddr == meta.bound_mac &&
+                hdr.ipv4.srcAddr == meta.bound_ip && hdr.udp.srcPort == meta.bound_udp_port) {
+                meta.bound = 1;
+            }
+        }
         meta.drop_reason = 0;
         meta.wbit = (bit<32>)1 << hdr.ina.worker_id;
         meta.slot_abs = (bit<32>)meta.base_slot + (bit<32>)hdr.ina.slot;
@@ -398,6 +444,8 @@ control MyIngress(inout headers_t hdr,
             meta.drop_reason = DROP_STALE_GENERATION;
         } else if ((meta.worker_mask & meta.wbit) == 0) {
             meta.drop_reason = DROP_FOREIGN_WORKER;
+        } else if (meta.bound == 0) {
+            meta.drop_reason = DROP_SPOOFED;
         } else if (hdr.ina.msg_type == INA_GRADIENT &&
                    (hdr.ina.slot >= meta.num_slots || meta.slot_abs >= NUM_SLOTS)) {
             meta.drop_reason = DROP_SLOT_OUT_OF_RANGE;
@@ -415,11 +463,12 @@ control MyIngress(inout headers_t hdr,
             exit;
         }
 
-        /* 6. Gradient. A slot whose owner changed (another job, or a new generation) is reset first. */
+        /* 6. Gradient. A slot whose owner changed (another job, or a new generation) is reset first. The
+         * owner epoch makes the tag unique past 65,535 generations of one job (the wire generation wraps). */
         meta.cell = (meta.slot_abs << 1) + (bit<32>)hdr.ina.shadow;
         meta.other_cell = (meta.slot_abs << 1) + (bit<32>)(~hdr.ina.shadow);
         meta.lane_base = meta.cell * LANES;
-        meta.owner = hdr.ina.job_id ++ hdr.ina.generation;
+        meta.owner = meta.owner_epoch ++ hdr.ina.job_id ++ hdr.ina.generation;
         ina_owner.read(meta.prev_owner, meta.slot_abs);
         if (meta.prev_owner != meta.owner) {
             ina_owner.write(meta.slot_abs, meta.owner);

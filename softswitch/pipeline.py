@@ -34,6 +34,7 @@ DROP_PORT = 511  # BMv2's default drop port
 TYPE_IPV4 = 0x0800
 PROTO_UDP = 17
 NUM_CELLS = wire.NUM_SLOTS * 2
+NUM_BINDINGS = 8192  # table ina_binding: MAX_JOBS * 32 workers
 INT32 = wire.LANES_DTYPE
 
 # Everything the INA path reads, from a frame's first byte: etherType; version/ihl, totalLen, protocol; UDP
@@ -110,8 +111,10 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("MyIngress.send_to_cpu", ()),
         ActionSpec(
             "MyIngress.set_job",
-            (("base_slot", 16), ("num_slots", 16), ("worker_mask", 32), ("num_workers", 8), ("mcast_grp", 16), ("generation", 16)),
+            (("base_slot", 16), ("num_slots", 16), ("worker_mask", 32), ("num_workers", 8), ("mcast_grp", 16), ("generation", 16),
+             ("owner_epoch", 32)),
         ),
+        ActionSpec("MyIngress.bind_member", (("port", 9), ("mac", 48), ("ip", 32), ("udp_port", 16))),
         ActionSpec("MyIngress.multicast_to_job", ()),
         ActionSpec("MyIngress.reply_to_sender", ()),
         ActionSpec("MyEgress.drop", ()),
@@ -138,6 +141,15 @@ TABLES: dict[str, TableSpec] = {
             const_default=True,
         ),
         TableSpec(
+            "MyIngress.ina_binding",
+            (("hdr.ina.job_id", 16, "exact"), ("meta.member_id", 8, "exact")),
+            ("MyIngress.bind_member", "NoAction"),
+            NUM_BINDINGS,
+            "NoAction",
+            default_only=frozenset({"NoAction"}),
+            const_default=True,
+        ),
+        TableSpec(
             "MyEgress.ina_worker",
             (("hdr.ina.job_id", 16, "exact"), ("standard_metadata.egress_rid", 16, "exact")),
             ("MyEgress.set_worker_addr", "MyEgress.drop"),
@@ -156,7 +168,7 @@ COUNTERS: dict[str, int] = {
     "MyEgress.ina_results": wire.MAX_JOBS,
 }
 REGISTERS: dict[str, tuple[int, int]] = {  # name -> (bitwidth, size)
-    "MyIngress.ina_owner": (32, wire.NUM_SLOTS),
+    "MyIngress.ina_owner": (64, wire.NUM_SLOTS),
     "MyIngress.ina_bitmap": (32, NUM_CELLS),
     "MyIngress.ina_count": (8, NUM_CELLS),
     "MyIngress.ina_overflow": (8, NUM_CELLS),
@@ -255,6 +267,8 @@ class InaPipeline:
         self.reset_registers()
         # Fast views of the tables the hot path reads (rebuilt on every control-plane write).
         self._job: dict[int, tuple[int, ...]] = {}
+        # table ina_binding as what the frame must carry: (job, member) -> (port, src MAC, src IPv4, src UDP port).
+        self._binding: dict[tuple[int, int], tuple[int, bytes, bytes, bytes]] = {}
         self._worker: dict[tuple[int, int], tuple[int, int, int] | None] = {}
         # The same entries as _worker, as the bytes the egress writes: (mac, ip, udp_port, worker_id, ip as int).
         self._worker_bytes: dict[tuple[int, int], tuple[bytes, bytes, bytes, bytes, int] | None] = {}
@@ -337,6 +351,10 @@ class InaPipeline:
 
     def _refresh(self) -> None:
         self._job = {e.match[0]: e.params for e in self.tables["MyIngress.ina_job"].entries.values() if e.action == "MyIngress.set_job"}
+        self._binding = {
+            e.match: (e.params[0], e.params[1].to_bytes(6, "big"), e.params[2].to_bytes(4, "big"), _U16.pack(e.params[3]))
+            for e in self.tables["MyIngress.ina_binding"].entries.values() if e.action == "MyIngress.bind_member"
+        }
         workers = self.tables["MyEgress.ina_worker"]
         self._worker = {
             e.match: (e.params if e.action == "MyEgress.set_worker_addr" else None) for e in workers.entries.values()
@@ -431,7 +449,7 @@ class InaPipeline:
         """MyIngress.apply from step 4 on, for a valid INA packet (``headers``: _INA_HEADERS of the frame)."""
         counters = self.counters
         ina_drops = counters["MyIngress.ina_drops"]
-        # 4. INA: validate lengths, job, message type, generation, worker, slot.
+        # 4. INA: validate lengths, job, message type, generation, worker, binding, slot.
         _, _, total_len, _, _, udp_len, msg_type, _flags, job_id, generation, slot, seq, worker_id, last = headers
         if total_len != wire.INA_IPV4_LEN or udp_len != wire.INA_UDP_LEN:
             ina_drops[DropReason.MALFORMED] += 1
@@ -441,7 +459,11 @@ class InaPipeline:
         if job is None:
             ina_drops[DropReason.UNKNOWN_JOB] += 1
             return []
-        base_slot, num_slots, worker_mask, num_workers, mcast_grp, job_generation = job
+        base_slot, num_slots, worker_mask, num_workers, mcast_grp, job_generation, owner_epoch = job
+        # 4b. Ingress binding: the sender must be where (job, member) was bound (table ina_binding).
+        binding = self._binding.get((job_id, worker_id))  # member_id = worker_id
+        bound = binding is not None and ingress_port == binding[0] and frame[6:12] == binding[1] and \
+            frame[_O_IP + 12 : _O_IP + 16] == binding[2] and frame[_O_UDP : _O_UDP + 2] == binding[3]
         drop_reason = 0
         wbit = (1 << worker_id) & 0xFFFFFFFF  # (bit<32>)1 << worker_id: 0 for worker_id >= 32
         slot_abs = base_slot + slot
@@ -451,6 +473,8 @@ class InaPipeline:
             drop_reason = DropReason.STALE_GENERATION
         elif worker_mask & wbit == 0:
             drop_reason = DropReason.FOREIGN_WORKER
+        elif not bound:
+            drop_reason = DropReason.SPOOFED
         elif msg_type == _GRADIENT and (slot >= num_slots or slot_abs >= wire.NUM_SLOTS):
             drop_reason = DropReason.SLOT_OUT_OF_RANGE
         if drop_reason:
@@ -467,7 +491,7 @@ class InaPipeline:
         # 6. Gradient. A slot whose owner changed (another job, or a new generation) is reset first.
         cell = (slot_abs << 1) + shadow
         other_cell = (slot_abs << 1) + (shadow ^ 1)
-        owner = (job_id << 16) | generation
+        owner = (owner_epoch << 32) | (job_id << 16) | generation  # owner_epoch ++ job_id ++ generation
         ina_bitmap, ina_count, ina_overflow, ina_seq = self.ina_bitmap, self.ina_count, self.ina_overflow, self.ina_seq
         if self.ina_owner[slot_abs] != owner:
             self.ina_owner[slot_abs] = owner

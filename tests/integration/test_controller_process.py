@@ -238,8 +238,8 @@ def test_restart_repairs_switch_entries_changed_while_the_controller_was_down(be
 
     with Switch(SwitchOptions("s1", bench.switches["s1"], 1, election_id=(0, 99), connect_timeout=5), SCHEMA) as vandal:
         assert vandal.connect()
-        vandal.delete(TableEntry("MyIngress.ina_job", (a.job_id,), "MyIngress.set_job", (0, 8, 3, 2, a.job_id + 1, a.generation)))
-        vandal.insert(TableEntry("MyIngress.ina_job", (200,), "MyIngress.set_job", (0, 4, 1, 1, 201, 1)))
+        vandal.delete(TableEntry("MyIngress.ina_job", (a.job_id,), "MyIngress.set_job", (0, 8, 3, 2, a.job_id + 1, a.generation, 0)))
+        vandal.insert(TableEntry("MyIngress.ina_job", (200,), "MyIngress.set_job", (0, 4, 1, 1, 201, 1, 0)))
     bench.start_controller()
     after = bench.switch_jobs()
     assert after["workers"] == before["workers"] and after["groups"] == before["groups"]

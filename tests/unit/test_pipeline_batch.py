@@ -103,12 +103,26 @@ def test_retransmission_in_a_batch_answers_its_sender():
     """A completed slot's gradient sent again (a lost result) is answered to its sender alone, in batch order."""
     rng = np.random.default_rng(2)
     one, batch = _pipeline(), _pipeline()
-    frames = [f for wid in range(4) for f in _round(9, range(4), wid, rng)]
-    frames += frames[:2]  # worker 0 resends slots 0 and 1
+    rounds = [_round(9, range(4), wid, rng) for wid in range(4)]
+    for wid, frames in enumerate(rounds[1:], start=1):  # workers 1-3 first, each from its own port
+        assert batch.process_batch(wid + 1, frames) == [out for f in frames for out in one.process(wid + 1, f)]
+    frames = rounds[0] + rounds[0][:2]  # worker 0 completes every slot, then resends slots 0 and 1
     expected = [out for f in frames for out in one.process(1, f)]
     assert batch.process_batch(1, frames) == expected
     assert [port for port, _ in expected[-2:]] == [1, 1]
     assert _state(batch) == _state(one)
+
+
+def test_spoofed_frames_in_a_batch_are_dropped_and_counted():
+    """Worker 1's gradients arriving on worker 0's port are not aggregated: DROP_SPOOFED, as process counts."""
+    rng = np.random.default_rng(4)
+    one, batch = _pipeline(), _pipeline()
+    frames = _round(3, range(4), 0, rng) + _round(3, range(4), 1, rng)
+    assert batch.process_batch(1, frames) == [out for f in frames for out in one.process(1, f)]
+    assert _state(batch) == _state(one)
+    assert batch.counter("MyIngress.ina_aggregated")[1] == 4
+    assert batch.counter("MyIngress.ina_drops")[wire.DropReason.SPOOFED] == 4
+    assert batch.counter("MyIngress.ina_job_drops")[1 * wire.NUM_DROP_REASONS + wire.DropReason.SPOOFED] == 4
 
 
 @pytest.mark.parametrize("n", [0, 1, 7])

@@ -125,7 +125,8 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
         own = job_entries(job.job_id, [WorkerAddress(local, HOST_PORT, w.mac, w.ip, w.udp_port)],
                           base_slot=0, num_slots=block * r, generation=generation, owner_epoch=owner_epoch)
         link = ChainLink(NETWORK_PORT, pred_udp)
-        hosts[m.member_id] = (own, chain_entries(own, m.member_id, nxt, parts, {pred.member_id: link, m.member_id: link}))
+        sources = {pred.member_id: link, m.member_id: link}
+        hosts[m.member_id] = (own, chain_entries(own, m.member_id, nxt, parts, sources))
     transit = {sw: TransitEntry(job.job_id) for sw, info in sorted(topology.switches.items())
                if info.ina and sw not in chains}
     return RinaPlan(job.job_id, tuple(members), block, chains, transit, hosts)

@@ -18,8 +18,8 @@ from typing import Any, ClassVar, Iterable, Mapping
 from inaproto.wire import INA_UDP_PORT
 
 __all__ = ["GENERATIONS", "MCAST_OFFSET", "BindingEntry", "ChainEntries", "ChainEntry", "ChainHop", "ChainLink",
-           "ChainPartition", "JobEntries", "JobEntry", "JobGroup", "LinkBindingEntry", "TransitEntry", "WorkerAddress", "WorkerEntry",
-           "chain_entries", "job_entries", "job_group", "split_generation"]
+           "ChainPartition", "JobEntries", "JobEntry", "JobGroup", "LinkBindingEntry", "TransitEntry", "WorkerAddress",
+           "WorkerEntry", "chain_entries", "job_entries", "job_group", "split_generation"]
 
 MCAST_OFFSET = 1  # a job's multicast group on every switch: job_id + MCAST_OFFSET (group 0 is not a group)
 _MAX_JOBS = 256  # wire.MAX_JOBS: chain groups are numbered above every job group
@@ -363,7 +363,9 @@ def chain_entries(job: JobEntries, member_id: int, next_hop: ChainHop | None,
                                  final_group(job_id) if p.final_to else job.group.group_id))
     workers = tuple(WorkerEntry(job_id, rid, _mac(h.mac), int(ipaddress.IPv4Address(h.ip)), h.udp_port)
                     for rid, h in sorted(addresses.items()))
-    incoming = {m for p in partitions for m in p.upstream} | ({member_id} if any(not p.chain_end for p in partitions) else set())
+    incoming = {m for p in partitions for m in p.upstream}
+    if any(not p.chain_end for p in partitions):  # final sums passed on to this switch
+        incoming.add(member_id)
     missing = sorted(incoming - set(sources))
     if missing:
         raise ValueError(f"job {job_id}: member {member_id} receives chain packets from member ids {missing} "

@@ -207,7 +207,7 @@ def _install_job(client, n: int, window: int) -> None:
     entries = _job_entries(n, window, 0)
     client.insert(TableEntry(entries.job.table, entries.job.match, entries.job.action, entries.job.params))
     client.insert(MulticastGroup(entries.group.group_id, tuple(entries.group.replicas)))
-    client.insert(*(TableEntry(w.table, w.match, w.action, w.params) for w in entries.workers))
+    client.insert(*(TableEntry(w.table, w.match, w.action, w.params) for w in (*entries.bindings, *entries.workers)))
 
 
 class Switch:

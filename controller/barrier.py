@@ -16,6 +16,7 @@ import grpc
 
 from controller.errors import Refusal
 from controller.store import Job
+from inaproto.job_entries import split_generation
 
 __all__ = ["GenerationBarriers"]
 
@@ -80,10 +81,10 @@ class GenerationBarriers:
                 raise Refusal(grpc.StatusCode.UNAVAILABLE, "controller is shutting down")
             if cur is None:
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_id} was released")
-            if cur.generation != generation:
+            if split_generation(cur.generation)[0] != generation:
                 raise Refusal(
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    f"job {job_id}: generation {generation} was replaced by {cur.generation} while waiting",
+                    f"job {job_id}: generation {generation} was replaced by {split_generation(cur.generation)[0]} while waiting",
                 )
             left = deadline - time.monotonic()
             if left <= 0:

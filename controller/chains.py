@@ -16,8 +16,8 @@ from typing import Mapping
 from controller.store import Job
 from controller.topology import Topology, next_hops_towards
 from inaproto import wire
-from inaproto.job_entries import (ChainEntries, ChainHop, ChainPartition, JobEntries, TransitEntry, WorkerAddress,
-                                  chain_entries, job_entries)
+from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, ChainPartition, JobEntries, TransitEntry,
+                                  WorkerAddress, chain_entries, job_entries, split_generation)
 from inaproto.rina_ring import Rack, RingMember, ring_of
 
 __all__ = ["HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "job_state", "plan_rina"]
@@ -50,9 +50,11 @@ class RinaPlan:
 def job_state(job: Job, switch: str) -> JobEntries:
     by_id = {w.worker_id: w for w in job.request.workers}
     rng = job.range_on(switch)
+    generation, owner_epoch = split_generation(job.generation)
     return job_entries(job.job_id, [WorkerAddress(wid, port, by_id[wid].mac, by_id[wid].ip, by_id[wid].udp_port)
                                     for wid, port in job.workers_on(switch)],
-                       base_slot=rng.base if rng else 0, num_slots=rng.size if rng else 0, generation=job.generation)
+                       base_slot=rng.base if rng else 0, num_slots=rng.size if rng else 0, generation=generation,
+                       owner_epoch=owner_epoch)
 
 
 def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
@@ -82,11 +84,27 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
         udp = wire.INA_UDP_PORT if to.is_switch else w.udp_port
         return ChainHop(to.member_id, port, w.mac, w.ip, udp)
 
+    def ingress_port(frm: RingMember, to: str) -> int:
+        """The port of switch ``to`` that ``frm``'s packets come in on: the last link of the route they take
+        (the lowest port to that neighbour where two switches share more than one link)."""
+        if frm.switch == to:  # a host member under this switch: its own port
+            return dict(job.workers_on(to))[min(frm.workers)]
+        hops, at, last = next_hops_towards(links, to), frm.switch, frm.switch
+        while at != to:
+            if at not in hops:
+                raise ValueError(f"job {job.job_id}: no path from {frm.switch} to {to}")
+            last, at = at, hops[at][1]
+        return min(p for nb, p in links[to] if nb == last)
+
     chains: dict[str, ChainEntries] = {}
     hosts: dict[int, tuple[JobEntries, ChainEntries]] = {}
     taken = {m.member_id for m in members}
     for i, m in enumerate(members):
         succ = members[(i + 1) % r]
+        # Ingress binding (bind_link): partials and passed-on final sums both come from the predecessor, from
+        # INA_UDP_PORT (a switch member's) or its agent's socket (a host member's).
+        pred = members[(i - 1) % r]
+        pred_udp = wire.INA_UDP_PORT if pred.is_switch else by_id[pred.member_id].udp_port
         if m.is_switch:
             nxt = hop(m.switch, succ)
         else:  # the host's own copy: the network is one port away
@@ -97,13 +115,18 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
             parts.append(ChainPartition(p * block, plen, ring.upstream(i, p), i == p,
                                         (nxt,) if ring.passes_final_on(i, p) else ()))
         if m.is_switch:
-            chains[m.switch] = chain_entries(job_state(job, m.switch), m.member_id, nxt, parts)
+            link = ChainLink(ingress_port(pred, m.switch), pred_udp)
+            sources = {pred.member_id: link, m.member_id: link}
+            chains[m.switch] = chain_entries(job_state(job, m.switch), m.member_id, nxt, parts, sources)
             continue
         w = by_id[m.member_id]
         local = min(set(range(wire.MAX_WORKERS)) - taken)  # the host's own gradients, under an id of no member
+        generation, owner_epoch = split_generation(job.generation)
         own = job_entries(job.job_id, [WorkerAddress(local, HOST_PORT, w.mac, w.ip, w.udp_port)],
-                          base_slot=0, num_slots=block * r, generation=job.generation)
-        hosts[m.member_id] = (own, chain_entries(own, m.member_id, nxt, parts))
+                          base_slot=0, num_slots=block * r, generation=generation, owner_epoch=owner_epoch)
+        link = ChainLink(NETWORK_PORT, pred_udp)
+        sources = {pred.member_id: link, m.member_id: link}
+        hosts[m.member_id] = (own, chain_entries(own, m.member_id, nxt, parts, sources))
     transit = {sw: TransitEntry(job.job_id) for sw, info in sorted(topology.switches.items())
                if info.ina and sw not in chains}
     return RinaPlan(job.job_id, tuple(members), block, chains, transit, hosts)

@@ -44,18 +44,25 @@ from controller.topology import Topology
 from controller.validation import validate_registration
 from inaproto import wire
 from inaproto.backends import Backend, JobState
-from inaproto.job_entries import JobEntry, job_group
+from inaproto.job_entries import JobEntry, job_group, split_generation
 
 __all__ = ["ControllerOptions", "Refusal", "Controller", "Subscription", "DEFAULT_SCALE"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SCALE = 2.0**16  # fixed point: int32 = round(float32 * scale)
-MAX_GENERATION = 0xFFFF  # bit<16>; generations cycle 1..65535 (0 is never handed out)
+# Job.generation is a serial (1, 2, ... never reused); agents and packets see its wire generation (bit<16>, cycling
+# 1..65535, 0 never handed out) and the switch's owner tags its epoch too (inaproto.job_entries.split_generation).
 DROP_NAMES = {r.value: r.name.lower() for r in wire.DropReason}
 # Reasons counted per job in ina_job_drops (the others happen before a job is known).
 JOB_DROPS = (wire.DropReason.SLOT_OUT_OF_RANGE, wire.DropReason.FOREIGN_WORKER,
-             wire.DropReason.STALE_GENERATION, wire.DropReason.BAD_MSG_TYPE)
+             wire.DropReason.STALE_GENERATION, wire.DropReason.BAD_MSG_TYPE, wire.DropReason.SPOOFED,
+             wire.DropReason.NOT_RECIPIENT)
+
+
+def wire_generation(job: Job) -> int:
+    """The 16-bit generation of ``job`` that its agents and packets carry."""
+    return split_generation(job.generation)[0]
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,7 @@ class Controller:
         self._jobs = {j.job_id: j for j in jobs}
         self._next_seq = max((j.seq for j in jobs), default=0) + 1
         for job_id, (generation, resume) in self.store.load_barriers().items():
-            if job_id in self._jobs and self._jobs[job_id].generation == generation:
+            if job_id in self._jobs and wire_generation(self._jobs[job_id]) == generation:
                 self._barriers.restore(job_id, generation, resume)
         if jobs:
             log.info("loaded %d job(s) from %s", len(jobs), self.options.db_path)
@@ -358,7 +365,7 @@ class Controller:
             if ranges == dict(job.ranges) and job.job_id != fresh and job.job_id not in refresh:
                 out[job.job_id] = job
                 continue
-            generation, counter = counter, counter % MAX_GENERATION + 1
+            generation, counter = counter, counter + 1
             held = {sw: r for sw, r in ranges.items() if r is not None}
             multi = len(job.switches()) > 1
             backend = (Backend.RINA if multi else Backend.INA) if held else Backend.RING
@@ -418,7 +425,7 @@ class Controller:
     def _grant(self, job: Job) -> pb.JobGrant:
         g = pb.JobGrant(
             job_id=job.job_id,
-            generation=job.generation,
+            generation=wire_generation(job),
             backend=str(job.backend),
             scale=self.options.scale,
             ina_port=wire.INA_UDP_PORT,
@@ -527,7 +534,7 @@ class Controller:
             job = self._owned_job(job_id, caller)
             self._worker(job, worker_id)
             self._heartbeats[job_id] = time.time()
-            return job.generation
+            return wire_generation(job)
 
     def _release(self, job_ids: list[int], cause: str) -> None:
         jobs = {j: job for j, job in self._jobs.items() if j not in job_ids}
@@ -568,10 +575,10 @@ class Controller:
             self._require_running()
             job = self._owned_job(job_id, caller)
             self._worker(job, worker_id)
-            if generation != job.generation:
+            if generation != wire_generation(job):
                 raise Refusal(
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    f"job {job_id}: generation {generation} is not the current generation {job.generation}",
+                    f"job {job_id}: generation {generation} is not the current generation {wire_generation(job)}",
                 )
             return self._barriers.sync(
                 job, worker_id, generation, first_missing, deadline=deadline, wait=wait, current=lambda j: self._jobs.get(j),

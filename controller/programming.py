@@ -1,11 +1,13 @@
 """Switch programming: what every INA switch must hold for a set of jobs, and writing it there all-or-nothing.
 
 A switch holds its forwarding entries (from the topology) and, per job with workers under it, the job's
-entries from :func:`inaproto.job_entries.job_entries` (``ina_worker`` entries and multicast group, then the
-``ina_job`` entry; ``num_slots`` 0 where the job has no slots there). The controller computes the state
+entries from :func:`inaproto.job_entries.job_entries` (``ina_binding`` and ``ina_worker`` entries and multicast
+group, then the ``ina_job`` entry; ``num_slots`` 0 where the job has no slots there). A worker is bound to the
+switch port its topology host hangs off and the MAC, IPv4 address and UDP port of its registration. The controller computes the state
 before and after a change and hands both to :class:`controller.switch.Switch`, which writes the difference.
 With ``chains`` on, a Rina job's ring (:func:`controller.chains.plan_rina`) adds its chain entries, groups and
-transit entries (docs/switch.md, "Chains").
+transit entries (docs/switch.md, "Chains"), and binds the members a switch receives chain packets under to the
+inter-switch link they come in on (``bind_link``, docs/security.md, "Data plane: ingress binding").
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from controller.switch import Switch, SwitchError, SwitchState
 from controller.topology import Topology
 from inaproto import wire
 from inaproto.backends import Backend
-from inaproto.job_entries import ChainEntry, JobEntry, TransitEntry, WorkerAddress, WorkerEntry, job_entries, job_group
+from inaproto.job_entries import (BindingEntry, ChainEntry, JobEntry, TransitEntry, WorkerAddress, WorkerEntry,
+                                  job_entries, job_group, split_generation)
 
 __all__ = ["FIRST_JOB_ID", "SwitchProgrammer"]
 
@@ -63,11 +66,11 @@ class SwitchProgrammer:
         """Tables the controller owns on `switch`, in write order (entries may use what precedes them)."""
         tables = []
         for e in self._forwarding.get(switch, ([], []))[0]:
-            if e.table not in tables and e.table not in (WorkerEntry.table, JobEntry.table):
+            if e.table not in tables and e.table not in (BindingEntry.table, WorkerEntry.table, JobEntry.table):
                 tables.append(e.table)
         if self.topology.manages_forwarding and T_LPM not in tables:
             tables.insert(0, T_LPM)
-        return tables + [WorkerEntry.table, TransitEntry.table, ChainEntry.table, JobEntry.table]
+        return tables + [BindingEntry.table, WorkerEntry.table, TransitEntry.table, ChainEntry.table, JobEntry.table]
 
     def expected(self, switch: str, jobs: Mapping[int, Job]) -> SwitchState:
         """What `switch` must hold for `jobs`: forwarding entries, then per job its entries (num_slots 0
@@ -80,11 +83,15 @@ class SwitchProgrammer:
                 continue
             rng = job.range_on(switch)
             by_id = {w.worker_id: w for w in job.request.workers}
+            generation, owner_epoch = split_generation(job.generation)
+            # Ingress binding: the port is the topology's (the worker's host's switch port), the addresses
+            # the registration's (validated; ip and mac filled from the topology host when left empty).
             job_state = job_entries(
                 job.job_id, [WorkerAddress(wid, port, by_id[wid].mac, by_id[wid].ip, by_id[wid].udp_port) for wid, port in workers],
-                base_slot=rng.base if rng else 0, num_slots=rng.size if rng else 0, generation=job.generation,
+                base_slot=rng.base if rng else 0, num_slots=rng.size if rng else 0, generation=generation,
+                owner_epoch=owner_epoch,
             )
-            entries += [TableEntry(e.table, e.match, e.action, e.params) for e in (job_state.job, *job_state.workers)]
+            entries += [TableEntry(e.table, e.match, e.action, e.params) for e in job_state.table_entries]
             groups.append(MulticastGroup(job_state.group.group_id, job_state.group.replicas))
         if self.chains:
             for job in jobs.values():
@@ -95,7 +102,7 @@ class SwitchProgrammer:
                     continue  # host members need a copy in their agent, which agents do not keep yet
                 chain = plan.chains.get(switch)
                 if chain is not None:
-                    entries += [TableEntry(e.table, e.match, e.action, e.params) for e in (*chain.workers, *chain.chains)]
+                    entries += [TableEntry(e.table, e.match, e.action, e.params) for e in chain.table_entries]
                     groups += [MulticastGroup(g.group_id, g.replicas) for g in chain.groups]
                 transit = plan.transit.get(switch)
                 if transit is not None:

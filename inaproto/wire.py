@@ -73,11 +73,11 @@ class DropReason(enum.IntEnum):
     STALE_GENERATION = 5
     BAD_MSG_TYPE = 6
     NO_ROUTE = 7
-    # 8: the ingress binding's (SPOOFED)
+    SPOOFED = 8  # not from the port and addresses the controller bound to (job, member): table ina_binding
     NOT_RECIPIENT = 9  # chains: a result from a chain addressed to another member
 
 
-NUM_DROP_REASONS = 16  # counters per job; reasons beyond NO_ROUTE are grown into, not renumbered
+NUM_DROP_REASONS = 16  # counters per job; reasons beyond NOT_RECIPIENT are grown into, not renumbered
 
 
 class InaHeader(NamedTuple):

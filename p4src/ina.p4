@@ -7,7 +7,10 @@
  * The switch sums the LANES int32 values of every worker into the slot; the last contribution turns the packet
  * into a result that is multicast to all the job's workers. A retransmission for a completed slot gets the
  * result back to its sender alone. Slot state is reset by the data plane when a slot changes owner (job or
- * generation), so the control plane never writes registers (BMv2 cannot over P4Runtime anyway).
+ * generation), so the control plane never writes registers (BMv2 cannot over P4Runtime anyway). A job's member
+ * (a worker) is accepted only from the switch port, source MAC, IPv4 address and UDP port the controller bound
+ * to it (table ina_binding; a chain's switch member by its inter-switch link and UDP port, see bind_link);
+ * anything else is dropped as DROP_SPOOFED.
  *
  * Everything that is not INA is plain IPv4 LPM forwarding, as in p4lang/tutorials' basic.p4.
  *
@@ -30,6 +33,7 @@ const bit<9>  CPU_PORT     = 255;
 #define NUM_DROP_REASONS 16
 #define NUM_JOB_DROPS    4096   /* MAX_JOBS * NUM_DROP_REASONS */
 #define NUM_CHAINS       4096   /* ina_chain entries: (job, partition of its slots) */
+#define NUM_BINDINGS     8192   /* (job, member) bindings: MAX_JOBS * 32 workers */
 
 const bit<16> INA_IPV4_LEN = 170;  /* 20 IPv4 + 8 UDP + 14 ina_t + 128 ina_data_t */
 const bit<16> INA_UDP_LEN  = 150;
@@ -49,7 +53,7 @@ const bit<8> DROP_FOREIGN_WORKER    = 4;
 const bit<8> DROP_STALE_GENERATION  = 5;
 const bit<8> DROP_BAD_MSG_TYPE      = 6;
 const bit<8> DROP_NO_ROUTE          = 7;
-/* 8 is the ingress binding's (DROP_SPOOFED). */
+const bit<8> DROP_SPOOFED           = 8;  /* not from the port and addresses bound to (job, member): ina_binding */
 /* Chains: a result from a chain that is addressed to another member. */
 const bit<8> DROP_NOT_RECIPIENT     = 9;
 
@@ -142,14 +146,25 @@ struct metadata_t {
     bit<8>  num_workers;
     bit<16> mcast_grp;
     bit<16> generation;
+    bit<32> owner_epoch;   /* how often the controller's 16-bit generation counter wrapped (set_job) */
+    /* ingress binding (ina_binding): where (job, member) may send from */
+    bit<8>  member_id;     /* ina_binding's key, hdr.ina.worker_id: a worker's id, a chain switch's member id */
+    bit<1>  bound_by_link; /* bind_link: only the ingress port and UDP port are checked */
+    bit<9>  bound_next_port;
+    bit<16> bound_next_udp_port;
+    bit<1>  bound;         /* 1: the packet comes from the member's bound port, MAC, IPv4 and UDP port */
+    bit<9>  bound_port;
+    bit<48> bound_mac;
+    bit<32> bound_ip;
+    bit<16> bound_udp_port;
     /* aggregation */
     bit<8>  drop_reason;
     bit<32> slot_abs;      /* absolute slot in the pool */
     bit<32> cell;          /* slot_abs * 2 + shadow */
     bit<32> other_cell;    /* slot_abs * 2 + (1 - shadow) */
     bit<32> lane_base;     /* cell * LANES */
-    bit<32> owner;         /* job_id ++ generation */
-    bit<32> prev_owner;
+    bit<64> owner;         /* owner_epoch ++ job_id ++ generation: never repeats for one job */
+    bit<64> prev_owner;
     bit<32> wbit;
     bit<32> bitmap;
     bit<32> other_bitmap;
@@ -168,9 +183,9 @@ struct metadata_t {
     bit<1>  ina_out;       /* a packet the switch turned into a result or a broadcast */
     /* chains (Rina, trees): from the ina_chain table */
     bit<1>  chain;         /* this (job, slot) is a copy of a chain */
-    bit<8>  member_id;     /* this switch's id in the job's worker-id space */
+    bit<8>  own_member_id; /* this switch's id in the job's worker-id space */
     bit<1>  chain_end;     /* the copy's completion is the final sum */
-    bit<16> next_grp;      /* group with one replica towards the next hop (rid = member_id) */
+    bit<16> next_grp;      /* group with one replica towards the next hop (rid = own_member_id) */
     bit<8>  final;         /* ina_final of the copy: it holds the final sum */
     bit<1>  transit;       /* a job this switch only carries (ina_transit) */
 }
@@ -281,7 +296,7 @@ control MyIngress(inout headers_t hdr,
     counter(NUM_DROP_REASONS, CounterType.packets) ina_drops; /* every drop, by reason */
     counter(NUM_JOB_DROPS, CounterType.packets) ina_job_drops; /* job_id * NUM_DROP_REASONS + reason */
 
-    register<bit<32>>(NUM_SLOTS) ina_owner;        /* job_id ++ generation of the slot's last user */
+    register<bit<64>>(NUM_SLOTS) ina_owner;        /* owner_epoch ++ job_id ++ generation of the slot's last user */
     register<bit<32>>(NUM_CELLS) ina_bitmap;       /* workers that contributed to this copy */
     register<bit<8>>(NUM_CELLS) ina_count;         /* contributions so far; 0 = empty or complete */
     register<bit<8>>(NUM_CELLS) ina_overflow;      /* 1 if any lane overflowed in this copy */
@@ -295,7 +310,7 @@ control MyIngress(inout headers_t hdr,
     action set_chain(bit<8> member_id, bit<32> upstream_mask, bit<8> num_upstream, bit<1> chain_end,
                      bit<16> next_grp, bit<16> final_grp) {
         meta.chain = 1;
-        meta.member_id = member_id;
+        meta.own_member_id = member_id;
         meta.worker_mask = meta.worker_mask | upstream_mask;
         meta.num_workers = meta.num_workers + num_upstream;
         meta.chain_end = chain_end;
@@ -337,7 +352,7 @@ control MyIngress(inout headers_t hdr,
     /* The copy's sum (in the packet) to the next hop, as one contribution under this switch's member id. */
     action send_onward() {
         hdr.ina.msg_type = INA_GRADIENT;
-        hdr.ina.worker_id = meta.member_id;
+        hdr.ina.worker_id = meta.own_member_id;
         hdr.ethernet.srcAddr = hdr.ethernet.dstAddr;
         hdr.ipv4.srcAddr = hdr.ipv4.dstAddr;
         hdr.udp.srcPort = INA_UDP_PORT;
@@ -378,13 +393,14 @@ control MyIngress(inout headers_t hdr,
     }
 
     action set_job(bit<16> base_slot, bit<16> num_slots, bit<32> worker_mask,
-                   bit<8> num_workers, bit<16> mcast_grp, bit<16> generation) {
+                   bit<8> num_workers, bit<16> mcast_grp, bit<16> generation, bit<32> owner_epoch) {
         meta.base_slot = base_slot;
         meta.num_slots = num_slots;
         meta.worker_mask = worker_mask;
         meta.num_workers = num_workers;
         meta.mcast_grp = mcast_grp;
         meta.generation = generation;
+        meta.owner_epoch = owner_epoch;
     }
 
     table ina_job {
@@ -398,6 +414,46 @@ control MyIngress(inout headers_t hdr,
         size = MAX_JOBS;
         const default_action = NoAction();
     }
+
+    /* ---- Ingress binding (docs/security.md, "Data plane"): a member of a job - a worker, or later a switch
+     * contributing for its subtree - may send only from the switch port, source MAC, IPv4 address and UDP
+     * port the controller bound to (job, member) when it admitted the job. */
+    action bind_member(egressSpec_t port, macAddr_t mac, ip4Addr_t ip, bit<16> udp_port) {
+        meta.bound_port = port;
+        meta.bound_mac = mac;
+        meta.bound_ip = ip;
+        meta.bound_udp_port = udp_port;
+        meta.bound_by_link = 0;
+    }
+
+    /* A chain's switch member (docs/security.md, "Data plane: ingress binding"): its partials, and the final
+     * sums passed on to a switch under that switch's own member id, carry as source the address the packet
+     * that triggered them was sent to (and a transit switch rewrites the MAC), so only the inter-switch link
+     * they come in on and the UDP port the sending switch uses (INA_UDP_PORT for a P4 switch) are fixed; a host
+     * cannot send on an inter-switch link. Under its own member id a switch also takes its next hop's answer to
+     * a resent partial: next_port / next_udp_port (the same as port / udp_port for an upstream member). */
+    action bind_link(egressSpec_t port, bit<16> udp_port, egressSpec_t next_port, bit<16> next_udp_port) {
+        meta.bound_port = port;
+        meta.bound_udp_port = udp_port;
+        meta.bound_next_port = next_port;
+        meta.bound_next_udp_port = next_udp_port;
+        meta.bound_by_link = 1;
+    }
+
+    table ina_binding {
+        key = {
+            hdr.ina.job_id: exact;
+            meta.member_id: exact;
+        }
+        actions = {
+            bind_member;
+            bind_link;
+            @defaultonly NoAction;
+        }
+        size = NUM_BINDINGS;
+        const default_action = NoAction();
+    }
+    /* ---- end of ingress binding */
 
     /* Results and broadcasts leave from the address the worker sent to. */
     action multicast_to_job() {
@@ -452,7 +508,7 @@ control MyIngress(inout headers_t hdr,
             exit;
         }
 
-        /* 4. INA: validate lengths, job, message type, generation, worker, slot. */
+        /* 4. INA: validate lengths, job, message type, generation, worker, binding, slot. */
         if (hdr.ipv4.totalLen != INA_IPV4_LEN || hdr.udp.length != INA_UDP_LEN) {
             ina_drops.count((bit<32>)DROP_MALFORMED);
             drop();
@@ -469,6 +525,22 @@ control MyIngress(inout headers_t hdr,
             exit;
         }
         ina_chain.apply();  /* chains: upstream members join the mask, final_grp replaces mcast_grp */
+        /* 4b. Ingress binding: the sender must be where (job, member) was bound. A member bound by link
+         * (bind_link: a switch's partials and passed-on final sums) is checked by port and UDP port only. */
+        meta.member_id = hdr.ina.worker_id;
+        meta.bound = 0;
+        if (ina_binding.apply().hit) {
+            if (meta.bound_by_link == 1) {
+                if ((standard_metadata.ingress_port == meta.bound_port && hdr.udp.srcPort == meta.bound_udp_port) ||
+                    (standard_metadata.ingress_port == meta.bound_next_port &&
+                     hdr.udp.srcPort == meta.bound_next_udp_port)) {
+                    meta.bound = 1;
+                }
+            } else if (standard_metadata.ingress_port == meta.bound_port && hdr.ethernet.srcAddr == meta.bound_mac &&
+                       hdr.ipv4.srcAddr == meta.bound_ip && hdr.udp.srcPort == meta.bound_udp_port) {
+                meta.bound = 1;
+            }
+        }
         meta.drop_reason = 0;
         meta.wbit = (bit<32>)1 << hdr.ina.worker_id;
         meta.slot_abs = (bit<32>)meta.base_slot + (bit<32>)hdr.ina.slot;
@@ -478,13 +550,17 @@ control MyIngress(inout headers_t hdr,
         } else if (hdr.ina.generation != meta.generation) {
             meta.drop_reason = DROP_STALE_GENERATION;
         } else if (hdr.ina.msg_type == INA_RESULT) {
-            if (hdr.ina.worker_id != meta.member_id) {
+            if (hdr.ina.worker_id != meta.own_member_id) {
                 meta.drop_reason = DROP_NOT_RECIPIENT;
+            } else if (meta.bound == 0) {
+                meta.drop_reason = DROP_SPOOFED;  /* bound under the recipient's own id: where final sums come from */
             } else if (hdr.ina.slot >= meta.num_slots || meta.slot_abs >= NUM_SLOTS) {
                 meta.drop_reason = DROP_SLOT_OUT_OF_RANGE;
             }
         } else if ((meta.worker_mask & meta.wbit) == 0) {
             meta.drop_reason = DROP_FOREIGN_WORKER;
+        } else if (meta.bound == 0) {
+            meta.drop_reason = DROP_SPOOFED;
         } else if (hdr.ina.msg_type == INA_GRADIENT &&
                    (hdr.ina.slot >= meta.num_slots || meta.slot_abs >= NUM_SLOTS)) {
             meta.drop_reason = DROP_SLOT_OUT_OF_RANGE;
@@ -502,11 +578,12 @@ control MyIngress(inout headers_t hdr,
             exit;
         }
 
-        /* 6. Gradient. A slot whose owner changed (another job, or a new generation) is reset first. */
+        /* 6. Gradient. A slot whose owner changed (another job, or a new generation) is reset first. The
+         * owner epoch makes the tag unique past 65,535 generations of one job (the wire generation wraps). */
         meta.cell = (meta.slot_abs << 1) + (bit<32>)hdr.ina.shadow;
         meta.other_cell = (meta.slot_abs << 1) + (bit<32>)(~hdr.ina.shadow);
         meta.lane_base = meta.cell * LANES;
-        meta.owner = hdr.ina.job_id ++ hdr.ina.generation;
+        meta.owner = meta.owner_epoch ++ hdr.ina.job_id ++ hdr.ina.generation;
         ina_owner.read(meta.prev_owner, meta.slot_abs);
 
         /* 6c. Chains: the final sum reaching this switch. Kept in a complete copy of the same chunk that holds

@@ -110,9 +110,12 @@ def shortest_unique_suffixes(names: list[str]) -> dict[str, str]:
 
 
 def _field_width(src: P4Source, expr: str) -> int:
-    """Width of a key expression like hdr.ipv4.dstAddr or standard_metadata.egress_rid."""
+    """Width of a key expression like hdr.ipv4.dstAddr, meta.member_id or standard_metadata.egress_rid."""
     if expr.startswith("standard_metadata."):
         return {"egress_rid": 16, "ingress_port": 9, "egress_spec": 9, "egress_port": 9}[expr.split(".")[1]]
+    if expr.startswith("meta."):
+        meta_body = re.search(r"struct\s+metadata_t\s*\{(.*?)\}", _STRIP_COMMENTS.sub("", src.text), re.S).group(1)
+        return dict((f, src.width(t)) for t, f in re.findall(r"(bit<\d+>|\w+)\s+(\w+)\s*;", meta_body))[expr.split(".")[1]]
     _, inst, fld = expr.split(".")
     struct_body = re.search(r"struct\s+headers_t\s*\{(.*?)\}", _STRIP_COMMENTS.sub("", src.text), re.S).group(1)
     htype = dict((n, t) for t, n in re.findall(r"(\w+)\s+(\w+)\s*;", struct_body))[inst]

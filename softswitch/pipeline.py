@@ -35,6 +35,7 @@ TYPE_IPV4 = 0x0800
 PROTO_UDP = 17
 NUM_CELLS = wire.NUM_SLOTS * 2
 NUM_CHAINS = 4096  # ina_chain entries
+NUM_BINDINGS = 8192  # table ina_binding: MAX_JOBS * 32 workers
 INT32 = wire.LANES_DTYPE
 
 # Everything the INA path reads, from a frame's first byte: etherType; version/ihl, totalLen, protocol; UDP
@@ -112,8 +113,11 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("MyIngress.send_to_cpu", ()),
         ActionSpec(
             "MyIngress.set_job",
-            (("base_slot", 16), ("num_slots", 16), ("worker_mask", 32), ("num_workers", 8), ("mcast_grp", 16), ("generation", 16)),
+            (("base_slot", 16), ("num_slots", 16), ("worker_mask", 32), ("num_workers", 8), ("mcast_grp", 16), ("generation", 16),
+             ("owner_epoch", 32)),
         ),
+        ActionSpec("MyIngress.bind_member", (("port", 9), ("mac", 48), ("ip", 32), ("udp_port", 16))),
+        ActionSpec("MyIngress.bind_link", (("port", 9), ("udp_port", 16), ("next_port", 9), ("next_udp_port", 16))),
         ActionSpec("MyIngress.multicast_to_job", ()),
         ActionSpec("MyIngress.reply_to_sender", ()),
         ActionSpec(
@@ -165,6 +169,15 @@ TABLES: dict[str, TableSpec] = {
             const_default=True,
         ),
         TableSpec(
+            "MyIngress.ina_binding",
+            (("hdr.ina.job_id", 16, "exact"), ("meta.member_id", 8, "exact")),
+            ("MyIngress.bind_member", "MyIngress.bind_link", "NoAction"),
+            NUM_BINDINGS,
+            "NoAction",
+            default_only=frozenset({"NoAction"}),
+            const_default=True,
+        ),
+        TableSpec(
             "MyEgress.ina_worker",
             (("hdr.ina.job_id", 16, "exact"), ("standard_metadata.egress_rid", 16, "exact")),
             ("MyEgress.set_worker_addr", "MyEgress.drop"),
@@ -184,7 +197,7 @@ COUNTERS: dict[str, int] = {
     "MyIngress.ina_partials": wire.MAX_JOBS,
 }
 REGISTERS: dict[str, tuple[int, int]] = {  # name -> (bitwidth, size)
-    "MyIngress.ina_owner": (32, wire.NUM_SLOTS),
+    "MyIngress.ina_owner": (64, wire.NUM_SLOTS),
     "MyIngress.ina_bitmap": (32, NUM_CELLS),
     "MyIngress.ina_count": (8, NUM_CELLS),
     "MyIngress.ina_overflow": (8, NUM_CELLS),
@@ -284,6 +297,10 @@ class InaPipeline:
         self.reset_registers()
         # Fast views of the tables the hot path reads (rebuilt on every control-plane write).
         self._job: dict[int, tuple[int, ...]] = {}
+        # table ina_binding as what the frame must carry: (job, member) -> (port, src MAC, src IPv4, src UDP port).
+        self._binding: dict[tuple[int, int], tuple[int, bytes, bytes, bytes]] = {}
+        # its bind_link entries (chains): (job, member) -> the (port, src UDP port) pairs it may come from.
+        self._link_binding: dict[tuple[int, int], frozenset[tuple[int, bytes]]] = {}
         self._worker: dict[tuple[int, int], tuple[int, int, int] | None] = {}
         # The same entries as _worker, as the bytes the egress writes: (mac, ip, udp_port, worker_id, ip as int).
         self._worker_bytes: dict[tuple[int, int], tuple[bytes, bytes, bytes, bytes, int] | None] = {}
@@ -370,6 +387,15 @@ class InaPipeline:
 
     def _refresh(self) -> None:
         self._job = {e.match[0]: e.params for e in self.tables["MyIngress.ina_job"].entries.values() if e.action == "MyIngress.set_job"}
+        bindings = self.tables["MyIngress.ina_binding"].entries.values()
+        self._binding = {
+            e.match: (e.params[0], e.params[1].to_bytes(6, "big"), e.params[2].to_bytes(4, "big"), _U16.pack(e.params[3]))
+            for e in bindings if e.action == "MyIngress.bind_member"
+        }
+        self._link_binding = {
+            e.match: frozenset({(e.params[0], _U16.pack(e.params[1])), (e.params[2], _U16.pack(e.params[3]))})
+            for e in bindings if e.action == "MyIngress.bind_link"
+        }
         workers = self.tables["MyEgress.ina_worker"]
         self._worker = {
             e.match: (e.params if e.action == "MyEgress.set_worker_addr" else None) for e in workers.entries.values()
@@ -470,7 +496,7 @@ class InaPipeline:
         """MyIngress.apply from step 4 on, for a valid INA packet (``headers``: _INA_HEADERS of the frame)."""
         counters = self.counters
         ina_drops = counters["MyIngress.ina_drops"]
-        # 4. INA: validate lengths, job, message type, generation, worker, slot.
+        # 4. INA: validate lengths, job, message type, generation, worker, binding, slot.
         _, _, total_len, _, _, udp_len, msg_type, flags, job_id, generation, slot, seq, worker_id, last = headers
         # 3. (chains) INA of a job this switch only carries: IPv4 LPM forwarding (table ina_transit).
         if job_id in self._transit:
@@ -483,17 +509,26 @@ class InaPipeline:
         if job is None:
             ina_drops[DropReason.UNKNOWN_JOB] += 1
             return []
-        base_slot, num_slots, worker_mask, num_workers, mcast_grp, job_generation = job
+        base_slot, num_slots, worker_mask, num_workers, mcast_grp, job_generation, owner_epoch = job
         # table ina_chain (chains): upstream members join the mask, final_grp replaces mcast_grp
         chain = False
-        member_id = chain_end = next_grp = 0
+        own_member_id = chain_end = next_grp = 0
         for shift, key, params in self._chain.get(job_id, ()):
             if slot >> shift == key:  # action set_chain
                 chain = True
-                member_id, upstream_mask, num_upstream, chain_end, next_grp, mcast_grp = params
+                own_member_id, upstream_mask, num_upstream, chain_end, next_grp, mcast_grp = params
                 worker_mask |= upstream_mask
                 num_workers = (num_workers + num_upstream) & 0xFF
                 break
+        # 4b. Ingress binding: the sender must be where (job, member) was bound (table ina_binding); a member
+        # bound by link (bind_link, chains) by its ingress port and UDP port only, on one of its two links.
+        binding = self._binding.get((job_id, worker_id))  # member_id = worker_id
+        if binding is not None:  # bind_member
+            bound = ingress_port == binding[0] and frame[6:12] == binding[1] and \
+                frame[_O_IP + 12 : _O_IP + 16] == binding[2] and frame[_O_UDP : _O_UDP + 2] == binding[3]
+        else:
+            links = self._link_binding.get((job_id, worker_id))
+            bound = links is not None and (ingress_port, frame[_O_UDP : _O_UDP + 2]) in links
         drop_reason = 0
         wbit = (1 << worker_id) & 0xFFFFFFFF  # (bit<32>)1 << worker_id: 0 for worker_id >= 32
         slot_abs = base_slot + slot
@@ -502,12 +537,16 @@ class InaPipeline:
         elif generation != job_generation:
             drop_reason = DropReason.STALE_GENERATION
         elif msg_type == _RESULT:
-            if worker_id != member_id:
+            if worker_id != own_member_id:
                 drop_reason = DropReason.NOT_RECIPIENT
+            elif not bound:
+                drop_reason = DropReason.SPOOFED  # bound under the recipient's own id: where final sums come from
             elif slot >= num_slots or slot_abs >= wire.NUM_SLOTS:
                 drop_reason = DropReason.SLOT_OUT_OF_RANGE
         elif worker_mask & wbit == 0:
             drop_reason = DropReason.FOREIGN_WORKER
+        elif not bound:
+            drop_reason = DropReason.SPOOFED
         elif msg_type == _GRADIENT and (slot >= num_slots or slot_abs >= wire.NUM_SLOTS):
             drop_reason = DropReason.SLOT_OUT_OF_RANGE
         if drop_reason:
@@ -524,7 +563,7 @@ class InaPipeline:
         # 6. Gradient. A slot whose owner changed (another job, or a new generation) is reset first.
         cell = (slot_abs << 1) + shadow
         other_cell = (slot_abs << 1) + (shadow ^ 1)
-        owner = (job_id << 16) | generation
+        owner = (owner_epoch << 32) | (job_id << 16) | generation  # owner_epoch ++ job_id ++ generation
         ina_bitmap, ina_count, ina_overflow, ina_seq = self.ina_bitmap, self.ina_count, self.ina_overflow, self.ina_seq
 
         # 6c. Chains: the final sum reaching this switch, kept in a complete copy of the same chunk that holds the
@@ -600,7 +639,7 @@ class InaPipeline:
             out[_O_INA] = _RESULT
             out[_O_FLAGS] = _OVERFLOW if overflow else 0
             if chain and not chain_end:
-                return self._send_onward(out, job_id, member_id, next_grp, ingress_port)
+                return self._send_onward(out, job_id, own_member_id, next_grp, ingress_port)
             if chain:
                 self.ina_final[cell] = 1
             self._multicast_to_job(out)
@@ -618,7 +657,7 @@ class InaPipeline:
         out[_O_FLAGS] = _OVERFLOW if overflow else 0
         if final != 1:  # chains: a copy still waiting for the final sum sends its partial onward again
             out[_O_FLAGS] |= _RETRANSMIT
-            return self._send_onward(out, job_id, member_id, next_grp, ingress_port)
+            return self._send_onward(out, job_id, own_member_id, next_grp, ingress_port)
         self._reply_to_sender(out)
         return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 

@@ -5,7 +5,7 @@ turn would return, concatenated, and leaves the registers and counters exactly a
 equivalence tests in tests/unit/test_pipeline_batch.py check both on random sequences).
 
 Only the common case is vectorised: whole INA gradients from a data port that pass every check of
-``MyIngress.apply`` step 4 (parser states, checksum, lengths, job, generation, worker, slot) into a slot
+``MyIngress.apply`` step 4 (parser states, checksum, lengths, job, generation, worker, binding, slot) into a slot
 no other such gradient of the batch touches, and that the slot accepts (step 6a). A slot's state (its two
 copies and its owner) is touched by no other frame of the batch then, so those frames can be parsed,
 checked, summed (AGGREGATE_LANE on every lane of every frame at once) and written back in one go, in any
@@ -36,47 +36,64 @@ DROP_PORT = 511
 _OFF = {name: _O_INA + off for name, off in wire.INA_FIELD_OFFSETS.items()}
 # A whole INA frame as a numpy record: what the vectorised parser reads (names as in p4src/ina.p4's headers).
 FRAME_DTYPE = np.dtype({
-    "names": ["etherType", "version_ihl", "totalLen", "protocol", "ipv4_words", "udp_dstPort", "udp_length",
+    "names": ["eth_src_hi", "eth_src_lo", "ipv4_src", "udp_srcPort", "etherType", "version_ihl", "totalLen", "protocol", "ipv4_words", "udp_dstPort", "udp_length",
               "msg_type", "job_id", "generation", "slot", "seq", "worker_id", "reserved_shadow", "lanes"],
-    "formats": [">u2", "u1", ">u2", "u1", (">u2", (10,)), ">u2", ">u2", "u1", ">u2", ">u2", ">u2", ">u4", "u1", "u1",
+    "formats": [">u2", ">u4", ">u4", ">u2", ">u2", "u1", ">u2", "u1", (">u2", (10,)), ">u2", ">u2", "u1", ">u2", ">u2", ">u2", ">u4", "u1", "u1",
                 (wire.LANES_DTYPE, (wire.LANES,))],
-    "offsets": [12, _O_IP, _O_IP + 2, _O_IP + 9, _O_IP, _O_UDP + 2, _O_UDP + 4, _OFF["msg_type"], _OFF["job_id"],
+    "offsets": [6, 8, _O_IP + 12, _O_UDP, 12, _O_IP, _O_IP + 2, _O_IP + 9, _O_IP, _O_UDP + 2, _O_UDP + 4, _OFF["msg_type"], _OFF["job_id"],
                 _OFF["generation"], _OFF["slot"], _OFF["seq"], _OFF["worker_id"], _OFF["reserved_shadow"], _O_DATA],
     "itemsize": _LEN,
 })
 
 
 class _JobArrays:
-    """Table ina_job as arrays indexed by job id (rebuilt when the control plane changes the table)."""
+    """Tables ina_job (indexed by job id) and ina_binding (by job id, member id) as arrays (rebuilt when the
+    control plane changes the tables)."""
 
-    def __init__(self, jobs: dict[int, tuple[int, ...]]) -> None:
+    def __init__(self, jobs: dict[int, tuple[int, ...]], bindings: dict[tuple[int, int], tuple]) -> None:
         self.source = jobs
+        self.binding_source = bindings
         n = wire.MAX_JOBS
         self.known = np.zeros(n, bool)
         self.base_slot, self.num_slots, self.worker_mask, self.num_workers, self.mcast_grp, self.generation = (
             np.zeros(n, np.int64) for _ in range(6))
-        for job_id, (base, num, mask, workers, grp, gen) in jobs.items():
+        self.owner_epoch = np.zeros(n, np.uint64)
+        for job_id, (base, num, mask, workers, grp, gen, epoch) in jobs.items():
             if job_id < n:
                 self.known[job_id] = True
                 self.base_slot[job_id], self.num_slots[job_id], self.worker_mask[job_id] = base, num, mask
                 self.num_workers[job_id], self.mcast_grp[job_id], self.generation[job_id] = workers, grp, gen
+                self.owner_epoch[job_id] = epoch
+        # ina_binding: port -1 where (job, member) has no binding, so that no ingress port matches
+        self.bound_port = np.full((n, 256), -1, np.int64)
+        self.bound_mac_hi, self.bound_mac_lo, self.bound_ip, self.bound_udp = (np.zeros((n, 256), np.int64) for _ in range(4))
+        for (job_id, member), (port, mac, ip, udp) in bindings.items():
+            if job_id < n:
+                self.bound_port[job_id, member] = port
+                self.bound_mac_hi[job_id, member] = int.from_bytes(mac[:2], "big")
+                self.bound_mac_lo[job_id, member] = int.from_bytes(mac[2:], "big")
+                self.bound_ip[job_id, member] = int.from_bytes(ip, "big")
+                self.bound_udp[job_id, member] = int.from_bytes(udp, "big")
 
 
 def _job_arrays(pipeline: InaPipeline) -> _JobArrays:
     arrays = getattr(pipeline, "_batch_jobs", None)
-    if arrays is None or arrays.source is not pipeline._job:  # _refresh builds a new dict on every write
-        arrays = pipeline._batch_jobs = _JobArrays(pipeline._job)
-        for job_id in set(pipeline._chain) | pipeline._transit:  # chains and transit: one frame at a time
+    # _refresh builds new dicts on every write
+    if arrays is None or arrays.source is not pipeline._job or arrays.binding_source is not pipeline._binding:
+        arrays = pipeline._batch_jobs = _JobArrays(pipeline._job, pipeline._binding)
+        # chains, transit and members bound by link (bind_link): one frame at a time
+        link_bound = {job_id for job_id, _ in pipeline._link_binding}
+        for job_id in set(pipeline._chain) | pipeline._transit | link_bound:
             if job_id < wire.MAX_JOBS:
                 arrays.known[job_id] = False
     return arrays
 
 
-def _gather(values: list[int], index: np.ndarray) -> np.ndarray:
+def _gather(values: list[int], index: np.ndarray, dtype: type = np.int64) -> np.ndarray:
     """values[index] for a Python list register (registers stay lists: ``process`` reads them one at a time)."""
     if len(index) == 1:
-        return np.array([values[int(index[0])]], np.int64)
-    return np.array(itemgetter(*index.tolist())(values), np.int64)
+        return np.array([values[int(index[0])]], dtype)
+    return np.array(itemgetter(*index.tolist())(values), dtype)
 
 
 def _scatter(values: list[int], index: np.ndarray, new: np.ndarray) -> None:
@@ -110,6 +127,10 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes],
     jobs = _job_arrays(pipeline)
     j = np.minimum(job_id, wire.MAX_JOBS - 1)
     worker_id = rec["worker_id"].astype(np.int64)
+    member = np.minimum(worker_id, 255)
+    bound = ((jobs.bound_port[j, member] == ingress_port) & (jobs.bound_mac_hi[j, member] == rec["eth_src_hi"])
+             & (jobs.bound_mac_lo[j, member] == rec["eth_src_lo"]) & (jobs.bound_ip[j, member] == rec["ipv4_src"])
+             & (jobs.bound_udp[j, member] == rec["udp_srcPort"]))
     wbit = np.where(worker_id < 32, np.left_shift(1, np.minimum(worker_id, 31)), 0)
     slot = rec["slot"].astype(np.int64)
     slot_abs = jobs.base_slot[j] + slot
@@ -118,7 +139,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes],
           & (rec["udp_dstPort"] == wire.INA_UDP_PORT) & (checksum == 0xFFFF - folded)
           & (rec["totalLen"] == wire.INA_IPV4_LEN) & (rec["udp_length"] == wire.INA_UDP_LEN)
           & (rec["msg_type"] == int(wire.MsgType.GRADIENT)) & (job_id < wire.MAX_JOBS) & jobs.known[j]
-          & (rec["generation"] == jobs.generation[j]) & (jobs.worker_mask[j] & wbit != 0)
+          & (rec["generation"] == jobs.generation[j]) & (jobs.worker_mask[j] & wbit != 0) & bound
           & (slot < jobs.num_slots[j]) & (slot_abs < wire.NUM_SLOTS))
     # ... into a slot no other such gradient of the batch touches
     cand = np.flatnonzero(ok)
@@ -134,8 +155,10 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes],
     cell = (sa << 1) + shadow
     other = cell ^ 1
     jc = job_id[cand]
-    owner = (jc << 16) | rec["generation"][cand].astype(np.int64)
-    reset = _gather(pipeline.ina_owner, sa) != owner
+    # owner_epoch ++ job_id ++ generation, as uint64 (the epoch may use all 32 bits)
+    owner = ((jobs.owner_epoch[jc] << np.uint64(32)) | (jc.astype(np.uint64) << np.uint64(16))
+             | rec["generation"][cand].astype(np.uint64))
+    reset = _gather(pipeline.ina_owner, sa, np.uint64) != owner
     bitmap = np.where(reset, 0, _gather(pipeline.ina_bitmap, cell))
     count = np.where(reset, 0, _gather(pipeline.ina_count, cell))
     overflow = np.where(reset, 0, _gather(pipeline.ina_overflow, cell))

@@ -76,6 +76,7 @@ class UdpSwitch:
         self.faults = faults or Faults()
         self.rng = random.Random(seed)
         self.ports: dict[tuple[str, int], int] = {}  # sender address -> switch port
+        self.macs: dict[tuple[str, int], bytes] = {}  # sender address -> the source MAC its frames carry
         self.received = 0
         self.forwarded = 0
         self.dropped = 0
@@ -87,38 +88,46 @@ class UdpSwitch:
         self._thread.start()
 
     # --- control plane, as the controller writes it --------------------------------------------------
-    def attach(self, ip: str, udp_port: int, switch_port: int | None = None) -> int:
-        """The switch port of the worker at ``ip:udp_port`` (``switch_port``, or allocated on first use from 1)."""
+    def attach(self, ip: str, udp_port: int, switch_port: int | None = None, mac: str | bytes | None = None) -> int:
+        """The switch port of the worker at ``ip:udp_port`` (``switch_port``, or allocated on first use from 1);
+        its frames carry source MAC ``mac`` (default: one derived from the port), as a host's NIC would."""
         key = (ip, udp_port)
         if switch_port is not None:
             self.ports[key] = switch_port
         elif key not in self.ports:
             self.ports[key] = len(self.ports) + 1
+        if mac is not None:
+            self.macs[key] = bytes.fromhex(mac.replace(":", "")) if isinstance(mac, str) else mac
         return self.ports[key]
+
+    def source_mac(self, ip: str, udp_port: int) -> bytes:
+        """The source MAC of frames from ``ip:udp_port`` (what the ingress binding checks)."""
+        key = (ip, udp_port)
+        return self.macs.get(key) or _mac_bytes(self.ports.get(key, 0))
 
     def install_job(self, job_id: int, workers: Sequence[UdpWorker], base: int, num_slots: int, generation: int,
                     mcast_grp: int | None = None) -> int:
         """``ina_job`` entry, multicast group and ``ina_worker`` entries for ``workers``; returns the group."""
-        addresses = [WorkerAddress(w.worker_id, self.attach(w.ip, w.udp_port), _mac_bytes(w.worker_id), w.ip, w.udp_port)
-                     for w in workers]
+        addresses = [WorkerAddress(w.worker_id, self.attach(w.ip, w.udp_port), self.source_mac(w.ip, w.udp_port), w.ip,
+                                   w.udp_port) for w in workers]
         entries = job_entries(job_id, addresses, base_slot=base, num_slots=num_slots, generation=generation,
                               mcast_grp=mcast_grp)
         p = self.pipeline
-        for e in (entries.job, *entries.workers):
+        p.set_multicast_group(entries.group.group_id, list(entries.group.replicas))
+        for e in entries.table_entries:
             if e.match in p.table(e.table).entries:
                 p.modify_entry(e.table, e.match, e.action, e.params)
             else:
                 p.insert_entry(e.table, e.match, e.action, e.params)
-            if e is entries.job:
-                p.set_multicast_group(entries.group.group_id, list(entries.group.replicas))
         return entries.group.group_id
 
     def remove_job(self, job_id: int) -> None:
         p = self.pipeline
         if (job_id,) in p.table("MyIngress.ina_job").entries:
             p.delete_entry("MyIngress.ina_job", (job_id,))
-        for match in [m for m in p.table("MyEgress.ina_worker").entries if m[0] == job_id]:
-            p.delete_entry("MyEgress.ina_worker", match)
+        for table in ("MyEgress.ina_worker", "MyIngress.ina_binding"):
+            for match in [m for m in p.table(table).entries if m[0] == job_id]:
+                p.delete_entry(table, match)
 
     def set_faults(self, faults: Faults) -> None:
         self.faults = faults
@@ -147,7 +156,7 @@ class UdpSwitch:
 
     def _ingress(self, data: bytes, src: tuple[str, int]) -> None:
         port = self.ports.get(src, 0)
-        frame = wire.udp_frame(_mac_bytes(port), SWITCH_MAC, ipaddress.IPv4Address(src[0]).packed, self.ip_bytes,
+        frame = wire.udp_frame(self.source_mac(*src), SWITCH_MAC, ipaddress.IPv4Address(src[0]).packed, self.ip_bytes,
                                src[1], wire.INA_UDP_PORT, data)
         now = time.time()
         for _port, out in self.pipeline.process(port, frame):

@@ -20,7 +20,7 @@ __all__ = ["BMV2", "CASES", "answer", "check_unharmed"]
 
 Update = p4runtime_pb2.Update
 DEVICE = 1
-JOB = ("MyIngress.ina_job", (5,), "MyIngress.set_job", (0, 8, 0b11, 2, 6, 0))
+JOB = ("MyIngress.ina_job", (5,), "MyIngress.set_job", (0, 8, 0b11, 2, 6, 0, 0))  # set_job(..., generation, owner_epoch)
 UNKNOWN_ID = 0x02FFFFFF  # no P4Info object has it
 
 

@@ -120,8 +120,9 @@ class Bench:
         with self.reader(name) as sw:
             jobs = {e.match[0]: e.params for e in sw.read_table("MyIngress.ina_job")}
             workers = {e.match: e.params for e in sw.read_table("MyEgress.ina_worker")}
+            bindings = {e.match: e.params for e in sw.read_table("MyIngress.ina_binding")}
             groups = {g.group_id: g.replicas for g in sw.read_groups()}
-        return {"jobs": jobs, "workers": workers, "groups": groups}
+        return {"jobs": jobs, "workers": workers, "bindings": bindings, "groups": groups}
 
     def close(self) -> None:
         self.channel.close()
@@ -156,7 +157,7 @@ def expected(grants) -> dict:
     for g in grants:
         s = g.switches[0]
         mask = sum(1 << w for w in s.worker_ids)
-        jobs[g.job_id] = (s.base_slot, s.num_slots, mask, len(s.worker_ids), s.mcast_grp, g.generation)
+        jobs[g.job_id] = (s.base_slot, s.num_slots, mask, len(s.worker_ids), s.mcast_grp, g.generation, 0)
         groups[s.mcast_grp] = None
         for w in s.worker_ids:
             workers[(g.job_id, w)] = None
@@ -169,16 +170,18 @@ def test_admission_installs_the_exact_entries_in_the_switch_process(bench):
     b = register(bench.stub, "b", ["h13", "h14"], 16)
     state = bench.switch_jobs()
     assert state["jobs"] == {
-        a.job_id: (0, 8, 0b11, 2, a.job_id + 1, a.generation),
-        b.job_id: (8, 8, 0b11, 2, b.job_id + 1, b.generation),
+        a.job_id: (0, 8, 0b11, 2, a.job_id + 1, a.generation, 0),
+        b.job_id: (8, 8, 0b11, 2, b.job_id + 1, b.generation, 0),
     }
     assert state["workers"][(b.job_id, 1)] == (0x020000000104, 0x0A000104, 40001)
+    assert state["bindings"][(b.job_id, 1)] == (4, 0x020000000104, 0x0A000104, 40001)  # h14's port and addresses
+    assert set(state["bindings"]) == set(state["workers"])
     assert state["groups"] == {a.job_id + 1: ((1, 0), (2, 1)), b.job_id + 1: ((3, 0), (4, 1))}
     # reallocation: a's release upgrades b in the switch under a new generation
     bench.stub.ReleaseJob(pb.ReleaseJobRequest(job_id=a.job_id), timeout=10)
     g = bench.stub.GetJob(pb.GetJobRequest(job_id=b.job_id), timeout=10).grant
     assert g.generation != b.generation
-    assert bench.switch_jobs()["jobs"] == {b.job_id: (0, 16, 0b11, 2, b.job_id + 1, g.generation)}
+    assert bench.switch_jobs()["jobs"] == {b.job_id: (0, 16, 0b11, 2, b.job_id + 1, g.generation, 0)}
     # inactl against the daemon
     out = subprocess.run([*command_argv(Command.CTL), "--controller", bench.listen, "--credential-file", str(bench.admin), "memory", "--json"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and json.loads(out.stdout)["switches"][0]["used"] == 16
@@ -242,8 +245,8 @@ def test_restart_repairs_switch_entries_changed_while_the_controller_was_down(be
 
     with Switch(SwitchOptions("s1", bench.switches["s1"], 1, election_id=(0, 99), connect_timeout=5), SCHEMA) as vandal:
         assert vandal.connect()
-        vandal.delete(TableEntry("MyIngress.ina_job", (a.job_id,), "MyIngress.set_job", (0, 8, 3, 2, a.job_id + 1, a.generation)))
-        vandal.insert(TableEntry("MyIngress.ina_job", (200,), "MyIngress.set_job", (0, 4, 1, 1, 201, 1)))
+        vandal.delete(TableEntry("MyIngress.ina_job", (a.job_id,), "MyIngress.set_job", (0, 8, 3, 2, a.job_id + 1, a.generation, 0)))
+        vandal.insert(TableEntry("MyIngress.ina_job", (200,), "MyIngress.set_job", (0, 4, 1, 1, 201, 1, 0)))
     bench.start_controller()
     after = bench.switch_jobs()
     assert after["workers"] == before["workers"] and after["groups"] == before["groups"]

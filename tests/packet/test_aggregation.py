@@ -215,7 +215,7 @@ def test_new_generation_resets_slot_and_drops_stale_packets(target):
     # A switch takes frames and table writes on separate paths: wait until it has processed the frame (it
     # emits nothing) before the generation changes, or the frame may meet generation 2 and count as stale.
     assert target.receive(expect=0, timeout=0.05) == []
-    target.modify_entry("MyIngress.ina_job", (5,), "MyIngress.set_job", (0, 2, 0b11, 2, 6, 2))
+    target.modify_entry("MyIngress.ina_job", (5,), "MyIngress.set_job", (0, 2, 0b11, 2, 6, 2, 0))
     target.send(2, gradient(workers[1], 5, 0, [100] * wire.LANES, generation=1))  # stale now
     assert target.receive(expect=0, timeout=0.05) == []
     assert target.read_counter("MyIngress.ina_drops", wire.DropReason.STALE_GENERATION) == 1

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from inaproto import wire
-from inaproto.job_entries import ChainHop, ChainPartition, TransitEntry, chain_entries, job_entries
+from inaproto.job_entries import ChainHop, ChainLink, ChainPartition, TransitEntry, chain_entries, job_entries
 from inaproto.job_entries import WorkerAddress
 from inaproto.scapy_layer import INA
 from tests.targets import Worker, dissect, gradient
@@ -16,6 +16,7 @@ from tests.targets import Worker, dissect, gradient
 JOB = 5
 NUM_SLOTS = 4
 MEMBER = 20  # switch s is member MEMBER + s in the job's worker-id space
+L9, L10 = ChainLink(9), ChainLink(10)  # a switch's chain packets on port 9 / 10, from INA_UDP_PORT
 
 
 def _hop(switch: int, port: int) -> ChainHop:
@@ -23,11 +24,13 @@ def _hop(switch: int, port: int) -> ChainHop:
     return ChainHop(MEMBER + switch, port, f"02:00:00:00:ee:{switch + 1:02x}", f"10.0.254.{switch + 1}", wire.INA_UDP_PORT)
 
 
-def _install(target, workers: list[Worker], member: int, next_hop, partitions, base: int = 0) -> None:
+def _install(target, workers: list[Worker], member: int, next_hop, partitions, sources: dict[int, ChainLink],
+             base: int = 0) -> None:
+    """``sources``: member id -> the link its chain packets come in on (the ingress binding's bind_link)."""
     job = job_entries(JOB, [WorkerAddress(w.wid, w.port, w.mac, w.ip, w.udp_port) for w in workers],
                       base_slot=base, num_slots=NUM_SLOTS, generation=0)
     job.insert_into(target)
-    chain_entries(job, member, next_hop, partitions).insert_into(target)
+    chain_entries(job, member, next_hop, partitions, sources).insert_into(target)
 
 
 def _lanes(rng: np.random.Generator) -> np.ndarray:
@@ -95,8 +98,8 @@ def _two_switches(switches):
     s0, s1 = switches(2)
     w0 = [Worker(0, 1), Worker(1, 2)]
     w1 = [Worker(2, 1), Worker(3, 2)]
-    _install(s0, w0, MEMBER, _hop(1, 9), [ChainPartition(0, 0, (), False)])
-    _install(s1, w1, MEMBER + 1, None, [ChainPartition(0, 0, (MEMBER,), True, (_hop(0, 9),))])
+    _install(s0, w0, MEMBER, _hop(1, 9), [ChainPartition(0, 0, (), False)], {MEMBER: L9})
+    _install(s1, w1, MEMBER + 1, None, [ChainPartition(0, 0, (MEMBER,), True, (_hop(0, 9),))], {MEMBER: L9})
     return Fabric([s0, s1], {(0, 9): (1, 9)}), {0: w0, 1: w1}
 
 
@@ -194,7 +197,8 @@ def test_three_switches_rina_ring_one_partition_per_member(switches):
             first = m == (p + 1) % 3
             parts.append(ChainPartition(p, 16, () if first else (MEMBER + (m - 1) % 3,), m == p,
                                         () if m == (p - 1) % 3 else (_hop((m + 1) % 3, 9),)))
-        _install(targets[m], workers_at[m], MEMBER + m, _hop((m + 1) % 3, 9), parts, base=8 * m)
+        _install(targets[m], workers_at[m], MEMBER + m, _hop((m + 1) % 3, 9), parts,
+                 {MEMBER + (m - 1) % 3: L10, MEMBER + m: L10}, base=8 * m)
     fabric = Fabric(targets, {(m, 9): ((m + 1) % 3, 10) for m in range(3)})
     rng = np.random.default_rng(4)
     totals = {p: np.zeros(wire.LANES, np.int64) for p in range(3)}
@@ -217,9 +221,10 @@ def test_three_switches_tree_root_waits_for_both_children(switches):
     its own, ports 9 and 10), whose final sum goes back down to both and from each to its workers."""
     s0, s1, root = switches(3)
     w0, w1 = [Worker(0, 1), Worker(1, 2)], [Worker(2, 1), Worker(3, 2)]
-    _install(s0, w0, MEMBER, _hop(2, 9), [ChainPartition(0, 0, (), False)])
-    _install(s1, w1, MEMBER + 1, _hop(2, 9), [ChainPartition(0, 0, (), False)])
-    _install(root, [], MEMBER + 2, None, [ChainPartition(0, 0, (MEMBER, MEMBER + 1), True, (_hop(0, 9), _hop(1, 10)))])
+    _install(s0, w0, MEMBER, _hop(2, 9), [ChainPartition(0, 0, (), False)], {MEMBER: L9})
+    _install(s1, w1, MEMBER + 1, _hop(2, 9), [ChainPartition(0, 0, (), False)], {MEMBER + 1: L9})
+    _install(root, [], MEMBER + 2, None, [ChainPartition(0, 0, (MEMBER, MEMBER + 1), True, (_hop(0, 9), _hop(1, 10)))],
+             {MEMBER: L9, MEMBER + 1: L10})
     fabric = Fabric([s0, s1, root], {(0, 9): (2, 9), (1, 9): (2, 10)})
     rng = np.random.default_rng(5)
     total = np.zeros(wire.LANES, np.int64)
@@ -291,3 +296,70 @@ def test_new_generation_resets_the_slot_on_every_switch_and_stale_partials_are_d
     assert fabric.switches[1].receive() == []
     reason = int(wire.DropReason.STALE_GENERATION)
     assert fabric.switches[1].read_counter("MyIngress.ina_job_drops", JOB * wire.NUM_DROP_REASONS + reason) == 1
+
+
+def _partial_of_s0(fabric, workers_at, rng) -> tuple[bytes, np.ndarray]:
+    """S0's workers complete slot 0: S0's partial as it leaves towards S1 (not delivered), and the partial sum."""
+    total = np.zeros(wire.LANES, np.int64)
+    for w in workers_at[0]:
+        v = _lanes(rng)
+        total += v
+        fabric.send(0, w.port, gradient(w, JOB, 0, v, seq=1))
+    out = fabric.switches[0].receive(expect=1)
+    assert [p for p, _ in out] == [9]
+    return out[0][1], total
+
+
+def test_partial_is_bound_to_the_link_it_comes_in_on(switches):
+    """Ingress binding for chains: S1 binds member S0 to the link on port 9 (bind_link). The same partial on a
+    worker's port, or from another UDP port, is SPOOFED and never added; on port 9 it completes the round."""
+    fabric, workers_at = _two_switches(switches)
+    s1 = fabric.switches[1]
+    partial, total = _partial_of_s0(fabric, workers_at, np.random.default_rng(7))
+    assert dissect(partial)[INA].worker_id == MEMBER
+    other = dissect(partial)
+    other["UDP"].sport = 40000
+    del other["UDP"].chksum
+    spoofed = int(wire.DropReason.SPOOFED)
+    for port, frame in ((1, partial), (9, bytes(other))):
+        s1.send(port, frame)
+        assert s1.receive() == []
+    assert s1.read_counter("MyIngress.ina_job_drops", JOB * wire.NUM_DROP_REASONS + spoofed) == 2
+    assert s1.read_counter("MyIngress.ina_aggregated", JOB) == 0
+    fabric.send(1, 9, partial)
+    rng = np.random.default_rng(8)
+    for w in workers_at[1]:
+        v = _lanes(rng)
+        total += v
+        fabric.send(1, w.port, gradient(w, JOB, 0, v, seq=1))
+    _check(fabric.run(), workers_at, {0: total.astype(np.int32)}, {0: 1})
+
+
+def test_final_sum_is_bound_to_the_link_under_the_recipients_id(switches):
+    """S0 binds its own member id to the link final sums come in on: the final sum on a worker's port is
+    SPOOFED, and S0's workers get the result only from the one on port 9."""
+    fabric, workers_at = _two_switches(switches)
+    s0, s1 = fabric.switches
+    partial, total = _partial_of_s0(fabric, workers_at, np.random.default_rng(9))
+    s1.send(9, partial)
+    assert s1.receive() == []
+    rng = np.random.default_rng(10)
+    for w in workers_at[1]:
+        v = _lanes(rng)
+        total += v
+        s1.send(w.port, gradient(w, JOB, 0, v, seq=1))
+    out = s1.receive(expect=3)  # S1's two workers and the final sum towards S0
+    (final,) = [f for p, f in out if p == 9]
+    assert dissect(final)[INA].msg_type == wire.MsgType.RESULT and dissect(final)[INA].worker_id == MEMBER
+    s0.send(1, final)
+    assert s0.receive() == []
+    spoofed = int(wire.DropReason.SPOOFED)
+    assert s0.read_counter("MyIngress.ina_job_drops", JOB * wire.NUM_DROP_REASONS + spoofed) == 1
+    fabric.send(0, 9, final)
+    _check(fabric.run(), {0: workers_at[0]}, {0: total.astype(np.int32)}, {0: 1})
+
+
+def test_chain_member_without_an_ingress_port_is_refused():
+    job = job_entries(JOB, [], base_slot=0, num_slots=NUM_SLOTS, generation=0)
+    with pytest.raises(ValueError, match=r"member ids \[20\]"):
+        chain_entries(job, MEMBER + 1, None, [ChainPartition(0, 0, (MEMBER,), True, (_hop(0, 9),))], {})

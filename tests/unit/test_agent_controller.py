@@ -27,7 +27,7 @@ def _bridges(harness, hosts: list[str], sockets) -> tuple[dict[str, UdpSwitch], 
     bridges = {name: UdpSwitch(name, pipeline=sw.pipeline) for name, sw in harness.switches.items()}
     for host, (udp, _) in zip(hosts, sockets):
         switch, port = harness.topology.locate(host)
-        bridges[switch].attach("127.0.0.1", udp.getsockname()[1], port)
+        bridges[switch].attach("127.0.0.1", udp.getsockname()[1], port, mac=harness.topology.hosts[host].mac)
     opts = AgentOptions(stream=StreamOptions(op_timeout=20.0), close_timeout=5.0,
                         switch_addresses={name: b.address for name, b in bridges.items()})
     return bridges, opts

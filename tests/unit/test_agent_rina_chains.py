@@ -10,7 +10,7 @@ import pytest
 
 from host_agent.agent import AgentOptions
 from host_agent.stream import StreamOptions
-from inaproto.job_entries import ChainHop, ChainPartition, WorkerAddress, chain_entries, job_entries
+from inaproto.job_entries import ChainHop, ChainLink, ChainPartition, WorkerAddress, chain_entries, job_entries
 from inaproto.rina_ring import Rack, ring_of
 from softswitch.udp import Faults, _mac_bytes
 from tests.udp_switch import LocalCluster, quantised_sum
@@ -43,10 +43,13 @@ def _install_chains(cl: LocalCluster, slots: dict[str, int] | None = None) -> No
                           base_slot=0, num_slots=slots[m.switch], generation=0)
         parts = [ChainPartition(p * ring.partition_slots, ring.prefix_len, ring.upstream(i, p), i == p,
                                 (nxt,) if ring.passes_final_on(i, p) else ()) for p in range(n)]
-        entries = chain_entries(job, m.member_id, nxt, parts)
+        prv = ring.members[(i - 1) % n]
+        prv_sw = cl.switches[prv.switch]
+        link = ChainLink(sw.attach(*prv_sw.address), prv_sw.address[1])  # the predecessor's socket
+        entries = chain_entries(job, m.member_id, nxt, parts, {prv.member_id: link, m.member_id: link})
         for g in entries.groups:
             sw.pipeline.set_multicast_group(g.group_id, list(g.replicas))
-        for e in (*entries.workers, *entries.chains):
+        for e in entries.table_entries:
             table = sw.pipeline.table(e.table)
             write = sw.pipeline.modify_entry if e.match in table.entries else sw.pipeline.insert_entry
             write(e.table, e.match, e.action, e.params)

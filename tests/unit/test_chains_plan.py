@@ -66,6 +66,15 @@ def test_a_rack_without_ina_joins_as_host_members_and_none_without_any_switch_me
     assert plan_rina(topo, _job(topo, {"tor0": 2})) is None  # fewer slots than partitions: the plain ring
 
 
+def _gradient(job: Job, wid: int, port: int, slot: int, lanes: np.ndarray, worker_id: int | None = None) -> bytes:
+    """Worker ``wid``'s gradient from the addresses it registered (what the ingress binding checks)."""
+    w = job.request.workers[wid]
+    pkt = dissect(gradient(Worker(wid if worker_id is None else worker_id, port), JOB, slot, lanes, seq=1, generation=1))
+    pkt.src, pkt["IP"].src, pkt["UDP"].sport = w.mac, w.ip, w.udp_port
+    del pkt["IP"].chksum, pkt["UDP"].chksum
+    return bytes(pkt)
+
+
 def _install(topo: Topology, job: Job, plan) -> dict[str, InaPipeline]:
     schema = Schema(load_p4info())
     pipes = {}
@@ -101,6 +110,8 @@ def _run(topo: Topology, pipes: dict[str, InaPipeline], sends: list[tuple[str, i
                 to = peer[(sw, out_port)]
                 if to[0].startswith("host"):  # the agent hands what its socket got to its copy as INA
                     out = out[:36] + wire.INA_UDP_PORT.to_bytes(2, "big") + out[38:]
+                if sw.startswith("host"):  # and sends what its copy emits from its socket
+                    out = out[:34] + (40000 + int(sw[4:])).to_bytes(2, "big") + out[36:]
                 queue.append((*to, out))
             else:
                 delivered.setdefault((sw, out_port), []).append(dissect(out))
@@ -122,8 +133,7 @@ def test_rina_over_every_ina_rack_gives_exact_sums(racks, per_rack):
         for s in slots:
             v = rng.integers(-(2**20), 2**20, size=wire.LANES).astype(np.int32)
             totals[s] += v
-            frame = bytearray(gradient(Worker(wid, port), JOB, s, v, seq=1, generation=1))
-            sends.append((sw, port, bytes(frame)))
+            sends.append((sw, port, _gradient(job, wid, port, s, v)))
     delivered = _run(topo, pipes, sends)
     for wid, sw, port in job.placement:
         got = {p[INA].slot: p for p in delivered.pop((sw, port))}
@@ -151,6 +161,9 @@ def test_programmer_adds_a_rina_jobs_chain_entries_only_with_chains_on():
         ["MyIngress.ina_transit"]
     assert not [e for e in off.expected("tor0", {JOB: job}).entries.values() if e.table == "MyIngress.ina_chain"]
     assert on.tables("tor0")[-3:] == ["MyIngress.ina_transit", "MyIngress.ina_chain", "MyIngress.ina_job"]
+    # ingress binding: the other rack's member (partials) and tor0's own id (final sums) on tor0's uplink, port 3
+    links = {e.match: e.params for e in tor.entries.values() if e.action == "MyIngress.bind_link"}
+    assert links == {(JOB, m.member_id): (3, wire.INA_UDP_PORT, 3, wire.INA_UDP_PORT) for m in plan.members}
 
 
 @pytest.mark.parametrize("racks,per_rack,plain", [(2, 4, {"tor1"}), (4, 2, {"tor1", "tor3"}), (2, 2, {"tor0"})])
@@ -186,7 +199,7 @@ def test_rina_with_racks_without_ina_hosts_keep_their_own_copy(racks, per_rack, 
         for s in slots:
             v = rng.integers(-(2**20), 2**20, size=wire.LANES).astype(np.int32)
             totals[s] += v
-            sends.append((*at, gradient(Worker(own_id.get(wid, wid), port), JOB, s, v, seq=1, generation=1)))
+            sends.append((*at, _gradient(job, wid, port, s, v, own_id.get(wid))))
     delivered = _run(topo, pipes, sends, links)
     for wid, at in where.items():
         got = {p[INA].slot: p for p in delivered.pop(at)}

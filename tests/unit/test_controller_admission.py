@@ -82,7 +82,7 @@ def test_admission_writes_the_exact_entries(h):
     assert (sg.switch, sg.base_slot, sg.num_slots, sg.mcast_grp, list(sg.worker_ids), sg.rack) == ("s1", 0, 8, 2, [0, 1], "r1")
     assert (sg.switch_ip, sg.switch_mac) == ("10.0.1.254", "02:00:00:00:01:fe")
     sw = h.switches["s1"]
-    assert sw.entries("MyIngress.ina_job") == {(1,): ("MyIngress.set_job", (0, 8, 0b11, 2, 2, g.generation))}
+    assert sw.entries("MyIngress.ina_job") == {(1,): ("MyIngress.set_job", (0, 8, 0b11, 2, 2, g.generation, 0))}
     assert sw.entries("MyEgress.ina_worker") == {
         (1, 0): ("MyEgress.set_worker_addr", (mac_int("02:00:00:00:01:01"), ip_int("10.0.1.1"), 40000)),
         (1, 1): ("MyEgress.set_worker_addr", (mac_int("02:00:00:00:01:02"), ip_int("10.0.1.2"), 40001)),

@@ -83,9 +83,9 @@ def test_restart_reconciles_deleted_altered_and_stray_entries(h):
     h.stop_controller()
     p = h.switches["s1"].pipeline
     p.delete_entry("MyIngress.ina_job", (1,))
-    p.modify_entry("MyIngress.ina_job", (b.job_id,), "MyIngress.set_job", (0, 16, 0b11, 2, 3, 999))
+    p.modify_entry("MyIngress.ina_job", (b.job_id,), "MyIngress.set_job", (0, 16, 0b11, 2, 3, 999, 0))
     p.delete_entry("MyEgress.ina_worker", (b.job_id, 1))
-    p.insert_entry("MyIngress.ina_job", (77,), "MyIngress.set_job", (0, 4, 1, 1, 78, 1))
+    p.insert_entry("MyIngress.ina_job", (77,), "MyIngress.set_job", (0, 4, 1, 1, 78, 1, 0))
     p.set_multicast_group(78, [(9, 0)])
     p.delete_multicast_group(2)
     p.delete_entry("MyIngress.ipv4_lpm", ((0x0A000101, 32),))

@@ -7,6 +7,7 @@ import json
 import grpc
 import pytest
 
+from inaproto import wire
 from controller.p4entity import MulticastGroup, Schema, SchemaError, TableEntry
 from controller.switch import DELETE, INSERT, MODIFY, Switch, SwitchError, SwitchOptions, SwitchState, plan_writes
 from tests.harness import LocalSwitch
@@ -31,7 +32,7 @@ def primary(local):
 
 
 def job_entry(job_id=3, base=0, size=8, gen=1) -> TableEntry:
-    return SCHEMA.entry("MyIngress.ina_job", (job_id,), "MyIngress.set_job", (base, size, 0b11, 2, job_id + 1, gen))
+    return SCHEMA.entry("MyIngress.ina_job", (job_id,), "MyIngress.set_job", (base, size, 0b11, 2, job_id + 1, gen, 0))
 
 
 # --- entities ------------------------------------------------------------------------------------------
@@ -55,7 +56,7 @@ def test_entry_by_names_and_lpm():
         ("MyIngress.nope", (1,), "NoAction", (), "no table"),
         ("MyIngress.ina_job", (1,), "MyIngress.ipv4_forward", (1, 1), "not one of its actions"),
         ("MyIngress.ina_job", (1 << 16,), "NoAction", (), "does not fit in 16 bits"),
-        ("MyIngress.ina_job", (1,), "MyIngress.set_job", (0, 8), "expected 6 parameters"),
+        ("MyIngress.ina_job", (1,), "MyIngress.set_job", (0, 8), "expected 7 parameters"),
         ("MyIngress.ipv4_lpm", ((0x0A000101, 24),), "MyIngress.drop", (), "beyond /24"),
     ],
 )
@@ -96,7 +97,7 @@ def test_writes_land_in_the_pipeline_and_read_back(local, primary):
     g = MulticastGroup(4, ((2, 1), (1, 0)))
     primary.insert(g)
     primary.insert(e)
-    assert local.entries("MyIngress.ina_job") == {(3,): ("MyIngress.set_job", (0, 8, 3, 2, 4, 1))}
+    assert local.entries("MyIngress.ina_job") == {(3,): ("MyIngress.set_job", (0, 8, 3, 2, 4, 1, 0))}
     assert local.pipeline.multicast_groups == {4: ((1, 0), (2, 1))}
     assert primary.read_table("MyIngress.ina_job") == [e]
     assert primary.read_groups() == [g]
@@ -119,7 +120,7 @@ def test_counters_read_whole_arrays_and_single_indices(local, primary):
     local.pipeline.counters["MyIngress.ina_aggregated"][5] = 42
     assert primary.read_counter("MyIngress.ina_aggregated")[5] == 42
     assert primary.read_counter("MyIngress.ina_aggregated", 5) == {5: 42}
-    assert len(primary.read_counter("MyIngress.ina_job_drops")) == 256 * 16  # MAX_JOBS * NUM_DROP_REASONS
+    assert len(primary.read_counter("MyIngress.ina_job_drops")) == 256 * wire.NUM_DROP_REASONS
 
 
 def test_pipeline_is_pushed_once(local, primary):
@@ -142,7 +143,7 @@ def test_lower_election_id_is_backup_and_cannot_write(local, primary):
             backup.push_pipeline(SCHEMA.p4info)
         assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
         assert backup.read_table("MyIngress.ina_job") == [job_entry()]  # reads are allowed
-    assert local.entries("MyIngress.ina_job") == {(3,): ("MyIngress.set_job", (0, 8, 3, 2, 4, 1))}
+    assert local.entries("MyIngress.ina_job") == {(3,): ("MyIngress.set_job", (0, 8, 3, 2, 4, 1, 0))}
 
 
 def test_higher_election_id_takes_over(local, primary):
@@ -195,13 +196,13 @@ def test_reconcile_repairs_missing_altered_and_extra_entries(local, primary):
     worker = SCHEMA.entry("MyEgress.ina_worker", (3, 0), "MyEgress.set_worker_addr", (1, 2, 3))
     target = SwitchState.of([job_entry(), worker], [MulticastGroup(4, ((1, 0),))])
     assert primary.reconcile(target, ORDER).inserted
-    local.pipeline.modify_entry("MyIngress.ina_job", (3,), "MyIngress.set_job", (0, 99, 3, 2, 4, 1))
-    local.pipeline.insert_entry("MyIngress.ina_job", (9,), "MyIngress.set_job", (0, 1, 1, 1, 10, 1))
+    local.pipeline.modify_entry("MyIngress.ina_job", (3,), "MyIngress.set_job", (0, 99, 3, 2, 4, 1, 0))
+    local.pipeline.insert_entry("MyIngress.ina_job", (9,), "MyIngress.set_job", (0, 1, 1, 1, 10, 1, 0))
     local.pipeline.delete_entry("MyEgress.ina_worker", (3, 0))
     local.pipeline.set_multicast_group(4, [(7, 7)])
     report = primary.reconcile(target, ORDER)
     assert (len(report.inserted), len(report.modified), len(report.deleted)) == (1, 2, 1)
-    assert local.entries("MyIngress.ina_job") == {(3,): ("MyIngress.set_job", (0, 8, 3, 2, 4, 1))}
+    assert local.entries("MyIngress.ina_job") == {(3,): ("MyIngress.set_job", (0, 8, 3, 2, 4, 1, 0))}
     assert local.entries("MyEgress.ina_worker") == {(3, 0): ("MyEgress.set_worker_addr", (1, 2, 3))}
     assert local.pipeline.multicast_groups == {4: ((1, 0),)}
     assert not primary.reconcile(target, ORDER).changed

@@ -143,7 +143,7 @@ def _upd(kind: int, te: p4runtime_pb2.TableEntry) -> p4runtime_pb2.Update:
     return u
 
 
-JOB = ("MyIngress.ina_job", (5,), "MyIngress.set_job", (0, 8, 0b11, 2, 6, 0))
+JOB = ("MyIngress.ina_job", (5,), "MyIngress.set_job", (0, 8, 0b11, 2, 6, 0, 0))
 
 
 # --- p4runtime-shell as the client ---------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def test_p4runtime_shell_tables_counters_groups(switch, shell):
     assert sh.APIVersion() == "1.4.1"
     te = sh.TableEntry("MyIngress.ina_job")(action="MyIngress.set_job")
     te.match["hdr.ina.job_id"] = "5"
-    for name, value in zip(("base_slot", "num_slots", "worker_mask", "num_workers", "mcast_grp", "generation"), JOB[3]):
+    for name, value in zip(("base_slot", "num_slots", "worker_mask", "num_workers", "mcast_grp", "generation", "owner_epoch"), JOB[3]):
         te.action[name] = str(value)
     te.insert()
     lpm = sh.TableEntry("MyIngress.ipv4_lpm")(action="MyIngress.ipv4_forward")
@@ -181,7 +181,7 @@ def test_p4runtime_shell_tables_counters_groups(switch, shell):
 
     (got,) = list(sh.TableEntry("MyIngress.ina_job").read())
     assert got.match["hdr.ina.job_id"].exact.value == b"\x05"
-    assert [p.value for p in got.action.msg().params] == [b"\x00", b"\x08", b"\x03", b"\x02", b"\x06", b"\x00"]
+    assert [p.value for p in got.action.msg().params] == [b"\x00", b"\x08", b"\x03", b"\x02", b"\x06", b"\x00", b"\x00"]
     (got,) = list(sh.TableEntry("MyIngress.ipv4_lpm").read())
     assert (got.match["hdr.ipv4.dstAddr"].lpm.value, got.match["hdr.ipv4.dstAddr"].lpm.prefix_len) == (bytes([10, 0, 1, 0]), 24)
 
@@ -460,7 +460,7 @@ def test_registers_are_unimplemented_as_on_bmv2(loaded):
 
 
 def test_counters_read_and_write(loaded):
-    with P4RuntimeTestClient(loaded.address, DEVICE, 1) as client:
+    with P4RuntimeTestClient(loaded.address, DEVICE, 1, timeout=30.0) as client:  # reads every counter cell (5,136)
         loaded.pipeline.counter("MyIngress.ina_aggregated")[3] = 41
         assert client.read_counter("MyIngress.ina_aggregated", 3) == 41
         cid = client.schema.counter("MyIngress.ina_aggregated").preamble.id
@@ -649,7 +649,7 @@ def test_entries_written_over_p4runtime_drive_aggregation(loaded):
         assert client.read_counter("MyIngress.ina_aggregated", 4) == 3
         assert client.read_counter("MyEgress.ina_results", 4) == 3
         # A MODIFY over P4Runtime changes the next packet's fate: the job's generation moves on.
-        client.modify_entry("MyIngress.ina_job", (4,), "MyIngress.set_job", (10, 4, 0b111, 3, 9, 1))
+        client.modify_entry("MyIngress.ina_job", (4,), "MyIngress.set_job", (10, 4, 0b111, 3, 9, 1, 0))
         assert loaded.pipeline.process(1, gradient(workers[0], 4, slot=2, lanes=data[0], seq=78)) == []
         assert client.read_counter("MyIngress.ina_drops", int(wire.DropReason.STALE_GENERATION)) == 1
 

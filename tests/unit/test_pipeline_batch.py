@@ -103,12 +103,26 @@ def test_retransmission_in_a_batch_answers_its_sender():
     """A completed slot's gradient sent again (a lost result) is answered to its sender alone, in batch order."""
     rng = np.random.default_rng(2)
     one, batch = _pipeline(), _pipeline()
-    frames = [f for wid in range(4) for f in _round(9, range(4), wid, rng)]
-    frames += frames[:2]  # worker 0 resends slots 0 and 1
+    rounds = [_round(9, range(4), wid, rng) for wid in range(4)]
+    for wid, frames in enumerate(rounds[1:], start=1):  # workers 1-3 first, each from its own port
+        assert batch.process_batch(wid + 1, frames) == [out for f in frames for out in one.process(wid + 1, f)]
+    frames = rounds[0] + rounds[0][:2]  # worker 0 completes every slot, then resends slots 0 and 1
     expected = [out for f in frames for out in one.process(1, f)]
     assert batch.process_batch(1, frames) == expected
     assert [port for port, _ in expected[-2:]] == [1, 1]
     assert _state(batch) == _state(one)
+
+
+def test_spoofed_frames_in_a_batch_are_dropped_and_counted():
+    """Worker 1's gradients arriving on worker 0's port are not aggregated: DROP_SPOOFED, as process counts."""
+    rng = np.random.default_rng(4)
+    one, batch = _pipeline(), _pipeline()
+    frames = _round(3, range(4), 0, rng) + _round(3, range(4), 1, rng)
+    assert batch.process_batch(1, frames) == [out for f in frames for out in one.process(1, f)]
+    assert _state(batch) == _state(one)
+    assert batch.counter("MyIngress.ina_aggregated")[1] == 4
+    assert batch.counter("MyIngress.ina_drops")[wire.DropReason.SPOOFED] == 4
+    assert batch.counter("MyIngress.ina_job_drops")[1 * wire.NUM_DROP_REASONS + wire.DropReason.SPOOFED] == 4
 
 
 @pytest.mark.parametrize("n", [0, 1, 7])
@@ -123,7 +137,7 @@ def test_small_batches(n):
 def test_chain_and_transit_jobs_go_one_frame_at_a_time_with_the_same_outputs():
     """A job with chain entries (partials onward, results from upstream) or in transit is never vectorised:
     batches of its frames, gradients, upstream partials and results give exactly what process gives."""
-    from inaproto.job_entries import ChainHop, ChainPartition, TransitEntry, chain_entries
+    from inaproto.job_entries import ChainHop, ChainLink, ChainPartition, TransitEntry, chain_entries
 
     def pipe() -> InaPipeline:
         p = _pipeline()
@@ -131,20 +145,20 @@ def test_chain_and_transit_jobs_go_one_frame_at_a_time_with_the_same_outputs():
                    for i in range(4)]
         job = job_entries(1, workers, base_slot=0, num_slots=4, generation=3, mcast_grp=1)
         hop = ChainHop(20, 9, "02:00:00:00:ee:01", "10.0.254.1", wire.INA_UDP_PORT)
-        chain_entries(job, 21, hop, [ChainPartition(0, 15, (20,), True, (hop,)), ChainPartition(2, 15, (), False)]
-                      ).insert_into(p)
+        chain_entries(job, 21, hop, [ChainPartition(0, 15, (20,), True, (hop,)), ChainPartition(2, 15, (), False)],
+                      {20: ChainLink(9, 40020), 21: ChainLink(9, 40021)}).insert_into(p)  # _frame: UDP 40000 + id
         t = TransitEntry(2)
         p.insert_entry(t.table, t.match, t.action, t.params)
         return p
 
     rng = np.random.default_rng(4)
     one, batch = pipe(), pipe()
-    frames = [f for wid in range(4) for f in _round(5, range(4), wid, rng)]
-    frames += [_frame(20, 1, s, 5, 1, rng.integers(-100, 100, wire.LANES).tolist()) for s in (0, 1)]  # upstream
-    frames += [_frame(21, 1, s, 5, 1, [7] * wire.LANES, msg_type=wire.MsgType.RESULT) for s in (2, 3)]  # finals
-    frames += [_frame(w, 2, 0, 1, 0, [1] * wire.LANES) for w in range(2)]  # transit (no route: dropped)
-    frames += frames[:3]  # retransmissions: answered or partials resent
-    expected = [out for f in frames for out in one.process(1, f)]
-    assert batch.process_batch(1, frames) == expected
+    batches = [(wid + 1, _round(5, range(4), wid, rng)) for wid in range(4)]  # each worker from its bound port
+    batches.append((9, [_frame(20, 1, s, 5, 1, rng.integers(-100, 100, wire.LANES).tolist()) for s in (0, 1)]  # upstream
+                    + [_frame(21, 1, s, 5, 1, [7] * wire.LANES, msg_type=wire.MsgType.RESULT) for s in (2, 3)]))  # finals
+    batches.append((1, [_frame(w, 2, 0, 1, 0, [1] * wire.LANES) for w in range(2)]  # transit (no route: dropped)
+                    + batches[0][1][:3]))  # retransmissions: answered or partials resent
+    expected = [out for port, frames in batches for f in frames for out in one.process(port, f)]
+    assert [out for port, frames in batches for out in batch.process_batch(port, frames)] == expected
     assert _state(batch) == _state(one) and batch.ina_final == one.ina_final
     assert one.counter("MyIngress.ina_partials")[1] >= 2

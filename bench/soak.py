@@ -346,6 +346,7 @@ class Soak:
         if self.p4rt is not None:
             self.p4rt.stop()
         if self.bed is not None:
+            self.bed.switch.stop()  # SIGTERM: it logs its fault counters as it ends
             fault_lines = [line for line in self.bed.switch_log().splitlines() if "faults " in line]
             self.bed.close()
             for line in fault_lines:

@@ -68,7 +68,7 @@ bench-switch: $(STAMP) ## the switch benchmark alone
 	$(PY) bench/switch_bench.py
 
 SOAK_DURATION ?= 600
-soak: $(STAMP) ## 8 jobs for SOAK_DURATION s (600) under 1 % loss/dup/reorder, 2 controller kills, a policy change (not in CI)
+soak: $(STAMP) ## 8 jobs for SOAK_DURATION s (600) through the ina-switch process (namespaces: root, under the lock) with 1 % loss/dup/reorder, 2 controller kills, a policy change (not in CI)
 	$(PY) bench/soak.py --duration $(SOAK_DURATION) $(SOAK_ARGS)
 
 stop: $(STAMP) ## remove every namespace, interface and process a testbed run left behind

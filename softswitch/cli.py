@@ -57,11 +57,35 @@ REFUSED_TARGET = {
     "--egress-spec-init-to-drop": "the model initialises egress_spec to 0, as BMv2 does without this option",
     "--load-modules": "BMv2 extern modules cannot be loaded into the Python model",
 }
-TARGET_OPTIONS = ("--grpc-server-addr", "--cpu-port", "--drop-port", "--disable-swap", *REFUSED_TARGET)
+TLS_OPTIONS = ("--grpc-server-ssl", "--grpc-server-cacert", "--grpc-server-cert", "--grpc-server-key",
+               "--grpc-server-with-client-auth")  # BMv2 simple_switch_grpc's names (docs/security.md)
+TARGET_OPTIONS = ("--grpc-server-addr", "--cpu-port", "--drop-port", "--disable-swap", *TLS_OPTIONS, *REFUSED_TARGET)
 
 log = logging.getLogger("ina-switch")
 
 
+@dataclass(frozen=True)
+class GrpcServerTls:
+    """TLS of the P4Runtime server, as BMv2's ``--grpc-server-ssl`` options give it: the server's certificate
+    and key; with ``client_auth``, clients must present a certificate signed by ``cacert``."""
+
+    cert: str
+    key: str
+    cacert: str = ""
+    client_auth: bool = False
+
+    def server_credentials(self):  # -> grpc.ServerCredentials (grpc is imported only when serving)
+        """gRPC server credentials from the PEM files (OSError if one cannot be read)."""
+        import grpc
+
+        def read(path: str) -> bytes:
+            with open(path, "rb") as fh:
+                return fh.read()
+
+        return grpc.ssl_server_credentials(
+            [(read(self.key), read(self.cert))], root_certificates=read(self.cacert) if self.cacert else None,
+            require_client_auth=self.client_auth,
+        )
 
 
 @dataclass(frozen=True)
@@ -84,6 +108,7 @@ class SwitchCommandLine:
     faults: FaultConfig
     io: IoMode = IoMode.FRAMES  # rings are opt-in until they beat frames without adding latency
     link_delay: LinkDelay = field(default_factory=LinkDelay)
+    tls: GrpcServerTls | None = None  # None: P4Runtime in plaintext (BMv2's default too)
     warnings: tuple[str, ...] = field(default=())
 
 
@@ -176,6 +201,12 @@ def _target_parser() -> Parser:
                    help="packet-in / packet-out port (255 for ina.p4); without it there is no P4Runtime packet I/O")
     p.add_argument("--drop-port", type=_uint, default=DROP_PORT, metavar="N", help="drop port (only 511, as the model)")
     p.add_argument("--disable-swap", action="store_true", help="accepted for compatibility (no JSON swapping here)")
+    p.add_argument("--grpc-server-ssl", action="store_true", help="serve P4Runtime over TLS (needs --grpc-server-cert and --grpc-server-key)")
+    p.add_argument("--grpc-server-cacert", metavar="PEM", help="CA certificate that client certificates are verified against")
+    p.add_argument("--grpc-server-cert", metavar="PEM", help="the server's certificate")
+    p.add_argument("--grpc-server-key", metavar="PEM", help="the server's private key")
+    p.add_argument("--grpc-server-with-client-auth", action="store_true",
+                   help="require a client certificate signed by --grpc-server-cacert (mutual TLS)")
     for opt in REFUSED_TARGET:
         p.add_argument(opt, nargs="?", const=True, default=None, help=argparse.SUPPRESS)
     return p
@@ -260,6 +291,7 @@ def parse_args(argv: list[str]) -> SwitchCommandLine | str:
             raise UsageError(f"--cpu-port {t.cpu_port} is also given to an interface (-i {t.cpu_port}@{interfaces[t.cpu_port]})")
         if t.cpu_port != 255:
             warnings.append(f"--cpu-port {t.cpu_port}: p4src/ina.p4 sends to and expects packet-outs on port 255")
+    tls = _grpc_server_tls(t)
     if not _valid_address(t.grpc_server_addr):
         raise UsageError(f"--grpc-server-addr {t.grpc_server_addr!r} is not HOST:PORT (or unix:PATH)")
     try:
@@ -283,9 +315,33 @@ def parse_args(argv: list[str]) -> SwitchCommandLine | str:
         program=program, no_p4=a.no_p4, device_id=a.device_id, interfaces=interfaces, grpc_addr=t.grpc_server_addr,
         cpu_port=t.cpu_port, log_console=a.log_console, log_file=a.log_file, log_level=a.log_level,
         log_file_max_size=a.log_file_max_size, log_file_max_files=a.log_file_max_files, pcap_dir=pcap,
-        dump_packet_data=a.dump_packet_data, faults=faults, io=IoMode(a.io), link_delay=link_delay,
+        dump_packet_data=a.dump_packet_data, faults=faults, io=IoMode(a.io), link_delay=link_delay, tls=tls,
         warnings=tuple(warnings),
     )
+
+
+def _grpc_server_tls(t: argparse.Namespace) -> GrpcServerTls | None:
+    """The TLS options checked: a missing or unreadable file is a usage error here, not a crash when serving.
+    Stricter than BMv2, which ignores the files without --grpc-server-ssl: that would serve plaintext to an
+    operator who believes TLS is on."""
+    files = {"--grpc-server-cacert": t.grpc_server_cacert, "--grpc-server-cert": t.grpc_server_cert,
+             "--grpc-server-key": t.grpc_server_key}
+    if not t.grpc_server_ssl:
+        given = [opt for opt, value in files.items() if value]
+        if t.grpc_server_with_client_auth:
+            given.append("--grpc-server-with-client-auth")
+        if given:
+            raise UsageError(f"{given[0]} needs --grpc-server-ssl")
+        return None
+    if not t.grpc_server_cert or not t.grpc_server_key:
+        raise UsageError("--grpc-server-ssl needs --grpc-server-cert and --grpc-server-key")
+    if t.grpc_server_with_client_auth and not t.grpc_server_cacert:
+        raise UsageError("--grpc-server-with-client-auth needs --grpc-server-cacert "
+                         "(the CA that client certificates are checked against)")
+    for opt, path in files.items():
+        if path and not os.access(path, os.R_OK):
+            raise UsageError(f"{opt} {path}: cannot read the file")
+    return GrpcServerTls(t.grpc_server_cert, t.grpc_server_key, t.grpc_server_cacert or "", t.grpc_server_with_client_auth)
 
 
 def _valid_address(addr: str) -> bool:
@@ -379,11 +435,17 @@ def run(opts: SwitchCommandLine) -> int:
         dataplane.close()
         return _error(busy)
     try:
+        credentials = opts.tls.server_credentials() if opts.tls is not None else None
+    except OSError as e:
+        dataplane.close()
+        return _error(f"TLS: {e}")
+    try:
         # As simple_switch_grpc started with a JSON: the data plane runs the program at once, while P4Runtime
         # knows no P4Info (BMv2 cannot derive one from the JSON) until a client pushes it.
         server = P4RuntimeServer(
             pipeline, device_id=opts.device_id, address=opts.grpc_addr, cpu_port=opts.cpu_port,
             packet_out=dataplane.inject_packet_out if opts.cpu_port is not None else None,
+            server_credentials=credentials,
         )
         server.start()
     except (RuntimeError, ValueError, OSError) as e:
@@ -407,7 +469,8 @@ def run(opts: SwitchCommandLine) -> int:
         log.info("Pipeline live: %s (P4Runtime waits for SetForwardingPipelineConfig)", opts.program)
     else:
         log.info("No program (--no-p4): waiting for SetForwardingPipelineConfig")
-    log.info("Server listening on %s (device id %d)", opts.grpc_addr, opts.device_id)
+    log.info("Server listening on %s (device id %d%s)", opts.grpc_addr, opts.device_id,
+             "" if opts.tls is None else ", TLS" + (" with client certificates" if opts.tls.client_auth else ""))
     if opts.faults.active:
         log.info("Fault injection: %s", opts.faults.describe())
     while not stop.wait(1.0):

@@ -174,3 +174,38 @@ def test_link_delay_from_the_command_line():
     assert not _opts(*BASE, "--no-p4").link_delay.active
     with pytest.raises(cli.UsageError, match="--link-delay: expected MS or PORT:MS"):
         cli.parse_args([*BASE, "--no-p4", "--link-delay", "ten"])
+
+
+def test_grpc_server_tls_options_are_bmv2s(tmp_path):
+    pems = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
+    for path in pems.values():
+        path.write_text("PEM")
+    assert _opts("--no-p4").tls is None  # plaintext by default, as BMv2
+    opts = _opts("--no-p4", "--", "--grpc-server-ssl", "--grpc-server-cert", str(pems["cert"]),
+                 "--grpc-server-key", str(pems["key"]), "--grpc-server-with-client-auth",
+                 "--grpc-server-cacert", str(pems["ca"]))
+    assert opts.tls == cli.GrpcServerTls(str(pems["cert"]), str(pems["key"]), str(pems["ca"]), client_auth=True)
+    server_only = _opts("--no-p4", "--", "--grpc-server-ssl", "--grpc-server-cert", str(pems["cert"]),
+                        "--grpc-server-key", str(pems["key"]))
+    assert server_only.tls == cli.GrpcServerTls(str(pems["cert"]), str(pems["key"]))
+
+
+@pytest.mark.parametrize("target, needle", [
+    (["--grpc-server-ssl"], "--grpc-server-ssl needs --grpc-server-cert and --grpc-server-key"),
+    (["--grpc-server-ssl", "--grpc-server-cert", "c.pem"], "needs --grpc-server-cert and --grpc-server-key"),
+    (["--grpc-server-cert", "c.pem", "--grpc-server-key", "k.pem"], "--grpc-server-cert needs --grpc-server-ssl"),
+    (["--grpc-server-with-client-auth"], "--grpc-server-with-client-auth needs --grpc-server-ssl"),
+    (["--grpc-server-ssl", "--grpc-server-cert", "/nonexistent.pem", "--grpc-server-key", "/nonexistent.key"],
+     "--grpc-server-cert /nonexistent.pem: cannot read the file"),
+])
+def test_grpc_server_tls_mistakes_are_usage_errors(target, needle):
+    with pytest.raises(cli.UsageError) as e:
+        cli.parse_args(["--no-p4", "--", *target])
+    assert needle in str(e.value)
+
+
+def test_tls_with_client_auth_needs_the_ca(tmp_path):
+    (tmp_path / "c.pem").write_text("PEM")
+    with pytest.raises(cli.UsageError, match="needs --grpc-server-cacert"):
+        cli.parse_args(["--no-p4", "--", "--grpc-server-ssl", "--grpc-server-cert", str(tmp_path / "c.pem"),
+                        "--grpc-server-key", str(tmp_path / "c.pem"), "--grpc-server-with-client-auth"])

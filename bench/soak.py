@@ -234,7 +234,8 @@ class Soak:
         workers = tuple(Worker(i, "127.0.0.1", s[0].getsockname()[1], "", f"h{k * o.workers + i + 1}")
                         for i, s in enumerate(sockets))
         for i, (udp, _) in enumerate(sockets):
-            self.bridge.attach("127.0.0.1", udp.getsockname()[1], k * o.workers + i + 1)
+            port = k * o.workers + i + 1  # host h<port>: its NIC's MAC is what the controller binds (ingress binding)
+            self.bridge.attach("127.0.0.1", udp.getsockname()[1], port, mac=f"02:00:00:00:{port // 256:02x}:{port % 256:02x}")
         spec = JobSpec(f"soak-{k}", workers, backend="auto", tensor_elements=o.elements, requested_slots=o.slots,
                        secret=new_secret())
         opts = AgentOptions(stream=StreamOptions(op_timeout=60.0), rendezvous_timeout=60.0, close_timeout=15.0,

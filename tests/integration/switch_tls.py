@@ -96,7 +96,7 @@ def run_tls_scenario(kind: str, tmp: Path, device_config: Path | None = None) ->
         s = grant.switches[0]
         with _switch(address, SwitchTls(pems["ca.pem"], pems["client.pem"], pems["client.key"])) as sw:
             jobs = {e.match[0]: e.params for e in sw.read_table("MyIngress.ina_job")}
-        assert jobs == {grant.job_id: (s.base_slot, s.num_slots, 0b11, 2, s.mcast_grp, grant.generation)}
+        assert jobs == {grant.job_id: (s.base_slot, s.num_slots, 0b11, 2, s.mcast_grp, grant.generation, 0)}  # owner epoch 0
 
         for refused in (None, SwitchTls(pems["ca.pem"])):  # plaintext; TLS without a client certificate
             client = _switch(address, refused)

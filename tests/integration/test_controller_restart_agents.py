@@ -55,6 +55,7 @@ class Bed:
         self.switch = LocalSwitch(device_id=1)
         doc = star_topology({"s1": self.switch}, hosts_per_switch=8, pool=64)
         self.ports = {host: Topology.from_dict(doc).locate(host)[1] for host in doc["hosts"]}
+        self.macs = {host: h["mac"] for host, h in doc["hosts"].items()}
         self.topology = tmp / "topology.json"
         self.topology.write_text(json.dumps(doc))
         self.admin = write_admin_credential(tmp / "admin.credential")
@@ -120,7 +121,8 @@ def test_agents_ride_out_a_controller_killed_during_registration(bed):
         jobs[name] = replace(spec, requested_slots=16), sockets  # 4 x 16 of the 64 slots: no job waits
     for name, (spec, sockets) in jobs.items():
         for host, (udp, _) in zip(HOSTS[name], sockets):
-            bed.bridge.attach("127.0.0.1", udp.getsockname()[1], bed.ports[host])
+            # the host's port and its NIC's MAC: what the controller binds the worker to (ingress binding)
+            bed.bridge.attach("127.0.0.1", udp.getsockname()[1], bed.ports[host], mac=bed.macs[host])
     opts = AgentOptions(stream=StreamOptions(op_timeout=30.0), close_timeout=10.0, controller_retry=30.0,
                         switch_addresses={"s1": bed.bridge.address})
     rng = np.random.default_rng(7)

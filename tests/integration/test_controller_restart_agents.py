@@ -13,7 +13,6 @@ barrier is the controller's.)
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from dataclasses import replace
@@ -33,18 +32,13 @@ from inaproto.credentials import admission_channel
 from softswitch.udp import UdpSwitch
 from tests.harness import LocalSwitch, star_topology, write_admin_credential
 from tests.udp_switch import local_job, quantised_sum, run_workers
+from topologies.experiments.testbed import free_port
 from topologies.netns import Process
 
 pytestmark = pytest.mark.integration
 
 HOSTS = {"a": ["h11", "h12"], "b": ["h13", "h14"], "c": ["h15", "h16"], "d": ["h17", "h18"]}
 ELEMENTS = 3000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Bed:

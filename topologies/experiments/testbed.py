@@ -460,28 +460,10 @@ class Testbed:
                     next_note = now + 10.0
                 time.sleep(0.02)
         finally:
-            for procs in running.values():
-                for p in procs:
-                    _end(p)
-                    if p in self._agents:
-                        self._agents.remove(p)
+            self._end_agents(running)
             for job_id in job_ids.values():
                 self.release(job_id)
-        results: dict[str, list[dict]] = {}
-        for job in jobs:
-            results[job.name] = []
-            for wid in range(len(job.hosts)):
-                path = self.result_path(job, wid)
-                try:
-                    doc = json.loads(path.read_text())
-                    p = running[job.name][wid]
-                    doc["runner"] = {"launched_s": round(self._launched[job.name] - started, 3),
-                                     "exited_s": round(self._exited.get(p.pid, time.monotonic()) - started, 3),
-                                     "stopped_after_results": f"{job.name} worker {wid}" in self.lingered}
-                    results[job.name].append(doc)
-                except (OSError, ValueError) as exc:
-                    raise AgentFailure(job.name, f"worker {wid} wrote no results ({exc}); {self._last_line(job, wid)}") from None
-        return results
+        return self._collect(jobs, running, started)
 
     def run_trace(self, jobs: Sequence[AgentJob], arrivals: Mapping[str, float], *, timeout: float | None = None,
                   sample_every: float = 0.25, on_sample: Callable[[float], None] | None = None) -> dict[str, list[dict]]:
@@ -530,28 +512,38 @@ class Testbed:
                     raise AgentFailure(",".join(late), f"still running after {timeout:g} s (logs: {self.run_dir / 'logs'})")
                 time.sleep(0.02)
         finally:
-            for procs in running.values():
-                for p in procs:
-                    _end(p)
-                    if p in self._agents:
-                        self._agents.remove(p)
+            self._end_agents(running)
             for name, job_id in job_ids.items():
                 if name not in released:
                     self.release(job_id)
+        return self._collect(jobs, running, started, arrivals)
+
+    def _end_agents(self, running: Mapping[str, list[subprocess.Popen]]) -> None:
+        for procs in running.values():
+            for p in procs:
+                _end(p)
+                if p in self._agents:
+                    self._agents.remove(p)
+
+    def _collect(self, jobs: Sequence[AgentJob], running: Mapping[str, list[subprocess.Popen]], started: float,
+                 arrivals: Mapping[str, float] | None = None) -> dict[str, list[dict]]:
+        """Every worker's results, each with ``runner``: launched_s, exited_s (and arrival_s in a trace),
+        stopped_after_results."""
         results: dict[str, list[dict]] = {}
         for job in jobs:
             results[job.name] = []
             for wid in range(len(job.hosts)):
-                path = self.result_path(job, wid)
                 try:
-                    doc = json.loads(path.read_text())
+                    doc = json.loads(self.result_path(job, wid).read_text())
                 except (OSError, ValueError) as exc:
                     raise AgentFailure(job.name, f"worker {wid} wrote no results ({exc}); {self._last_line(job, wid)}") from None
                 p = running[job.name][wid]
-                doc["runner"] = {"launched_s": round(self._launched[job.name] - started, 3),
-                                 "exited_s": round(self._exited.get(p.pid, time.monotonic()) - started, 3),
-                                 "arrival_s": arrivals.get(job.name, 0.0),
-                                 "stopped_after_results": f"{job.name} worker {wid}" in self.lingered}
+                runner = {"launched_s": round(self._launched[job.name] - started, 3),
+                          "exited_s": round(self._exited.get(p.pid, time.monotonic()) - started, 3)}
+                if arrivals is not None:
+                    runner["arrival_s"] = arrivals.get(job.name, 0.0)
+                runner["stopped_after_results"] = f"{job.name} worker {wid}" in self.lingered
+                doc["runner"] = runner
                 results[job.name].append(doc)
         return results
 

@@ -120,16 +120,24 @@ class EmulatedAccelerator:
         return t
 
     def run(self, fn: Callable[[], T], batch: int, step: int) -> tuple[T, float]:
+        """Run ``fn``, sleep to the step's deadline; the compute time is the device's, not the host's.
+
+        A busy host wakes the sleeper late; that lateness is the host's scheduling, not the emulated device's
+        speed, so the step reports the emulated time (what an accelerator's timer would), unless the real work
+        itself overran it.
+        """
         start = self.clock()
-        deadline = start + self.seconds(batch, step)
+        emulated = self.seconds(batch, step)
+        deadline = start + emulated
         result = fn()
         now = self.clock()
         if now > deadline:
             self.overruns += 1
+            return result, now - start
         while now < deadline:  # sleep() may wake early: loop to the deadline, never spin
             self.sleep(deadline - now)
             now = self.clock()
-        return result, now - start
+        return result, emulated
 
 
 @dataclass

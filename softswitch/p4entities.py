@@ -19,7 +19,8 @@ from p4.v1 import p4runtime_pb2
 
 from softswitch.p4failure import Code, check_update_type, fail
 from softswitch.p4schema import P4Schema, TableInfo, canonical, to_int
-from softswitch.pipeline import InaPipeline, PipelineError
+from softswitch.pipeline import InaPipeline
+from softswitch.tables import PipelineError
 
 __all__ = ["FIRST_RESERVED_GROUP", "P4Entities"]
 

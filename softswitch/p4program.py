@@ -15,7 +15,7 @@ from typing import Iterable
 from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
-from softswitch import pipeline as model
+from softswitch import tables as model
 from softswitch.errors import SoftSwitchError
 
 __all__ = [

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from p4.config.v1 import p4info_pb2
 
-from softswitch import pipeline as model
+from softswitch import tables as model
 from softswitch.p4failure import Code, fail
 
 __all__ = ["Field", "TableInfo", "ActionInfo", "P4Schema", "to_int", "canonical", "pack_header", "unpack_header"]

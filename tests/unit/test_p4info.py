@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from p4.config.v1 import p4info_pb2
 
-from softswitch import pipeline
+from softswitch import pipeline, tables
 from softswitch.p4program import load_p4info
 from softswitch.p4source import assign_ids, derive_p4info, jenkins_one_at_a_time
 
@@ -27,18 +27,18 @@ def test_committed_p4info_is_what_the_source_declares():
 def test_model_tables_actions_counters_registers_match_p4info():
     info = _committed()
     actions = {a.preamble.id: a for a in info.actions}
-    assert {a.preamble.name for a in info.actions} == set(pipeline.ACTIONS)
+    assert {a.preamble.name for a in info.actions} == set(tables.ACTIONS)
     for a in info.actions:
-        assert tuple((p.name, p.bitwidth) for p in a.params) == pipeline.ACTIONS[a.preamble.name].params
-    assert {t.preamble.name for t in info.tables} == set(pipeline.TABLES)
+        assert tuple((p.name, p.bitwidth) for p in a.params) == tables.ACTIONS[a.preamble.name].params
+    assert {t.preamble.name for t in info.tables} == set(tables.TABLES)
     kinds = {p4info_pb2.MatchField.EXACT: "exact", p4info_pb2.MatchField.LPM: "lpm"}
     for t in info.tables:
-        spec = pipeline.TABLES[t.preamble.name]
+        spec = tables.TABLES[t.preamble.name]
         assert tuple((m.name, m.bitwidth, kinds[m.match_type]) for m in t.match_fields) == spec.keys
         assert tuple(actions[r.id].preamble.name for r in t.action_refs) == spec.actions
         assert t.size == spec.size
-    assert {c.preamble.name: c.size for c in info.counters} == pipeline.COUNTERS
-    assert {r.preamble.name: (r.type_spec.bitstring.bit.bitwidth, r.size) for r in info.registers} == pipeline.REGISTERS
+    assert {c.preamble.name: c.size for c in info.counters} == tables.COUNTERS
+    assert {r.preamble.name: (r.type_spec.bitstring.bit.bitwidth, r.size) for r in info.registers} == tables.REGISTERS
 
 
 def test_model_default_actions_match_p4():
@@ -46,7 +46,7 @@ def test_model_default_actions_match_p4():
     import re
 
     src = read_p4()
-    for name, spec in pipeline.TABLES.items():
+    for name, spec in tables.TABLES.items():
         control, table = name.split(".")
         body = re.search(rf"table\s+{table}\s*\{{(.*?)\n    \}}", src.controls[control], re.S).group(1)
         default = re.search(r"default_action\s*=\s*(\w+)\(\)", body).group(1)
@@ -57,11 +57,11 @@ def test_model_refuses_what_the_p4_forbids():
     import pytest
 
     p = pipeline.InaPipeline()
-    with pytest.raises(pipeline.PipelineError, match="defaultonly"):
+    with pytest.raises(tables.PipelineError, match="defaultonly"):
         p.insert_entry("MyEgress.ina_worker", (1, 0), "MyEgress.drop")
-    with pytest.raises(pipeline.PipelineError, match="defaultonly"):
+    with pytest.raises(tables.PipelineError, match="defaultonly"):
         p.insert_entry("MyIngress.ina_job", (1,), "NoAction")
-    with pytest.raises(pipeline.PipelineError, match="const"):
+    with pytest.raises(tables.PipelineError, match="const"):
         p.set_default_action("MyEgress.ina_worker", "MyEgress.set_worker_addr", (1, 2, 3))
-    with pytest.raises(pipeline.PipelineError, match="drop port"):
+    with pytest.raises(tables.PipelineError, match="drop port"):
         p.set_multicast_group(3, [(1, 0), (511, 1)])

@@ -18,7 +18,7 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from softswitch import pipeline as model
+from softswitch import tables as model
 from softswitch.p4program import P4INFO_PATH, device_config_mismatch, load_p4info, p4info_mismatch
 from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.pipeline import InaPipeline

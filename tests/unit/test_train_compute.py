@@ -66,6 +66,18 @@ def test_emulated_time_holds_when_the_real_work_takes_part_of_it_and_counts_over
     assert t == pytest.approx(0.5) and acc.overruns == 1
 
 
+def test_a_late_wake_up_is_the_hosts_not_the_devices() -> None:
+    """A busy host wakes the sleeper late: the step's wall time grows, its reported compute time does not."""
+    clock = FakeClock()
+
+    def late_sleep(dt: float) -> None:
+        clock.sleep(dt + 0.02)  # 20 ms of scheduling delay on every wake-up
+
+    acc = EmulatedAccelerator(0.001, clock=clock, sleep=late_sleep)
+    _, t = acc.run(lambda: None, 50, 0)
+    assert t == pytest.approx(0.05) and clock.now == pytest.approx(0.07) and acc.overruns == 0
+
+
 def test_jitter_is_seeded_and_bounded() -> None:
     a = EmulatedAccelerator(0.001, jitter=0.2, seed=3)
     b = EmulatedAccelerator(0.001, jitter=0.2, seed=3)

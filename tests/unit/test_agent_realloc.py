@@ -21,7 +21,10 @@ FAULTY = Faults(drop=0.03, duplicate=0.03, reorder=0.03, reorder_delay=0.002)
 def _run_with_steps(cl: LocalCluster, inputs: list[np.ndarray], calls: int, steps: list[dict], *, every: int,
                     spec=None, sockets=None) -> list:
     """Every worker all-reduces its input ``calls`` times; a controller thread applies ``steps`` one by one,
-    each once worker 0 has started ``every`` more chunks (so mostly in the middle of a call).
+    each once worker 0 has synced on the previous one and then started ``every`` more chunks (so mostly in
+    the middle of a call). Waiting for the sync matters: ``stats.chunks`` counts a call's chunks when it
+    starts, so a worker that had its results before it noticed a grant could start the next call and let the
+    next step supersede the grant before anyone synced on it (on a loaded machine, the ring step vanished).
     Returns (per worker (results, stats), generations applied)."""
     first: dict[str, Agent] = {}
     done = threading.Event()
@@ -45,7 +48,10 @@ def _run_with_steps(cl: LocalCluster, inputs: list[np.ndarray], calls: int, step
             if done.is_set():
                 return
             applied.append(cl.fake.reallocate(job_id, **step))
-            target += every
+            stats = first["agent"].stats
+            while not done.is_set() and not any(g >= applied[-1] for g, _, _ in list(stats.generation_history)):
+                time.sleep(0.0005)
+            target = stats.chunks + every
 
     t = threading.Thread(target=controller)
     t.start()
@@ -76,13 +82,13 @@ def test_reallocation_mid_operation_is_exact(faults) -> None:
     _assert_exact(out, inputs)
     assert len(applied) == len(steps), "the run ended before every reallocation was applied"
     histories = {tuple(st.generation_history) for _, st in out}
-    assert len(histories) == 1, "every worker resumed at the same chunk in every generation"
+    assert len(histories) == 1, f"every worker resumed at the same chunk in every generation: {histories}"
     history = histories.pop()
     kinds = [kind for _, kind, _ in history]
     # a worker skips a generation that is superseded before it syncs on it, so compare in order only
-    assert kinds[0] == "ina" and "ring" in kinds and "ina" in kinds[kinds.index("ring"):]
-    assert [g for g, _, _ in history] == sorted({g for g, _, _ in history})
-    assert any(resume % 94 for _, _, resume in history[1:]), "some reallocation hit the middle of a call"
+    assert kinds[0] == "ina" and "ring" in kinds and "ina" in kinds[kinds.index("ring"):], history
+    assert [g for g, _, _ in history] == sorted({g for g, _, _ in history}), history
+    assert any(resume % 94 for _, _, resume in history[1:]), f"some reallocation hit the middle of a call: {history}"
 
 
 def test_no_slots_granted_falls_back_to_ring() -> None:

@@ -27,7 +27,8 @@ from simulator.trace import JobSpec
 __all__ = ["Simulation", "SimResult", "JobResult", "InvariantError"]
 
 # Backends a job can run on: no communication (one worker), INA in one ToR, Rina, plain ring.
-_DONE, _ARRIVE = 0, 1  # completions sort before arrivals at equal times: freed workers are reusable
+_DONE, _READY, _ARRIVE = 0, 1, 2  # completions sort first at equal times: freed workers are reusable
+# _READY: a job's start-up (trace column startup_s) is over; it starts sending (matters to a shared switch).
 
 
 class InvariantError(SimulatorError, AssertionError):
@@ -100,13 +101,16 @@ class _Switch:
 class _Job:
     __slots__ = (
         "spec", "placement", "racks", "start", "remaining", "iter_time", "last", "version", "compute",
-        "demand_racks", "cross", "backend", "slots", "effective", "history", "requested", "changes",
+        "demand_racks", "cross", "backend", "slots", "effective", "history", "requested", "changes", "counts",
+        "ready",
     )
 
     def __init__(self, spec: JobSpec, placement: Placement, start: float, compute: float) -> None:
         self.spec = spec
         self.placement = placement
         self.racks = [r for r, _ in placement]
+        self.counts = dict(placement)  # workers per rack
+        self.ready = spec.startup_s <= 0  # past its start-up: offers packets to its switches
         self.start = start
         self.remaining = float(spec.iterations)
         self.iter_time = 0.0
@@ -218,6 +222,14 @@ class Simulation:
                     continue  # superseded by a later rate change
                 self.now = t
                 self._finish(job, t)
+            elif kind == _READY:
+                job = self.running.get(job_id)
+                if job is None or job.ready:
+                    continue
+                self.now = t
+                job.ready = True
+                if self.cal.switch_shared_pps is not None:
+                    self._reallocate_and_retime([], [], t, shared=job.demand_racks)
             else:
                 self.now = t
                 self.queue.append(job_id)
@@ -292,6 +304,10 @@ class Simulation:
         if sum(c for _, c in placement) != spec.num_workers or len({r for r, _ in placement}) != len(placement):
             raise InvariantError(f"placement {placement} does not hold job {spec.job_id}'s {spec.num_workers} workers")
         job = _Job(spec, placement, t, model.compute_time(spec.per_worker_compute(), self.data_split))
+        job.last = t + spec.startup_s  # start-up: holds workers and slots, no progress yet
+        if not job.ready:
+            self._seq += 1
+            heapq.heappush(self._heap, (job.last, _READY, self._seq, spec.job_id, 0))
         self.running[spec.job_id] = job
         for rack, count in placement:
             if count > self.view.free_workers[rack]:
@@ -394,7 +410,10 @@ class Simulation:
             self.view.slot_jobs[rack] += 1
         return job.demand_racks
 
-    def _reallocate_and_retime(self, racks: Sequence[int], uplinks: Sequence[int], t: float, extra: _Job | None = None) -> None:
+    def _reallocate_and_retime(self, racks: Sequence[int], uplinks: Sequence[int], t: float, extra: _Job | None = None,
+                               shared: Sequence[int] = ()) -> None:
+        """Re-allocate the switches of `racks`, then retime every job whose slots changed, every multi-rack job
+        on `uplinks`, and (with a shared switch packet rate) every job holding slots at `racks` or `shared`."""
         affected: dict[int, _Job] = {}
         if extra is not None:
             affected[extra.spec.job_id] = extra
@@ -424,6 +443,11 @@ class Simulation:
         for rack in uplinks:
             for job_id in self.cross_jobs[rack]:
                 affected.setdefault(job_id, self.running[job_id])
+        if self.cal.switch_shared_pps is not None:
+            for rack in (*racks, *shared):  # a job's share of the switch changes when any other's load does
+                for job_id, rng in self.switches[rack].alloc.items():
+                    if rng is not None:
+                        affected.setdefault(job_id, self.running[job_id])
         for job in affected.values():
             self._retime(job, t)
 
@@ -445,7 +469,8 @@ class Simulation:
                 ina_rate = math.inf
                 for rack, count in job.placement:
                     if count >= 2:
-                        ina_rate = min(ina_rate, model.ina_rate(cal, cluster.host_Bps, self._held(rack, spec.job_id), count))
+                        alone = model.ina_rate(cal, cluster.host_Bps, self._held(rack, spec.job_id), count)
+                        ina_rate = min(ina_rate, alone * self._switch_share(rack, job))
                 if job.cross:
                     t_agg = model.rina_time(cal, spec.grad_bytes, len(job.placement), min(rate, ina_rate))
                     candidate = (t_agg, SimBackend.RINA, slots)
@@ -454,6 +479,22 @@ class Simulation:
                 if candidate[0] <= best[0] or self.follow_grant:
                     best = candidate
         return best
+
+    def _switch_share(self, rack: int, job: _Job) -> float:
+        """The fraction of its own INA rate a job gets from a switch shared with other jobs (1 without
+        ``switch_shared_pps``): the switch serves every job holding slots there that has started, and
+        `job` itself, in proportion to the packet rates they would offer alone (model.shared_share)."""
+        cap = self.cal.switch_shared_pps
+        if cap is None:
+            return 1.0
+        offered = 0.0
+        for job_id, rng in self.switches[rack].alloc.items():
+            other = self.running[job_id]
+            if rng is None or not (other.ready or other is job):
+                continue
+            count = other.counts.get(rack, 0)
+            offered += model.offered_pps(self.cal, model.ina_rate(self.cal, self.cluster.host_Bps, rng.size, count), count)
+        return model.shared_share(cap, offered)
 
     def _held(self, rack: int, job_id: int) -> int:
         rng = self.switches[rack].alloc.get(job_id)

@@ -9,6 +9,8 @@ payload bytes per second, times are seconds, ``nbytes`` is the gradient size of 
     ring          t = 2(n-1)/n * B / R + 2(n-1) * (step_latency + propagation),  R = goodput of the slowest link
     Rina          t = 2(r-1)/r * B / min(R_cross, R_ina) + 2(r-1) * (step_latency + propagation) + W   (r racks)
 
+shared switch  every job's INA rate x min(1, shared_pps / sum over the switch's jobs of m_j * R_j / payload)
+
 A congestion window (the agent may use fewer slots than granted) changes none of this: it settles near the
 window that reaches line rate, and slots beyond it add nothing here either (the min above).
     iteration     t = compute + (1 - overlap) * t_comm
@@ -27,6 +29,8 @@ __all__ = [
     "ring_time",
     "rina_time",
     "saturating_slots",
+    "offered_pps",
+    "shared_share",
     "min_useful_slots",
     "compute_time",
     "iteration_time",
@@ -51,6 +55,20 @@ def ina_rate(cal: Calibration, host_Bps: float, slots: int, workers_in_rack: int
     if cal.switch_pps is not None:
         rate = min(rate, cal.switch_pps * cal.payload_bytes / max(1, workers_in_rack))
     return rate
+
+
+def offered_pps(cal: Calibration, rate: float, workers_in_rack: int) -> float:
+    """Gradient packets per second a job sends into one switch at payload rate `rate`: one per worker per chunk."""
+    return max(0, workers_in_rack) * rate / cal.payload_bytes
+
+
+def shared_share(capacity_pps: float | None, offered_total_pps: float) -> float:
+    """The fraction of its offered rate every job gets from a switch that serves `capacity_pps` gradient packets
+    per second in total: a FIFO server shares in proportion to what each job offers, so all jobs slow down by
+    the same factor, min(1, capacity / offered)."""
+    if capacity_pps is None or offered_total_pps <= capacity_pps:
+        return 1.0
+    return capacity_pps / offered_total_pps
 
 
 def ina_time(cal: Calibration, nbytes: float, rate: float) -> float:

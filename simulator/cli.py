@@ -97,6 +97,8 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ina-fraction", type=_fraction, default=1.0, help="share of ToRs that are INA-capable (default 1)")
     g.add_argument("--host-gbps", type=_positive_float, default=100.0, help="worker link speed (default 100)")
     g.add_argument("--uplink-gbps", type=_positive_float, default=400.0, help="ToR-to-spine speed per rack (default 400)")
+    g.add_argument("--spine-slots", type=_nonneg_int, default=0,
+                   help="aggregator slots of the spine; > 0 lets jobs spanning racks run as two-level trees (default 0)")
 
 
 def build_parser() -> Parser:
@@ -161,6 +163,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         ina_fraction=args.ina_fraction,
         host_gbps=args.host_gbps,
         uplink_gbps=args.uplink_gbps,
+        spine_slots=args.spine_slots,
     )
     calibration = load_calibration(args.calibration)
     if args.synthetic is not None:

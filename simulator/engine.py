@@ -51,6 +51,7 @@ class JobResult:
     slots_requested: int  # per switch; 0 = the job asked for none (INA could not beat ring)
     range_changes: int  # times a policy moved or resized one of its ranges after the first
     history: tuple[tuple[float, str, int], ...]
+    uplink_bytes: float = 0.0  # bytes its all-reduces put on one of its rack uplinks, each direction, in total
 
     @property
     def jct_s(self) -> float:
@@ -81,8 +82,9 @@ class SimResult:
     placement: str
     cluster: ClusterSpec
     jobs: list[JobResult]
-    # Step functions sampled at every change: (time, slots held, slots held by jobs using INA/Rina, busy workers).
-    timeline: list[tuple[float, int, int, int]]
+    # Step functions sampled at every change: (time, ToR slots held, ToR slots held by jobs aggregating,
+    # busy workers, spine slots held).
+    timeline: list[tuple[float, int, int, int, int]]
     events: int
     wall_s: float
     unfinished: int = 0
@@ -102,7 +104,7 @@ class _Job:
     __slots__ = (
         "spec", "placement", "racks", "start", "remaining", "iter_time", "last", "version", "compute",
         "demand_racks", "cross", "backend", "slots", "effective", "history", "requested", "changes", "counts",
-        "ready",
+        "ready", "on_spine", "uplink", "uplink_per_iter",
     )
 
     def __init__(self, spec: JobSpec, placement: Placement, start: float, compute: float) -> None:
@@ -111,6 +113,9 @@ class _Job:
         self.racks = [r for r, _ in placement]
         self.counts = dict(placement)  # workers per rack
         self.ready = spec.startup_s <= 0  # past its start-up: offers packets to its switches
+        self.on_spine = False  # registered at the spine's pool (a tree is possible)
+        self.uplink = 0.0  # uplink bytes so far (per rack uplink, each direction)
+        self.uplink_per_iter = 0.0
         self.start = start
         self.remaining = float(spec.iterations)
         self.iter_time = 0.0
@@ -172,12 +177,17 @@ class Simulation:
         self.on_event = on_event
         self.progress = progress
         self.ina = cluster.ina_racks()
+        # One switch per rack (its ToR), then the spine: switch index cluster.racks.
         self.switches = [_Switch(cluster.slots_per_switch if ina else 0) for ina in self.ina]
+        self.switches.append(_Switch(cluster.spine_slots))
+        self.spine = cluster.racks
+        self.spine_held = 0
         self.view = RackView(
             free_workers=[cluster.workers_per_rack] * cluster.racks,
             ina=self.ina,
-            free_slots=[sw.pool for sw in self.switches],
+            free_slots=[sw.pool for sw in self.switches[: cluster.racks]],
             slot_jobs=[0] * cluster.racks,
+            spine_free_slots=cluster.spine_slots,
         )
         self.cross_jobs: list[set[int]] = [set() for _ in range(cluster.racks)]  # multi-rack jobs per rack
         self.running: dict[int, _Job] = {}
@@ -211,7 +221,7 @@ class Simulation:
         self._hints: dict[int, int] = {}
         self._queue_min = math.inf
         self.results: list[JobResult] = []
-        self.timeline: list[tuple[float, int, int, int]] = [(0.0, 0, 0, 0)]
+        self.timeline: list[tuple[float, int, int, int, int]] = [(0.0, 0, 0, 0, 0)]
         events = 0
         next_report = started + self.progress if self.progress else math.inf
         while heap:
@@ -229,7 +239,8 @@ class Simulation:
                 self.now = t
                 job.ready = True
                 if self.cal.switch_shared_pps is not None:
-                    self._reallocate_and_retime([], [], t, shared=job.demand_racks)
+                    shared = [*job.demand_racks, self.spine] if job.on_spine else job.demand_racks
+                    self._reallocate_and_retime([], [], t, shared=shared)
             else:
                 self.now = t
                 self.queue.append(job_id)
@@ -270,7 +281,8 @@ class Simulation:
             except ValueError as exc:
                 raise InvariantError(f"t={self.now}: switch {rack}: {exc}") from None
             held = sum(r.size for r in sw.alloc.values() if r is not None)
-            if held != sw.held or held > sw.pool or self.view.free_slots[rack] != sw.pool - held:
+            free = self.view.spine_free_slots if rack == self.spine else self.view.free_slots[rack]
+            if held != sw.held or held > sw.pool or free != sw.pool - held:
                 raise InvariantError(f"t={self.now}: switch {rack}: {held} slots held of {sw.pool}, bookkeeping off")
         busy = sum(c for job in self.running.values() for _, c in job.placement)
         if any(f < 0 for f in self.view.free_workers) or busy + sum(self.view.free_workers) != self.cluster.total_workers:
@@ -332,6 +344,14 @@ class Simulation:
             sw.demands = [d for d in sw.demands if d.job_id != spec.job_id]
             sw.alloc.pop(spec.job_id, None)
             self.view.slot_jobs[rack] -= 1
+        touched = list(job.demand_racks)
+        if job.on_spine:
+            spine = self.switches[self.spine]
+            spine.demands = [d for d in spine.demands if d.job_id != spec.job_id]
+            spine.alloc.pop(spec.job_id, None)
+            touched.append(self.spine)
+        if job.iter_time > 0:
+            job.uplink += job.remaining * job.uplink_per_iter
         uplinks = job.racks if job.cross else []
         for rack in uplinks:
             self.cross_jobs[rack].discard(spec.job_id)
@@ -349,32 +369,44 @@ class Simulation:
                 slots_requested=job.requested,
                 range_changes=job.changes,
                 history=tuple(job.history[:-1]),
+                uplink_bytes=job.uplink,
             )
         )
-        self._reallocate_and_retime(job.demand_racks, uplinks, t)
+        self._reallocate_and_retime(touched, uplinks, t)
 
     # --- slots, rates, progress -----------------------------------------------------------------------
 
-    def _slot_request(self, spec: JobSpec, racks: int, widest: int) -> tuple[int, int] | None:
+    def _slot_request(self, spec: JobSpec, racks: int, widest: int, tree: bool = False) -> tuple[int, int] | None:
         """(requested, min_slots) per switch for a job spread over `racks` racks with at most `widest`
         workers under one ToR; None when INA/Rina cannot beat ring even with the whole request.
 
         requested = the trace's `slots`, else the window that saturates the job's INA rate (uncontended);
         min_slots = the trace's, else the fewest slots with which INA/Rina is no slower than ring.
+        tree: the job spans racks and the spine aggregates: sized for the tree (its longer round trip), and every
+        switch of the tree is asked for the same.
         """
         cal, cluster = self.cal, self.cluster
         cross = racks > 1
         cross_rate = min(self.host_ring_rate, self.uplink_rate) if cross else math.inf
         ring = model.ring_time(cal, spec.grad_bytes, spec.num_workers, min(self.host_ring_rate, cross_rate))
 
+        window = model.tree_window_rtt(cal, cluster.host_Bps, cluster.uplink_Bps) if tree else None
+        uplink_rate = cluster.uplink_Bps * cal.ina_efficiency
+
         def slot_time(s: int) -> float:
+            if tree:
+                rate = min(uplink_rate, model.ina_rate(cal, cluster.host_Bps, s, max(widest, racks), window))
+                return model.tree_time(cal, spec.grad_bytes, rate)
             rate = min(cross_rate, model.ina_rate(cal, cluster.host_Bps, s, widest))
             return model.rina_time(cal, spec.grad_bytes, racks, rate)
 
         if spec.slots is not None:
             return spec.slots, spec.min_slots or 1
-        cap = model.ina_rate(cal, cluster.host_Bps, 1 << 40, widest)  # the rate no window can exceed
-        requested = model.saturating_slots(cal, min(cap, cross_rate), cluster.host_Bps)
+        cap = model.ina_rate(cal, cluster.host_Bps, 1 << 40, max(widest, racks) if tree else widest)  # no window exceeds it
+        if tree:
+            requested = max(1, math.ceil(min(cap, uplink_rate) * window / cal.payload_bytes - 1e-9))
+        else:
+            requested = model.saturating_slots(cal, min(cap, cross_rate), cluster.host_Bps)
         useful = model.min_useful_slots(cal, requested, slot_time, ring)
         if useful is None:
             return None
@@ -397,7 +429,8 @@ class Simulation:
         aggregating = [(r, c) for r, c in job.placement if c >= 2]
         if not aggregating or not all(self.ina[r] for r, _ in aggregating):
             return []  # some rack's share of the job cannot be aggregated in-network: ring it is
-        request = self._slot_request(spec, len(job.placement), max(c for _, c in aggregating))
+        tree = job.cross and self.switches[self.spine].pool > 0
+        request = self._slot_request(spec, len(job.placement), max(c for _, c in aggregating), tree=tree)
         if request is None:
             return []
         requested, min_slots = request
@@ -408,6 +441,13 @@ class Simulation:
                 JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
             )
             self.view.slot_jobs[rack] += 1
+        if tree:  # the spine is asked for as many slots as every ToR of the tree
+            self.switches[self.spine].demands.append(
+                JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
+            )
+            job.on_spine = True
+            job.counts[self.spine] = len(job.placement)  # the spine aggregates one partial per rack
+            return [*job.demand_racks, self.spine]
         return job.demand_racks
 
     def _reallocate_and_retime(self, racks: Sequence[int], uplinks: Sequence[int], t: float, extra: _Job | None = None,
@@ -437,9 +477,13 @@ class Simulation:
                         job.changes += 1
                     affected[job_id] = job
             sw.alloc = new
-            self.held_total += held - sw.held
+            if rack == self.spine:
+                self.spine_held = held
+                self.view.spine_free_slots = sw.pool - held
+            else:
+                self.held_total += held - sw.held
+                self.view.free_slots[rack] = sw.pool - held
             sw.held = held
-            self.view.free_slots[rack] = sw.pool - held
         for rack in uplinks:
             for job_id in self.cross_jobs[rack]:
                 affected.setdefault(job_id, self.running[job_id])
@@ -476,9 +520,33 @@ class Simulation:
                     candidate = (t_agg, SimBackend.RINA, slots)
                 else:
                     candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), SimBackend.INA, slots)
+                tree = self._tree(job, slots)
+                if tree is not None and (tree[0] <= candidate[0] or self.follow_grant):
+                    candidate = tree
                 if candidate[0] <= best[0] or self.follow_grant:
                     best = candidate
         return best
+
+    def _tree(self, job: _Job, tor_slots: int) -> tuple[float, str, int] | None:
+        """(all-reduce seconds, tree, bottleneck slots) when the job holds slots on the spine too, else None.
+
+        Every switch of the tree serves the same window (the smallest grant among them), held for the tree's
+        round trip; the spine aggregates one partial per rack; each rack's uplink carries one framed partial
+        stream up and the final sum down, shared fairly with the rack's other multi-rack jobs."""
+        if not job.on_spine:
+            return None
+        cal, cluster, job_id = self.cal, self.cluster, job.spec.job_id
+        slots = min(tor_slots, self._held(self.spine, job_id))
+        if slots <= 0:
+            return None
+        window = model.tree_window_rtt(cal, cluster.host_Bps, cluster.uplink_Bps)
+        rate = math.inf
+        for rack, count in [*((r, c) for r, c in job.placement if c >= 2), (self.spine, len(job.placement))]:
+            alone = model.ina_rate(cal, cluster.host_Bps, slots, count, window)
+            rate = min(rate, alone * self._switch_share(rack, job))
+        for rack in job.racks:
+            rate = min(rate, cluster.uplink_Bps / len(self.cross_jobs[rack]) * cal.ina_efficiency)
+        return model.tree_time(cal, job.spec.grad_bytes, rate), SimBackend.TREE, slots
 
     def _switch_share(self, rack: int, job: _Job) -> float:
         """The fraction of its own INA rate a job gets from a switch shared with other jobs (1 without
@@ -504,6 +572,8 @@ class Simulation:
         comm, backend, slots = self._comm(job)
         iter_time = model.iteration_time(self.cal, job.compute, comm)
         if job.iter_time > 0:
+            progressed = min(job.remaining, max(0.0, t - job.last) / job.iter_time)
+            job.uplink += progressed * job.uplink_per_iter
             job.remaining = max(0.0, job.remaining - max(0.0, t - job.last) / job.iter_time)
         job.last = max(t, job.last)  # a reallocation pause still running keeps its end
         moved = (backend, slots) != (job.backend, job.slots) and job.backend != ""
@@ -516,7 +586,9 @@ class Simulation:
                 job.history.append((t, backend, slots))
             job.backend, job.slots = backend, slots
         held = sum(self._held(r, job.spec.job_id) for r in job.demand_racks)
-        self._set_effective(job, held if backend in (SimBackend.INA, SimBackend.RINA) else 0)
+        self._set_effective(job, held if backend in (SimBackend.INA, SimBackend.RINA, SimBackend.TREE) else 0)
+        counts = [c for _, c in job.placement]
+        job.uplink_per_iter = model.uplink_bytes(self.cal, backend, job.spec.grad_bytes, counts) if job.cross else 0.0
         if iter_time == job.iter_time and job.version and not (moved and self.cal.realloc_pause_s):
             return  # same speed: the scheduled completion still holds
         job.iter_time = iter_time
@@ -529,7 +601,7 @@ class Simulation:
         job.effective = slots
 
     def _sample(self, t: float) -> None:
-        point = (t, self.held_total, self.effective_total, self.cluster.total_workers - self.free_total)
+        point = (t, self.held_total, self.effective_total, self.cluster.total_workers - self.free_total, self.spine_held)
         last = self.timeline[-1]
         if point[1:] != last[1:]:
             if last[0] == t:

@@ -8,6 +8,9 @@ payload bytes per second, times are seconds, ``nbytes`` is the gradient size of 
     INA (1 rack)  t = B / R_ina + W
     ring          t = 2(n-1)/n * B / R + 2(n-1) * (step_latency + propagation),  R = goodput of the slowest link
     Rina          t = 2(r-1)/r * B / min(R_cross, R_ina) + 2(r-1) * (step_latency + propagation) + W   (r racks)
+    tree          W_tree = 2 (rtt + propagation) + 2 frame / host + 2 frame / uplink   (worker - ToR - spine and back)
+                  R_tree = min(R_ina of every ToR and of the spine with W_tree, uplink share * payload/frame)
+                  t = B / R_tree + 2 (rtt + propagation)
 
 shared switch  every job's INA rate x min(1, shared_pps / sum over the switch's jobs of m_j * R_j / payload)
 
@@ -30,6 +33,9 @@ __all__ = [
     "rina_time",
     "saturating_slots",
     "offered_pps",
+    "tree_window_rtt",
+    "tree_time",
+    "uplink_bytes",
     "shared_share",
     "min_useful_slots",
     "compute_time",
@@ -44,14 +50,48 @@ def window_rtt(cal: Calibration, host_Bps: float | None = None) -> float:
     return cal.ina_rtt_s + cal.propagation_rtt_s + serialization
 
 
-def ina_rate(cal: Calibration, host_Bps: float, slots: int, workers_in_rack: int) -> float:
+def tree_window_rtt(cal: Calibration, host_Bps: float | None = None, uplink_Bps: float | None = None) -> float:
+    """The round trip a slot of a two-level tree is held: worker to ToR to spine and back. The ToR-spine hop is
+    taken to cost what the worker-ToR hop costs (software round trip and propagation), plus one frame's
+    serialization each way on the uplink."""
+    uplink = 2 * cal.frame_bytes / uplink_Bps if uplink_Bps else 0.0
+    return window_rtt(cal, host_Bps) + cal.ina_rtt_s + cal.propagation_rtt_s + uplink
+
+
+def tree_time(cal: Calibration, nbytes: float, rate: float) -> float:
+    """One all-reduce through a two-level tree at `rate`: the last result returns one tree round trip later."""
+    return nbytes / rate + 2 * (cal.ina_rtt_s + cal.propagation_rtt_s)
+
+
+def uplink_bytes(cal: Calibration, backend: str, nbytes: float, workers_per_rack: Sequence[int]) -> float:
+    """Bytes one all-reduce puts on each of a job's rack uplinks, each direction (`workers_per_rack`: the job's
+    workers in each of its racks).
+
+    tree: one framed partial sum per rack up, the final sum down: B * frame / payload, whatever the workers.
+    Rina: the racks' ring moves 2(r-1)/r * B through every rack's uplink.
+    ring: the workers' ring enters and leaves each rack once, and every hop carries 2(n-1)/n * B.
+    One rack: nothing."""
+    racks = [c for c in workers_per_rack if c > 0]
+    if len(racks) < 2:
+        return 0.0
+    if backend == "tree":
+        return nbytes * cal.frame_bytes / cal.payload_bytes
+    if backend == "rina":
+        r = len(racks)
+        return 2 * (r - 1) / r * nbytes
+    n = sum(racks)
+    return 2 * (n - 1) / n * nbytes
+
+
+def ina_rate(cal: Calibration, host_Bps: float, slots: int, workers_in_rack: int, window: float | None = None) -> float:
     """Aggregated payload rate of one job through one switch with `slots` slots.
 
     Three bounds: the link carries frames but only payload counts (payload/frame); a window of
     `slots` packets is in flight per round trip (SwitchML's bound: each slot holds one packet until
     its result returns); a packet-rate-bound switch processes m packets per aggregated payload.
     """
-    rate = min(host_Bps * cal.ina_efficiency, slots * cal.payload_bytes / window_rtt(cal, host_Bps))
+    window = window_rtt(cal, host_Bps) if window is None else window
+    rate = min(host_Bps * cal.ina_efficiency, slots * cal.payload_bytes / window)
     if cal.switch_pps is not None:
         rate = min(rate, cal.switch_pps * cal.payload_bytes / max(1, workers_in_rack))
     return rate

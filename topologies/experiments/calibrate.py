@@ -5,7 +5,8 @@ link: one INA slot (the round trip, ``ina_rtt_us = payload / throughput``), many
 rate the agents and switch sustain, ``switch_pps``), and a one-chunk ring all-reduce (the latency of a
 ring step). A fourth probe (:func:`run_shared_probe`, experiment 3) runs as many concurrent INA jobs as the
 experiment's trace on its own star, unshaped, to measure the packet rate the switch and the agents sustain
-together (``switch_shared_pps``). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
+together (``switch_shared_pps``), after one of its jobs alone with half its BDP of slots, window-bound, whose
+round trip less the added delay replaces the two-worker ``ina_rtt_us`` (:func:`run_window_probe`). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
 measured time). :func:`calibration_from` combines whatever was measured with the simulator's defaults and
 checks the result with ``simulator.calibration``.
 """
@@ -27,6 +28,7 @@ __all__ = ["PROBES", "SHARED_PROBE", "run_probes", "run_shared_probe", "calibrat
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
 SHARED_PROBE = "ina-shared-pps"
+WINDOW_PROBE = "ina-window"
 
 
 def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
@@ -79,6 +81,21 @@ def run_shared_probe(bed: Testbed, groups: Sequence[Sequence[str]], *, elements:
     return row
 
 
+def run_window_probe(bed: Testbed, hosts: Sequence[str], *, elements: int, iterations: int, slots: int, rtt_ms: float,
+                     udp_port: int, record: Callable[[dict], None], progress: Callable[[str], None]) -> dict:
+    """The software round trip of one of the experiment's jobs: its workers, the switch's delay, ``slots``
+    below the BDP on unshaped links, so the job is window-bound: round trip = time / (chunks / slots + 1). Less
+    the added ``rtt_ms`` this is ``ina_rtt_us`` as the job sees it (the slowest of its workers each chunk)."""
+    progress(f"calibration probe {WINDOW_PROBE} ({len(hosts)} workers, {slots} slots, {rtt_ms:g} ms round trip)")
+    job = AgentJob(f"probe-{WINDOW_PROBE}", tuple(hosts), "allreduce", backend="ina", requested_slots=slots,
+                   args=("--elements", str(elements), "--iterations", str(iterations), "--warmup", "1"), udp_port=udp_port)
+    workers = bed.run_jobs([job])[job.name]
+    row = allreduce_row(workers, kind="probe", probe=WINDOW_PROBE, workers=len(hosts), backend="ina", slots=slots,
+                        rtt_ms=rtt_ms)
+    record(row)
+    return row
+
+
 def ring_fraction(rows: Sequence[Mapping[str, Any]], link_mbps: float, rtt_ms: float = 0.0) -> float | None:
     """Ring goodput as a share of the link rate, as ina-sim's ring formula uses it (payload bytes only,
     so TCP/IP framing is part of the fraction): 2(n-1)/n * B / link rate over the measured time less the
@@ -114,6 +131,13 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
     if pps and pps.get("seconds_median"):
         chunks = math.ceil(float(pps["bytes"]) / wire.INA_DATA_LEN)
         fields["switch_pps"] = int(pps.get("workers", 2)) * chunks / float(pps["seconds_median"])
+    window = by.get(WINDOW_PROBE)
+    if window and window.get("seconds_median") and window.get("slots"):
+        # ina-sim's INA time with s slots, unshaped: chunks x W / s + W (the last result's round trip)
+        chunks = math.ceil(float(window["bytes"]) / wire.INA_DATA_LEN)
+        round_trip_us = float(window["seconds_median"]) / (chunks / int(window["slots"]) + 1) * 1e6
+        if round_trip_us > rtt_ms * 1000:
+            fields["ina_rtt_us"] = round_trip_us - rtt_ms * 1000
     lat = by.get("ring-latency")
     if lat and lat.get("seconds_median"):
         n = int(lat.get("workers", 2))

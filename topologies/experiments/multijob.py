@@ -232,7 +232,7 @@ class MultijobExperiment(Experiment):
 
     # --- the simulator ---------------------------------------------------------------------------------
     def calibration(self) -> Path:
-        from topologies.experiments.calibrate import calibration_from, run_probes, run_shared_probe, write_calibration
+        from topologies.experiments.calibrate import calibration_from, run_probes, run_shared_probe, run_window_probe, write_calibration
         from topologies.topos import StarTopo
 
         ctx, cfg = self.ctx, self.config
@@ -255,6 +255,9 @@ class MultijobExperiment(Experiment):
             groups.append([f"h{first + i}" for i in range(tj.workers)])
             first += tj.workers
         with ctx.testbed(StarTopo(first - 1, rtt_ms=cfg.rtt_ms), "calibration-shared") as bed:
+            probes.append(run_window_probe(bed, groups[0], elements=max(tj.elements for tj in cfg.jobs), iterations=3,
+                                           slots=max(1, cfg.demand_slots // 2), rtt_ms=cfg.rtt_ms,
+                                           udp_port=INA_UDP_BASE + 940, record=ctx.record, progress=ctx.progress))
             probes.append(run_shared_probe(bed, groups, elements=max(tj.elements for tj in cfg.jobs), iterations=SHARED_CALLS,
                                            slots=SHARED_SLOTS, udp_port=INA_UDP_BASE + 950, record=ctx.record,
                                            progress=ctx.progress))

@@ -422,15 +422,17 @@ class Simulation:
         return 0 if request is None else request[0]
 
     def _register_demands(self, job: _Job) -> list[int]:
-        """Ask for slots in each INA rack where the job has >= 2 workers, if INA/Rina can beat ring there."""
+        """Ask for slots in each INA rack where the job has >= 2 workers (and at the spine for a job spanning racks
+        when the spine aggregates), if INA/Rina/tree can beat ring there. A rack with one of the job's workers
+        needs no ToR slots: that worker joins the ring (Rina) or sends straight to the spine (tree)."""
         spec = job.spec
         if spec.num_workers < 2:
             return []
         aggregating = [(r, c) for r, c in job.placement if c >= 2]
-        if not aggregating or not all(self.ina[r] for r, _ in aggregating):
-            return []  # some rack's share of the job cannot be aggregated in-network: ring it is
         tree = job.cross and self.switches[self.spine].pool > 0
-        request = self._slot_request(spec, len(job.placement), max(c for _, c in aggregating), tree=tree)
+        if (not aggregating and not tree) or not all(self.ina[r] for r, _ in aggregating):
+            return []  # some rack's share of the job cannot be aggregated in-network: ring it is
+        request = self._slot_request(spec, len(job.placement), max((c for _, c in aggregating), default=1), tree=tree)
         if request is None:
             return []
         requested, min_slots = request
@@ -507,9 +509,10 @@ class Simulation:
             for rack in job.racks:
                 rate = min(rate, self.uplink_rate / len(self.cross_jobs[rack]))
         best = (model.ring_time(cal, spec.grad_bytes, n, rate), SimBackend.RING, 0)
-        if job.demand_racks:
-            slots = min(self._held(rack, spec.job_id) for rack in job.demand_racks)
-            if slots > 0:
+        if job.demand_racks or job.on_spine:
+            slots = min((self._held(rack, spec.job_id) for rack in job.demand_racks), default=None)
+            candidate = None
+            if slots:
                 ina_rate = math.inf
                 for rack, count in job.placement:
                     if count >= 2:
@@ -520,14 +523,14 @@ class Simulation:
                     candidate = (t_agg, SimBackend.RINA, slots)
                 else:
                     candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), SimBackend.INA, slots)
-                tree = self._tree(job, slots)
-                if tree is not None and (tree[0] <= candidate[0] or self.follow_grant):
-                    candidate = tree
-                if candidate[0] <= best[0] or self.follow_grant:
-                    best = candidate
+            tree = self._tree(job, slots)
+            if tree is not None and (candidate is None or tree[0] <= candidate[0] or self.follow_grant):
+                candidate = tree
+            if candidate is not None and (candidate[0] <= best[0] or self.follow_grant):
+                best = candidate
         return best
 
-    def _tree(self, job: _Job, tor_slots: int) -> tuple[float, str, int] | None:
+    def _tree(self, job: _Job, tor_slots: int | None) -> tuple[float, str, int] | None:
         """(all-reduce seconds, tree, bottleneck slots) when the job holds slots on the spine too, else None.
 
         Every switch of the tree serves the same window (the smallest grant among them), held for the tree's
@@ -536,7 +539,9 @@ class Simulation:
         if not job.on_spine:
             return None
         cal, cluster, job_id = self.cal, self.cluster, job.spec.job_id
-        slots = min(tor_slots, self._held(self.spine, job_id))
+        slots = self._held(self.spine, job_id)
+        if tor_slots is not None:  # None: no rack holds >= 2 of its workers, only the spine aggregates
+            slots = min(slots, tor_slots)
         if slots <= 0:
             return None
         window = model.tree_window_rtt(cal, cluster.host_Bps, cluster.uplink_Bps)

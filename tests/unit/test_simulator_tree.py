@@ -79,3 +79,10 @@ def test_packing_a_job_under_one_tor_leaves_the_spine_free():
     spread = summarize(run(jobs, per_rack=4, placement="spread"))
     assert packed["spine_slot_utilisation"] == 0.0 and packed["uplink_bytes_total"] == 0.0
     assert spread["spine_slot_utilisation"] > 0.0 and spread["uplink_bytes_total"] > 0.0
+
+
+def test_one_worker_per_rack_sends_straight_to_the_spine():
+    """Spread one worker per rack: no ToR holds slots, the spine alone aggregates the 4 workers."""
+    (r,) = run([job(workers=4)], racks=4, per_rack=2, placement="spread").jobs
+    assert r.racks == 4 and r.history[0][1] == "tree"
+    assert r.uplink_bytes == pytest.approx(5 * B * 184 / 128)

@@ -337,6 +337,7 @@ class MultijobExperiment(Experiment):
             sim = {"tolerance": TOLERANCE, "jobs_compared": len(sims),
                    "within_tolerance": sum(1 for d in diffs if d <= TOLERANCE),
                    "median_abs_rel_diff": median(diffs), "max_abs_rel_diff": max(diffs),
+                   "p95_abs_rel_diff": _p95(diffs),
                    "per_run": [{k: r[k] for k in ("supply", "policy", "job", "testbed_s", "sim_s", "rel_diff")} for r in sims]}
         return {"trace": [vars(tj) for tj in config.jobs], "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
                 "runs": runs, "targets": _targets(runs), "memory": memory, "simulator": sim,
@@ -365,7 +366,8 @@ class MultijobExperiment(Experiment):
         sim = summary.get("simulator")
         if sim:
             lines.append(f"testbed vs ina-sim: {sim['within_tolerance']}/{sim['jobs_compared']} jobs within ±{sim['tolerance']:.0%} "
-                         f"(median |diff| {sim['median_abs_rel_diff']:.1%}, max {sim['max_abs_rel_diff']:.1%})")
+                         f"(median |diff| {sim['median_abs_rel_diff']:.1%}, p95 {sim.get('p95_abs_rel_diff', 0.0):.1%}, "
+                         f"max {sim['max_abs_rel_diff']:.1%})")
         return lines
 
     @staticmethod

@@ -8,7 +8,7 @@ import pytest
 
 from simulator.calibration import Calibration
 from topologies.experiments.calibrate import calibration_from
-from topologies.experiments.multijob import TRACE, _joined, simulate_trace
+from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
 
 
 def test_busy_time_counts_the_first_call_from_the_last_worker_to_join():
@@ -20,6 +20,11 @@ def test_busy_time_counts_the_first_call_from_the_last_worker_to_join():
     assert out["busy_joined_s"] == pytest.approx(1.55)
     assert out["joined_s"] == pytest.approx(10.0 - 1.55)
     assert _joined([], [], 1.0) == {"busy_joined_s": None, "joined_s": None}
+
+
+def test_steady_time_leaves_out_the_warm_up_call():
+    assert _steady([1.5, 0.5, 0.25], exited=10.0) == {"busy_steady_s": 0.75, "steady_from_s": 9.25}
+    assert _steady([1.5], exited=10.0) == {"busy_steady_s": None, "steady_from_s": None}
 
 
 def test_the_trace_probes_give_the_window_round_trip_and_the_shared_ceiling():
@@ -47,6 +52,9 @@ def test_simulated_trace_starts_each_job_after_its_start_up(tmp_path):
         assert late[tj.job]["jct_s"] == pytest.approx(now[tj.job]["jct_s"] + startup[tj.job], rel=1e-6)
     with (tmp_path / "late" / "trace.csv").open() as fh:
         assert [float(r["startup_s"]) for r in csv.DictReader(fh)] == [2.0, 1.0, 3.0, 2.5]
+    steady = simulate_trace(TRACE, out=tmp_path / "steady", skip_first=True, **kw)
+    for tj in TRACE:  # one all-reduce fewer, each as long as before
+        assert steady[tj.job]["busy_s"] == pytest.approx(now[tj.job]["busy_s"] * (tj.iterations - 1) / tj.iterations, rel=1e-6)
     shared = tmp_path / "shared.json"
     shared.write_text(json.dumps({**json.loads(cal.read_text()), "switch_shared_pps": 5000.0}))
     slow = simulate_trace(TRACE, out=tmp_path / "slow", startup=startup, **{**kw, "calibration": shared})

@@ -516,8 +516,8 @@ class Simulation:
                 ina_rate = math.inf
                 for rack, count in job.placement:
                     if count >= 2:
-                        alone = model.ina_rate(cal, cluster.host_Bps, self._held(rack, spec.job_id), count)
-                        ina_rate = min(ina_rate, alone * self._switch_share(rack, job))
+                        window = model.window_rtt(cal, cluster.host_Bps, self._switch_stretch(rack, job))
+                        ina_rate = min(ina_rate, model.ina_rate(cal, cluster.host_Bps, self._held(rack, spec.job_id), count, window))
                 if job.cross:
                     t_agg = model.rina_time(cal, spec.grad_bytes, len(job.placement), min(rate, ina_rate))
                     candidate = (t_agg, SimBackend.RINA, slots)
@@ -544,30 +544,29 @@ class Simulation:
             slots = min(slots, tor_slots)
         if slots <= 0:
             return None
-        window = model.tree_window_rtt(cal, cluster.host_Bps, cluster.uplink_Bps)
+        switches = [*((r, c) for r, c in job.placement if c >= 2), (self.spine, len(job.placement))]
+        # Each hop's software round trip stretches with its switch's load (the ToR's and the spine's).
+        stretch = [self._switch_stretch(rack, job) for rack, _ in switches]
+        window = model.tree_window_rtt(cal, cluster.host_Bps, cluster.uplink_Bps) + cal.ina_rtt_s * (
+            max(stretch[:-1], default=1.0) - 1 + stretch[-1] - 1)
         rate = math.inf
-        for rack, count in [*((r, c) for r, c in job.placement if c >= 2), (self.spine, len(job.placement))]:
-            alone = model.ina_rate(cal, cluster.host_Bps, slots, count, window)
-            rate = min(rate, alone * self._switch_share(rack, job))
+        for rack, count in switches:
+            rate = min(rate, model.ina_rate(cal, cluster.host_Bps, slots, count, window))
         for rack in job.racks:
             rate = min(rate, cluster.uplink_Bps / len(self.cross_jobs[rack]) * cal.ina_efficiency)
         return model.tree_time(cal, job.spec.grad_bytes, rate), SimBackend.TREE, slots
 
-    def _switch_share(self, rack: int, job: _Job) -> float:
-        """The fraction of its own INA rate a job gets from a switch shared with other jobs (1 without
-        ``switch_shared_pps``): the switch serves every job holding slots there that has started, and
-        `job` itself, in proportion to the packet rates they would offer alone (model.shared_share)."""
-        cap = self.cal.switch_shared_pps
-        if cap is None:
+    def _switch_stretch(self, rack: int, job: _Job) -> float:
+        """How much a shared switch's load stretches the software round trip (1 without ``switch_shared_pps``):
+        the load of every job holding slots there that has started, and of `job` itself (model.shared_stretch)."""
+        if self.cal.switch_shared_pps is None:
             return 1.0
-        offered = 0.0
+        jobs = []
         for job_id, rng in self.switches[rack].alloc.items():
             other = self.running[job_id]
-            if rng is None or not (other.ready or other is job):
-                continue
-            count = other.counts.get(rack, 0)
-            offered += model.offered_pps(self.cal, model.ina_rate(self.cal, self.cluster.host_Bps, rng.size, count), count)
-        return model.shared_share(cap, offered)
+            if rng is not None and (other.ready or other is job):
+                jobs.append((rng.size, other.counts.get(rack, 0)))
+        return model.shared_stretch(self.cal, self.cluster.host_Bps, jobs)
 
     def _held(self, rack: int, job_id: int) -> int:
         rng = self.switches[rack].alloc.get(job_id)

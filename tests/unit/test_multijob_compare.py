@@ -30,11 +30,12 @@ def test_steady_time_leaves_out_the_warm_up_call():
 def test_the_trace_probes_give_the_window_round_trip_and_the_shared_ceiling():
     probes = [
         {"probe": "ina-1slot", "bytes": 65536, "seconds_median": 512 * 300e-6},
-        {"probe": "ina-window", "slots": 8, "bytes": 65536, "seconds_median": (512 / 8 + 1) * 0.0215},
+        {"probe": "ina-window", "slots": 8, "bytes": 65536, "seconds_median": (512 / 8 + 1) * (0.0215 + 2 * 1.472e-3),
+         "bw_mbps": 1.0},
         {"probe": "ina-shared-pps", "gradients_per_s": 9000.0},
     ]
     cal = calibration_from(probes, ring_goodput=None, source="t", rtt_ms=20.0)
-    assert cal.ina_rtt_us == pytest.approx(1500.0)  # 21.5 ms round trip less the 20 ms added
+    assert cal.ina_rtt_us == pytest.approx(1500.0)  # 21.5 ms + 2 frames at 1 Mbit/s, less the 20 ms added and the frames
     assert cal.switch_shared_pps == 9000.0 and cal.propagation_rtt_us == 20000.0
     alone = calibration_from(probes[:1], ring_goodput=None, source="t", rtt_ms=20.0)
     assert alone.ina_rtt_us == pytest.approx(300.0) and alone.switch_shared_pps is None

@@ -82,16 +82,18 @@ def run_shared_probe(bed: Testbed, groups: Sequence[Sequence[str]], *, elements:
 
 
 def run_window_probe(bed: Testbed, hosts: Sequence[str], *, elements: int, iterations: int, slots: int, rtt_ms: float,
-                     udp_port: int, record: Callable[[dict], None], progress: Callable[[str], None]) -> dict:
-    """The software round trip of one of the experiment's jobs: its workers, the switch's delay, ``slots``
-    below the BDP on unshaped links, so the job is window-bound: round trip = time / (chunks / slots + 1). Less
-    the added ``rtt_ms`` this is ``ina_rtt_us`` as the job sees it (the slowest of its workers each chunk)."""
+                     bw_mbps: float | None, udp_port: int, record: Callable[[dict], None],
+                     progress: Callable[[str], None]) -> dict:
+    """The software round trip of one of the experiment's jobs: its workers on the experiment's links (``bw_mbps``,
+    ``rtt_ms``) with ``slots`` below the BDP, so the job is window-bound: round trip W = time / (chunks / slots
+    + 1). Less the added ``rtt_ms`` and one frame's serialization each way this is ``ina_rtt_us`` as the job
+    sees it (the slowest of its workers each chunk, the agents' and the switch's CPU, the shaper)."""
     progress(f"calibration probe {WINDOW_PROBE} ({len(hosts)} workers, {slots} slots, {rtt_ms:g} ms round trip)")
     job = AgentJob(f"probe-{WINDOW_PROBE}", tuple(hosts), "allreduce", backend="ina", requested_slots=slots,
                    args=("--elements", str(elements), "--iterations", str(iterations), "--warmup", "1"), udp_port=udp_port)
     workers = bed.run_jobs([job])[job.name]
     row = allreduce_row(workers, kind="probe", probe=WINDOW_PROBE, workers=len(hosts), backend="ina", slots=slots,
-                        rtt_ms=rtt_ms)
+                        rtt_ms=rtt_ms, bw_mbps=bw_mbps)
     record(row)
     return row
 
@@ -136,8 +138,10 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
         # ina-sim's INA time with s slots, unshaped: chunks x W / s + W (the last result's round trip)
         chunks = math.ceil(float(window["bytes"]) / wire.INA_DATA_LEN)
         round_trip_us = float(window["seconds_median"]) / (chunks / int(window["slots"]) + 1) * 1e6
-        if round_trip_us > rtt_ms * 1000:
-            fields["ina_rtt_us"] = round_trip_us - rtt_ms * 1000
+        bw = window.get("bw_mbps")
+        serialization_us = 2 * wire.INA_FRAME_LEN * 8 / (float(bw) * 1e6) * 1e6 if bw else 0.0
+        if round_trip_us > rtt_ms * 1000 + serialization_us:
+            fields["ina_rtt_us"] = round_trip_us - rtt_ms * 1000 - serialization_us
     lat = by.get("ring-latency")
     if lat and lat.get("seconds_median"):
         n = int(lat.get("workers", 2))

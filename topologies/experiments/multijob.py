@@ -262,10 +262,11 @@ class MultijobExperiment(Experiment):
         for tj in cfg.jobs:
             groups.append([f"h{first + i}" for i in range(tj.workers)])
             first += tj.workers
-        with ctx.testbed(StarTopo(first - 1, rtt_ms=cfg.rtt_ms), "calibration-shared") as bed:
+        with ctx.testbed(StarTopo(len(groups[0]), bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), "calibration-window") as bed:
             probes.append(run_window_probe(bed, groups[0], elements=max(tj.elements for tj in cfg.jobs), iterations=3,
-                                           slots=max(1, cfg.demand_slots // 2), rtt_ms=cfg.rtt_ms,
+                                           slots=max(1, cfg.demand_slots // 2), rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps,
                                            udp_port=INA_UDP_BASE + 940, record=ctx.record, progress=ctx.progress))
+        with ctx.testbed(StarTopo(first - 1, rtt_ms=cfg.rtt_ms), "calibration-shared") as bed:
             probes.append(run_shared_probe(bed, groups, elements=max(tj.elements for tj in cfg.jobs), iterations=SHARED_CALLS,
                                            slots=SHARED_SLOTS, udp_port=INA_UDP_BASE + 950, record=ctx.record,
                                            progress=ctx.progress))

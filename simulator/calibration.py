@@ -41,6 +41,13 @@ class Calibration:
     # Packets per second the switch can aggregate for one job; None = line rate (an ASIC). The
     # softswitch or BMv2 is packet-rate bound: measure with one job, many slots, and set this.
     switch_pps: float | None = None
+    # Gradient packets per second one switch sustains in total, over every job aggregating there (None = no
+    # shared bound). A software switch is one server for all its jobs; on the testbed it also shares two
+    # cores with every agent, so this is the machine's ceiling with the experiment's number of agents.
+    # INA jobs at a switch share it in proportion to the packet rates they would offer alone (a FIFO
+    # server). Measure: the experiment's jobs at once, unshaped links, many slots each; the sum over jobs
+    # of workers x chunks / call time (ina-exp multijob's calibration probe ina-shared-pps).
+    switch_shared_pps: float | None = None
     # Fraction of the link rate ring all-reduce reaches with large messages (TCP/RDMA framing, stack).
     # Measure: iperf3 goodput / link rate between two workers.
     ring_goodput_fraction: float = 0.94
@@ -84,8 +91,10 @@ class Calibration:
             raise CalibrationError("calibration field 'ring_goodput_fraction' must be in (0, 1]")
         if not _is_number(self.comm_overlap) or not 0 <= self.comm_overlap < 1:
             raise CalibrationError(f"calibration field 'comm_overlap' must be in [0, 1), got {self.comm_overlap!r}")
-        if self.switch_pps is not None and (not _is_number(self.switch_pps) or self.switch_pps <= 0):
-            raise CalibrationError(f"calibration field 'switch_pps' must be null or a number > 0, got {self.switch_pps!r}")
+        for name in ("switch_pps", "switch_shared_pps"):
+            value = getattr(self, name)
+            if value is not None and (not _is_number(value) or value <= 0):
+                raise CalibrationError(f"calibration field {name!r} must be null or a number > 0, got {value!r}")
 
     # Derived values in SI units (seconds, bytes/s), used by simulator.model.
     @property

@@ -4,11 +4,13 @@
         --racks 64 --workers-per-rack 8 --slots 1024 --seed 1 --out results/sim
     ina-sim gen-trace 1000 --seed 1 --out trace.csv
     ina-sim show-calibration > calibration.json
+    ina-sim tree-compare --out results/tree            # trees vs Rina vs ring, packing vs spreading (issue 15)
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -97,11 +99,13 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ina-fraction", type=_fraction, default=1.0, help="share of ToRs that are INA-capable (default 1)")
     g.add_argument("--host-gbps", type=_positive_float, default=100.0, help="worker link speed (default 100)")
     g.add_argument("--uplink-gbps", type=_positive_float, default=400.0, help="ToR-to-spine speed per rack (default 400)")
+    g.add_argument("--spine-slots", type=_nonneg_int, default=0,
+                   help="aggregator slots of the spine; > 0 lets jobs spanning racks run as two-level trees (default 0)")
 
 
 def build_parser() -> Parser:
     parser = Parser(prog="ina-sim", description="Cluster-scale simulation of INA slot-allocation policies.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,gen-trace,show-calibration}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,gen-trace,show-calibration,tree-compare}")
 
     run = sub.add_parser("run", help="simulate one trace under several allocation policies and compare them")
     src = run.add_mutually_exclusive_group(required=True)
@@ -137,6 +141,14 @@ def build_parser() -> Parser:
     _add_workload(gen)
 
     sub.add_parser("show-calibration", help="print the default calibration as JSON (a template for --calibration)")
+
+    tree = sub.add_parser("tree-compare", help="the fixed scenario of docs/simulation.md: two-level trees vs Rina vs "
+                                               "ring, packing vs spreading; medians over seeds")
+    tree.add_argument("--seeds", type=lambda t: tuple(int(x) for x in t.split(",")), default=(1, 2, 3),
+                      help="comma-separated seeds of the synthetic trace (default 1,2,3)")
+    tree.add_argument("--jobs", type=_positive_int, default=300, help="jobs per trace (default 300)")
+    tree.add_argument("--calibration", type=Path, metavar="FILE", help="JSON calibration (default: the built-in one)")
+    tree.add_argument("--out", type=Path, required=True, help="directory for summary.json")
     return parser
 
 
@@ -161,6 +173,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         ina_fraction=args.ina_fraction,
         host_gbps=args.host_gbps,
         uplink_gbps=args.uplink_gbps,
+        spine_slots=args.spine_slots,
     )
     calibration = load_calibration(args.calibration)
     if args.synthetic is not None:
@@ -233,6 +246,22 @@ def _gen(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _tree(args: argparse.Namespace) -> int:
+    from simulator.scenarios import TreeScenario, tree_comparison
+
+    scenario = TreeScenario(jobs=args.jobs, seeds=args.seeds)
+    summary = tree_comparison(scenario, load_calibration(args.calibration))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"{'fabric':<6} {'placement':<10} {'mean JCT':>18} {'p99 JCT':>9} {'spine slots':>12} {'uplink TB':>10}  backends")
+    for r in summary["runs"]:
+        shares = ", ".join(f"{b} {v:.0%}" for b, v in r["backend_time_share"].items() if v >= 0.005)
+        print(f"{r['fabric']:<6} {r['placement']:<10} {r['mean_jct_s']:>7.0f} s [{r['mean_jct_s_min']:.0f}-{r['mean_jct_s_max']:.0f}]"
+              f" {r['p99_jct_s']:>7.0f} s {r['spine_slot_utilisation']:>11.1%} {r['uplink_bytes_total'] / 1e12:>10.2f}  {shares}")
+    print(f"{len(scenario.seeds)} seeds; summary in {args.out}/summary.json")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args_or_exit(argv)
@@ -241,6 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args, parser)
         if args.command == "gen-trace":
             return _gen(args, parser)
+        if args.command == "tree-compare":
+            return _tree(args)
         sys.stdout.write(Calibration().to_json())
         return 0
     except UsageError as exc:

@@ -13,7 +13,8 @@ class ClusterSpec:
 
     Each rack's ToR switch is either INA-capable, with its own pool of ``slots_per_switch`` aggregator
     slots, or a plain switch. Racks connect to one spine through an uplink of ``uplink_gbps`` per rack;
-    the spine itself never limits (two-tier, non-blocking core). INA in the spine is not modelled.
+    the spine itself never limits (two-tier, non-blocking core). With ``spine_slots`` > 0 the spine aggregates
+    too (a pool of its own): a job spanning racks can run as a two-level tree (ToRs, then the spine).
     """
 
     racks: int = 64
@@ -25,14 +26,18 @@ class ClusterSpec:
     host_gbps: float = 100.0
     # ToR-to-spine capacity per rack (each direction), shared by the jobs whose traffic leaves the rack.
     uplink_gbps: float = 400.0
+    # Aggregator slots of the spine switch (0 = the spine does not aggregate: no trees, Rina or ring across racks).
+    spine_slots: int = 0
 
     def __post_init__(self) -> None:
         for name in ("racks", "workers_per_rack"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"cluster {name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.slots_per_switch, int) or self.slots_per_switch < 0:
-            raise ValueError(f"cluster slots_per_switch must be an int >= 0, got {self.slots_per_switch!r}")
+        for name in ("slots_per_switch", "spine_slots"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"cluster {name} must be an int >= 0, got {value!r}")
         if not 0.0 <= self.ina_fraction <= 1.0:
             raise ValueError(f"cluster ina_fraction must be in [0, 1], got {self.ina_fraction!r}")
         for name in ("host_gbps", "uplink_gbps"):

@@ -27,7 +27,8 @@ from simulator.trace import JobSpec
 __all__ = ["Simulation", "SimResult", "JobResult", "InvariantError"]
 
 # Backends a job can run on: no communication (one worker), INA in one ToR, Rina, plain ring.
-_DONE, _ARRIVE = 0, 1  # completions sort before arrivals at equal times: freed workers are reusable
+_DONE, _READY, _ARRIVE = 0, 1, 2  # completions sort first at equal times: freed workers are reusable
+# _READY: a job's start-up (trace column startup_s) is over; it starts sending (matters to a shared switch).
 
 
 class InvariantError(SimulatorError, AssertionError):
@@ -50,6 +51,7 @@ class JobResult:
     slots_requested: int  # per switch; 0 = the job asked for none (INA could not beat ring)
     range_changes: int  # times a policy moved or resized one of its ranges after the first
     history: tuple[tuple[float, str, int], ...]
+    uplink_bytes: float = 0.0  # bytes its all-reduces put on one of its rack uplinks, each direction, in total
 
     @property
     def jct_s(self) -> float:
@@ -80,8 +82,9 @@ class SimResult:
     placement: str
     cluster: ClusterSpec
     jobs: list[JobResult]
-    # Step functions sampled at every change: (time, slots held, slots held by jobs using INA/Rina, busy workers).
-    timeline: list[tuple[float, int, int, int]]
+    # Step functions sampled at every change: (time, ToR slots held, ToR slots held by jobs aggregating,
+    # busy workers, spine slots held).
+    timeline: list[tuple[float, int, int, int, int]]
     events: int
     wall_s: float
     unfinished: int = 0
@@ -100,13 +103,19 @@ class _Switch:
 class _Job:
     __slots__ = (
         "spec", "placement", "racks", "start", "remaining", "iter_time", "last", "version", "compute",
-        "demand_racks", "cross", "backend", "slots", "effective", "history", "requested", "changes",
+        "demand_racks", "cross", "backend", "slots", "effective", "history", "requested", "changes", "counts",
+        "ready", "on_spine", "uplink", "uplink_per_iter",
     )
 
     def __init__(self, spec: JobSpec, placement: Placement, start: float, compute: float) -> None:
         self.spec = spec
         self.placement = placement
         self.racks = [r for r, _ in placement]
+        self.counts = dict(placement)  # workers per rack
+        self.ready = spec.startup_s <= 0  # past its start-up: offers packets to its switches
+        self.on_spine = False  # registered at the spine's pool (a tree is possible)
+        self.uplink = 0.0  # uplink bytes so far (per rack uplink, each direction)
+        self.uplink_per_iter = 0.0
         self.start = start
         self.remaining = float(spec.iterations)
         self.iter_time = 0.0
@@ -168,12 +177,17 @@ class Simulation:
         self.on_event = on_event
         self.progress = progress
         self.ina = cluster.ina_racks()
+        # One switch per rack (its ToR), then the spine: switch index cluster.racks.
         self.switches = [_Switch(cluster.slots_per_switch if ina else 0) for ina in self.ina]
+        self.switches.append(_Switch(cluster.spine_slots))
+        self.spine = cluster.racks
+        self.spine_held = 0
         self.view = RackView(
             free_workers=[cluster.workers_per_rack] * cluster.racks,
             ina=self.ina,
-            free_slots=[sw.pool for sw in self.switches],
+            free_slots=[sw.pool for sw in self.switches[: cluster.racks]],
             slot_jobs=[0] * cluster.racks,
+            spine_free_slots=cluster.spine_slots,
         )
         self.cross_jobs: list[set[int]] = [set() for _ in range(cluster.racks)]  # multi-rack jobs per rack
         self.running: dict[int, _Job] = {}
@@ -207,7 +221,7 @@ class Simulation:
         self._hints: dict[int, int] = {}
         self._queue_min = math.inf
         self.results: list[JobResult] = []
-        self.timeline: list[tuple[float, int, int, int]] = [(0.0, 0, 0, 0)]
+        self.timeline: list[tuple[float, int, int, int, int]] = [(0.0, 0, 0, 0, 0)]
         events = 0
         next_report = started + self.progress if self.progress else math.inf
         while heap:
@@ -218,6 +232,15 @@ class Simulation:
                     continue  # superseded by a later rate change
                 self.now = t
                 self._finish(job, t)
+            elif kind == _READY:
+                job = self.running.get(job_id)
+                if job is None or job.ready:
+                    continue
+                self.now = t
+                job.ready = True
+                if self.cal.switch_shared_pps is not None:
+                    shared = [*job.demand_racks, self.spine] if job.on_spine else job.demand_racks
+                    self._reallocate_and_retime([], [], t, shared=shared)
             else:
                 self.now = t
                 self.queue.append(job_id)
@@ -258,7 +281,8 @@ class Simulation:
             except ValueError as exc:
                 raise InvariantError(f"t={self.now}: switch {rack}: {exc}") from None
             held = sum(r.size for r in sw.alloc.values() if r is not None)
-            if held != sw.held or held > sw.pool or self.view.free_slots[rack] != sw.pool - held:
+            free = self.view.spine_free_slots if rack == self.spine else self.view.free_slots[rack]
+            if held != sw.held or held > sw.pool or free != sw.pool - held:
                 raise InvariantError(f"t={self.now}: switch {rack}: {held} slots held of {sw.pool}, bookkeeping off")
         busy = sum(c for job in self.running.values() for _, c in job.placement)
         if any(f < 0 for f in self.view.free_workers) or busy + sum(self.view.free_workers) != self.cluster.total_workers:
@@ -292,6 +316,10 @@ class Simulation:
         if sum(c for _, c in placement) != spec.num_workers or len({r for r, _ in placement}) != len(placement):
             raise InvariantError(f"placement {placement} does not hold job {spec.job_id}'s {spec.num_workers} workers")
         job = _Job(spec, placement, t, model.compute_time(spec.per_worker_compute(), self.data_split))
+        job.last = t + spec.startup_s  # start-up: holds workers and slots, no progress yet
+        if not job.ready:
+            self._seq += 1
+            heapq.heappush(self._heap, (job.last, _READY, self._seq, spec.job_id, 0))
         self.running[spec.job_id] = job
         for rack, count in placement:
             if count > self.view.free_workers[rack]:
@@ -316,6 +344,14 @@ class Simulation:
             sw.demands = [d for d in sw.demands if d.job_id != spec.job_id]
             sw.alloc.pop(spec.job_id, None)
             self.view.slot_jobs[rack] -= 1
+        touched = list(job.demand_racks)
+        if job.on_spine:
+            spine = self.switches[self.spine]
+            spine.demands = [d for d in spine.demands if d.job_id != spec.job_id]
+            spine.alloc.pop(spec.job_id, None)
+            touched.append(self.spine)
+        if job.iter_time > 0:
+            job.uplink += job.remaining * job.uplink_per_iter
         uplinks = job.racks if job.cross else []
         for rack in uplinks:
             self.cross_jobs[rack].discard(spec.job_id)
@@ -333,32 +369,44 @@ class Simulation:
                 slots_requested=job.requested,
                 range_changes=job.changes,
                 history=tuple(job.history[:-1]),
+                uplink_bytes=job.uplink,
             )
         )
-        self._reallocate_and_retime(job.demand_racks, uplinks, t)
+        self._reallocate_and_retime(touched, uplinks, t)
 
     # --- slots, rates, progress -----------------------------------------------------------------------
 
-    def _slot_request(self, spec: JobSpec, racks: int, widest: int) -> tuple[int, int] | None:
+    def _slot_request(self, spec: JobSpec, racks: int, widest: int, tree: bool = False) -> tuple[int, int] | None:
         """(requested, min_slots) per switch for a job spread over `racks` racks with at most `widest`
         workers under one ToR; None when INA/Rina cannot beat ring even with the whole request.
 
         requested = the trace's `slots`, else the window that saturates the job's INA rate (uncontended);
         min_slots = the trace's, else the fewest slots with which INA/Rina is no slower than ring.
+        tree: the job spans racks and the spine aggregates: sized for the tree (its longer round trip), and every
+        switch of the tree is asked for the same.
         """
         cal, cluster = self.cal, self.cluster
         cross = racks > 1
         cross_rate = min(self.host_ring_rate, self.uplink_rate) if cross else math.inf
         ring = model.ring_time(cal, spec.grad_bytes, spec.num_workers, min(self.host_ring_rate, cross_rate))
 
+        window = model.tree_window_rtt(cal, cluster.host_Bps, cluster.uplink_Bps) if tree else None
+        uplink_rate = cluster.uplink_Bps * cal.ina_efficiency
+
         def slot_time(s: int) -> float:
+            if tree:
+                rate = min(uplink_rate, model.ina_rate(cal, cluster.host_Bps, s, max(widest, racks), window))
+                return model.tree_time(cal, spec.grad_bytes, rate)
             rate = min(cross_rate, model.ina_rate(cal, cluster.host_Bps, s, widest))
             return model.rina_time(cal, spec.grad_bytes, racks, rate)
 
         if spec.slots is not None:
             return spec.slots, spec.min_slots or 1
-        cap = model.ina_rate(cal, cluster.host_Bps, 1 << 40, widest)  # the rate no window can exceed
-        requested = model.saturating_slots(cal, min(cap, cross_rate), cluster.host_Bps)
+        cap = model.ina_rate(cal, cluster.host_Bps, 1 << 40, max(widest, racks) if tree else widest)  # no window exceeds it
+        if tree:
+            requested = max(1, math.ceil(min(cap, uplink_rate) * window / cal.payload_bytes - 1e-9))
+        else:
+            requested = model.saturating_slots(cal, min(cap, cross_rate), cluster.host_Bps)
         useful = model.min_useful_slots(cal, requested, slot_time, ring)
         if useful is None:
             return None
@@ -374,14 +422,17 @@ class Simulation:
         return 0 if request is None else request[0]
 
     def _register_demands(self, job: _Job) -> list[int]:
-        """Ask for slots in each INA rack where the job has >= 2 workers, if INA/Rina can beat ring there."""
+        """Ask for slots in each INA rack where the job has >= 2 workers (and at the spine for a job spanning racks
+        when the spine aggregates), if INA/Rina/tree can beat ring there. A rack with one of the job's workers
+        needs no ToR slots: that worker joins the ring (Rina) or sends straight to the spine (tree)."""
         spec = job.spec
         if spec.num_workers < 2:
             return []
         aggregating = [(r, c) for r, c in job.placement if c >= 2]
-        if not aggregating or not all(self.ina[r] for r, _ in aggregating):
+        tree = job.cross and self.switches[self.spine].pool > 0
+        if (not aggregating and not tree) or not all(self.ina[r] for r, _ in aggregating):
             return []  # some rack's share of the job cannot be aggregated in-network: ring it is
-        request = self._slot_request(spec, len(job.placement), max(c for _, c in aggregating))
+        request = self._slot_request(spec, len(job.placement), max((c for _, c in aggregating), default=1), tree=tree)
         if request is None:
             return []
         requested, min_slots = request
@@ -392,9 +443,19 @@ class Simulation:
                 JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
             )
             self.view.slot_jobs[rack] += 1
+        if tree:  # the spine is asked for as many slots as every ToR of the tree
+            self.switches[self.spine].demands.append(
+                JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
+            )
+            job.on_spine = True
+            job.counts[self.spine] = len(job.placement)  # the spine aggregates one partial per rack
+            return [*job.demand_racks, self.spine]
         return job.demand_racks
 
-    def _reallocate_and_retime(self, racks: Sequence[int], uplinks: Sequence[int], t: float, extra: _Job | None = None) -> None:
+    def _reallocate_and_retime(self, racks: Sequence[int], uplinks: Sequence[int], t: float, extra: _Job | None = None,
+                               shared: Sequence[int] = ()) -> None:
+        """Re-allocate the switches of `racks`, then retime every job whose slots changed, every multi-rack job
+        on `uplinks`, and (with a shared switch packet rate) every job holding slots at `racks` or `shared`."""
         affected: dict[int, _Job] = {}
         if extra is not None:
             affected[extra.spec.job_id] = extra
@@ -418,12 +479,21 @@ class Simulation:
                         job.changes += 1
                     affected[job_id] = job
             sw.alloc = new
-            self.held_total += held - sw.held
+            if rack == self.spine:
+                self.spine_held = held
+                self.view.spine_free_slots = sw.pool - held
+            else:
+                self.held_total += held - sw.held
+                self.view.free_slots[rack] = sw.pool - held
             sw.held = held
-            self.view.free_slots[rack] = sw.pool - held
         for rack in uplinks:
             for job_id in self.cross_jobs[rack]:
                 affected.setdefault(job_id, self.running[job_id])
+        if self.cal.switch_shared_pps is not None:
+            for rack in (*racks, *shared):  # a job's share of the switch changes when any other's load does
+                for job_id, rng in self.switches[rack].alloc.items():
+                    if rng is not None:
+                        affected.setdefault(job_id, self.running[job_id])
         for job in affected.values():
             self._retime(job, t)
 
@@ -439,21 +509,64 @@ class Simulation:
             for rack in job.racks:
                 rate = min(rate, self.uplink_rate / len(self.cross_jobs[rack]))
         best = (model.ring_time(cal, spec.grad_bytes, n, rate), SimBackend.RING, 0)
-        if job.demand_racks:
-            slots = min(self._held(rack, spec.job_id) for rack in job.demand_racks)
-            if slots > 0:
+        if job.demand_racks or job.on_spine:
+            slots = min((self._held(rack, spec.job_id) for rack in job.demand_racks), default=None)
+            candidate = None
+            if slots:
                 ina_rate = math.inf
                 for rack, count in job.placement:
                     if count >= 2:
-                        ina_rate = min(ina_rate, model.ina_rate(cal, cluster.host_Bps, self._held(rack, spec.job_id), count))
+                        window = model.window_rtt(cal, cluster.host_Bps, self._switch_stretch(rack, job))
+                        ina_rate = min(ina_rate, model.ina_rate(cal, cluster.host_Bps, self._held(rack, spec.job_id), count, window))
                 if job.cross:
                     t_agg = model.rina_time(cal, spec.grad_bytes, len(job.placement), min(rate, ina_rate))
                     candidate = (t_agg, SimBackend.RINA, slots)
                 else:
                     candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), SimBackend.INA, slots)
-                if candidate[0] <= best[0] or self.follow_grant:
-                    best = candidate
+            tree = self._tree(job, slots)
+            if tree is not None and (candidate is None or tree[0] <= candidate[0] or self.follow_grant):
+                candidate = tree
+            if candidate is not None and (candidate[0] <= best[0] or self.follow_grant):
+                best = candidate
         return best
+
+    def _tree(self, job: _Job, tor_slots: int | None) -> tuple[float, str, int] | None:
+        """(all-reduce seconds, tree, bottleneck slots) when the job holds slots on the spine too, else None.
+
+        Every switch of the tree serves the same window (the smallest grant among them), held for the tree's
+        round trip; the spine aggregates one partial per rack; each rack's uplink carries one framed partial
+        stream up and the final sum down, shared fairly with the rack's other multi-rack jobs."""
+        if not job.on_spine:
+            return None
+        cal, cluster, job_id = self.cal, self.cluster, job.spec.job_id
+        slots = self._held(self.spine, job_id)
+        if tor_slots is not None:  # None: no rack holds >= 2 of its workers, only the spine aggregates
+            slots = min(slots, tor_slots)
+        if slots <= 0:
+            return None
+        switches = [*((r, c) for r, c in job.placement if c >= 2), (self.spine, len(job.placement))]
+        # Each hop's software round trip stretches with its switch's load (the ToR's and the spine's).
+        stretch = [self._switch_stretch(rack, job) for rack, _ in switches]
+        window = model.tree_window_rtt(cal, cluster.host_Bps, cluster.uplink_Bps) + cal.ina_rtt_s * (
+            max(stretch[:-1], default=1.0) - 1 + stretch[-1] - 1)
+        rate = math.inf
+        for rack, count in switches:
+            rate = min(rate, model.ina_rate(cal, cluster.host_Bps, slots, count, window))
+        for rack in job.racks:
+            rate = min(rate, cluster.uplink_Bps / len(self.cross_jobs[rack]) * cal.ina_efficiency)
+        return model.tree_time(cal, job.spec.grad_bytes, rate), SimBackend.TREE, slots
+
+    def _switch_stretch(self, rack: int, job: _Job) -> float:
+        """How much a shared switch's load stretches the software round trip (1 without ``switch_shared_pps``):
+        the load of every job holding slots there that has started, and of `job` itself (model.shared_stretch)."""
+        if self.cal.switch_shared_pps is None:
+            return 1.0
+        jobs = []
+        for job_id, rng in self.switches[rack].alloc.items():
+            other = self.running[job_id]
+            if rng is not None and (other.ready or other is job):
+                jobs.append((rng.size, other.counts.get(rack, 0)))
+        return model.shared_stretch(self.cal, self.cluster.host_Bps, jobs)
 
     def _held(self, rack: int, job_id: int) -> int:
         rng = self.switches[rack].alloc.get(job_id)
@@ -463,6 +576,8 @@ class Simulation:
         comm, backend, slots = self._comm(job)
         iter_time = model.iteration_time(self.cal, job.compute, comm)
         if job.iter_time > 0:
+            progressed = min(job.remaining, max(0.0, t - job.last) / job.iter_time)
+            job.uplink += progressed * job.uplink_per_iter
             job.remaining = max(0.0, job.remaining - max(0.0, t - job.last) / job.iter_time)
         job.last = max(t, job.last)  # a reallocation pause still running keeps its end
         moved = (backend, slots) != (job.backend, job.slots) and job.backend != ""
@@ -475,7 +590,9 @@ class Simulation:
                 job.history.append((t, backend, slots))
             job.backend, job.slots = backend, slots
         held = sum(self._held(r, job.spec.job_id) for r in job.demand_racks)
-        self._set_effective(job, held if backend in (SimBackend.INA, SimBackend.RINA) else 0)
+        self._set_effective(job, held if backend in (SimBackend.INA, SimBackend.RINA, SimBackend.TREE) else 0)
+        counts = [c for _, c in job.placement]
+        job.uplink_per_iter = model.uplink_bytes(self.cal, backend, job.spec.grad_bytes, counts) if job.cross else 0.0
         if iter_time == job.iter_time and job.version and not (moved and self.cal.realloc_pause_s):
             return  # same speed: the scheduled completion still holds
         job.iter_time = iter_time
@@ -488,7 +605,7 @@ class Simulation:
         job.effective = slots
 
     def _sample(self, t: float) -> None:
-        point = (t, self.held_total, self.effective_total, self.cluster.total_workers - self.free_total)
+        point = (t, self.held_total, self.effective_total, self.cluster.total_workers - self.free_total, self.spine_held)
         last = self.timeline[-1]
         if point[1:] != last[1:]:
             if last[0] == t:

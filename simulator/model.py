@@ -8,6 +8,11 @@ payload bytes per second, times are seconds, ``nbytes`` is the gradient size of 
     INA (1 rack)  t = B / R_ina + W
     ring          t = 2(n-1)/n * B / R + 2(n-1) * (step_latency + propagation),  R = goodput of the slowest link
     Rina          t = 2(r-1)/r * B / min(R_cross, R_ina) + 2(r-1) * (step_latency + propagation) + W   (r racks)
+    tree          W_tree = 2 (rtt + propagation) + 2 frame / host + 2 frame / uplink   (worker - ToR - spine and back)
+                  R_tree = min(R_ina of every ToR and of the spine with W_tree, uplink share * payload/frame)
+                  t = B / R_tree + 2 (rtt + propagation)
+
+shared switch  software rtt x 1 / (1 - rho), rho = sum over the switch's jobs of m_j * R_j / payload / shared_pps
 
 A congestion window (the agent may use fewer slots than granted) changes none of this: it settles near the
 window that reaches line rate, and slots beyond it add nothing here either (the min above).
@@ -27,30 +32,102 @@ __all__ = [
     "ring_time",
     "rina_time",
     "saturating_slots",
+    "offered_pps",
+    "shared_stretch",
+    "tree_window_rtt",
+    "tree_time",
+    "uplink_bytes",
     "min_useful_slots",
     "compute_time",
     "iteration_time",
 ]
 
 
-def window_rtt(cal: Calibration, host_Bps: float | None = None) -> float:
-    """The round trip a slot is held: the measured software round trip, the propagation round trip, and one
-    frame's serialization on the worker's link each way (nothing when the link rate is unknown)."""
+def window_rtt(cal: Calibration, host_Bps: float | None = None, stretch: float = 1.0) -> float:
+    """The round trip a slot is held: the measured software round trip (x `stretch` on a loaded shared switch,
+    see shared_stretch), the propagation round trip, and one frame's serialization on the worker's link each
+    way (nothing when the link rate is unknown)."""
     serialization = 2 * cal.frame_bytes / host_Bps if host_Bps else 0.0
-    return cal.ina_rtt_s + cal.propagation_rtt_s + serialization
+    return cal.ina_rtt_s * stretch + cal.propagation_rtt_s + serialization
 
 
-def ina_rate(cal: Calibration, host_Bps: float, slots: int, workers_in_rack: int) -> float:
+def tree_window_rtt(cal: Calibration, host_Bps: float | None = None, uplink_Bps: float | None = None) -> float:
+    """The round trip a slot of a two-level tree is held: worker to ToR to spine and back. The ToR-spine hop is
+    taken to cost what the worker-ToR hop costs (software round trip and propagation), plus one frame's
+    serialization each way on the uplink."""
+    uplink = 2 * cal.frame_bytes / uplink_Bps if uplink_Bps else 0.0
+    return window_rtt(cal, host_Bps) + cal.ina_rtt_s + cal.propagation_rtt_s + uplink
+
+
+def tree_time(cal: Calibration, nbytes: float, rate: float) -> float:
+    """One all-reduce through a two-level tree at `rate`: the last result returns one tree round trip later."""
+    return nbytes / rate + 2 * (cal.ina_rtt_s + cal.propagation_rtt_s)
+
+
+def uplink_bytes(cal: Calibration, backend: str, nbytes: float, workers_per_rack: Sequence[int]) -> float:
+    """Bytes one all-reduce puts on each of a job's rack uplinks, each direction (`workers_per_rack`: the job's
+    workers in each of its racks).
+
+    tree: one framed partial sum per rack up, the final sum down: B * frame / payload, whatever the workers.
+    Rina: the racks' ring moves 2(r-1)/r * B through every rack's uplink.
+    ring: the workers' ring enters and leaves each rack once, and every hop carries 2(n-1)/n * B.
+    One rack: nothing."""
+    racks = [c for c in workers_per_rack if c > 0]
+    if len(racks) < 2:
+        return 0.0
+    if backend == "tree":
+        return nbytes * cal.frame_bytes / cal.payload_bytes
+    if backend == "rina":
+        r = len(racks)
+        return 2 * (r - 1) / r * nbytes
+    n = sum(racks)
+    return 2 * (n - 1) / n * nbytes
+
+
+def ina_rate(cal: Calibration, host_Bps: float, slots: int, workers_in_rack: int, window: float | None = None) -> float:
     """Aggregated payload rate of one job through one switch with `slots` slots.
 
     Three bounds: the link carries frames but only payload counts (payload/frame); a window of
     `slots` packets is in flight per round trip (SwitchML's bound: each slot holds one packet until
     its result returns); a packet-rate-bound switch processes m packets per aggregated payload.
     """
-    rate = min(host_Bps * cal.ina_efficiency, slots * cal.payload_bytes / window_rtt(cal, host_Bps))
+    window = window_rtt(cal, host_Bps) if window is None else window
+    rate = min(host_Bps * cal.ina_efficiency, slots * cal.payload_bytes / window)
     if cal.switch_pps is not None:
         rate = min(rate, cal.switch_pps * cal.payload_bytes / max(1, workers_in_rack))
     return rate
+
+
+def offered_pps(cal: Calibration, rate: float, workers_in_rack: int) -> float:
+    """Gradient packets per second a job sends into one switch at payload rate `rate`: one per worker per chunk."""
+    return max(0, workers_in_rack) * rate / cal.payload_bytes
+
+
+def shared_stretch(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]]) -> float:
+    """How much the software round trip stretches on a switch shared by `jobs` ((slots, workers) each).
+
+    The switch and, on the testbed, the CPUs it shares with the agents form one processor-sharing server of
+    `switch_shared_pps` gradient packets/s. At load rho (offered / capacity) the software part of every
+    round trip takes ina_rtt / (1 - rho) (the response time of a processor-sharing queue), which lowers each
+    job's window-bound rate, which lowers the load: rho is the fixed point rho = sum_j m_j R_j(rho) / payload
+    / capacity, found by bisection (the right side falls as rho grows, to 0 at rho = 1, so the load never
+    reaches the capacity). 1.0 without a shared capacity."""
+    cap = cal.switch_shared_pps
+    if cap is None or not jobs:
+        return 1.0
+
+    def load(rho: float) -> float:
+        window = window_rtt(cal, host_Bps, 1.0 / (1.0 - rho))
+        return sum(offered_pps(cal, ina_rate(cal, host_Bps or math.inf, s, m, window), m) for s, m in jobs) / cap
+
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if load(mid) > mid:
+            lo = mid
+        else:
+            hi = mid
+    return 1.0 / (1.0 - (lo + hi) / 2)
 
 
 def ina_time(cal: Calibration, nbytes: float, rate: float) -> float:

@@ -33,6 +33,7 @@ class RackView:
     ina: tuple[bool, ...]  # rack's ToR is INA-capable
     free_slots: list[int]  # slots of the rack's pool held by nobody (0 for plain switches)
     slot_jobs: list[int]  # jobs registered for slots at the rack's switch
+    spine_free_slots: int = 0  # slots of the spine's pool held by nobody (0 when the spine does not aggregate)
 
     @property
     def racks(self) -> int:

@@ -16,6 +16,7 @@ __all__ = ["summarize", "write_jobs_csv", "write_timeline_csv", "write_summary",
 JOB_COLUMNS = (
     "job_id", "arrival_s", "start_s", "finish_s", "jct_s", "queue_s", "num_workers", "racks", "priority",
     "deadline_s", "deadline_missed", "slots_requested", "range_changes", "final_backend", "ina_share", "history",
+    "uplink_bytes",
 )
 
 
@@ -67,6 +68,9 @@ def summarize(result: SimResult) -> dict:
         "slot_utilisation": _time_average(result.timeline, 1, end) / capacity if capacity else 0.0,
         "slot_utilisation_effective": _time_average(result.timeline, 2, end) / capacity if capacity else 0.0,
         "worker_utilisation": _time_average(result.timeline, 3, end) / result.cluster.total_workers,
+        "spine_slot_utilisation": (_time_average(result.timeline, 4, end) / result.cluster.spine_slots
+                                   if result.cluster.spine_slots else 0.0),
+        "uplink_bytes_total": float(sum(j.uplink_bytes for j in jobs)),
         "deadline_jobs": len(with_deadline),
         "deadline_misses": sum(1 for j in with_deadline if j.deadline_missed),
         "backend_time_share": {b: t / run_time for b, t in backend_time.items()},
@@ -85,14 +89,15 @@ def write_jobs_csv(path: Path, result: SimResult) -> None:
         for job in result.jobs:
             seconds = job.backend_seconds()
             run = sum(seconds.values())
-            ina_share = (seconds.get(SimBackend.INA, 0.0) + seconds.get(SimBackend.RINA, 0.0)) / run if run > 0 else 0.0
+            aggregated = sum(seconds.get(b, 0.0) for b in (SimBackend.INA, SimBackend.RINA, SimBackend.TREE))
+            ina_share = aggregated / run if run > 0 else 0.0
             writer.writerow([
                 job.job_id, f"{job.arrival_s:.6f}", f"{job.start_s:.6f}", f"{job.finish_s:.6f}", f"{job.jct_s:.6f}",
                 f"{job.queue_s:.6f}", job.num_workers, job.racks, job.priority,
                 "" if job.deadline_s is None else job.deadline_s,
                 "" if job.deadline_missed is None else int(job.deadline_missed),
                 job.slots_requested, job.range_changes, job.history[-1][1] if job.history else "",
-                f"{ina_share:.4f}", "|".join(f"{t:.3f}:{b}:{s}" for t, b, s in job.history),
+                f"{ina_share:.4f}", "|".join(f"{t:.3f}:{b}:{s}" for t, b, s in job.history), f"{job.uplink_bytes:.0f}",
             ])
 
 
@@ -101,9 +106,9 @@ def write_timeline_csv(path: Path, result: SimResult) -> None:
     capacity = result.cluster.ina_switches * result.cluster.slots_per_switch
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["time_s", "slots_held", "slots_aggregating", "slot_capacity", "busy_workers"])
-        for t, held, effective, busy in result.timeline:
-            writer.writerow([f"{t:.6f}", held, effective, capacity, busy])
+        writer.writerow(["time_s", "slots_held", "slots_aggregating", "slot_capacity", "busy_workers", "spine_slots_held"])
+        for t, held, effective, busy, spine in result.timeline:
+            writer.writerow([f"{t:.6f}", held, effective, capacity, busy, spine])
 
 
 def write_summary(out: Path, results: Sequence[SimResult], config: dict) -> list[dict]:

@@ -2,14 +2,15 @@
 
 Trace CSV (one header row, one job per row; docs/simulation.md has the full table):
 
-    job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,deadline_s,slots,min_slots,weight,model
+    job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,deadline_s,slots,min_slots,weight,model,startup_s
 
 Required: job_id (unique int), arrival_s (seconds from trace start), num_workers, grad_bytes (gradient
 bytes all-reduced per iteration), iterations, compute_s (seconds of compute per iteration: one value
 for every worker, or ``;``-separated, one per worker, for a heterogeneous job). Optional, empty =
 default: priority (int, 0), deadline_s (seconds after arrival by which the job should finish, none),
 slots and min_slots (INA slots asked per switch; derived from the time model when empty), weight
-(share weight for the weighted policy, 1), model (free-text label).
+(share weight for the weighted policy, 1), model (free-text label), startup_s (seconds after its start
+before the job makes progress, holding its workers and slots: process start-up; 0).
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ COLUMNS = (
     "min_slots",
     "weight",
     "model",
+    "startup_s",
 )
 REQUIRED_COLUMNS = COLUMNS[:6]
 
@@ -77,6 +79,7 @@ class JobSpec:
     min_slots: int | None = None
     weight: float = 1.0
     model: str = ""
+    startup_s: float = 0.0  # after its start, no progress for this long (agents starting); holds workers and slots
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_s", tuple(float(c) for c in self.compute_s))  # numpy floats -> float
@@ -102,6 +105,8 @@ class JobSpec:
             raise ValueError(f"job {self.job_id}: min_slots must be in [1, slots] when given")
         if not (math.isfinite(self.weight) and self.weight > 0):
             raise ValueError(f"job {self.job_id}: weight must be > 0")
+        if not (math.isfinite(self.startup_s) and self.startup_s >= 0):
+            raise ValueError(f"job {self.job_id}: startup_s must be a finite number >= 0")
 
     def per_worker_compute(self) -> tuple[float, ...]:
         return self.compute_s * self.num_workers if len(self.compute_s) == 1 else self.compute_s
@@ -192,6 +197,7 @@ def _parse_row(row: dict[str, str | None]) -> JobSpec:
         min_slots=opt("min_slots", int),
         weight=1.0 if weight is None else weight,
         model=get("model"),
+        startup_s=opt("startup_s", float) or 0.0,
     )
 
 

@@ -128,7 +128,11 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         assert load_calibration(run_dir / "calibration.json").propagation_rtt_us == 4000
         assert doc["summary"]["simulator"]["jobs_compared"] == len(jobs)
         assert {"best_vs_unlimited", "static_vs_unlimited", "priority_high_speedup_over_static"} <= set(doc["summary"]["targets"])
-        assert "--link-delay 1:2" in (run_dir / "runs" / "01-trace" / "logs" / "s1.log").read_text().splitlines()[0]
+        trace_run = next((run_dir / "runs").glob("*-trace"))  # after the calibration probes' testbeds
+        assert "--link-delay 1:2" in (trace_run / "logs" / "s1.log").read_text().splitlines()[0]
+        probes = {r["probe"]: r for r in rows if r["kind"] == "probe"}
+        assert {"ina-window", "ina-shared-pps"} <= set(probes) and probes["ina-shared-pps"]["gradients_per_s"] > 0
+        assert load_calibration(run_dir / "calibration.json").switch_shared_pps == probes["ina-shared-pps"]["gradients_per_s"]
     elif name == "loss":
         points = doc["summary"]["points"]
         assert [p["loss"] for p in points] == [0.0, 0.05]

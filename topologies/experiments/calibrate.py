@@ -3,7 +3,10 @@
 The probes run on an unshaped star of two workers, so that what they measure is the software path, not a
 link: one INA slot (the round trip, ``ina_rtt_us = payload / throughput``), many INA slots (the packet
 rate the agents and switch sustain, ``switch_pps``), and a one-chunk ring all-reduce (the latency of a
-ring step). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
+ring step). A fourth probe (:func:`run_shared_probe`, experiment 3) runs as many concurrent INA jobs as the
+experiment's trace on its own star, unshaped, to measure the packet rate the switch and the agents sustain
+together (``switch_shared_pps``), after one of its jobs alone with half its BDP of slots, window-bound, whose
+round trip less the added delay replaces the two-worker ``ina_rtt_us`` (:func:`run_window_probe`). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
 measured time). :func:`calibration_from` combines whatever was measured with the simulator's defaults and
 checks the result with ``simulator.calibration``.
 """
@@ -20,9 +23,12 @@ from simulator.calibration import Calibration
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.testbed import AgentJob, Testbed
 
-__all__ = ["PROBES", "run_probes", "calibration_from", "ring_fraction", "write_calibration"]
+__all__ = ["PROBES", "SHARED_PROBE", "run_probes", "run_shared_probe", "calibration_from", "ring_fraction",
+           "write_calibration"]
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
+SHARED_PROBE = "ina-shared-pps"
+WINDOW_PROBE = "ina-window"
 
 
 def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
@@ -45,6 +51,51 @@ def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
         record(row)
         rows.append(row)
     return rows
+
+
+def run_shared_probe(bed: Testbed, groups: Sequence[Sequence[str]], *, elements: int, iterations: int, slots: int,
+                     udp_port: int, record: Callable[[dict], None], progress: Callable[[str], None]) -> dict:
+    """The shared packet-rate ceiling: one INA job per host group, all at once, unshaped links, ``slots``
+    each (far above what the switch can serve), so the switch and the agents' CPUs are the bottleneck.
+
+    Recorded as one row with ``gradients_per_s`` = sum over jobs of workers x chunks / median call time
+    (the jobs' calls overlap, so their rates add up); the first call of each job is a warm-up (start-up
+    skew between its agents)."""
+    progress(f"calibration probe {SHARED_PROBE} ({len(groups)} concurrent INA jobs of "
+             f"{'/'.join(str(len(g)) for g in groups)} workers, {elements} elements, {slots} slots each)")
+    jobs = [AgentJob(f"probe-shared-{k}", tuple(hosts), "allreduce", backend="ina", requested_slots=slots,
+                     args=("--elements", str(elements), "--iterations", str(iterations), "--warmup", "1"),
+                     udp_port=udp_port + k) for k, hosts in enumerate(groups)]
+    results = bed.run_jobs(jobs, register_first=True)
+    chunks = math.ceil(elements * 4 / wire.INA_DATA_LEN)
+    rates, per_job = [], []
+    for job in jobs:
+        row = allreduce_row(results[job.name], kind="probe", probe=SHARED_PROBE, workers=len(job.hosts))
+        per_job.append(row["seconds_median"])
+        if row["seconds_median"]:
+            rates.append(len(job.hosts) * chunks / float(row["seconds_median"]))
+    row = {"kind": "probe", "probe": SHARED_PROBE, "jobs": len(jobs), "workers": sum(len(g) for g in groups),
+           "slots": slots, "elements": elements, "bytes": elements * 4, "job_seconds_median": per_job,
+           "gradients_per_s": sum(rates) if len(rates) == len(jobs) else None}
+    record(row)
+    return row
+
+
+def run_window_probe(bed: Testbed, hosts: Sequence[str], *, elements: int, iterations: int, slots: int, rtt_ms: float,
+                     bw_mbps: float | None, udp_port: int, record: Callable[[dict], None],
+                     progress: Callable[[str], None]) -> dict:
+    """The software round trip of one of the experiment's jobs: its workers on the experiment's links (``bw_mbps``,
+    ``rtt_ms``) with ``slots`` below the BDP, so the job is window-bound: round trip W = time / (chunks / slots
+    + 1). Less the added ``rtt_ms`` and one frame's serialization each way this is ``ina_rtt_us`` as the job
+    sees it (the slowest of its workers each chunk, the agents' and the switch's CPU, the shaper)."""
+    progress(f"calibration probe {WINDOW_PROBE} ({len(hosts)} workers, {slots} slots, {rtt_ms:g} ms round trip)")
+    job = AgentJob(f"probe-{WINDOW_PROBE}", tuple(hosts), "allreduce", backend="ina", requested_slots=slots,
+                   args=("--elements", str(elements), "--iterations", str(iterations), "--warmup", "1"), udp_port=udp_port)
+    workers = bed.run_jobs([job])[job.name]
+    row = allreduce_row(workers, kind="probe", probe=WINDOW_PROBE, workers=len(hosts), backend="ina", slots=slots,
+                        rtt_ms=rtt_ms, bw_mbps=bw_mbps)
+    record(row)
+    return row
 
 
 def ring_fraction(rows: Sequence[Mapping[str, Any]], link_mbps: float, rtt_ms: float = 0.0) -> float | None:
@@ -82,10 +133,22 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
     if pps and pps.get("seconds_median"):
         chunks = math.ceil(float(pps["bytes"]) / wire.INA_DATA_LEN)
         fields["switch_pps"] = int(pps.get("workers", 2)) * chunks / float(pps["seconds_median"])
+    window = by.get(WINDOW_PROBE)
+    if window and window.get("seconds_median") and window.get("slots"):
+        # ina-sim's INA time with s slots, unshaped: chunks x W / s + W (the last result's round trip)
+        chunks = math.ceil(float(window["bytes"]) / wire.INA_DATA_LEN)
+        round_trip_us = float(window["seconds_median"]) / (chunks / int(window["slots"]) + 1) * 1e6
+        bw = window.get("bw_mbps")
+        serialization_us = 2 * wire.INA_FRAME_LEN * 8 / (float(bw) * 1e6) * 1e6 if bw else 0.0
+        if round_trip_us > rtt_ms * 1000 + serialization_us:
+            fields["ina_rtt_us"] = round_trip_us - rtt_ms * 1000 - serialization_us
     lat = by.get("ring-latency")
     if lat and lat.get("seconds_median"):
         n = int(lat.get("workers", 2))
         fields["ring_step_latency_us"] = float(lat["seconds_median"]) / (2 * (n - 1)) * 1e6
+    shared = by.get(SHARED_PROBE)
+    if shared and shared.get("gradients_per_s"):
+        fields["switch_shared_pps"] = float(shared["gradients_per_s"])
     if ring_goodput:
         fields["ring_goodput_fraction"] = float(ring_goodput)
     return Calibration(**fields)

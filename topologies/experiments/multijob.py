@@ -39,6 +39,9 @@ POLICIES = ("equal", "first-fit", "weighted", "priority")
 BASELINES = ("static", "fcfs")  # static equal partition (no reallocation); first come, first served
 TOLERANCE = 0.15  # stated tolerance of the testbed vs simulator comparison (relative, per job)
 HIGH, LOW = 1, 0  # the trace's two priorities
+SHARED_SLOTS = 64  # the shared-ceiling probe's slots per job: 4x the trace's BDP, so the CPUs, not windows, bound it
+SHARED_CALLS = 12  # timed calls per job of that probe (after one warm-up): the agents start seconds apart under
+# load, so each job's median call must fall where all four run
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,12 @@ class MultijobExperiment(Experiment):
         hosts = sum(tj.workers for tj in cfg.jobs)
         ctx.progress(f"trace of {len(cfg.jobs)} jobs on a star of {hosts} hosts, {cfg.bw_mbps:g} Mbit/s links, "
                      f"{cfg.rtt_ms:g} ms round trip (BDP {bdp_slots(cfg.rtt_ms, cfg.bw_mbps):.1f} slots)")
+        self._cal_path: Path | None = None
+        if cfg.simulate:  # the probes first, so that they see the machine as the trace's runs do
+            try:
+                self._cal_path = self.calibration()
+            except AgentFailure as exc:
+                ctx.error(f"calibration probes: {exc}")
         with ctx.testbed(StarTopo(hosts, bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), "trace") as bed:
             for run, (supply, policy, rep) in enumerate(scenarios, start=1):
                 pool = pool_size(len(cfg.jobs), cfg.demand_slots, supply)
@@ -216,7 +225,10 @@ class MultijobExperiment(Experiment):
                                         requested=job.requested_slots, arrival_s=tj.arrival_s)
                     calls = row["seconds"]
                     row["busy_s"] = sum(calls) if calls else None
-                    row["jct_s"] = max(w["runner"]["exited_s"] for w in workers) - tj.arrival_s
+                    exited = max(w["runner"]["exited_s"] for w in workers)
+                    row["jct_s"] = exited - tj.arrival_s
+                    row.update(_joined(workers, calls, exited))
+                    row.update(_steady(calls, exited))
                     row["backends"] = _history(workers)
                     ctx.record(row)
                 done = [r for r in ctx.rows if r.get("kind") == "job" and r.get("supply") == supply and r.get("policy") == policy
@@ -228,7 +240,7 @@ class MultijobExperiment(Experiment):
 
     # --- the simulator ---------------------------------------------------------------------------------
     def calibration(self) -> Path:
-        from topologies.experiments.calibrate import calibration_from, run_probes, write_calibration
+        from topologies.experiments.calibrate import calibration_from, run_probes, run_shared_probe, run_window_probe, write_calibration
         from topologies.topos import StarTopo
 
         ctx, cfg = self.ctx, self.config
@@ -245,6 +257,19 @@ class MultijobExperiment(Experiment):
         with ctx.testbed(StarTopo(2), "calibration-unshaped") as bed:
             probes = run_probes(bed, elements=max(tj.elements for tj in cfg.jobs), iterations=3,
                                 udp_port=INA_UDP_BASE + 900, record=ctx.record, progress=ctx.progress)
+        # The shared ceiling: the trace's jobs at once on the trace's star (its round trip), links unshaped.
+        groups, first = [], 1
+        for tj in cfg.jobs:
+            groups.append([f"h{first + i}" for i in range(tj.workers)])
+            first += tj.workers
+        with ctx.testbed(StarTopo(len(groups[0]), bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), "calibration-window") as bed:
+            probes.append(run_window_probe(bed, groups[0], elements=max(tj.elements for tj in cfg.jobs), iterations=3,
+                                           slots=max(1, cfg.demand_slots // 2), rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps,
+                                           udp_port=INA_UDP_BASE + 940, record=ctx.record, progress=ctx.progress))
+        with ctx.testbed(StarTopo(first - 1, rtt_ms=cfg.rtt_ms), "calibration-shared") as bed:
+            probes.append(run_shared_probe(bed, groups, elements=max(tj.elements for tj in cfg.jobs), iterations=SHARED_CALLS,
+                                           slots=SHARED_SLOTS, udp_port=INA_UDP_BASE + 950, record=ctx.record,
+                                           progress=ctx.progress))
         cal = calibration_from(probes, ring_goodput=None, rtt_ms=cfg.rtt_ms,
                                source=f"ina-exp multijob ({ctx.options.switch}): unshaped 2-worker probes; "
                                       f"{cfg.rtt_ms:g} ms round trip carried; {ctx.out_dir.name}")
@@ -253,13 +278,9 @@ class MultijobExperiment(Experiment):
 
     def simulate(self) -> None:
         ctx, cfg = self.ctx, self.config
-        measured = [r for r in ctx.rows if r.get("kind") == "job" and r.get("busy_s")]
-        if not measured:
-            return
-        try:
-            cal_path = self.calibration()
-        except AgentFailure as exc:
-            ctx.error(f"calibration probes: {exc}")
+        measured = [r for r in ctx.rows if r.get("kind") == "job" and r.get("busy_steady_s")]
+        cal_path = getattr(self, "_cal_path", None)
+        if not measured or cal_path is None:
             return
         ctx.store.doc["files"]["calibration"] = cal_path.name
         ctx.progress(f"ina-sim: the same traces with {cal_path.name}")
@@ -267,17 +288,18 @@ class MultijobExperiment(Experiment):
         for (supply, pool, policy), rows in sorted(group_by(measured, "supply", "pool", "policy").items(),
                                                    key=lambda kv: (-kv[0][0], kv[0][2])):
             requested, min_slots = job_request(policy, cfg.demand_slots, pool, len(cfg.jobs))
+            startup = {job[0]: median(r["steady_from_s"] - r["arrival_s"] for r in rs) for job, rs in group_by(rows, "job").items()}
             predicted = simulate_trace(cfg.jobs, requested=requested, min_slots=min_slots, pool=pool,
                                        policy=controller_policy(policy), bw_mbps=cfg.bw_mbps, calibration=cal_path,
-                                       out=sim_dir / f"pool{pool}-{policy}")
+                                       out=sim_dir / f"pool{pool}-{policy}", startup=startup, skip_first=True)
             for job, rs in sorted(group_by(rows, "job").items()):
                 sim = predicted.get(job[0])
-                if sim is None or not sim["jct_s"]:
+                if sim is None or not sim["busy_s"]:
                     continue
-                busy = median(r["busy_s"] for r in rs)
-                diff = (busy - sim["jct_s"]) / sim["jct_s"]
+                busy = median(r["busy_steady_s"] for r in rs)
+                diff = (busy - sim["busy_s"]) / sim["busy_s"]
                 ctx.record({"kind": "sim", "supply": supply, "pool": pool, "policy": policy, "job": job[0],
-                            "testbed_s": busy, "sim_s": sim["jct_s"], "rel_diff": diff, "sim_backend": sim["final_backend"],
+                            "testbed_s": busy, "sim_s": sim["busy_s"], "rel_diff": diff, "sim_backend": sim["final_backend"],
                             "sim_history": sim["history"], "within_tolerance": abs(diff) <= TOLERANCE})
         sims = [r for r in ctx.rows if r.get("kind") == "sim"]
         if sims:
@@ -319,6 +341,7 @@ class MultijobExperiment(Experiment):
             sim = {"tolerance": TOLERANCE, "jobs_compared": len(sims),
                    "within_tolerance": sum(1 for d in diffs if d <= TOLERANCE),
                    "median_abs_rel_diff": median(diffs), "max_abs_rel_diff": max(diffs),
+                   "p95_abs_rel_diff": _p95(diffs),
                    "per_run": [{k: r[k] for k in ("supply", "policy", "job", "testbed_s", "sim_s", "rel_diff")} for r in sims]}
         return {"trace": [vars(tj) for tj in config.jobs], "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
                 "runs": runs, "targets": _targets(runs), "memory": memory, "simulator": sim,
@@ -347,7 +370,8 @@ class MultijobExperiment(Experiment):
         sim = summary.get("simulator")
         if sim:
             lines.append(f"testbed vs ina-sim: {sim['within_tolerance']}/{sim['jobs_compared']} jobs within ±{sim['tolerance']:.0%} "
-                         f"(median |diff| {sim['median_abs_rel_diff']:.1%}, max {sim['max_abs_rel_diff']:.1%})")
+                         f"(median |diff| {sim['median_abs_rel_diff']:.1%}, p95 {sim.get('p95_abs_rel_diff', 0.0):.1%}, "
+                         f"max {sim['max_abs_rel_diff']:.1%})")
         return lines
 
     @staticmethod
@@ -442,6 +466,30 @@ def _targets(runs: list[dict]) -> dict:
     return out
 
 
+def _joined(workers: list[dict], calls: list[float], exited: float) -> dict:
+    """The job's all-reduce time once its last worker joined, and when that was (seconds after the trace
+    start): a worker's first call includes waiting for the job's slower-starting agents (process start-up
+    skew, 0.1-1 s under load), so the first call counts as its shortest worker's (the last to join, who
+    waits for nobody); the later calls as their slowest worker's (``per_call_max``)."""
+    firsts = [w["seconds"][0] for w in workers if w.get("seconds")]
+    if not calls or not firsts:
+        return {"busy_joined_s": None, "joined_s": None}
+    busy = sum(calls) - calls[0] + min(firsts)
+    return {"busy_joined_s": busy, "joined_s": max(0.0, exited - busy)}
+
+
+def _steady(calls: list[float], exited: float) -> dict:
+    """The job's all-reduce time after its first call, and when that began (seconds after the trace start).
+
+    The first call is the job's warm-up: it waits for the job's slower-starting agents and carries their
+    first grant synchronisation (0.3-2 s under load, even for the last agent to join: ``_joined``); the
+    other experiments time calls after one warm-up too. The comparison with ina-sim uses the rest."""
+    if len(calls) < 2:
+        return {"busy_steady_s": None, "steady_from_s": None}
+    busy = sum(calls[1:])
+    return {"busy_steady_s": busy, "steady_from_s": max(0.0, exited - busy)}
+
+
 def _granted_slots(snapshot: dict) -> dict[str, int]:
     out = {}
     for job in snapshot.get("jobs", []):
@@ -462,17 +510,26 @@ def _history(workers: list[dict]) -> list[str]:
 
 
 def simulate_trace(jobs: tuple[TraceJob, ...], *, requested: int, min_slots: int, pool: int, policy: str, bw_mbps: float,
-                   calibration: Path, out: Path) -> dict[int, dict]:
-    """Run one trace through ina-sim (in process); per job number: jct_s (arrival to finish), final_backend,
-    history. Every job arrives at its time and asks ``requested`` slots (``min_slots`` at least)."""
+                   calibration: Path, out: Path, startup: dict[int, float] | None = None,
+                   skip_first: bool = False) -> dict[int, dict]:
+    """Run one trace through ina-sim (in process); per job number: jct_s (arrival to finish), busy_s (jct_s less
+    the start-up), final_backend, history. Every job arrives at its time and asks ``requested`` slots
+    (``min_slots`` at least).
+
+    ``startup``: per job number, how long after its arrival its workers had all joined on the testbed (the
+    trace's ``startup_s``: the job holds its slots but makes no progress). Agent start-up is the testbed's,
+    not something ina-sim predicts; given it, the jobs overlap in the simulator as they did on the testbed.
+    ``skip_first``: each job runs one all-reduce fewer (its first is the testbed's warm-up, ``_steady``)."""
+    startup = startup or {}
     from simulator.cli import main as sim_main
 
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "trace.csv"
-    lines = ["job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,slots,min_slots,weight"]
+    lines = ["job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,slots,min_slots,weight,startup_s"]
     for tj in jobs:
-        lines.append(f"{tj.job},{tj.arrival_s},{tj.workers},{tj.elements * 4},{tj.iterations},0,{tj.priority},{requested},"
-                     f"{min_slots},{2.0 if tj.priority == HIGH else 1.0}")
+        iterations = tj.iterations - 1 if skip_first and tj.iterations > 1 else tj.iterations
+        lines.append(f"{tj.job},{tj.arrival_s},{tj.workers},{tj.elements * 4},{iterations},0,{tj.priority},{requested},"
+                     f"{min_slots},{2.0 if tj.priority == HIGH else 1.0},{round(startup.get(tj.job, 0.0), 6)}")
     trace.write_text("\n".join(lines) + "\n")
     argv = ["run", "--trace", str(trace), "--policy", policy, "--placement", "pack", "--racks", "1", "--follow-grant",
             "--workers-per-rack", str(sum(tj.workers for tj in jobs)), "--slots", str(pool), "--host-gbps", str(bw_mbps / 1000),
@@ -485,7 +542,8 @@ def simulate_trace(jobs: tuple[TraceJob, ...], *, requested: int, min_slots: int
     result = {}
     with (out / f"{policy}_jobs.csv").open() as fh:
         for row in csv.DictReader(fh):
-            result[int(row["job_id"])] = {"jct_s": float(row["jct_s"]), "final_backend": row["final_backend"],
-                                          "history": row["history"]}
+            job = int(row["job_id"])
+            result[job] = {"jct_s": float(row["jct_s"]), "busy_s": float(row["jct_s"]) - startup.get(job, 0.0),
+                           "final_backend": row["final_backend"], "history": row["history"]}
     return result
 

@@ -1,0 +1,62 @@
+"""Experiment 3's testbed-vs-simulator step: the measured all-reduce time, the probes, the simulated trace."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from simulator.calibration import Calibration
+from topologies.experiments.calibrate import calibration_from
+from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
+
+
+def test_busy_time_counts_the_first_call_from_the_last_worker_to_join():
+    """Worker 0 started 1 s before the others: its first call waited for them; the job's all-reduce time counts
+    the first call as the shortest worker's."""
+    workers = [{"seconds": [1.5, 0.5, 0.5]}, {"seconds": [0.55, 0.5, 0.5]}, {"seconds": [0.6, 0.5, 0.5]}]
+    calls = [1.5, 0.5, 0.5]  # per_call_max
+    out = _joined(workers, calls, exited=10.0)
+    assert out["busy_joined_s"] == pytest.approx(1.55)
+    assert out["joined_s"] == pytest.approx(10.0 - 1.55)
+    assert _joined([], [], 1.0) == {"busy_joined_s": None, "joined_s": None}
+
+
+def test_steady_time_leaves_out_the_warm_up_call():
+    assert _steady([1.5, 0.5, 0.25], exited=10.0) == {"busy_steady_s": 0.75, "steady_from_s": 9.25}
+    assert _steady([1.5], exited=10.0) == {"busy_steady_s": None, "steady_from_s": None}
+
+
+def test_the_trace_probes_give_the_window_round_trip_and_the_shared_ceiling():
+    probes = [
+        {"probe": "ina-1slot", "bytes": 65536, "seconds_median": 512 * 300e-6},
+        {"probe": "ina-window", "slots": 8, "bytes": 65536, "seconds_median": (512 / 8 + 1) * (0.0215 + 2 * 1.472e-3),
+         "bw_mbps": 1.0},
+        {"probe": "ina-shared-pps", "gradients_per_s": 9000.0},
+    ]
+    cal = calibration_from(probes, ring_goodput=None, source="t", rtt_ms=20.0)
+    assert cal.ina_rtt_us == pytest.approx(1500.0)  # 21.5 ms + 2 frames at 1 Mbit/s, less the 20 ms added and the frames
+    assert cal.switch_shared_pps == 9000.0 and cal.propagation_rtt_us == 20000.0
+    alone = calibration_from(probes[:1], ring_goodput=None, source="t", rtt_ms=20.0)
+    assert alone.ina_rtt_us == pytest.approx(300.0) and alone.switch_shared_pps is None
+
+
+def test_simulated_trace_starts_each_job_after_its_start_up(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal.write_text(Calibration(propagation_rtt_us=20000.0, ina_rtt_us=300.0).to_json())
+    startup = {1: 2.0, 2: 1.0, 3: 3.0, 4: 2.5}
+    kw = dict(requested=16, min_slots=1, pool=64, policy="first-fit", bw_mbps=1.0, calibration=cal)
+    late = simulate_trace(TRACE, out=tmp_path / "late", startup=startup, **kw)
+    now = simulate_trace(TRACE, out=tmp_path / "now", **kw)
+    for tj in TRACE:
+        assert late[tj.job]["busy_s"] == pytest.approx(now[tj.job]["busy_s"], rel=1e-6)  # no shared bound: alone
+        assert late[tj.job]["jct_s"] == pytest.approx(now[tj.job]["jct_s"] + startup[tj.job], rel=1e-6)
+    with (tmp_path / "late" / "trace.csv").open() as fh:
+        assert [float(r["startup_s"]) for r in csv.DictReader(fh)] == [2.0, 1.0, 3.0, 2.5]
+    steady = simulate_trace(TRACE, out=tmp_path / "steady", skip_first=True, **kw)
+    for tj in TRACE:  # one all-reduce fewer, each as long as before
+        assert steady[tj.job]["busy_s"] == pytest.approx(now[tj.job]["busy_s"] * (tj.iterations - 1) / tj.iterations, rel=1e-6)
+    shared = tmp_path / "shared.json"
+    shared.write_text(json.dumps({**json.loads(cal.read_text()), "switch_shared_pps": 5000.0}))
+    slow = simulate_trace(TRACE, out=tmp_path / "slow", startup=startup, **{**kw, "calibration": shared})
+    assert all(slow[tj.job]["busy_s"] > now[tj.job]["busy_s"] for tj in TRACE)

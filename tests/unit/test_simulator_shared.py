@@ -1,0 +1,103 @@
+"""Simulator: a switch's packet rate shared by every job aggregating there, and jobs' start-up time."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from controller.policies import make_policy
+from simulator import model
+from simulator.calibration import Calibration, CalibrationError
+from simulator.cluster import ClusterSpec
+from simulator.engine import Simulation
+from simulator.placement import make_placement
+from simulator.trace import JobSpec, read_trace, write_trace
+
+# A window-bound job on a switch with a processor-sharing software path: closed forms. Hosts are so fast that
+# serialization and the line rate play no part; no propagation; a software round trip of S0.
+S0 = 1e-3
+CAL = Calibration(ina_rtt_us=S0 * 1e6)
+SLOTS, WORKERS = 10, 4
+B = 1_000_000
+
+
+def job(job_id=0, arrival=0.0, iterations=10, **kw) -> JobSpec:
+    return JobSpec(job_id, arrival, WORKERS, B, iterations, (0.0,), slots=SLOTS, min_slots=1, **kw)
+
+
+def run(jobs, cal):
+    spec = ClusterSpec(racks=1, workers_per_rack=8, slots_per_switch=1024, host_gbps=1e6, uplink_gbps=1e6)
+    return Simulation(spec, cal, make_policy("first-fit"), make_placement("pack"), check=True, follow_grant=True).run(jobs)
+
+
+def rate(jobs_at_switch: int, cap: float | None) -> float:
+    """K = sum_j m_j s_j / (S0 C); rho = K / (1 + K); each job's window rate = s payload / (S0 (1 + K))."""
+    k = jobs_at_switch * WORKERS * SLOTS / (S0 * cap) if cap else 0.0
+    return SLOTS * 128 / (S0 * (1 + k))
+
+
+def per_call(r: float) -> float:
+    return B / r + S0  # the last result's round trip (unstretched)
+
+
+def test_stretch_is_the_fixed_point_of_the_load():
+    cap = WORKERS * SLOTS / S0  # K = 1 for one job: rho = 1/2, the round trip doubles
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    assert model.shared_stretch(cal, None, [(SLOTS, WORKERS)]) == pytest.approx(2.0, rel=1e-9)
+    assert model.shared_stretch(cal, None, [(SLOTS, WORKERS)] * 2) == pytest.approx(3.0, rel=1e-9)
+    assert model.shared_stretch(CAL, None, [(SLOTS, WORKERS)]) == 1.0  # no shared capacity
+    assert model.offered_pps(CAL, 128 * 100.0, 4) == pytest.approx(400.0)
+
+
+def test_without_a_shared_capacity_two_jobs_run_as_if_alone():
+    for r in run([job(0), job(1)], CAL).jobs:
+        assert r.jct_s == pytest.approx(10 * per_call(rate(0, None)), rel=1e-6)
+
+
+def test_two_jobs_stretch_each_other_round_trip():
+    cap = WORKERS * SLOTS / S0
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    (alone,) = run([job(0)], cal).jobs
+    assert alone.jct_s == pytest.approx(10 * per_call(rate(1, cap)), rel=1e-6)
+    for r in run([job(0), job(1)], cal).jobs:
+        assert r.jct_s == pytest.approx(10 * per_call(rate(2, cap)), rel=1e-6)
+
+
+def test_the_load_changes_when_a_job_arrives_and_leaves():
+    """Job 0 alone until job 1 arrives at t1; both loaded until job 1 (short) leaves; then job 0 alone again."""
+    cap = WORKERS * SLOTS / S0
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    t_one, t_two = per_call(rate(1, cap)), per_call(rate(2, cap))
+    result = run([job(0), job(1, arrival=3 * t_one, iterations=2)], cal)
+    r0, r1 = sorted(result.jobs, key=lambda r: r.job_id)
+    assert r1.jct_s == pytest.approx(2 * t_two, rel=1e-6)
+    assert r0.jct_s == pytest.approx(3 * t_one + 2 * t_two + 5 * t_one, rel=1e-6)
+
+
+def test_start_up_holds_slots_without_progress_or_load():
+    """A job in its start-up holds its workers and slots but sends nothing: it does not load the switch, and its
+    own completion is start-up + its run."""
+    cap = WORKERS * SLOTS / S0
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    t_one, t_two = per_call(rate(1, cap)), per_call(rate(2, cap))
+    startup = 4 * t_one
+    result = run([job(0), job(1, iterations=2, startup_s=startup)], cal)
+    r0, r1 = sorted(result.jobs, key=lambda r: r.job_id)
+    assert r1.jct_s == pytest.approx(startup + 2 * t_two, rel=1e-6)
+    assert r0.jct_s == pytest.approx(4 * t_one + 2 * t_two + 4 * t_one, rel=1e-6)
+    assert r1.history[0][2] == SLOTS  # holds its slots from its start
+
+
+def test_start_up_column_round_trips_and_is_checked(tmp_path):
+    jobs = [job(0, startup_s=1.25), job(1)]
+    path = tmp_path / "trace.csv"
+    write_trace(path, jobs)
+    assert [j.startup_s for j in read_trace(path)] == [1.25, 0.0]
+    with pytest.raises(ValueError, match="startup_s"):
+        job(2, startup_s=-1.0)
+
+
+def test_calibration_checks_the_shared_bound():
+    assert Calibration(switch_shared_pps=12_000).switch_shared_pps == 12_000
+    with pytest.raises(CalibrationError, match="switch_shared_pps"):
+        Calibration(switch_shared_pps=0)

@@ -7,8 +7,9 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   transmission (``rack_rtt``: the round trip of that later chunk, queueing included), it is resent.
   Results of one worker's chunks come back in the order they were sent (every worker sends in order
   and a slot completes when its last copy arrives), so only loss or real reordering triggers this; the
-  reorder window is a quarter of the path's round trip, at least ``REORDER_FLOOR``.
-- **Tail probe (TLP).** When results stop for ``tail_wait``, the stalled window resends its oldest
+  reorder window is an eighth of the path's round trip, at least ``REORDER_FLOOR``.
+- **Tail probe (TLP).** When results stop for ``tail_wait`` (one shortest round trip and two reorder
+  windows after the later of the latest result and the oldest chunk's transmission), the stalled window resends its oldest
   chunk, once per stall, without backing off; after an answered probe, the overdue tail.
 - **Timeout.** One timer for the window, restarted by every new result (RFC 6298 5.3): while results
   flow (a queue draining, a late peer catching up) it never fires; when it does, the oldest outstanding
@@ -37,6 +38,8 @@ from host_agent.rtt import RttEstimator
 __all__ = ["Flight", "REORDER_FLOOR"]
 
 REORDER_FLOOR = 0.001  # seconds: the smallest reorder window
+REORDER_SHARE = 1 / 8  # of the path's round trip: a worker's results come back in sending order, so only loss
+# reorders them; each lost chunk waits this long before its resend, while SwitchML's slot rule may hold the window
 MAX_REORDER_MULT = 1  # no widening: in INA a spurious early resend is mostly a peer's loss (see reorder_window)
 
 
@@ -151,12 +154,12 @@ class Flight:
     # ------------------------------------------------------------------ loss detection
 
     def reorder_window(self) -> float:
-        """A quarter of the path's round trip, at least ``REORDER_FLOOR``. RACK widens it after spurious
+        """An eighth of the path's round trip (``REORDER_SHARE``), at least ``REORDER_FLOOR``. RACK widens it after spurious
         early resends; here it stays (``MAX_REORDER_MULT``): when a peer loses a chunk every worker's RACK
         resends it, spuriously but for one packet, and a wider window would only delay the recoveries
         that are needed."""
         est = self.rtt
-        w = max(est.path_rtt / 4, REORDER_FLOOR) * self.reorder_mult
+        w = max(est.path_rtt * REORDER_SHARE, REORDER_FLOOR) * self.reorder_mult
         return min(w, max(est.srtt, REORDER_FLOOR)) if est.samples else w
 
     def resend_timeout(self) -> float:
@@ -219,10 +222,16 @@ class Flight:
         return max(self.last_new, float(self.sent_at[lo])) + self.tail_wait()
 
     def tail_wait(self) -> float:
-        """Twice the recent shortest round trip plus the reorder window, at least ``rto_min`` (as Linux
-        floors its probe timeout: below that, a worker descheduled for a moment looks like a lost tail)."""
+        """The recent shortest round trip plus twice the reorder window, at least ``rto_min`` (as Linux
+        floors its probe timeout: below that, a worker descheduled for a moment looks like a lost tail).
+
+        RFC 8985 waits two smoothed round trips, for delayed ACKs; an INA result is never delayed, and the
+        oldest outstanding chunk was sent no later than the latest result arrived, so one shortest round
+        trip (path and standing queue) after that result, plus the reorder window twice (the queue may have
+        grown by the congestion window's allowance meanwhile), it is overdue. The tail of every call
+        waits for this, on an idle link: twice the round trip was a whole extra round trip per lost tail."""
         est = self.rtt
-        return max(2 * est.recent_min + self.reorder_window(), est.rto_min)
+        return max(est.recent_min + 2 * self.reorder_window(), est.rto_min)
 
     def rto_deadline(self, lo: int) -> float:
         """When the window's timer fires, given its oldest outstanding chunk ``lo``."""

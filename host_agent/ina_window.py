@@ -98,6 +98,10 @@ class InaPhase:
         mono = time.monotonic
         last_progress = mono()
         sent = 0
+        slot, window, tail = [0.0], [0.0], [0.0]  # seconds held back by a busy slot, the window, the tail
+        waits: list[float] | None = None
+        wait_since = mono()
+        cuts0, loss_cuts0 = cwnd.cuts, cwnd.loss_cuts
 
         while results.remaining:
             if self._pending:
@@ -185,6 +189,18 @@ class InaPhase:
                     results.sent = nxt
                     flight.sent(first, nxt, now)
                     sent += count
+            # where the time goes (stats.*_wait_s): what holds the next chunk back until the next turn
+            if waits is not None:
+                waits[0] += now - wait_since
+            wait_since = now
+            if nxt >= K:
+                waits = tail
+            elif room - (nxt - first) <= 0:
+                waits = window  # the congestion window (or the grant) is full
+            elif nxt - S >= i0 and not got[nxt - S]:
+                waits = slot  # room in the window, but the slot's previous chunk has no result: a hole
+            else:
+                waits = None
             if now - last_progress > opts.op_timeout:
                 first = got.find(0)
                 raise AgentTimeout(
@@ -205,6 +221,13 @@ class InaPhase:
             if wait <= 0 or progressed:
                 continue
             poll.poll(wait * 1000.0)
+        if waits is not None:
+            waits[0] += mono() - wait_since
+        stats.slot_wait_s += slot[0]
+        stats.cwnd_wait_s += window[0]
+        stats.tail_wait_s += tail[0]
+        stats.window_cuts += cwnd.cuts - cuts0
+        stats.loss_cuts += cwnd.loss_cuts - loss_cuts0
         self._reorder_mult = flight.reorder_mult
         if guard and sent:
             self._guard_until = float(last_tx.max()) + guard

@@ -180,7 +180,7 @@ def test_a_stalled_window_probes_its_tail_once_per_stall() -> None:
     fl.sent(0, 8, 1.0)
     fl.delivered(3, 1.010)
     d = fl.tail_deadline(4)
-    assert d == pytest.approx(1.010 + max(est.recent_min + 2 * fl.reorder_window(), est.rto_min)) and d < fl.rto_deadline(4)
+    assert d == pytest.approx(1.010 + max(2 * est.recent_min + fl.reorder_window(), est.rto_min)) and d < fl.rto_deadline(4)
     fl.tail_probed = True
     assert fl.tail_deadline(4) == float("inf")
     fl.delivered(4, 1.05)  # a new result re-arms it

@@ -134,7 +134,9 @@ class LossExperiment(Experiment):
         ring = [r for r in rows if r.get("kind") == "loss" and r.get("backend") == "ring" and r.get("seconds_median")]
         points = [{"loss": r["loss"], "goodput_mbps": r["goodput_mbps"], "seconds_median": r["seconds_median"],
                    "seconds_min": r.get("seconds_min"), "seconds_max": r.get("seconds_max"),
-                   "retransmits_per_chunk": r.get("retransmits_per_chunk"), "exact": r["exact"]} for r in ina]
+                   "retransmits_per_chunk": r.get("retransmits_per_chunk"), "exact": r["exact"],
+                   **{k: r.get(k) for k in ("early_resends", "timeouts", "spurious_resends", "window_cuts", "loss_cuts")},
+                   **{k: max(r[k]) if r.get(k) else None for k in WAIT_KEYS}} for r in ina]
         base = points[0]["goodput_mbps"] if points and points[0]["loss"] == 0 else None
         for p in points:
             p["relative_goodput"] = p["goodput_mbps"] / base if base else None

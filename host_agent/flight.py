@@ -163,9 +163,16 @@ class Flight:
         return min(w, max(est.srtt, REORDER_FLOOR)) if est.samples else w
 
     def resend_timeout(self) -> float:
-        """How long a resent chunk may stay unanswered before it is resent again: ``tail_wait`` (no backoff: a resend lost too would otherwise cost the whole job a timeout;
-        the average round trip includes peers' loss recovery and grows with the loss rate)."""
-        return self.tail_wait()
+        """How long a resent chunk may stay unanswered before it is resent again: one recent shortest round
+        trip and two reorder windows, at least ``rto_min``, without backoff (a resend lost too would otherwise
+        cost the whole job a timeout; the average round trip includes peers' loss recovery and grows with the
+        loss rate). A resend is only made for a chunk found lost, so its answer is due one round trip later."""
+        return self.short_wait()
+
+    def short_wait(self) -> float:
+        """One recent shortest round trip and two reorder windows, at least ``rto_min``."""
+        est = self.rtt
+        return max(est.recent_min + 2 * self.reorder_window(), est.rto_min)
 
     def lost(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> list[int]:
         """Outstanding chunks in ``[lo, hi)`` found lost: sent once before the latest-sent chunk with a
@@ -213,12 +220,21 @@ class Flight:
         lost = [int(i) + lo for i in np.flatnonzero(cand)]
         return lost if lost else [lo]
 
-    def tail_deadline(self, lo: int) -> float:
+    def tail_deadline(self, lo: int, all_sent: bool = False) -> float:
         """When a stalled window sends its tail probe (TLP, RFC 8985): results have stopped for twice the
         recent shortest round trip plus the reorder window, long before the timeout (which also covers
-        the skew between workers and backs off). A lost tail has no later chunk to reveal it to RACK."""
+        the skew between workers and backs off). A lost tail has no later chunk to reveal it to RACK.
+
+        ``all_sent``: the window has sent its last chunk, and ``lo`` was in flight when the latest result
+        came: then the probe goes after ``short_wait`` (one shortest round trip, two reorder windows). The
+        link is idle there, so a probe costs no time; and it happens once per window, so even a spurious
+        one is one chunk in a call. A stall in the middle of a window (every chunk a tail at windows 1-4)
+        keeps ``tail_wait``: a peer descheduled on the loaded machine stalls results as a lost tail would
+        (one round trip there resent 3-28 % of chunks spuriously at windows 1-4 and 10 ms)."""
         if self.tail_probed or not self.last_new:  # before the window's first result: a late peer, not a tail
             return float("inf")
+        if all_sent and float(self.sent_at[lo]) < self.last_new:  # the window's own tail: see the docstring
+            return self.last_new + self.short_wait()
         return max(self.last_new, float(self.sent_at[lo])) + self.tail_wait()
 
     def tail_wait(self) -> float:

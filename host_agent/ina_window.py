@@ -128,7 +128,8 @@ class InaPhase:
                         lost.append((i, True))
                     stats.early_resends += len(found)
                     cwnd.on_loss(now, est.path_rtt, est.srtt)
-            if lo < results.sent and not queued[lo] and now >= flight.tail_deadline(lo) and now < flight.rto_deadline(lo):
+            if lo < results.sent and not queued[lo] and now >= flight.tail_deadline(lo, nxt >= K) \
+                    and now < flight.rto_deadline(lo):
                 flight.tail_probed = True
                 # one chunk, unless a probe was answered already (then the overdue tail): a worker that
                 # stalls for a moment costs one packet, not a window
@@ -209,7 +210,7 @@ class InaPhase:
             # 5. wait for a datagram, the next timer, or the pacing/guard that holds a send back
             wake = now + 0.05  # short, so a generation change is seen quickly
             if lo < results.sent and not queued[lo]:
-                wake = min(wake, flight.rto_deadline(lo), flight.tail_deadline(lo))
+                wake = min(wake, flight.rto_deadline(lo), flight.tail_deadline(lo, nxt >= K))
             wake = min(wake, flight.rack_timer)
             held = nxt < K and room > nxt - first and (nxt - S < i0 or got[nxt - S])  # by pacing or the guard
             if lost or held:

@@ -256,3 +256,25 @@ def test_the_queue_target_is_a_quarter_round_trip_above_the_path() -> None:
             before = cw.cwnd
             cw.on_results(rtt, 1, 2 * path + 0.001, path, path, 64)
             assert (cw.cwnd < before) is shrinks, (path, rtt)
+
+
+def test_the_last_chunks_of_a_window_are_probed_after_one_round_trip_a_stall_before_them_after_two() -> None:
+    """All chunks sent and the oldest was in flight when the latest result came: the window's own tail,
+    probed after one shortest round trip and two reorder windows; a stall with chunks still to send (every
+    chunk a tail at window 1, where a descheduled peer looks like a loss) waits two round trips; a resend
+    is resent again after the short wait."""
+    fl, _, est = _flight()
+    fl.sent(0, 8, 1.000)
+    for i in range(6):
+        fl.delivered(i, 1.010)
+    reo = fl.reorder_window()
+    short = max(est.recent_min + 2 * reo, est.rto_min)
+    assert fl.tail_deadline(6, all_sent=True) == pytest.approx(1.010 + short)
+    assert fl.tail_deadline(6, all_sent=False) == pytest.approx(1.010 + max(2 * est.recent_min + reo, est.rto_min))
+    assert fl.tail_deadline(6, all_sent=True) < fl.tail_deadline(6, all_sent=False) < fl.rto_deadline(6)
+    assert fl.resend_timeout() == pytest.approx(short)
+    one, _, _ = _flight()
+    one.sent(0, 1, 1.000)
+    one.delivered(0, 1.010)
+    one.sent(1, 2, 1.011)  # window 1: sent after the latest result, a tail only by position
+    assert one.tail_deadline(1, all_sent=True) == pytest.approx(1.011 + max(2 * est.recent_min + reo, est.rto_min))

@@ -12,13 +12,24 @@ that starts a call late or recovers a loss delays only some chunks (an INA resul
 worker), which must not shrink this worker's window. (The shortest of one round alone is not enough:
 with a small window under loss a round has few samples, all of them may wait for a recovery, and the
 window would collapse.) The window never drops below ``MIN_WINDOW`` (or the grant): early loss
-detection needs later chunks in flight. A round
-whose shortest round trip exceeds ``path_rtt + max(path_rtt, queue_allowance)`` cuts the window in
+detection needs later chunks in flight.
+
+**The queue is kept short** (issue 13, experiment 4): a round whose shortest round trip exceeds
+``path_rtt + allowance`` (``allowance = max(queue_allowance, path_rtt / 4)``) cuts the window in
 proportion to the excess (at most by half); a flat round grows it: doubling per round (slow start) until
-the first cut, then by one slot per round. A loss (found early or by the timeout) cuts it by half,
-once per round, only when the round shows a queue (loss with a queue is congestion, loss without one is a
-random drop that a smaller window would not prevent: with 8 workers at 5 % link loss a third of the
-rounds lose a chunk).
+the first cut, then by one slot per round. A standing queue costs nothing while nothing is lost, but a
+resend waits behind it twice (the loss is found one queued round trip late, and the resend queues
+again), and SwitchML's slot rule stops the window at ``lost chunk + S`` until then: with a grant of twice
+the BDP, a queue of a whole round trip (what a target of ``2 x path_rtt`` allowed) turned every lost
+packet into a stall of about a round trip.
+
+**Loss is not a congestion signal here** (ATP tells congestion apart from random loss the same way, by
+its marks): a lost chunk (found early or by the timeout) cuts the window only in a round that already
+shows a queue above the target, once per round, by the delay rule (at most ``MAX_CUT``); a random drop
+on a path without a queue, which a smaller window would not prevent, changes nothing. (Loss from a full
+queue comes with that queue's delay first: the delay rule acts before the queue is full. Every drop
+halving the window, as TCP Reno does, took 8 workers at 5 % link loss to the minimum window: a third
+of their rounds lose a chunk.)
 
 Times are plain floats (seconds) passed in by the caller, so tests drive it with a fake clock.
 """
@@ -27,7 +38,8 @@ from __future__ import annotations
 __all__ = ["CongestionWindow"]
 
 MIN_WINDOW = 4  # chunks: fewer leave early loss detection nothing to compare with
-QUEUE_ALLOWANCE = 0.004  # seconds of queueing a round may show before the window shrinks
+QUEUE_ALLOWANCE = 0.002  # seconds of queueing a round may show before the window shrinks (at least; see _target)
+ALLOWANCE_SHARE = 0.25  # ... or this share of the path's round trip, whichever is larger
 MAX_CUT = 0.5  # the largest multiplicative decrease per round
 DELAY_GAIN = 0.8  # decrease per round = DELAY_GAIN x (excess delay / round trip), at most MAX_CUT
 
@@ -48,7 +60,9 @@ class CongestionWindow:
         self.round_end = 0.0
         self.round_min = float("inf")
         self.queued = False  # the last complete round showed a queue
+        self.last_round_min = float("inf")  # its shortest round trip
         self.cuts = 0
+        self.loss_cuts = 0  # of the cuts, those made on a loss or a timeout
         self.last_cut = float("-inf")
 
     def limit(self, granted: int) -> int:
@@ -60,7 +74,8 @@ class CongestionWindow:
         self.cwnd = max(1.0, min(self.cwnd, float(granted)))
 
     def _target(self, path_rtt: float) -> float:
-        return path_rtt + max(path_rtt, self.queue_allowance)
+        """The longest shortest-round-trip of a round that does not shrink the window."""
+        return path_rtt + max(self.queue_allowance, ALLOWANCE_SHARE * path_rtt)
 
     def on_results(self, rtt: float, count: int, now: float, path_rtt: float, srtt: float, granted: int) -> None:
         """``count`` results of chunks sent once arrived at ``now``; ``rtt``: the shortest recent round trip."""
@@ -72,11 +87,8 @@ class CongestionWindow:
             return
         target = self._target(path_rtt)
         if self.round_min > target:
-            cut = min(MAX_CUT, DELAY_GAIN * (self.round_min - target) / self.round_min)
-            self.cwnd = max(1.0, self.cwnd * (1.0 - cut))
-            self.ssthresh = self.cwnd
-            self.cuts += 1
-            self.last_cut = now
+            if now - self.last_cut >= max(srtt, path_rtt):  # a loss may have cut in this round already
+                self._cut(self.round_min, target, now)
             self.queued = True
         else:
             if self.cwnd >= self.ssthresh:
@@ -84,22 +96,26 @@ class CongestionWindow:
             self.queued = False
         self.cwnd = min(self.cwnd, float(granted))
         self.round_end = now + max(srtt, path_rtt)
+        self.last_round_min = self.round_min
         self.round_min = float("inf")
 
+    def _cut(self, rtt: float, target: float, now: float) -> None:
+        """Decrease in proportion to the excess delay (at most ``MAX_CUT``); slow start ends."""
+        cut = min(MAX_CUT, DELAY_GAIN * (rtt - target) / rtt)
+        self.cwnd = max(1.0, self.cwnd * (1.0 - cut))
+        self.ssthresh = self.cwnd
+        self.cuts += 1
+        self.last_cut = now
+
     def on_loss(self, now: float, path_rtt: float, srtt: float) -> None:
-        """A chunk was found lost before its timeout: halve, once per round, if the round shows a queue."""
-        queue_now = self.round_min != float("inf") and self.round_min > self._target(path_rtt)
-        if (self.queued or queue_now) and now - self.last_cut >= max(srtt, path_rtt):
-            self._halve(now, srtt, path_rtt)
+        """A chunk was found lost before its timeout: a cut only if this round shows a queue above the target
+        (by the delay rule, once per round); a random drop with no queue changes nothing."""
+        target = self._target(path_rtt)
+        rtt = self.round_min if self.round_min != float("inf") else (self.last_round_min if self.queued else 0.0)
+        if rtt and rtt > target and now - self.last_cut >= max(srtt, path_rtt):
+            self._cut(rtt, target, now)
+            self.loss_cuts += 1
 
     def on_timeout(self, now: float, path_rtt: float, srtt: float) -> None:
         """The retransmission timer fired: the same rule as a loss (a lost tail or a late peer is no congestion)."""
         self.on_loss(now, path_rtt, srtt)
-
-    def _halve(self, now: float, srtt: float, path_rtt: float) -> None:
-        self.cwnd = max(1.0, self.cwnd / 2)
-        self.ssthresh = self.cwnd
-        self.cuts += 1
-        self.last_cut = now
-        self.round_end = now + max(srtt, path_rtt)
-        self.round_min = float("inf")

@@ -7,8 +7,9 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   transmission (``rack_rtt``: the round trip of that later chunk, queueing included), it is resent.
   Results of one worker's chunks come back in the order they were sent (every worker sends in order
   and a slot completes when its last copy arrives), so only loss or real reordering triggers this; the
-  reorder window is a quarter of the path's round trip, at least ``REORDER_FLOOR``.
-- **Tail probe (TLP).** When results stop for ``tail_wait``, the stalled window resends its oldest
+  reorder window is an eighth of the path's round trip, at least ``REORDER_FLOOR``.
+- **Tail probe (TLP).** When results stop for ``tail_wait`` (two shortest round trips and a reorder
+  window after the later of the latest result and the oldest chunk's transmission), the stalled window resends its oldest
   chunk, once per stall, without backing off; after an answered probe, the overdue tail.
 - **Timeout.** One timer for the window, restarted by every new result (RFC 6298 5.3): while results
   flow (a queue draining, a late peer catching up) it never fires; when it does, the oldest outstanding
@@ -37,6 +38,8 @@ from host_agent.rtt import RttEstimator
 __all__ = ["Flight", "REORDER_FLOOR"]
 
 REORDER_FLOOR = 0.001  # seconds: the smallest reorder window
+REORDER_SHARE = 1 / 8  # of the path's round trip: a worker's results come back in sending order, so only loss
+# reorders them; each lost chunk waits this long before its resend, while SwitchML's slot rule may hold the window
 MAX_REORDER_MULT = 1  # no widening: in INA a spurious early resend is mostly a peer's loss (see reorder_window)
 
 
@@ -151,18 +154,25 @@ class Flight:
     # ------------------------------------------------------------------ loss detection
 
     def reorder_window(self) -> float:
-        """A quarter of the path's round trip, at least ``REORDER_FLOOR``. RACK widens it after spurious
+        """An eighth of the path's round trip (``REORDER_SHARE``), at least ``REORDER_FLOOR``. RACK widens it after spurious
         early resends; here it stays (``MAX_REORDER_MULT``): when a peer loses a chunk every worker's RACK
         resends it, spuriously but for one packet, and a wider window would only delay the recoveries
         that are needed."""
         est = self.rtt
-        w = max(est.path_rtt / 4, REORDER_FLOOR) * self.reorder_mult
+        w = max(est.path_rtt * REORDER_SHARE, REORDER_FLOOR) * self.reorder_mult
         return min(w, max(est.srtt, REORDER_FLOOR)) if est.samples else w
 
     def resend_timeout(self) -> float:
-        """How long a resent chunk may stay unanswered before it is resent again: ``tail_wait`` (no backoff: a resend lost too would otherwise cost the whole job a timeout;
-        the average round trip includes peers' loss recovery and grows with the loss rate)."""
-        return self.tail_wait()
+        """How long a resent chunk may stay unanswered before it is resent again: one recent shortest round
+        trip and two reorder windows, at least ``rto_min``, without backoff (a resend lost too would otherwise
+        cost the whole job a timeout; the average round trip includes peers' loss recovery and grows with the
+        loss rate). A resend is only made for a chunk found lost, so its answer is due one round trip later."""
+        return self.short_wait()
+
+    def short_wait(self) -> float:
+        """One recent shortest round trip and two reorder windows, at least ``rto_min``."""
+        est = self.rtt
+        return max(est.recent_min + 2 * self.reorder_window(), est.rto_min)
 
     def lost(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> list[int]:
         """Outstanding chunks in ``[lo, hi)`` found lost: sent once before the latest-sent chunk with a
@@ -210,17 +220,31 @@ class Flight:
         lost = [int(i) + lo for i in np.flatnonzero(cand)]
         return lost if lost else [lo]
 
-    def tail_deadline(self, lo: int) -> float:
+    def tail_deadline(self, lo: int, all_sent: bool = False) -> float:
         """When a stalled window sends its tail probe (TLP, RFC 8985): results have stopped for twice the
         recent shortest round trip plus the reorder window, long before the timeout (which also covers
-        the skew between workers and backs off). A lost tail has no later chunk to reveal it to RACK."""
+        the skew between workers and backs off). A lost tail has no later chunk to reveal it to RACK.
+
+        ``all_sent``: the window has sent its last chunk, and ``lo`` was in flight when the latest result
+        came: then the probe goes after ``short_wait`` (one shortest round trip, two reorder windows). The
+        link is idle there, so a probe costs no time; and it happens once per window, so even a spurious
+        one is one chunk in a call. A stall in the middle of a window (every chunk a tail at windows 1-4)
+        keeps ``tail_wait``: a peer descheduled on the loaded machine stalls results as a lost tail would
+        (one round trip there resent 3-28 % of chunks spuriously at windows 1-4 and 10 ms)."""
         if self.tail_probed or not self.last_new:  # before the window's first result: a late peer, not a tail
             return float("inf")
+        if all_sent and float(self.sent_at[lo]) < self.last_new:  # the window's own tail: see the docstring
+            return self.last_new + self.short_wait()
         return max(self.last_new, float(self.sent_at[lo])) + self.tail_wait()
 
     def tail_wait(self) -> float:
         """Twice the recent shortest round trip plus the reorder window, at least ``rto_min`` (as Linux
-        floors its probe timeout: below that, a worker descheduled for a moment looks like a lost tail)."""
+        floors its probe timeout: below that, a worker descheduled for a moment looks like a lost tail).
+
+        One round trip plus two reorder windows (tried for issue 13's experiment 4: it saves a round trip
+        per lost tail) resent 3-28 % of chunks spuriously at windows 1-4 and a 10 ms round trip on the
+        loaded machine: there every chunk is a tail, and a peer descheduled for longer than the margin
+        stalls the results as a lost chunk would."""
         est = self.rtt
         return max(2 * est.recent_min + self.reorder_window(), est.rto_min)
 

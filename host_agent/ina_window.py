@@ -91,13 +91,19 @@ class InaPhase:
             if delay > 0:
                 time.sleep(delay)
         lost: deque[tuple[int, bool]] = deque()  # (chunk, found early) to resend, in order
-        queued = bytearray(K)  # 1: in `lost`
+        queued = bytearray(K)  # 1: in `lost`, or skipped and not sent yet (no loss detection for either)
+        unsent = bytearray(K)  # 1: skipped while its slot was busy, not sent yet (in `deferred`)
+        deferred: list[int] = []  # those chunks, in order
         stats = self.stats
         nxt = lo = i0  # next chunk to send; lowest chunk without a result
         opts = self.options
         mono = time.monotonic
         last_progress = mono()
         sent = 0
+        slot, window, tail = [0.0], [0.0], [0.0]  # seconds held back by a busy slot, the window, the tail
+        waits: list[float] | None = None
+        wait_since = mono()
+        cuts0, loss_cuts0 = cwnd.cuts, cwnd.loss_cuts
 
         while results.remaining:
             if self._pending:
@@ -124,7 +130,8 @@ class InaPhase:
                         lost.append((i, True))
                     stats.early_resends += len(found)
                     cwnd.on_loss(now, est.path_rtt, est.srtt)
-            if lo < results.sent and not queued[lo] and now >= flight.tail_deadline(lo) and now < flight.rto_deadline(lo):
+            if lo < results.sent and not queued[lo] and now >= flight.tail_deadline(lo, nxt >= K and not deferred) \
+                    and now < flight.rto_deadline(lo):
                 flight.tail_probed = True
                 # one chunk, unless a probe was answered already (then the overdue tail): a worker that
                 # stalls for a moment costs one packet, not a window
@@ -161,16 +168,44 @@ class InaPhase:
             # 4. send what the slots, the congestion window, the reorder guard and pacing allow
             room = 0
             first = nxt
-            if nxt < K:
+            if nxt < K or deferred:
                 done = K - i0 - results.remaining
-                room = cwnd.limit(S) - (results.sent - i0 - done)
-            if room > 0:
-                upper = min(K, nxt + room)
-                if not guard and not pace:  # the run up to the first chunk whose slot is still busy
-                    lo_s = max(nxt - S, i0)
-                    busy = got.find(0, lo_s, upper - S) if upper - S > lo_s else -1
-                    nxt = upper if busy < 0 else busy + S
+                room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred))
+            left = room
+            if left > 0 and deferred:  # chunks skipped while their slot was busy, once it is free, in order
+                for j in [j for j in deferred if got[j - S]][:left]:
+                    deferred.remove(j)
+                    unsent[j] = queued[j] = 0
+                    io.send_run(pkts[(j - i0) * PAYLOAD :], PAYLOAD, 1, addr)
+                    flight.sent(j, j + 1, now)
+                    sent += 1
+                    left -= 1
+                first = nxt
+            if left > 0 and nxt < K:
+                if not guard and not pace:
+                    # runs up to the first chunk whose slot is still busy; SwitchML's slots are independent
+                    # lanes, so that chunk is skipped (sent once its slot's result comes) and the link keeps
+                    # carrying the other lanes' chunks while a loss is recovered ("Loss recovery")
+                    while left > 0 and nxt < K:
+                        upper = min(K, nxt + left)
+                        lo_s = max(nxt - S, i0)
+                        busy = got.find(0, lo_s, upper - S) if upper - S > lo_s else -1
+                        end = upper if busy < 0 else busy + S
+                        if end > nxt:
+                            io.send_run(pkts[(nxt - i0) * PAYLOAD :], PAYLOAD, end - nxt, addr)
+                            flight.sent(nxt, end, now)
+                            sent += end - nxt
+                            left -= end - nxt
+                            nxt = end
+                        if busy < 0 or left <= 0 or unsent[busy]:  # done, full, or that lane is two behind
+                            break
+                        deferred.append(nxt)
+                        unsent[nxt] = queued[nxt] = 1  # queued: no loss detection for a chunk not sent yet
+                        nxt += 1
+                    results.sent = nxt
+                    first = nxt  # sent already
                 else:
+                    upper = min(K, nxt + left)
                     while nxt < upper and (nxt - S < i0 or got[nxt - S]):
                         if guard and nxt - S >= i0 and now < last_tx[nxt - S] + guard:
                             break
@@ -185,6 +220,19 @@ class InaPhase:
                     results.sent = nxt
                     flight.sent(first, nxt, now)
                     sent += count
+                    left -= count
+            # where the time goes (stats.*_wait_s): what holds the next chunk back until the next turn
+            if waits is not None:
+                waits[0] += now - wait_since
+            wait_since = now
+            if nxt >= K and not deferred:
+                waits = tail
+            elif left <= 0:
+                waits = window  # the congestion window (or the grant) is full
+            elif deferred or (nxt - S >= i0 and not got[nxt - S]):
+                waits = slot  # room in the window, but the slot's previous chunk has no result: a hole
+            else:
+                waits = None
             if now - last_progress > opts.op_timeout:
                 first = got.find(0)
                 raise AgentTimeout(
@@ -193,9 +241,9 @@ class InaPhase:
             # 5. wait for a datagram, the next timer, or the pacing/guard that holds a send back
             wake = now + 0.05  # short, so a generation change is seen quickly
             if lo < results.sent and not queued[lo]:
-                wake = min(wake, flight.rto_deadline(lo), flight.tail_deadline(lo))
+                wake = min(wake, flight.rto_deadline(lo), flight.tail_deadline(lo, nxt >= K and not deferred))
             wake = min(wake, flight.rack_timer)
-            held = nxt < K and room > nxt - first and (nxt - S < i0 or got[nxt - S])  # by pacing or the guard
+            held = bool(guard or pace) and nxt < K and left > 0 and (nxt - S < i0 or got[nxt - S])  # by pacing or the guard
             if lost or held:
                 hold = self._pace_next if pace else now
                 if held and not lost and guard and nxt - S >= i0:
@@ -205,6 +253,13 @@ class InaPhase:
             if wait <= 0 or progressed:
                 continue
             poll.poll(wait * 1000.0)
+        if waits is not None:
+            waits[0] += mono() - wait_since
+        stats.slot_wait_s += slot[0]
+        stats.cwnd_wait_s += window[0]
+        stats.tail_wait_s += tail[0]
+        stats.window_cuts += cwnd.cuts - cuts0
+        stats.loss_cuts += cwnd.loss_cuts - loss_cuts0
         self._reorder_mult = flight.reorder_mult
         if guard and sent:
             self._guard_until = float(last_tx.max()) + guard

@@ -120,6 +120,14 @@ class StreamStats:
     early_resends: int = 0  # resends of chunks found lost before the timeout (RACK)
     timeouts: int = 0  # expiries of a window's retransmission timer (each resends one probe)
     spurious_resends: int = 0  # resent chunks whose original reached the switch (host_agent/flight.py)
+    # seconds an INA window had chunks left to send but could not send them (docs/agent.md, "Where the time
+    # goes"): waiting for the result of the chunk that last used the next slot (loss recovery, a late peer),
+    # for the congestion window, and with every chunk sent, for the last results (the tail)
+    slot_wait_s: float = 0.0
+    cwnd_wait_s: float = 0.0
+    tail_wait_s: float = 0.0
+    window_cuts: int = 0  # congestion-window decreases (host_agent/congestion.py)
+    loss_cuts: int = 0  # of those, the ones made on a loss
     results: int = 0
     ignored: int = 0  # duplicate, late or foreign packets
     stale: int = 0  # packets of another generation or job

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from host_agent.congestion import CongestionWindow
-from host_agent.flight import REORDER_FLOOR, Flight
+from host_agent.flight import REORDER_FLOOR, REORDER_SHARE, Flight
 from host_agent.rtt import MAX_BACKOFF, RttEstimator
 from host_agent.stream import StreamStats
 
@@ -81,7 +81,7 @@ def test_rack_finds_a_hole_after_the_reorder_window_and_not_before() -> None:
         fl.delivered(i, 1.010)
     assert fl.rack_i == 4 and fl.rack_rtt == pytest.approx(0.010)
     reo = fl.reorder_window()
-    assert reo == pytest.approx(max(0.010 / 4, REORDER_FLOOR))
+    assert reo == pytest.approx(max(0.010 * REORDER_SHARE, REORDER_FLOOR))
     assert fl.lost(got, 2, 8, 1.010, queued) == []  # not overdue yet
     assert fl.rack_timer == pytest.approx(1.000 + 0.010 + reo)
     assert fl.lost(got, 2, 8, fl.rack_timer, queued) == [2]  # 5..7 were sent after 4: not evidence
@@ -222,17 +222,59 @@ def test_window_shrinks_when_round_trips_grow_and_settles() -> None:
     assert cw.cuts > 0 and max(tail) <= 24 and min(tail) >= 8
 
 
-def test_loss_without_a_queue_keeps_the_window_and_with_one_halves_it() -> None:
+def test_random_loss_never_shrinks_the_window_and_a_queue_does_once_per_round() -> None:
+    """Loss on a path without a queue (random drops) leaves the window alone however often it comes; with a
+    queue above the target a loss cuts by the delay rule, at most once per round (ATP: marks, not drops)."""
     cw = CongestionWindow(initial=64)
-    cw.on_results(0.010, 1, 0.010, 0.010, 0.010, 256)
-    before = cw.cwnd
-    cw.on_loss(0.011, 0.010, 0.010)
-    assert cw.cwnd == before
-    cw.on_results(0.050, 1, 0.030, 0.010, 0.010, 256)  # a round with a queue
-    w = cw.cwnd
-    cw.on_loss(0.050, 0.010, 0.010)
-    assert cw.cwnd == max(1.0, w / 2)
-    cw.on_timeout(0.055, 0.010, 0.010)  # within the same round: no second cut
-    assert cw.cwnd == max(1.0, w / 2)
-    cw.on_timeout(0.070, 0.010, 0.010)  # a timeout follows the loss rule
-    assert cw.cwnd == max(1.0, w / 4)
+    now = 0.0
+    for _ in range(40):  # a round trip of flat 10 ms rounds, a loss (or a timeout) in every one of them
+        now += 0.010
+        cw.on_results(0.010, 8, now, 0.010, 0.010, 256)
+        cw.on_loss(now + 0.001, 0.010, 0.010)
+        cw.on_timeout(now + 0.002, 0.010, 0.010)
+    assert cw.cuts == 0 and cw.loss_cuts == 0 and cw.limit(256) >= 64
+    q = CongestionWindow(initial=64)
+    q.on_results(0.010, 1, 0.010, 0.010, 0.010, 256)  # a flat round ends; the next ends at 20 ms
+    q.on_results(0.020, 1, 0.015, 0.010, 0.010, 256)  # 20 ms: 10 ms of queue, above the target (12.5 ms)
+    w = q.cwnd
+    q.on_loss(0.016, 0.010, 0.010)
+    cut = min(0.5, 0.8 * (0.020 - 0.0125) / 0.020)
+    assert q.cwnd == pytest.approx(w * (1 - cut)) and q.loss_cuts == 1
+    q.on_loss(0.018, 0.010, 0.010)  # the same round: no second cut
+    q.on_timeout(0.019, 0.010, 0.010)
+    q.on_results(0.020, 1, 0.021, 0.010, 0.010, 256)  # nor at the round's end, by the delay rule
+    assert q.cwnd == pytest.approx(w * (1 - cut)) and q.cuts == 1
+
+
+def test_the_queue_target_is_a_quarter_round_trip_above_the_path() -> None:
+    """At 10 ms the window stops growing once the shortest round trip exceeds 12.5 ms (a queue of a quarter
+    round trip); at 2 ms the 2 ms floor of the allowance applies."""
+    for path, target in ((0.010, 0.0125), (0.002, 0.004)):
+        for rtt, shrinks in ((target * 0.99, False), (target * 1.05, True)):
+            cw = CongestionWindow(initial=32)
+            cw.on_results(path, 1, 0.0, path, path, 64)  # the first round
+            before = cw.cwnd
+            cw.on_results(rtt, 1, 2 * path + 0.001, path, path, 64)
+            assert (cw.cwnd < before) is shrinks, (path, rtt)
+
+
+def test_the_last_chunks_of_a_window_are_probed_after_one_round_trip_a_stall_before_them_after_two() -> None:
+    """All chunks sent and the oldest was in flight when the latest result came: the window's own tail,
+    probed after one shortest round trip and two reorder windows; a stall with chunks still to send (every
+    chunk a tail at window 1, where a descheduled peer looks like a loss) waits two round trips; a resend
+    is resent again after the short wait."""
+    fl, _, est = _flight()
+    fl.sent(0, 8, 1.000)
+    for i in range(6):
+        fl.delivered(i, 1.010)
+    reo = fl.reorder_window()
+    short = max(est.recent_min + 2 * reo, est.rto_min)
+    assert fl.tail_deadline(6, all_sent=True) == pytest.approx(1.010 + short)
+    assert fl.tail_deadline(6, all_sent=False) == pytest.approx(1.010 + max(2 * est.recent_min + reo, est.rto_min))
+    assert fl.tail_deadline(6, all_sent=True) < fl.tail_deadline(6, all_sent=False) < fl.rto_deadline(6)
+    assert fl.resend_timeout() == pytest.approx(short)
+    one, _, _ = _flight()
+    one.sent(0, 1, 1.000)
+    one.delivered(0, 1.010)
+    one.sent(1, 2, 1.011)  # window 1: sent after the latest result, a tail only by position
+    assert one.tail_deadline(1, all_sent=True) == pytest.approx(1.011 + max(2 * est.recent_min + reo, est.rto_min))

@@ -19,6 +19,7 @@ from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
 
 GOODPUT_TARGETS = ((0.01, 0.90), (0.05, 0.70))  # (loss, share of lossless goodput), every result exact
+WAIT_KEYS = ("slot_wait_s", "cwnd_wait_s", "tail_wait_s")  # host_agent.stream.StreamStats
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,18 @@ class LossExperiment(Experiment):
             chunks = sum(int((w.get("stats") or {}).get("chunks", 0)) for w in workers)
             row["retransmits_per_chunk"] = row["retransmits"] / chunks if chunks else None
             row["checks"] = [w.get("check") for w in workers]
+            stats = [w.get("stats") or {} for w in workers]
+            for key in WAIT_KEYS:  # where the time went, per worker, warm-up included (docs/agent.md)
+                row[key] = [round(float(s.get(key, 0.0)), 4) for s in stats]
+            for key in ("window_cuts", "loss_cuts"):
+                row[key] = sum(int(s.get(key, 0)) for s in stats)
             ctx.record(row)
             exact = {True: "exact", False: "NOT EXACT", None: "unchecked"}[row["exact"]]
             ctx.progress(f"  median {row['seconds_median'] * 1e3:.0f} ms, goodput {row['goodput_mbps']:.2f} Mbit/s, "
-                         f"{row['retransmits']} retransmits, {exact}")
+                         f"{row['retransmits']} retransmits ({row['early_resends']} early, {row['timeouts']} timeouts, "
+                         f"{row['spurious_resends']} spurious), waits slot/window/tail "
+                         f"{'/'.join(f'{max(row[k]) * 1e3:.0f}' for k in WAIT_KEYS)} ms, "
+                         f"{row['window_cuts']} cuts ({row['loss_cuts']} on loss), {exact}")
 
     @staticmethod
     def summarize(rows: list[dict], config: LossConfig) -> dict:
@@ -125,7 +134,9 @@ class LossExperiment(Experiment):
         ring = [r for r in rows if r.get("kind") == "loss" and r.get("backend") == "ring" and r.get("seconds_median")]
         points = [{"loss": r["loss"], "goodput_mbps": r["goodput_mbps"], "seconds_median": r["seconds_median"],
                    "seconds_min": r.get("seconds_min"), "seconds_max": r.get("seconds_max"),
-                   "retransmits_per_chunk": r.get("retransmits_per_chunk"), "exact": r["exact"]} for r in ina]
+                   "retransmits_per_chunk": r.get("retransmits_per_chunk"), "exact": r["exact"],
+                   **{k: r.get(k) for k in ("early_resends", "timeouts", "spurious_resends", "window_cuts", "loss_cuts")},
+                   **{k: max(r[k]) if r.get(k) else None for k in WAIT_KEYS}} for r in ina]
         base = points[0]["goodput_mbps"] if points and points[0]["loss"] == 0 else None
         for p in points:
             p["relative_goodput"] = p["goodput_mbps"] / base if base else None

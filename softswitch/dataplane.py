@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import inspect
 import logging
 import os
 import select
@@ -30,10 +31,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from softswitch.faults import FaultConfig, FaultInjector
 from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay
 from softswitch.errors import SoftSwitchError
 from softswitch.pcap import PcapWriter
+from softswitch.pipeline_batch import FrameBlock, rows_as_bytes as _rows_as_bytes
 from softswitch.ring_io import PacketRing, RingUnavailable
 
 ETH_P_ALL = 0x0003
@@ -389,13 +393,15 @@ class DataPlane:
         rings = {}
         for port, sock in self._sockets.items():
             ep.register(sock.fileno(), select.EPOLLIN)
-            rings[sock.fileno()] = (port, self._rings[port].receive)
+            rings[sock.fileno()] = (port, self._rings[port].receive_batch)
         ep.register(self._wake, select.EPOLLIN)
         wake_fd = self._wake
         timer_fd = self._open_timer(ep)
         sends = {port: ring.send for port, ring in self._rings.items()}
         self._sends = sends
         process_batch = getattr(self.pipeline, "process_batch", None)
+        # a batch entry point that can hand back its outputs as a FrameBlock (InaPipeline's can)
+        block_out = process_batch is not None and "as_block" in inspect.signature(process_batch).parameters
         if process_batch is None:  # a pipeline without a batch entry point: one frame at a time
             process = self.pipeline.process
             process_batch = lambda port, frames: [out for f in frames for out in process(port, f)]  # noqa: E731
@@ -434,7 +440,7 @@ class DataPlane:
                         continue
                     port, receive = rings[fd]
                     frames = receive(ring_batch)
-                    if not frames:
+                    if not len(frames):
                         continue
                     port_stats[port].rx += len(frames)
                     self.stats.batches += 1
@@ -443,6 +449,17 @@ class DataPlane:
                         if not live:
                             self.stats.not_live += len(frames)
                             continue
+                    if fast and delay is None and block_out:
+                        out = process_batch(port, frames, as_block=True)
+                        if isinstance(out, FrameBlock):
+                            if out.ports.size:
+                                self._send_all(outq)  # what earlier batches emitted leaves first
+                                self._send_block(out)
+                        else:
+                            outq += out
+                        continue
+                    if isinstance(frames, np.ndarray):
+                        frames = _rows_as_bytes(frames)
                     if not fast:
                         for frame in frames:
                             self._ingress(port, frame)
@@ -544,6 +561,25 @@ class DataPlane:
                 order.pop(eport, None)
                 order[eport] = None
         outq.clear()
+
+    def _send_block(self, block: FrameBlock) -> None:
+        """Queue a batch's output block: each egress port's rows into its transmit ring with one copy."""
+        order, port_stats = self._flush_order, self.stats.ports
+        for eport, rows in block.by_port().items():
+            ring = self._rings.get(eport)
+            if ring is None:
+                for row in rows:
+                    self._unsendable(eport, row.tobytes())
+                continue
+            try:
+                ring.send_rows(rows)
+                port_stats[eport].tx += len(rows)
+            except OSError as e:
+                port_stats[eport].tx_errors += len(rows)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("transmit on port %d failed: %s", eport, e)
+            order.pop(eport, None)
+            order[eport] = None
 
     def _flush_rings(self) -> None:
         """One send() per transmit ring with queued frames; frames a failed flush drops are send errors.

@@ -3,9 +3,10 @@
 One I/O thread polls every port socket (epoll). Two ways to move frames (``IoMode``, ``ina-switch --io``):
 
 - ``rings`` (on request, where the kernel allows it): each socket has PACKET_MMAP rings
-  (softswitch/ring_io.py). Per readable port, every receive block handed over so far is one batch for
-  ``pipeline.process_batch(port, frames)``; the frames it returns are copied into the egress ports'
-  transmit rings, and each ring is flushed with one send() when the wake-up's batches are done.
+  (softswitch/ring_io.py). Per readable port, every frame ready in its receive ring is one batch (one
+  numpy array when the frames share a length) for ``pipeline.process_batch(port, frames, as_block=True)``;
+  a ``FrameBlock`` it returns goes into the egress ports' transmit rings with one copy per port, other
+  outputs frame by frame, and each ring is flushed with one send() when the wake-up's batches are done.
 - ``frames`` (the default): per readable socket, up to ``BATCH`` frames are read with one recv() each, each runs
   through ``pipeline.process(port, frame)`` and every frame it returns (multicast replicas included) is
   sent with one send() on the egress port's socket. Used where rings cannot be set up (logged once). The CPU port is bridged to the P4Runtime server: frames the
@@ -232,7 +233,7 @@ class DataPlane:
             log.warning("Packet I/O: one recv()/send() per frame: packet rings unavailable (%s)", e.strerror or e)
             return
         self.io = IoMode.RINGS
-        log.info("Packet I/O: PACKET_MMAP rings (TPACKET_V3), %d KiB per port, batches through the pipeline",
+        log.info("Packet I/O: PACKET_MMAP rings (TPACKET_V2), %d KiB per port, batches through the pipeline",
                  next(iter(self._rings.values())).mapped_bytes >> 10)
 
     def start(self) -> None:
@@ -292,8 +293,18 @@ class DataPlane:
 
     # --- the I/O loop -----------------------------------------------------------------------------
     def _run(self) -> None:
+        profile = os.environ.get("INA_SWITCH_PROFILE")  # a diagnosis aid: cProfile of the I/O thread
         try:
-            self._loop()
+            if profile:
+                import cProfile
+
+                profiler = cProfile.Profile()
+                try:
+                    profiler.runcall(self._loop)
+                finally:
+                    profiler.dump_stats(f"{profile}.{self.io.value}.{os.getpid()}")
+            else:
+                self._loop()
         except Exception:  # never die silently: the process keeps serving gRPC, so say why packets stopped
             log.exception("data plane stopped by an unexpected error")
 

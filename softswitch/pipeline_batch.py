@@ -313,8 +313,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
         if as_block and len(blocks) <= 1:
             if not blocks:
                 return FrameBlock(np.zeros(0, np.int64), np.zeros((0, _LEN), np.uint8))
-            (mine, ports, out), = blocks.values()
-            period = len(ports) if len(set(ports.tolist())) == len(ports) else 0
+            (mine, ports, out, period), = blocks.values()
             return FrameBlock(np.tile(ports, len(mine)), out, period)
         replicas = _replica_lists(blocks)
         return [out for i in done.tolist() for out in replicas[i]]
@@ -351,23 +350,55 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
     return out
 
 
+class _GroupReplicas:
+    """A job's multicast group as arrays: its ports, and per replica the bytes set_worker_addr writes and their
+    share of the IPv4 checksum (the destination address's words). Kept while the group and ina_worker stand."""
+
+    COLUMNS = np.r_[0:6, _O_IP + 16 : _O_IP + 20, _O_UDP + 2 : _O_UDP + 4, _OFF["worker_id"]]
+
+    def __init__(self, members: tuple[tuple[int, int], ...], workers: dict, addrs: list[tuple]) -> None:
+        self.members, self.workers = members, workers
+        ports = [p for p, _ in members]
+        self.ports = np.array(ports, np.int64)
+        self.period = len(ports) if len(set(ports)) == len(ports) else 0
+        self.values = np.array([list(mac + ip + udp + bytes((rid & 0xFF,)))
+                                for (_, rid), (mac, ip, udp, *_rest) in zip(members, addrs)], np.uint8)
+        self.ip_sum = np.array([(ip[0] << 8 | ip[1]) + (ip[2] << 8 | ip[3]) for _, ip, *_rest in addrs], np.int64)
+
+
+def _group_replicas(pipeline: InaPipeline, job: int, group: int) -> _GroupReplicas | None:
+    """The job's group as ``_GroupReplicas`` if every replica is a set_worker_addr worker on a data port."""
+    members = pipeline.multicast_groups.get(group, ()) if group else ()
+    cache = pipeline.__dict__.setdefault("_batch_groups", {})
+    cached = cache.get(job)
+    if cached is not None and cached.members is members and cached.workers is pipeline._worker_bytes:
+        return cached
+    addrs = [pipeline._worker_bytes.get((job, rid)) for _, rid in members]
+    if not members or any(not a for a in addrs) or any(p in (DROP_PORT, wire.CPU_PORT) for p, _ in members):
+        cache.pop(job, None)
+        return None
+    cache[job] = cached = _GroupReplicas(members, pipeline._worker_bytes, addrs)
+    return cached
+
+
 def _replica_blocks(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, done: np.ndarray, jc: np.ndarray,
-                       total: np.ndarray, overflow: np.ndarray, jobs: _JobArrays) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+                    total: np.ndarray, overflow: np.ndarray, jobs: _JobArrays
+                    ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
     """The replicas of every completed slot whose job's group has only set_worker_addr workers on data ports
     (the common case), built at once: the steps of ``InaPipeline._replicate`` on a (results x replicas)
     array: per job, (its completed indices into ``done``'s values, the replicas' ports, the (k * r, length) frames,
-    result after result). Completed slots of any other job are left out (the caller builds those one at a time)."""
-    built: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    result after result, the ports' period). Completed slots of any other job are left out (the caller builds
+    those one at a time)."""
+    built: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]] = {}
     raw = rec.view(np.uint8).reshape(len(rec), _LEN)
-    for job in np.unique(jc[done]).tolist():
-        group = int(jobs.mcast_grp[job])
-        members = pipeline.multicast_groups.get(group, ()) if group else ()
-        addrs = [pipeline._worker_bytes.get((job, rid)) for _, rid in members]
-        if not members or any(not a for a in addrs) or any(p in (DROP_PORT, wire.CPU_PORT) for p, _ in members):
+    jobs_done = jc[done]
+    for job in ([int(jobs_done[0])] if (jobs_done == jobs_done[0]).all() else np.unique(jobs_done).tolist()):
+        g = _group_replicas(pipeline, job, int(jobs.mcast_grp[job]))
+        if g is None:
             continue
-        mine = done[jc[done] == job]
-        k, r = len(mine), len(members)
-        res = raw[cand[mine]].copy()
+        mine = done if len(built) == 0 and (jobs_done == job).all() else done[jobs_done == job]
+        k, r = len(mine), len(g.ports)
+        res = raw[cand[mine]]  # a copy
         res[:, _O_DATA:_LEN] = total[mine].astype(wire.LANES_DTYPE).view(np.uint8).reshape(k, wire.INA_DATA_LEN)
         res[:, _O_INA] = int(wire.MsgType.RESULT)
         res[:, _OFF["flags"]] = np.where(overflow[mine] != 0, int(wire.Flags.OVERFLOW), 0)
@@ -375,28 +406,25 @@ def _replica_blocks(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, do
         res[:, _O_IP + 12 : _O_IP + 16] = res[:, _O_IP + 16 : _O_IP + 20]
         res[:, _O_UDP : _O_UDP + 2] = _INA_PORT_BYTES
         res[:, _O_UDP + 6 : _O_UDP + 8] = 0  # UDP checksum 0: the payload changed
+        res[:, _O_IP + 10 : _O_IP + 12] = 0  # MyComputeChecksum: over the header with the field 0
+        # the IPv4 header's words but the destination address (per result) plus that address's (per replica);
+        # never 0 (IHL 5), so the checksum is (0xFFFF - sum % 0xFFFF) % 0xFFFF
+        base = ((res[:, _O_IP : _O_IP + 16 : 2].astype(np.int64) << 8) | res[:, _O_IP + 1 : _O_IP + 16 : 2]).sum(axis=1)
+        checksum = (0xFFFF - (base[:, None] + g.ip_sum) % 0xFFFF) % 0xFFFF
         out = np.repeat(res, r, axis=0)  # MyEgress.set_worker_addr on each replica
-        out[:, 0:6] = np.tile(np.frombuffer(b"".join(a[0] for a in addrs), np.uint8).reshape(r, 6), (k, 1))
-        out[:, _O_IP + 16 : _O_IP + 20] = np.tile(np.frombuffer(b"".join(a[1] for a in addrs), np.uint8).reshape(r, 4), (k, 1))
-        out[:, _O_UDP + 2 : _O_UDP + 4] = np.tile(np.frombuffer(b"".join(a[2] for a in addrs), np.uint8).reshape(r, 2), (k, 1))
-        out[:, _OFF["worker_id"]] = np.tile(np.array([rid & 0xFF for _, rid in members], np.uint8), k)
-        out[:, _O_IP + 10 : _O_IP + 12] = 0  # MyComputeChecksum
-        words = (out[:, _O_IP:_O_UDP:2].astype(np.int64) << 8) | out[:, _O_IP + 1 : _O_UDP : 2]
-        sums = words.sum(axis=1)
-        folded = sums % 0xFFFF
-        folded[(folded == 0) & (sums != 0)] = 0xFFFF
-        checksum = 0xFFFF - folded
-        out[:, _O_IP + 10] = checksum >> 8
-        out[:, _O_IP + 11] = checksum & 0xFF
+        replicas = out.reshape(k, r, _LEN)
+        replicas[:, :, _GroupReplicas.COLUMNS] = g.values
+        replicas[:, :, _O_IP + 10] = checksum >> 8
+        replicas[:, :, _O_IP + 11] = checksum & 0xFF
         pipeline.counters["MyEgress.ina_results"][job] += k * r
-        built[job] = (mine, np.array([p for p, _ in members], np.int64), out)
+        built[job] = (mine, g.ports, out, g.period)
     return built
 
 
-def _replica_lists(blocks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[int, list[tuple[int, bytes]]]:
+def _replica_lists(blocks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]]) -> dict[int, list[tuple[int, bytes]]]:
     """``_replica_blocks`` as [(port, frame)] per completed index."""
     built: dict[int, list[tuple[int, bytes]]] = {}
-    for mine, ports, out in blocks.values():
+    for mine, ports, out, _ in blocks.values():
         r = len(ports)
         emitted = list(zip(ports.tolist() * len(mine), rows_as_bytes(out)))
         for n, i in enumerate(mine.tolist()):

@@ -61,6 +61,14 @@ _FIXED_VALUE = np.array([v for _, _, v in _FIXED], np.uint8)
 # What ina_binding's bind_member checks, in the frame: source MAC, source IPv4 address, UDP source port.
 _BOUND_COLUMNS = np.r_[6:12, _O_IP + 12 : _O_IP + 16, _O_UDP : _O_UDP + 2]
 
+# Bytes before the lanes that one sender's gradients share (all but the IPv4 identification and checksum, the
+# UDP checksum, and the INA flags, slot, seq and shadow fields): equal on every frame of a batch, the checks
+# that read only them (everything but the checksum and the slot) are made once.
+_PER_FRAME = {*range(_O_IP + 4, _O_IP + 6), *range(_O_IP + 10, _O_IP + 12), *range(_O_UDP + 6, _O_UDP + 8)} | {
+    _OFF[name] + i for name, size in wire.INA_HEADER_BYTES if name in ("flags", "slot", "seq", "reserved_shadow")
+    for i in range(size)}
+_IDENTITY_COLUMNS = np.array([c for c in range(_O_DATA) if c not in _PER_FRAME])
+
 
 @dataclass(frozen=True)
 class FrameBlock:
@@ -228,20 +236,33 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
     words = rec["ipv4_words"]
     checksum = words[:, 5]
     rest = words.sum(axis=1, dtype=np.int64) - checksum
-    job_id = rec["job_id"].astype(np.int64)
     jobs = _job_arrays(pipeline)
-    j = np.minimum(job_id, wire.MAX_JOBS - 1)
-    worker_id = rec["worker_id"].astype(np.int64)
     slot = rec["slot"].astype(np.int64)
-    slot_abs = jobs.base_slot[j] + slot
-    # --- MyIngress.apply steps 2-4: a valid gradient of a known job, bound worker and slot
-    ok = (((raw[:, _FIXED_COLUMNS] & _FIXED_MASK) == _FIXED_VALUE).all(axis=1)
-          & (checksum == (0xFFFF - rest % 0xFFFF) % 0xFFFF)
-          & (job_id < wire.MAX_JOBS) & jobs.known[j] & (rec["generation"] == jobs.generation[j])
-          & ((jobs.worker_mask[j] >> np.minimum(worker_id, 63)) & 1 == 1)
-          & (jobs.bound_port[j, worker_id] == ingress_port)
-          & (jobs.bound_bytes[j, worker_id] == raw[:, _BOUND_COLUMNS]).all(axis=1)
-          & (slot < jobs.num_slots[j]) & (slot_abs < wire.NUM_SLOTS))
+    checksum_ok = checksum == (0xFFFF - rest % 0xFFFF) % 0xFFFF
+    if (raw[:, _IDENTITY_COLUMNS] == raw[0, _IDENTITY_COLUMNS]).all():
+        # one sender's frames (one worker's window): the checks of its identity on the first frame only
+        first = raw[0]
+        job, worker = int(rec["job_id"][0]), int(rec["worker_id"][0])
+        job_id, worker_id = np.full(len(rec), job, np.int64), np.full(len(rec), worker, np.int64)
+        if not (((first[_FIXED_COLUMNS] & _FIXED_MASK) == _FIXED_VALUE).all() and job < wire.MAX_JOBS
+                and jobs.known[job] and int(rec["generation"][0]) == jobs.generation[job]
+                and (int(jobs.worker_mask[job]) >> min(worker, 63)) & 1 and jobs.bound_port[job, worker] == ingress_port
+                and (jobs.bound_bytes[job, worker] == first[_BOUND_COLUMNS]).all()):
+            return _one_by_one(pipeline, ingress_port, _listed(frames))
+        slot_abs = int(jobs.base_slot[job]) + slot
+        ok = checksum_ok & (slot < jobs.num_slots[job]) & (slot_abs < wire.NUM_SLOTS)
+    else:
+        job_id = rec["job_id"].astype(np.int64)
+        j = np.minimum(job_id, wire.MAX_JOBS - 1)
+        worker_id = rec["worker_id"].astype(np.int64)
+        slot_abs = jobs.base_slot[j] + slot
+        # --- MyIngress.apply steps 2-4: a valid gradient of a known job, bound worker and slot
+        ok = (((raw[:, _FIXED_COLUMNS] & _FIXED_MASK) == _FIXED_VALUE).all(axis=1) & checksum_ok
+              & (job_id < wire.MAX_JOBS) & jobs.known[j] & (rec["generation"] == jobs.generation[j])
+              & ((jobs.worker_mask[j] >> np.minimum(worker_id, 63)) & 1 == 1)
+              & (jobs.bound_port[j, worker_id] == ingress_port)
+              & (jobs.bound_bytes[j, worker_id] == raw[:, _BOUND_COLUMNS]).all(axis=1)
+              & (slot < jobs.num_slots[j]) & (slot_abs < wire.NUM_SLOTS))
     # ... into a slot no other such gradient of the batch touches
     cand = np.flatnonzero(ok)
     if len(cand):

@@ -3,9 +3,10 @@
 One I/O thread polls every port socket (epoll). Two ways to move frames (``IoMode``, ``ina-switch --io``):
 
 - ``rings`` (on request, where the kernel allows it): each socket has PACKET_MMAP rings
-  (softswitch/ring_io.py). Per readable port, every receive block handed over so far is one batch for
-  ``pipeline.process_batch(port, frames)``; the frames it returns are copied into the egress ports'
-  transmit rings, and each ring is flushed with one send() when the wake-up's batches are done.
+  (softswitch/ring_io.py). Per readable port, every frame ready in its receive ring is one batch (one
+  numpy array when the frames share a length) for ``pipeline.process_batch(port, frames, as_block=True)``;
+  a ``FrameBlock`` it returns goes into the egress ports' transmit rings with one copy per port, other
+  outputs frame by frame, and each ring is flushed with one send() when the wake-up's batches are done.
 - ``frames`` (the default): per readable socket, up to ``BATCH`` frames are read with one recv() each, each runs
   through ``pipeline.process(port, frame)`` and every frame it returns (multicast replicas included) is
   sent with one send() on the egress port's socket. Used where rings cannot be set up (logged once). The CPU port is bridged to the P4Runtime server: frames the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import inspect
 import logging
 import os
 import select
@@ -30,10 +32,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from softswitch.faults import FaultConfig, FaultInjector
 from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay
 from softswitch.errors import SoftSwitchError
 from softswitch.pcap import PcapWriter
+from softswitch.pipeline_batch import FrameBlock, rows_as_bytes as _rows_as_bytes
 from softswitch.ring_io import PacketRing, RingUnavailable
 
 ETH_P_ALL = 0x0003
@@ -228,7 +233,7 @@ class DataPlane:
             log.warning("Packet I/O: one recv()/send() per frame: packet rings unavailable (%s)", e.strerror or e)
             return
         self.io = IoMode.RINGS
-        log.info("Packet I/O: PACKET_MMAP rings (TPACKET_V3), %d KiB per port, batches through the pipeline",
+        log.info("Packet I/O: PACKET_MMAP rings (TPACKET_V2), %d KiB per port, batches through the pipeline",
                  next(iter(self._rings.values())).mapped_bytes >> 10)
 
     def start(self) -> None:
@@ -288,8 +293,18 @@ class DataPlane:
 
     # --- the I/O loop -----------------------------------------------------------------------------
     def _run(self) -> None:
+        profile = os.environ.get("INA_SWITCH_PROFILE")  # a diagnosis aid: cProfile of the I/O thread
         try:
-            self._loop()
+            if profile:
+                import cProfile
+
+                profiler = cProfile.Profile()
+                try:
+                    profiler.runcall(self._loop)
+                finally:
+                    profiler.dump_stats(f"{profile}.{self.io.value}.{os.getpid()}")
+            else:
+                self._loop()
         except Exception:  # never die silently: the process keeps serving gRPC, so say why packets stopped
             log.exception("data plane stopped by an unexpected error")
 
@@ -389,13 +404,15 @@ class DataPlane:
         rings = {}
         for port, sock in self._sockets.items():
             ep.register(sock.fileno(), select.EPOLLIN)
-            rings[sock.fileno()] = (port, self._rings[port].receive)
+            rings[sock.fileno()] = (port, self._rings[port].receive_batch)
         ep.register(self._wake, select.EPOLLIN)
         wake_fd = self._wake
         timer_fd = self._open_timer(ep)
         sends = {port: ring.send for port, ring in self._rings.items()}
         self._sends = sends
         process_batch = getattr(self.pipeline, "process_batch", None)
+        # a batch entry point that can hand back its outputs as a FrameBlock (InaPipeline's can)
+        block_out = process_batch is not None and "as_block" in inspect.signature(process_batch).parameters
         if process_batch is None:  # a pipeline without a batch entry point: one frame at a time
             process = self.pipeline.process
             process_batch = lambda port, frames: [out for f in frames for out in process(port, f)]  # noqa: E731
@@ -434,7 +451,7 @@ class DataPlane:
                         continue
                     port, receive = rings[fd]
                     frames = receive(ring_batch)
-                    if not frames:
+                    if not len(frames):
                         continue
                     port_stats[port].rx += len(frames)
                     self.stats.batches += 1
@@ -443,6 +460,17 @@ class DataPlane:
                         if not live:
                             self.stats.not_live += len(frames)
                             continue
+                    if fast and delay is None and block_out:
+                        out = process_batch(port, frames, as_block=True)
+                        if isinstance(out, FrameBlock):
+                            if out.ports.size:
+                                self._send_all(outq)  # what earlier batches emitted leaves first
+                                self._send_block(out)
+                        else:
+                            outq += out
+                        continue
+                    if isinstance(frames, np.ndarray):
+                        frames = _rows_as_bytes(frames)
                     if not fast:
                         for frame in frames:
                             self._ingress(port, frame)
@@ -544,6 +572,25 @@ class DataPlane:
                 order.pop(eport, None)
                 order[eport] = None
         outq.clear()
+
+    def _send_block(self, block: FrameBlock) -> None:
+        """Queue a batch's output block: each egress port's rows into its transmit ring with one copy."""
+        order, port_stats = self._flush_order, self.stats.ports
+        for eport, rows in block.by_port().items():
+            ring = self._rings.get(eport)
+            if ring is None:
+                for row in rows:
+                    self._unsendable(eport, row.tobytes())
+                continue
+            try:
+                ring.send_rows(rows)
+                port_stats[eport].tx += len(rows)
+            except OSError as e:
+                port_stats[eport].tx_errors += len(rows)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("transmit on port %d failed: %s", eport, e)
+            order.pop(eport, None)
+            order[eport] = None
 
     def _flush_rings(self) -> None:
         """One send() per transmit ring with queued frames; frames a failed flush drops are send errors.

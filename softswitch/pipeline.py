@@ -18,6 +18,7 @@ BMv2 behaviours modelled on purpose: a parser error does not drop by itself (ing
 """
 from __future__ import annotations
 
+import array
 import struct
 import threading
 from typing import Callable
@@ -104,11 +105,10 @@ class InaPipeline:
 
     # --- registers: data-plane state only; BMv2 cannot read or write them over P4Runtime -------------
     def reset_registers(self) -> None:
-        self.ina_owner = [0] * wire.NUM_SLOTS
-        self.ina_bitmap = [0] * NUM_CELLS
-        self.ina_count = [0] * NUM_CELLS
-        self.ina_overflow = [0] * NUM_CELLS
-        self.ina_seq = [0] * NUM_CELLS
+        # Machine-word arrays (indexed like lists by the per-frame path; numpy views of them serve batches).
+        self.ina_owner = array.array("Q", bytes(8 * wire.NUM_SLOTS))
+        self.ina_bitmap, self.ina_count, self.ina_overflow, self.ina_seq = (
+            array.array("q", bytes(8 * NUM_CELLS)) for _ in range(4))
         self.ina_final = [0] * NUM_CELLS
         # Lanes in wire order (big-endian int32), cell after cell; ina_lanes is a (NUM_CELLS, LANES) view of it.
         self._lanes_buf = bytearray(NUM_CELLS * _CELL_BYTES)
@@ -211,10 +211,11 @@ class InaPipeline:
         with self.lock:
             return self._process(ingress_port, frame)
 
-    def process_batch(self, ingress_port: int, frames: list[bytes]) -> list[tuple[int, bytes]]:
+    def process_batch(self, ingress_port: int, frames: list[bytes] | np.ndarray, *, as_block: bool = False
+                      ) -> list[tuple[int, bytes]] | pipeline_batch.FrameBlock:
         """``process`` for each frame in turn, outputs concatenated; numpy across the batch (softswitch/pipeline_batch.py)."""
         with self.lock:
-            return pipeline_batch.process_batch(self, ingress_port, frames)
+            return pipeline_batch.process_batch(self, ingress_port, frames, as_block=as_block)
 
     def _process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
         n = len(frame)

@@ -1,16 +1,22 @@
-"""Linux PACKET_MMAP rings on one AF_PACKET socket: a TPACKET_V3 receive ring of blocks and a transmit ring.
+"""Linux PACKET_MMAP rings on one AF_PACKET socket: a TPACKET_V2 receive ring and transmit ring of frame slots.
 
-Receive (Documentation/networking/packet_mmap.rst, "TPACKET_V3"): the kernel fills a block with frames and
-hands it over (``block_status`` TP_STATUS_USER) when it is full or when the retire timer fires
-(``RETIRE_MS``, rounded up to a jiffy); user space reads every frame of it (``tpacket3_hdr`` chained by
-``tp_next_offset``) and gives it back (TP_STATUS_KERNEL). No syscall per frame, and one poll() wake-up
-brings every block filled meanwhile.
+Both rings are arrays of fixed-size frame slots (``FRAME_SIZE`` bytes, a ``tpacket2_hdr`` at the start of
+each; Documentation/networking/packet_mmap.rst), mapped once and seen from Python as 2-D numpy arrays: slot
+``i`` is row ``i``. That is what makes a batch cheap: the receive side reads the status words of the next
+slots in one numpy operation, checks that the ready frames share one length and one data offset (INA
+traffic does) and copies all of them out with one strided copy; the transmit side writes a block of
+equal-length frames into consecutive slots with one copy and marks them with one store, then one
+``send()`` hands every marked slot to the kernel. Frames of other shapes take a per-frame loop.
 
-Transmit (same socket, so same TPACKET_V3 header): fixed-size frame slots; a frame is copied into the
-next AVAILABLE slot and marked TP_STATUS_SEND_REQUEST, and one ``send()`` per port per batch hands every
-marked slot to the kernel, which sets it AVAILABLE again once the frame has left (after the interface's
-qdisc: shaped links keep their shaping). The flush does not wait (MSG_DONTWAIT); only a full ring, or a
-socket buffer that is full, waits for the kernel, as a blocking send() would for one frame.
+Why TPACKET_V2 and not V3's variable-size blocks: V3 wakes the reader only when a block is full or retired
+by its timer (a jiffy at least, 4 ms at HZ=250), so at low rates every frame waits up to that long; V2 marks
+and signals each frame as it lands, so a lone frame is seen at once and under load the reader still finds
+everything that arrived meanwhile. Fixed slots also make the batch a strided view (no header chain to
+walk).
+
+Transmit: the kernel sets a slot AVAILABLE again once its frame has left through the interface's qdisc
+(shaped links keep their shaping). A flush does not wait (MSG_DONTWAIT); only a full ring or a full socket
+buffer waits for the kernel, as a blocking send() would for one frame.
 
 Anything the kernel refuses while setting up raises ``RingUnavailable`` with the reason, so the caller
 can fall back to one recv()/send() per frame.
@@ -22,108 +28,163 @@ import mmap
 import socket
 import struct
 
+import numpy as np
+
 SOL_PACKET = 263
 PACKET_RX_RING = 5
 PACKET_VERSION = 10
 PACKET_TX_RING = 13
 PACKET_LOSS = 14  # a malformed transmit slot is skipped instead of stopping the flush
-TPACKET_V3 = 2
+TPACKET_V2 = 1
 
 TP_STATUS_KERNEL = 0
 TP_STATUS_USER = 1
 TP_STATUS_AVAILABLE = 0
 TP_STATUS_SEND_REQUEST = 1
+TP_STATUS_SENDING = 2
 TP_STATUS_WRONG_FORMAT = 4
 
-RX_BLOCK_SIZE = 1 << 14  # 16 KiB: about 60 INA frames; a block is handed over when full or retired
-RX_BLOCKS = 64
-RETIRE_MS = 1  # a partly filled block waits at most this long (one jiffy at least: 4 ms at HZ=250)
-TX_FRAME_SIZE = 1 << 11  # one slot per frame: frames up to TX_FRAME_SIZE - TX_DATA_OFFSET bytes
+FRAME_SIZE = 1 << 11  # one slot per frame, both rings
+BLOCK_SIZE = 1 << 16  # the kernel allocates the rings in blocks of this size (32 slots each)
+RX_FRAMES = 4096  # 8 MiB: what arrives while the switch works on a batch
 TX_FRAMES = 1024
-TX_BLOCK_SIZE = 1 << 16
-
-# struct tpacket_req3: block_size, block_nr, frame_size, frame_nr, retire_blk_tov, sizeof_priv, feature_req_word
-_REQ3 = struct.Struct("=7I")
-# struct tpacket_block_desc: version, offset_to_priv, then tpacket_hdr_v1: block_status, num_pkts, offset_to_first_pkt
-_BLOCK_STATUS = struct.Struct("=I")
-_BLOCK_STATUS_OFFSET = 8
-_BLOCK_HEAD = struct.Struct("=8xIII")  # block_status, num_pkts, offset_to_first_pkt
-# struct tpacket3_hdr: tp_next_offset, tp_sec, tp_nsec, tp_snaplen, tp_len, tp_status, tp_mac, tp_net, ...
-_FRAME_HEAD = struct.Struct("=I8xII4xH")  # tp_next_offset, tp_snaplen, tp_len, tp_mac
-_TX_LEN_STATUS = struct.Struct("=III")  # tp_snaplen, tp_len, tp_status, at offset 12
-_TX_STATUS_OFFSET = 20
-TPACKET3_HDR_SIZE = 48
-TX_DATA_OFFSET = TPACKET3_HDR_SIZE  # TPACKET3_HDRLEN - sizeof(struct sockaddr_ll), without PACKET_TX_HAS_OFF
+# struct tpacket2_hdr: tp_status, tp_len, tp_snaplen (u32), tp_mac, tp_net (u16), tp_sec, tp_nsec, vlan, padding
+HDR_WORDS = 8  # 32 bytes as u32 words: [0] status, [1] len, [2] snaplen, [3] mac | net << 16
+TX_DATA_OFFSET = 32  # TPACKET2_HDRLEN - sizeof(struct sockaddr_ll), without PACKET_TX_HAS_OFF
+_REQ = struct.Struct("=4I")  # struct tpacket_req: block_size, block_nr, frame_size, frame_nr
+_W_STATUS, _W_LEN, _W_SNAPLEN, _W_MAC = 0, 1, 2, 3
+_RX_HEAD = struct.Struct("=IIIH")  # tp_status, tp_len, tp_snaplen, tp_mac
+_U32 = struct.Struct("=I")
+_TX_LEN = struct.Struct("=II")  # tp_len, tp_snaplen
+SMALL_BATCH = 8  # fewer ready frames than this are read with struct, one at a time (numpy's fixed cost is larger)
 
 
 class RingUnavailable(OSError):
     """The kernel (or its configuration) does not give this socket PACKET_MMAP rings."""
 
 
+def _slots(start: int, count: int, total: int) -> list[slice]:
+    """Consecutive ring slots from ``start`` as at most two slices (the ring wraps)."""
+    end = start + count
+    if end <= total:
+        return [slice(start, end)]
+    return [slice(start, total), slice(0, end - total)]
+
+
 class PacketRing:
     """The receive and transmit rings of one bound AF_PACKET socket (which stays owned by the caller).
 
-    ``receive(limit)`` returns the frames of every block handed over so far (at least one block, at most
-    about ``limit`` frames) and gives those blocks back; ``send(frame)`` queues a frame; ``flush()`` hands
-    the queued frames to the kernel with one syscall.
+    ``receive_batch(limit)`` returns the frames ready so far (at most ``limit``) as one 2-D uint8 array when
+    they all have one length (the common case), else as a list of bytes, and gives their slots back;
+    ``send(frame)`` and ``send_rows(rows)`` queue frames; ``flush()`` hands them to the kernel in one syscall.
     """
 
-    def __init__(self, sock: socket.socket, *, rx_block_size: int = RX_BLOCK_SIZE, rx_blocks: int = RX_BLOCKS,
-                 tx_frames: int = TX_FRAMES, retire_ms: int = RETIRE_MS) -> None:
+    def __init__(self, sock: socket.socket, *, rx_frames: int = RX_FRAMES, tx_frames: int = TX_FRAMES) -> None:
         self.sock = sock
-        self.truncated = 0  # frames longer than a receive block could hold (dropped)
+        self.truncated = 0  # frames longer than a slot could hold (dropped)
         self.tx_dropped = 0  # frames the kernel would not take on a flush (interface down, ...)
-        self._rx_block_size, self._rx_blocks = rx_block_size, rx_blocks
-        tx_per_block = TX_BLOCK_SIZE // TX_FRAME_SIZE
-        tx_blocks = max(1, -(-tx_frames // tx_per_block))
-        self._tx_frames = tx_blocks * tx_per_block
+        per_block = BLOCK_SIZE // FRAME_SIZE
+        rx_blocks, tx_blocks = max(1, -(-rx_frames // per_block)), max(1, -(-tx_frames // per_block))
+        self._rx_frames, self._tx_frames = rx_blocks * per_block, tx_blocks * per_block
         try:
-            sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
+            sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V2)
             sock.setsockopt(SOL_PACKET, PACKET_LOSS, 1)
-            rx_frame = 1 << 11
-            sock.setsockopt(SOL_PACKET, PACKET_RX_RING, _REQ3.pack(
-                rx_block_size, rx_blocks, rx_frame, rx_blocks * (rx_block_size // rx_frame), retire_ms, 0, 0))
-            sock.setsockopt(SOL_PACKET, PACKET_TX_RING, _REQ3.pack(
-                TX_BLOCK_SIZE, tx_blocks, TX_FRAME_SIZE, self._tx_frames, 0, 0, 0))
-            self._rx_size = rx_block_size * rx_blocks
-            self._mm = mmap.mmap(sock.fileno(), self._rx_size + tx_blocks * TX_BLOCK_SIZE, mmap.MAP_SHARED,
+            sock.setsockopt(SOL_PACKET, PACKET_RX_RING, _REQ.pack(BLOCK_SIZE, rx_blocks, FRAME_SIZE, self._rx_frames))
+            sock.setsockopt(SOL_PACKET, PACKET_TX_RING, _REQ.pack(BLOCK_SIZE, tx_blocks, FRAME_SIZE, self._tx_frames))
+            self._mm = mmap.mmap(sock.fileno(), (self._rx_frames + self._tx_frames) * FRAME_SIZE, mmap.MAP_SHARED,
                                  mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as e:
             raise RingUnavailable(e.errno, f"PACKET_MMAP rings refused: {e.strerror or e}") from None
-        self._rx_next = 0  # the next block to read
+        whole = np.frombuffer(self._mm, np.uint8).reshape(-1, FRAME_SIZE)
+        self._rx, self._tx = whole[: self._rx_frames], whole[self._rx_frames :]
+        words = whole.view(np.uint32)
+        self._rx_words, self._tx_words = words[: self._rx_frames], words[self._rx_frames :]
+        self._rx_next = 0  # the next receive slot
         self._tx_next = 0  # the next transmit slot
         self._queued = 0  # slots marked SEND_REQUEST since the last flush
-        self._tx_max = TX_FRAME_SIZE - TX_DATA_OFFSET
+        self._tx_max = FRAME_SIZE - TX_DATA_OFFSET
 
     @property
     def mapped_bytes(self) -> int:
         return len(self._mm)
 
     # --- receive -------------------------------------------------------------------------------------------
-    def receive(self, limit: int = 1024) -> list[bytes]:
-        """Every frame of the blocks the kernel has handed over (in order), up to about ``limit`` frames."""
-        mm, frames = self._mm, []
-        unpack_block, unpack_frame = _BLOCK_HEAD.unpack_from, _FRAME_HEAD.unpack_from
-        size, nblocks = self._rx_block_size, self._rx_blocks
-        append = frames.append
-        while len(frames) < limit:
-            base = self._rx_next * size
-            status, count, off = unpack_block(mm, base)
+    def receive_batch(self, limit: int = 1024) -> np.ndarray | list[bytes]:
+        """The frames handed over so far, in order, at most ``limit``: an (n, length) uint8 array (a copy)
+        when they share one length and data offset, else a list of bytes. Their slots go back to the kernel."""
+        start, total = self._rx_next, self._rx_frames
+        count = min(limit, total)
+        # A few frames (low rates: latency matters) one at a time with struct, no numpy's fixed cost.
+        mm, head, few = self._mm, _RX_HEAD.unpack_from, []
+        for k in range(min(SMALL_BATCH, count)):
+            off = ((start + k) % total) * FRAME_SIZE
+            status, length, snaplen, mac = head(mm, off)
             if not status & TP_STATUS_USER:
                 break
-            off += base
-            for _ in range(count):
-                next_off, snaplen, length, mac = unpack_frame(mm, off)
+            few.append((off, length, snaplen, mac))
+        else:
+            few = None  # a busy ring: the whole ready run with numpy
+        if few is not None:
+            frames = []
+            for off, length, snaplen, mac in few:
                 if snaplen == length:
-                    append(mm[off + mac : off + mac + snaplen])
+                    frames.append(mm[off + mac : off + mac + length])
                 else:
                     self.truncated += 1
-                off += next_off
-            _BLOCK_STATUS.pack_into(mm, base + _BLOCK_STATUS_OFFSET, TP_STATUS_KERNEL)
-            self._rx_next = (self._rx_next + 1) % nblocks
+                _U32.pack_into(mm, off, TP_STATUS_KERNEL)
+            self._rx_next = (start + len(few)) % total
+            return frames
+        parts = _slots(start, count, total)
+        status = self._rx_words[parts[0], _W_STATUS] if len(parts) == 1 else np.concatenate(
+            [self._rx_words[p, _W_STATUS] for p in parts])
+        idle = np.flatnonzero(status & TP_STATUS_USER == 0)
+        n = int(idle[0]) if len(idle) else count
+        parts = _slots(start, n, total)
+        heads = [self._rx_words[p, _W_LEN:_W_MAC + 1] for p in parts]
+        length, snaplen, mac = (int(v) for v in heads[0][0])
+        mac &= 0xFFFF
+        if snaplen == length and all((h == heads[0][0]).all() for h in heads) and mac + length <= FRAME_SIZE:
+            rows = [self._rx[p, mac : mac + length] for p in parts]
+            frames: np.ndarray | list[bytes] = np.ascontiguousarray(rows[0]) if len(rows) == 1 else np.concatenate(rows)
+        else:
+            frames = self._receive_each(parts)
+        for p in parts:
+            self._rx_words[p, _W_STATUS] = TP_STATUS_KERNEL
+        self._rx_next = (start + n) % total
         return frames
 
+    def _receive_each(self, parts: list[slice]) -> list[bytes]:
+        """Frames of different lengths, one at a time (truncated ones are counted and dropped)."""
+        frames = []
+        for p in parts:
+            for i in range(p.start, p.stop):
+                length, snaplen, mac = (int(v) for v in self._rx_words[i, _W_LEN:_W_MAC + 1])
+                mac &= 0xFFFF
+                if snaplen == length:
+                    frames.append(self._rx[i, mac : mac + length].tobytes())
+                else:
+                    self.truncated += 1
+        return frames
+
+    def receive(self, limit: int = 1024) -> list[bytes]:
+        """``receive_batch`` as a list of bytes."""
+        frames = self.receive_batch(limit)
+        if isinstance(frames, list):
+            return frames
+        blob, size = frames.tobytes(), frames.shape[1]
+        return [blob[o : o + size] for o in range(0, len(blob), size)]
+
     # --- transmit ------------------------------------------------------------------------------------------
+    def _take_slots(self, count: int) -> list[slice] | None:
+        """The next ``count`` transmit slots if they are all free (after waiting once for a full ring)."""
+        parts = _slots(self._tx_next, count, self._tx_frames)
+        for attempt in (0, 1):
+            if all(not (self._tx_words[p, _W_STATUS] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING)).any() for p in parts):
+                return parts
+            if attempt == 0:
+                self._wait()  # the ring is full: every slot queued or still leaving
+        return None
+
     def send(self, frame: bytes) -> None:
         """Queue ``frame`` for the next flush (frames too big for a slot go out at once, after the queue)."""
         n = len(frame)
@@ -131,18 +192,39 @@ class PacketRing:
             self.flush()
             self.sock.send(frame)
             return
-        mm = self._mm
-        off = self._rx_size + self._tx_next * TX_FRAME_SIZE
-        status = _BLOCK_STATUS.unpack_from(mm, off + _TX_STATUS_OFFSET)[0]
-        if status != TP_STATUS_AVAILABLE and status != TP_STATUS_WRONG_FORMAT:
+        i = self._tx_next
+        mm, off = self._mm, (self._rx_frames + i) * FRAME_SIZE
+        if _U32.unpack_from(mm, off)[0] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
             self._wait()  # the ring is full: every slot queued or still leaving
-            status = _BLOCK_STATUS.unpack_from(mm, off + _TX_STATUS_OFFSET)[0]
-            if status != TP_STATUS_AVAILABLE and status != TP_STATUS_WRONG_FORMAT:
+            if _U32.unpack_from(mm, off)[0] & (TP_STATUS_SEND_REQUEST | TP_STATUS_SENDING):
                 raise OSError(errno.ENOBUFS, "transmit ring full")
         mm[off + TX_DATA_OFFSET : off + TX_DATA_OFFSET + n] = frame
-        _TX_LEN_STATUS.pack_into(mm, off + 12, n, n, TP_STATUS_SEND_REQUEST)
-        self._tx_next = (self._tx_next + 1) % self._tx_frames
+        _TX_LEN.pack_into(mm, off + 4, n, n)
+        _U32.pack_into(mm, off, TP_STATUS_SEND_REQUEST)  # after the data: the kernel reads on flush
+        self._tx_next = (i + 1) % self._tx_frames
         self._queued += 1
+
+    def send_rows(self, rows: np.ndarray) -> None:
+        """Queue every row of an (n, length) uint8 array, in order: one copy and one store per run of slots."""
+        n, length = rows.shape
+        if n == 0:
+            return
+        if length > self._tx_max or n > self._tx_frames:
+            for row in rows:
+                self.send(row.tobytes())
+            return
+        parts = self._take_slots(n)
+        if parts is None:
+            raise OSError(errno.ENOBUFS, "transmit ring full")
+        done = 0
+        for p in parts:
+            k = p.stop - p.start
+            self._tx[p, TX_DATA_OFFSET : TX_DATA_OFFSET + length] = rows[done : done + k]
+            self._tx_words[p, _W_LEN:_W_SNAPLEN + 1] = length
+            self._tx_words[p, _W_STATUS] = TP_STATUS_SEND_REQUEST  # after the data: the kernel reads on flush
+            done += k
+        self._tx_next = (self._tx_next + n) % self._tx_frames
+        self._queued += n
 
     def flush(self) -> None:
         """Hand every queued frame to the kernel (one send()); waits only if the socket buffer is full."""
@@ -168,16 +250,15 @@ class PacketRing:
 
     def _discard_queued(self) -> None:
         """After a failed flush (e.g. ENETDOWN), frames still queued are dropped, as a failed send() drops one."""
-        mm, base = self._mm, self._rx_size
-        for i in range(self._tx_frames):
-            off = base + i * TX_FRAME_SIZE + _TX_STATUS_OFFSET
-            if _BLOCK_STATUS.unpack_from(mm, off)[0] == TP_STATUS_SEND_REQUEST:
-                _BLOCK_STATUS.pack_into(mm, off, TP_STATUS_AVAILABLE)
-                self.tx_dropped += 1
+        status = self._tx_words[:, _W_STATUS]
+        queued = status == TP_STATUS_SEND_REQUEST
+        self.tx_dropped += int(queued.sum())
+        status[queued] = TP_STATUS_AVAILABLE
         self._queued = 0
 
     def close(self) -> None:
         """Unmap the rings (the socket is closed by its owner)."""
+        del self._rx, self._tx, self._rx_words, self._tx_words
         try:
             self._mm.close()
         except BufferError:  # a frame view still alive; the mapping goes with the process

@@ -76,6 +76,47 @@ def test_batch_equals_one_frame_at_a_time(batches, vector_min):
         assert _state(batch) == _state(one)
 
 
+def _as_rows(frames: list[bytes]) -> np.ndarray | list[bytes]:
+    """The frames as the packet rings hand them over: one (n, length) array when they share a length."""
+    if len({len(f) for f in frames}) != 1:
+        return frames
+    return np.frombuffer(b"".join(frames), np.uint8).reshape(len(frames), -1).copy()
+
+
+def _listed(out) -> list[tuple[int, bytes]]:
+    return out.as_list() if isinstance(out, pipeline_batch.FrameBlock) else out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batches=_BATCHES, vector_min=st.sampled_from([1, 4]))
+def test_array_batches_and_frame_blocks_equal_one_frame_at_a_time(batches, vector_min):
+    """The rings' form: frames as one array in, a FrameBlock out where possible; the same bytes and state."""
+    one, batch = _pipeline(), _pipeline()
+    for port, frames in batches:
+        expected = [out for f in frames for out in one.process(port, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, port, _as_rows(frames), vector_min=vector_min, as_block=True)
+        assert _listed(got) == expected
+        if isinstance(got, pipeline_batch.FrameBlock):
+            by_port = got.by_port()
+            assert {p: [r.tobytes() for r in rows] for p, rows in by_port.items()} == {
+                p: [f for q, f in expected if q == p] for p in {q for q, _ in expected}}
+        assert _state(batch) == _state(one)
+
+
+def test_distinct_slots_come_back_as_one_block():
+    """Four workers' rounds as arrays: the last one's results come back as a FrameBlock, port by port in order."""
+    rng = np.random.default_rng(1)
+    one, batch = _pipeline(), _pipeline()
+    for wid in range(4):
+        frames = _round(5, range(4), wid, rng)
+        expected = [out for f in frames for out in one.process(wid + 1, f)]
+        got = pipeline_batch.process_batch(batch, wid + 1, _as_rows(frames), vector_min=1, as_block=True)
+        assert _listed(got) == expected
+    assert isinstance(got, pipeline_batch.FrameBlock) and len(got) == 16
+    assert _state(batch) == _state(one)
+
+
 def _round(seq: int, slots: range, wid: int, rng: np.random.Generator) -> list[bytes]:
     return [_frame(wid, 1, s, seq, seq & 1, rng.integers(-(2**31), 2**31, wire.LANES).tolist()) for s in slots]
 

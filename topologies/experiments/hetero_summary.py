@@ -59,6 +59,9 @@ def train_row(results: Sequence[Mapping[str, Any]], *, global_batch: int, per_sa
         "step_ms_mean": total_wall / steps * 1e3,
         "t_comm_ms": statistics.median(t_comm) * 1e3,
         "compute_ms_median": [statistics.median(r["step_compute_s"][:steps]) * 1e3 for r in res],
+        # the wall time from a step's start to the worker's all-reduce call (its compute as the host saw it)
+        "compute_wall_ms_median": [statistics.median(w - c for w, c in zip(r["step_wall_s"][:steps], r["step_comm_s"][:steps])) * 1e3
+                                   for r in res],
         "wait_fraction": [sum(c[w] - t for c, t in zip(comm, t_comm)) / total_wall for w in range(len(res))],
         "samples_per_s": samples / seconds,
         "us_per_sample": seconds / samples * 1e6,

@@ -447,6 +447,7 @@ class AdaptiveAllocator:
     speeds: tuple[float, ...]  # smoothed samples/s, in allocation.workers order
     updates: int = 0
     observations: tuple[tuple[tuple[int, float], ...], ...] = ()  # affine: each worker's recent (batch, seconds)
+    fits: tuple[AffineCost, ...] = ()  # affine: each worker's cost fitted to ``observations``
 
     @classmethod
     def start(
@@ -498,7 +499,7 @@ class AdaptiveAllocator:
             if old and cfg.jump is not None:
                 # A real change of speed moves every step of the window the same way; other load slows
                 # single steps (one step twice as long in a window of two is not a change of speed).
-                before = fit_affine(*zip(*old))
+                before = self.fits[i] if self.fits else fit_affine(*zip(*old))
                 ratios = [t / before.seconds(b) for b, t in new]
                 if min(ratios) > 1.0 + cfg.jump or max(ratios) < 1.0 - cfg.jump:
                     old = ()
@@ -507,7 +508,7 @@ class AdaptiveAllocator:
         current = self.allocation.batch_sizes
         speeds = tuple(b / c.seconds(b) for b, c in zip(current, costs))
         target = cost_allocation(costs, cfg.global_batch, min_batch=cfg.min_batch).batch_sizes
-        nxt = replace(self, speeds=speeds, updates=self.updates + 1, observations=tuple(history))
+        nxt = replace(self, speeds=speeds, updates=self.updates + 1, observations=tuple(history), fits=tuple(costs))
         if predicted_gain(costs, current, target) < cfg.deadband:
             return nxt  # the re-split would not shorten the predicted step by the deadband: noise, keep the split
         return nxt._towards(target)
@@ -532,7 +533,7 @@ class AdaptiveAllocator:
         """A new membership, reallocated at once (no deadband or clamp: the old split no longer applies)."""
         speeds = membership_speeds(self.allocation.workers, self.speeds, workers, profiles)
         alloc = static_allocation(speeds, self.config.global_batch, min_batch=self.config.min_batch, workers=workers)
-        return replace(self, allocation=alloc, speeds=speeds, observations=())
+        return replace(self, allocation=alloc, speeds=speeds, observations=(), fits=())
 
     def add_worker(self, worker: str, speed: float | None = None) -> AdaptiveAllocator:
         """Append ``worker`` at the end of the ring, at ``speed`` or the current mean speed."""

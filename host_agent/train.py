@@ -26,7 +26,6 @@ speed (``host_agent/compute.py``). Data: scikit-learn's digits (``host_agent/mod
 from __future__ import annotations
 
 import enum
-import gc
 import hashlib
 import math
 import time
@@ -219,10 +218,6 @@ def train(agent: Reducer, cfg: TrainConfig, *,
         alloc = adaptive.allocation
 
     profile_seconds = time.perf_counter() - profile_start  # static: timing the device, off the training clock
-    # A full collection with torch loaded walks ~165k objects (~0.1 s); in the loop it would stall this
-    # worker's all-reduce and so every worker's step. Objects made so far live for the whole run: freeze them.
-    gc.collect()
-    gc.freeze()
     agent.allgather(np.zeros(1, dtype=np.float32))  # start together: agents start seconds apart, off the clock
     result = TrainResult(target_accuracy=cfg.target_accuracy, profile_seconds=profile_seconds)
     window_samples, window_seconds = np.zeros(n), np.zeros(n)
@@ -267,7 +262,6 @@ def train(agent: Reducer, cfg: TrainConfig, *,
         if progress is not None:
             progress(step + 1, cfg.steps, float(total[size]), alloc)
     result.seconds = time.perf_counter() - start
-    gc.unfreeze()  # train() may run in a longer-lived process (tests, examples): leave its collector as it was
     result.compute_overruns = accel.overruns
     for step, seconds, snap in snapshots:  # off the clock
         loss, acc = model.evaluate(snap, data.X_test, data.y_test)

@@ -35,6 +35,7 @@ __all__ = [
     "epoch_permutation",
     "gradient_scales",
     "membership_speeds",
+    "predicted_gain",
     "profile_speed",
     "proportional_shares",
     "static_allocation",
@@ -417,6 +418,17 @@ class AdaptiveConfig:
             raise ValueError(f"jump must be > 0 or None, got {self.jump}")
 
 
+def predicted_gain(costs: Sequence[AffineCost], current: Sequence[int], target: Sequence[int]) -> float:
+    """How much shorter the slowest predicted compute is under ``target`` than under ``current`` (a fraction).
+
+    The affine allocator's deadband is on this, not only on the batches: near the minimum batch a move of
+    one sample is a large relative change of the batch but saves almost nothing, and noisy fits would
+    otherwise shuffle such samples at every update.
+    """
+    now = max(c.seconds(b) for c, b in zip(costs, current))
+    return 1.0 - max(c.seconds(t) for c, t in zip(costs, target)) / now
+
+
 def _max_relative_change(old: Sequence[int], new: Sequence[int]) -> float:
     return max(abs(b - a) / a for a, b in zip(old, new))
 
@@ -435,6 +447,7 @@ class AdaptiveAllocator:
     speeds: tuple[float, ...]  # smoothed samples/s, in allocation.workers order
     updates: int = 0
     observations: tuple[tuple[tuple[int, float], ...], ...] = ()  # affine: each worker's recent (batch, seconds)
+    fits: tuple[AffineCost, ...] = ()  # affine: each worker's cost fitted to ``observations``
 
     @classmethod
     def start(
@@ -467,10 +480,12 @@ class AdaptiveAllocator:
         """Affine cost model: fold in a window's steps (each: every worker's batch and compute seconds).
 
         Each worker keeps its last ``history`` steps and fits ``fit_affine`` to them (robust to a few
-        steps slowed by other load). If the window's median time is off the previous fit's prediction by
-        more than ``jump`` of it, the worker's older steps are dropped (a real change of speed, not
-        noise). The target split equalises the predicted finishing times (``cost_allocation``) and is
-        approached with the same deadband and clamp as ``update``.
+        steps slowed by other load). If *every* step of the window is off the previous fit's prediction by
+        more than ``jump`` of it in the same direction, the worker's older steps are dropped (a real change
+        of speed; a single step slowed by other load is not one). The target split equalises the predicted
+        finishing times (``cost_allocation``); it is taken only if it shortens the predicted slowest compute
+        by at least ``deadband`` (``predicted_gain``), and approached with the same batch deadband and clamp
+        as ``update``.
         """
         cfg = self.config
         n = self.allocation.size
@@ -482,16 +497,21 @@ class AdaptiveAllocator:
             new = tuple((int(b[i]), float(t[i])) for b, t in steps)
             old = history[i]
             if old and cfg.jump is not None:
-                before = fit_affine(*zip(*old))
-                predicted = float(np.median([before.seconds(b) for b, _ in new]))
-                if abs(float(np.median([t for _, t in new])) - predicted) > cfg.jump * predicted:
+                # A real change of speed moves every step of the window the same way; other load slows
+                # single steps (one step twice as long in a window of two is not a change of speed).
+                before = self.fits[i] if self.fits else fit_affine(*zip(*old))
+                ratios = [t / before.seconds(b) for b, t in new]
+                if min(ratios) > 1.0 + cfg.jump or max(ratios) < 1.0 - cfg.jump:
                     old = ()
             history[i] = (old + new)[-cfg.history:]
             costs.append(fit_affine(*zip(*history[i])))
         current = self.allocation.batch_sizes
         speeds = tuple(b / c.seconds(b) for b, c in zip(current, costs))
         target = cost_allocation(costs, cfg.global_batch, min_batch=cfg.min_batch).batch_sizes
-        return replace(self, speeds=speeds, updates=self.updates + 1, observations=tuple(history))._towards(target)
+        nxt = replace(self, speeds=speeds, updates=self.updates + 1, observations=tuple(history), fits=tuple(costs))
+        if predicted_gain(costs, current, target) < cfg.deadband:
+            return nxt  # the re-split would not shorten the predicted step by the deadband: noise, keep the split
+        return nxt._towards(target)
 
     def _towards(self, target: tuple[int, ...]) -> AdaptiveAllocator:
         """This allocator moved towards ``target`` within the deadband and the clamp."""
@@ -513,7 +533,7 @@ class AdaptiveAllocator:
         """A new membership, reallocated at once (no deadband or clamp: the old split no longer applies)."""
         speeds = membership_speeds(self.allocation.workers, self.speeds, workers, profiles)
         alloc = static_allocation(speeds, self.config.global_batch, min_batch=self.config.min_batch, workers=workers)
-        return replace(self, allocation=alloc, speeds=speeds, observations=())
+        return replace(self, allocation=alloc, speeds=speeds, observations=(), fits=())
 
     def add_worker(self, worker: str, speed: float | None = None) -> AdaptiveAllocator:
         """Append ``worker`` at the end of the ring, at ``speed`` or the current mean speed."""

@@ -13,6 +13,7 @@ failures at run time exit 1 with one line.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -122,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--slowdown", type=float, default=None, help="the same as --speed 1/SLOWDOWN (>= 1)")
     tr.add_argument("--slowdown-at", metavar="STEP:FACTOR", type=_step_factor, default=None,
                     help="from STEP on, this worker is FACTOR times slower (a mid-run speed change)")
+    tr.add_argument("--device-slowdown", type=_positive_float, default=1.0,
+                    help="torch: the device of speed 1 is this many times slower than one host core, so every "
+                         "worker sleeps to its device time and host contention does not set the pace (>= 1, default 1)")
     tr.add_argument("--jitter", type=_nonneg_float, default=0.0, help="emulated: relative spread of step times (default 0)")
     tr.add_argument("--update-every", type=_positive_int, default=2, help="adaptive: steps per measurement window (default 2)")
     tr.add_argument("--cost-model", choices=[m.value for m in CostModel], default=None,
@@ -293,7 +297,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                           global_batch=args.global_batch, lr=args.lr, per_sample_s=args.per_sample_ms / 1e3,
                           speed=_speed_of(args), jitter=args.jitter, update_every=args.update_every,
                           eval_every=args.eval_every, target_accuracy=args.target_accuracy, seed=args.seed,
-                          cost_model=args.cost_model)
+                          cost_model=args.cost_model, device_slowdown=args.device_slowdown)
         if cfg.compute is ComputeMode.TORCH and any(v > 1 for v in (cfg.speed.base, *(v for _, v in cfg.speed.changes))):
             raise ValueError("--compute torch emulates slower devices only: speeds must be <= 1")
     except ValueError as exc:
@@ -303,6 +307,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     spec = replace(spec, tensor_elements=model_size(cfg) + 1 + len(spec.workers))  # gradient, loss, compute times
     progress = _Progress(not args.quiet, f"worker {args.worker_id} train")
     agent = _open_agent(args, spec)
+    # A full garbage collection with torch loaded walks ~165k objects (~0.1 s); during training it would
+    # stall this worker's all-reduce and so every worker's step. This process only trains: freeze what
+    # exists (torch, the data set, the agent) so that collections see only what training makes.
+    gc.collect()
+    gc.freeze()
     try:
         result = train(agent, cfg, progress=lambda s, t, loss, alloc: progress(
             s, t, f"loss {loss:.4f} batch {alloc.batch_sizes[agent.rank]}/{alloc.global_batch} ({agent.backend})"))

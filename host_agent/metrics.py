@@ -38,7 +38,9 @@ class TrainResult:
     allocation in force), ``step_wall_s``, ``step_compute_s``, ``step_comm_s`` (this worker),
     ``step_compute_all_s`` (every worker's compute time, rank order), ``step_end_s`` (training clock at
     the end of the step). ``evals``: held-out points. Totals: ``seconds`` (training wall time),
-    ``compute_seconds``, ``comm_seconds``; ``accuracy``/``test_loss``: held-out, after the last step.
+    ``compute_seconds``, ``comm_seconds``; ``accuracy``/``test_loss``: held-out, after the last step;
+    ``profile_seconds``: time spent before the training clock starts choosing the split (static: timing
+    the device), which ``seconds`` and ``time_to_target_s`` do not include.
     """
 
     losses: list[float] = field(default_factory=list)
@@ -55,6 +57,7 @@ class TrainResult:
     compute_seconds: float = 0.0
     comm_seconds: float = 0.0
     compute_overruns: int = 0
+    profile_seconds: float = 0.0
     target_accuracy: float | None = None
     time_to_target_s: float | None = None
     final_params_digest: str = ""

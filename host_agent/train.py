@@ -105,6 +105,8 @@ class TrainConfig:
         min_batch: smallest per-worker batch.
         cost_model: how static and adaptive predict compute time from the batch; None: proportional for
             emulated compute, affine for torch.
+        device_slowdown: torch: how many times slower than one host core the device of speed 1 is (a
+            step of CPU time t lasts t x device_slowdown / speed; ``ScaledAccelerator``).
     """
 
     allocation: AllocationMode = AllocationMode.EQUAL
@@ -127,6 +129,7 @@ class TrainConfig:
     static_probes: int = 3
     min_batch: int = 1
     cost_model: CostModel | None = None
+    device_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allocation", AllocationMode(self.allocation))
@@ -144,6 +147,7 @@ class TrainConfig:
         # the allocator's and the accelerator's own checks, before any worker starts
         self.adaptive_config()
         EmulatedAccelerator(self.per_sample_s, self.speed, self.jitter)
+        ScaledAccelerator(self.speed, self.device_slowdown)
 
     def adaptive_config(self) -> AdaptiveConfig:
         return AdaptiveConfig(self.global_batch, min_batch=self.min_batch, update_every=self.update_every,
@@ -153,7 +157,7 @@ class TrainConfig:
     def accelerator(self, rank: int) -> Accelerator:
         if self.compute is ComputeMode.EMULATED:
             return EmulatedAccelerator(self.per_sample_s, self.speed, self.jitter, seed=self.seed * 1000 + rank)
-        return ScaledAccelerator(self.speed)
+        return ScaledAccelerator(self.speed, self.device_slowdown)
 
     def as_dict(self) -> dict:
         return {"allocation": str(self.allocation), "compute": str(self.compute), "steps": self.steps,
@@ -162,7 +166,7 @@ class TrainConfig:
                 "update_every": self.update_every, "smoothing": self.smoothing, "jump": self.jump,
                 "deadband": self.deadband, "max_change": self.max_change, "eval_every": self.eval_every,
                 "target_accuracy": self.target_accuracy, "min_batch": self.min_batch,
-                "cost_model": str(self.cost_model)}
+                "cost_model": str(self.cost_model), "device_slowdown": self.device_slowdown}
 
 
 def model_size(cfg: TrainConfig) -> int:
@@ -197,6 +201,7 @@ def train(agent: Reducer, cfg: TrainConfig, *,
         return model.loss_and_grad(params, X[idx], y[idx])
 
     adaptive: AdaptiveAllocator | None = None
+    profile_start = time.perf_counter()
     if cfg.allocation is AllocationMode.EQUAL:
         alloc = static_allocation([1.0] * n, cfg.global_batch, min_batch=cfg.min_batch)
     elif cfg.allocation is AllocationMode.STATIC and cfg.cost_model is CostModel.AFFINE:
@@ -212,8 +217,9 @@ def train(agent: Reducer, cfg: TrainConfig, *,
         adaptive = AdaptiveAllocator.start(cfg.adaptive_config(), n)
         alloc = adaptive.allocation
 
+    profile_seconds = time.perf_counter() - profile_start  # static: timing the device, off the training clock
     agent.allgather(np.zeros(1, dtype=np.float32))  # start together: agents start seconds apart, off the clock
-    result = TrainResult(target_accuracy=cfg.target_accuracy)
+    result = TrainResult(target_accuracy=cfg.target_accuracy, profile_seconds=profile_seconds)
     window_samples, window_seconds = np.zeros(n), np.zeros(n)
     window_steps: list[tuple[tuple[int, ...], np.ndarray]] = []  # affine: (batches, times) per step
     steps_per_epoch = X.shape[0] // cfg.global_batch

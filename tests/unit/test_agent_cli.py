@@ -22,6 +22,8 @@ from tests.udp_switch import LocalCluster, run_workers
     (["allreduce", "--job-file", "/nonexistent.json", "--worker-id", "0"], "cannot read job file"),
     (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--allocation", "greedy"], "invalid choice"),
     (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--slowdown", "0.5"], "slowdown must be >= 1"),
+    (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--compute", "torch", "--device-slowdown", "0.5"],
+     "device slowdown must be finite and >= 1"),
     (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--lr", "-1"], "must be > 0"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_agent.allocation import AdaptiveAllocator, AdaptiveConfig, cost_allocation, static_allocation
+from host_agent.allocation import AdaptiveAllocator, AdaptiveConfig, cost_allocation, predicted_gain, static_allocation
 from host_agent.cost_model import AffineCost, CostModel, equal_finish_shares, fit_affine
 
 pytestmark = pytest.mark.unit
@@ -107,3 +107,45 @@ def test_affine_history_is_reset_by_a_membership_change() -> None:
         a.observe([((80, 80), (0.1, 0.1))])
     with pytest.raises(ValueError):
         AdaptiveConfig(240, history=1)
+
+
+def test_predicted_gain_is_the_saving_of_the_slowest_predicted_compute() -> None:
+    costs = [AffineCost(0.15, 0.003), AffineCost(0.05, 0.001), AffineCost(0.05, 0.001)]
+    # equal: worker 0 takes 0.39 s; (6, 117, 117): max(0.168, 0.167, 0.167) = 0.168 s
+    assert predicted_gain(costs, (80, 80, 80), (6, 117, 117)) == pytest.approx(1 - 0.168 / 0.39)
+    assert predicted_gain(costs, (6, 117, 117), (6, 117, 117)) == 0.0
+
+
+def test_adaptive_affine_does_not_shuffle_samples_that_save_nothing() -> None:
+    """Near the minimum batch a move of one sample is a 50 % change of the batch but < 1 % of the step: the
+    allocator keeps its split unless the predicted slowest compute falls by the deadband."""
+    true = [AffineCost(0.15, 0.003), AffineCost(0.05, 0.001), AffineCost(0.05, 0.001)]
+    cfg = AdaptiveConfig(240, update_every=2, max_change=0.5, jump=0.5, deadband=0.05, cost_model=CostModel.AFFINE)
+    a = AdaptiveAllocator.start(cfg, 3)
+    for k in range(12):
+        a = a.observe(_steps(true, a.allocation.batch_sizes, 2, noise=0.02, seed=k))
+    settled = a.allocation
+    moves = 0
+    for k in range(20):  # up to 50 % noise on every step: the fits move (a split that follows them: 10 moves)
+        b = a.allocation
+        a = a.observe(_steps(true, a.allocation.batch_sizes, 2, noise=0.5, seed=100 + k))
+        moves += a.allocation != b
+    assert moves <= 5, (settled, a.allocation)
+    best = cost_allocation(true, 240).batch_sizes
+    assert max(c.seconds(b) for c, b in zip(true, a.allocation.batch_sizes)) <= 1.15 * max(
+        c.seconds(b) for c, b in zip(true, best))
+
+
+def test_one_slowed_step_is_not_a_change_of_speed() -> None:
+    """A window of two steps, one of them twice as long (other load), keeps the worker's history; a window
+    whose every step is three times as long (the straggler) drops it."""
+    fast = AffineCost(0.05, 0.001)
+    cfg = AdaptiveConfig(240, update_every=2, max_change=0.5, jump=0.5, cost_model=CostModel.AFFINE)
+    a = AdaptiveAllocator.start(cfg, 3)
+    for _ in range(3):
+        a = a.observe(_steps([fast] * 3, a.allocation.batch_sizes, 2))
+    t = fast.seconds(80)
+    a = a.observe([((80, 80, 80), (2 * t, t, t)), ((80, 80, 80), (t, t, t))])
+    assert len(a.observations[0]) == 8 and a.allocation.batch_sizes == (80, 80, 80)
+    a = a.observe([((80, 80, 80), (3 * t, t, t)), ((80, 80, 80), (3 * t, t, t))])
+    assert len(a.observations[0]) == 2 and len(a.observations[1]) == 10

@@ -121,6 +121,33 @@ def test_scaled_accelerator_scales_cpu_time_not_wall_time() -> None:
     assert t == pytest.approx(0.04) and half.overruns == 1
 
 
+def test_device_slowdown_makes_every_worker_sleep_to_its_device_time() -> None:
+    """With the speed-1 device 10x slower than a host core, a fast worker whose 10 ms of CPU took 30 ms of
+    wall (contention) still lasts its device time, 100 ms: contention below 10x no longer sets the pace."""
+    clock, cpu = FakeClock(), FakeClock()
+
+    def fn():
+        clock.now += 0.03
+        cpu.now += 0.01
+
+    fast = ScaledAccelerator(SpeedSchedule(1.0), 10.0, clock=clock, cpu_clock=cpu, sleep=clock.sleep)
+    _, t = fast.run(fn, 10, 0)
+    assert t == pytest.approx(0.1) and clock.now == pytest.approx(0.1) and fast.overruns == 0
+    slow = ScaledAccelerator(SpeedSchedule(1 / 3), 10.0, clock=clock, cpu_clock=cpu, sleep=clock.sleep)
+    start = clock.now
+    _, t = slow.run(fn, 10, 0)
+    assert t == pytest.approx(0.3) and clock.now - start == pytest.approx(0.3)
+    tight = ScaledAccelerator(SpeedSchedule(1.0), 2.0, clock=clock, cpu_clock=cpu, sleep=clock.sleep)
+    _, t = tight.run(fn, 10, 0)  # 30 ms of wall for a 20 ms device: an overrun, counted at speed 1 too
+    assert t == pytest.approx(0.02) and tight.overruns == 1
+    for bad in (0.5, float("inf")):
+        with pytest.raises(ValueError, match="slowdown"):
+            ScaledAccelerator(SpeedSchedule(1.0), bad)
+    with pytest.raises(ValueError, match="slowdown"):
+        TrainConfig(compute="torch", device_slowdown=0.5)
+    assert TrainConfig(compute="torch", device_slowdown=10).accelerator(0).slowdown == 10
+
+
 def test_digits_split_is_fixed_and_disjoint() -> None:
     d = digits_split()
     assert d.X_test.shape == (HELD_OUT, 64) and d.X_train.shape == (1797 - HELD_OUT, 64)

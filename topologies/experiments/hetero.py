@@ -55,6 +55,12 @@ class HeteroConfig:
         target_accuracy: held-out accuracy that defines time to target.
         torch_ratio: a ratio also run with real PyTorch compute (0: none), on ``torch_seeds``.
         torch_steps: steps of those runs.
+        torch_device_slowdown: how many times slower than one host core a speed-1 device of those runs is
+            (``ina-agent train --device-slowdown``). 10, for two reasons fixed before measuring: the CNN's
+            ~0.05 ms of CPU per sample becomes the emulated runs' 0.5 ms per sample (the same regime, compute
+            several times the all-reduce, as in real training), and every device is slower than the host by
+            more than 3 workers and a switch on 2 cores slow the host (1-3x), so each worker sleeps to its
+            device time and the split balanced on CPU times also balances wall times.
         torch_only: only the PyTorch runs (no emulated scenario).
     """
 
@@ -77,6 +83,7 @@ class HeteroConfig:
     torch_ratio: float = 3.0
     torch_seeds: tuple[int, ...] = (0, 1, 2)
     torch_steps: int = 60
+    torch_device_slowdown: float = 10.0
     torch_only: bool = False
 
     def __post_init__(self) -> None:
@@ -96,6 +103,8 @@ class HeteroConfig:
             raise ValueError("at least one seed, steps >= 3, 4 <= global_batch <= 1437 (the digits' training set)")
         if not 0 < self.target_accuracy <= 1 or self.per_sample_ms <= 0 or self.torch_ratio < 0:
             raise ValueError("target_accuracy in (0, 1], per_sample_ms > 0, torch_ratio >= 0")
+        if not self.torch_device_slowdown >= 1:
+            raise ValueError("torch_device_slowdown must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -164,6 +173,8 @@ class HeteroExperiment(Experiment):
         ("--target-accuracy", "target_accuracy", float, "held-out accuracy for time to target"),
         ("--torch-ratio", "torch_ratio", float, "ratio also run with real PyTorch compute (0: none)"),
         ("--torch-seeds", "torch_seeds", "ints", "seeds of the PyTorch runs, e.g. 0,1,2"),
+        ("--torch-device-slowdown", "torch_device_slowdown", float,
+         "PyTorch runs: a speed-1 device is this many times slower than a host core"),
         ("--torch-only", "torch_only", "true", "only the PyTorch runs"),
         ("--no-straggler", "straggler", "false", "skip the straggler"),
         ("--no-membership", "membership", "false", "skip the 2-fast run"),
@@ -209,11 +220,15 @@ class HeteroExperiment(Experiment):
                 "--global-batch", str(cfg.global_batch), "--lr", str(cfg.lr), "--per-sample-ms", str(cfg.per_sample_ms),
                 "--jitter", str(cfg.jitter), "--update-every", str(cfg.update_every), "--eval-every", str(cfg.eval_every),
                 "--target-accuracy", str(cfg.target_accuracy), "--seed", str(seed))
+        if sc.compute == "torch":
+            args += ("--device-slowdown", str(cfg.torch_device_slowdown))
         job = AgentJob(f"tr{k}-{mode}", tuple(f"h{i}" for i in range(1, sc.workers + 1)), "train", backend=sc.backend,
                        args=args, worker_args={w: ("--speed", s) for w, s in enumerate(sc.speeds)},
                        udp_port=PORT_BASE + k)
         ident = {"scenario": sc.name, "scenario_kind": sc.kind, "backend": sc.backend, "compute": sc.compute, "mode": mode,
                  "seed": seed, "ratio": sc.ratio, "speeds": list(sc.speeds)}
+        if sc.compute == "torch":
+            ident["device_slowdown"] = cfg.torch_device_slowdown
         try:
             results = bed.run_jobs([job])[job.name]
         except AgentFailure as exc:

@@ -59,6 +59,9 @@ def train_row(results: Sequence[Mapping[str, Any]], *, global_batch: int, per_sa
         "step_ms_mean": total_wall / steps * 1e3,
         "t_comm_ms": statistics.median(t_comm) * 1e3,
         "compute_ms_median": [statistics.median(r["step_compute_s"][:steps]) * 1e3 for r in res],
+        # the wall time from a step's start to the worker's all-reduce call (its compute as the host saw it)
+        "compute_wall_ms_median": [statistics.median(w - c for w, c in zip(r["step_wall_s"][:steps], r["step_comm_s"][:steps])) * 1e3
+                                   for r in res],
         "wait_fraction": [sum(c[w] - t for c, t in zip(comm, t_comm)) / total_wall for w in range(len(res))],
         "samples_per_s": samples / seconds,
         "us_per_sample": seconds / samples * 1e6,
@@ -74,6 +77,7 @@ def train_row(results: Sequence[Mapping[str, Any]], *, global_batch: int, per_sa
         "same_model": len({r.get("final_params_digest") for r in res}) == 1,
         "granted_backend": sorted({str(r.get("backend")) for r in res}),
         "compute_overruns": sum(int(r.get("compute_overruns", 0)) for r in res),
+        "profile_s": max(float(r.get("profile_seconds", 0.0)) for r in res),
     }
 
 
@@ -99,6 +103,10 @@ def summarize(rows: list[dict], config: Any) -> dict:
                      "seeds": sorted(r["seed"] for r in rs), "step_ms": stats(r["step_ms_median"] for r in rs),
                      "t_comm_ms": stats(r["t_comm_ms"] for r in rs), "us_per_sample": stats(r["us_per_sample"] for r in rs),
                      "time_to_target_s": stats(r["time_to_target_s"] for r in rs),
+                     "slowest_compute_ms": stats(max(r["compute_ms_median"]) for r in rs),
+                     "slowest_compute_wall_ms": stats(max(r["compute_wall_ms_median"]) for r in rs if r.get("compute_wall_ms_median")),
+                     "compute_overruns": stats(r["compute_overruns"] for r in rs),
+                     "profile_s": stats(r.get("profile_s") for r in rs),
                      "accuracy": stats(r["accuracy"] for r in rs), "final_batch": rs[0]["final_batch"],
                      "wait_fraction": rs[0]["wait_fraction"], "same_model": all(r["same_model"] for r in rs)})
 
@@ -194,7 +202,8 @@ def report(summary: dict) -> list[str]:
     lines = [f"target: held-out accuracy {summary.get('target_accuracy')}; medians over seeds [min-max]"]
     for r in summary.get("runs", []):
         lines.append(f"{r['scenario']:<16} {r['backend']:<4} {r['compute']:<8} {r['mode']:<8} "
-                     f"{_fmt(r['step_ms'], unit=' ms/step')}, all-reduce {_fmt(r['t_comm_ms'], unit=' ms')}, to target "
+                     f"{_fmt(r['step_ms'], unit=' ms/step')}, all-reduce {_fmt(r['t_comm_ms'], unit=' ms')}, slowest compute "
+                     f"{_fmt(r.get('slowest_compute_ms'), unit=' ms')}, to target "
                      f"{_fmt(r['time_to_target_s'], unit=' s', digits=2)}, accuracy {_fmt(r['accuracy'], digits=3)}, "
                      f"split {r['final_batch']}")
     for e in summary.get("ideal", []):

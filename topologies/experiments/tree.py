@@ -171,8 +171,10 @@ class TreeExperiment(Experiment):
                         job = AgentJob(f"tree-{layout}-{label}", hosts, "allreduce", backend=backend,
                                        args=common + agent_args,
                                        requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
+                        granted: list[str] = []  # the controller's grant (agents report their plan: ina for a tree)
                         try:
-                            workers = bed.run_jobs([job])[job.name]
+                            workers = bed.run_jobs([job], register_first=True, on_admitted=lambda: granted.extend(
+                                j["grant"]["backend"] for j in bed.controller_state().get("jobs", [])))[job.name]
                         except AgentFailure as exc:
                             ctx.error(str(exc))
                             ctx.record({"kind": "tree", "layout": layout, "run": label, "rep": rep, "error": str(exc)})
@@ -180,7 +182,8 @@ class TreeExperiment(Experiment):
                         run_dir = bed.run_dir
                     row = allreduce_row(workers, kind="tree", layout=layout, racks=racks, per_rack=per, run=label,
                                         rep=rep, backend=backend, loss=loss, bw_mbps=cfg.bw_mbps, slots=cfg.slots,
-                                        tree_bdp_frames=tree_bdp_frames(cfg.bw_mbps))
+                                        tree_bdp_frames=tree_bdp_frames(cfg.bw_mbps),
+                                        controller_backend=granted[0] if granted else None)
                     if opts.get("pcap"):
                         up = [ina_bytes(run_dir / "pcaps" / f"spine1-eth{r}_in.pcap") for r in range(1, racks + 1)]
                         down = [ina_bytes(run_dir / "pcaps" / f"spine1-eth{r}_out.pcap") for r in range(1, racks + 1)]
@@ -193,7 +196,7 @@ class TreeExperiment(Experiment):
                     ctx.record(row)
                     ctx.progress(f"{layout} {label} #{rep + 1}: median {row['seconds_median'] * 1e3:.0f} ms, "
                                  f"retransmits {row['retransmits']}, exact {row.get('exact')}, granted "
-                                 f"{row['granted_backend']}"
+                                 f"{row['controller_backend']} (agents: {row['granted_backend']})"
                                  + (f", uplink up {row['uplink_up_bytes_per_allreduce_rack']:.0f} B per all-reduce "
                                     f"and rack (framed partial {row['framed_partial_bytes']})"
                                     if "uplink_up_bytes" in row else ""))
@@ -210,9 +213,10 @@ class TreeExperiment(Experiment):
                 entry: dict[str, Any] = {
                     "seconds_median": median(secs), "seconds_min": min(secs), "seconds_max": max(secs),
                     "repetitions": len(rs), "exact": all(r.get("exact") for r in rs),
-                    "granted_backend": sorted({str(b) for r in rs for b in
-                                               ([r["granted_backend"]] if isinstance(r["granted_backend"], str)
-                                                else r["granted_backend"])}),
+                    "granted_backend": sorted({str(r.get("controller_backend")) for r in rs}),
+                    "agent_plan": sorted({str(b) for r in rs for b in
+                                          ([r["granted_backend"]] if isinstance(r["granted_backend"], str)
+                                           else r["granted_backend"])}),
                     "retransmits_median": statistics.median(r["retransmits"] for r in rs),
                 }
                 ups = [r["uplink_up_bytes_per_allreduce_rack"] for r in rs if "uplink_up_bytes_per_allreduce_rack" in r]

@@ -264,13 +264,14 @@ class TreeExperiment(Experiment):
         fig, axes = figure(2)
         ax, bx = axes[0]
         colors = {"tree": "#ff7f0e", "rina": COLORS["rina"], "ring": COLORS["ring"], "star": COLORS["ina"]}
-        x, labels = 0, []
+        x, labels, shown = 0, [], set()
         for p in summary.get("points", []):
             for label, r in p["runs"].items():
                 base = label.split("-")[0]
                 err = [[r["seconds_median"] - r["seconds_min"]], [r["seconds_max"] - r["seconds_median"]]]
                 ax.bar(x, r["seconds_median"] * 1e3, yerr=[[e[0] * 1e3] for e in err], width=0.6,
-                       color=colors.get(base, "#999999"), label=label if not x else None)
+                       color=colors.get(base, "#999999"), label=None if base in shown else base)
+                shown.add(base)
                 labels.append(f"{p['layout']}\n{label}")
                 if "uplink_up_over_framed_partial" in r:
                     bx.bar(len(bx.patches), r["uplink_up_over_framed_partial"], width=0.6,
@@ -282,7 +283,7 @@ class TreeExperiment(Experiment):
         ax.set_ylabel("all-reduce time, ms (median, min-max over runs)")
         ax.grid(alpha=0.3, axis="y")
         bx.axhline(1.0, color="k", ls="--", lw=0.8)
-        bx.set_ylabel("uplink INA bytes up per all-reduce and rack / framed partial")
+        bx.set_ylabel("uplink bytes up / (all-reduce x rack x framed partial)", fontsize=8)
         bx.set_xticks([])
         legend(ax, fontsize=7)
         note(fig, f"{config.elements * 4 // 1024} KiB float32, {config.bw_mbps:g} Mbit/s links, {config.slots} slots; "

@@ -185,8 +185,8 @@ class TreeExperiment(Experiment):
                                         tree_bdp_frames=tree_bdp_frames(cfg.bw_mbps),
                                         controller_backend=granted[0] if granted else None)
                     if opts.get("pcap"):
-                        up = [ina_bytes(run_dir / "pcaps" / f"spine1-eth{r}_in.pcap") for r in range(1, racks + 1)]
-                        down = [ina_bytes(run_dir / "pcaps" / f"spine1-eth{r}_out.pcap") for r in range(1, racks + 1)]
+                        up = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_in.pcap") for r in range(1, racks + 1)]
+                        down = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_out.pcap") for r in range(1, racks + 1)]
                         calls = cfg.iterations + cfg.warmup
                         row.update(uplink_up_bytes=sum(b for _, b in up), uplink_down_bytes=sum(b for _, b in down),
                                    uplink_up_frames=sum(f for f, _ in up), calls=calls,

@@ -41,7 +41,7 @@ from controller.store import Job, Store
 from controller.programming import FIRST_JOB_ID, SwitchProgrammer
 from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import Topology
-from controller.trees import TreeLayout, tree_layout
+from controller.trees import TreeLayout, tree_layout, tree_ranges
 from controller.validation import validate_registration
 from inaproto import wire
 from inaproto.backends import Backend, JobState
@@ -65,17 +65,6 @@ JOB_DROPS = (wire.DropReason.SLOT_OUT_OF_RANGE, wire.DropReason.FOREIGN_WORKER,
 # Tables whose entries are keyed by job id first: a repair in any of them means the job's state there was not what
 # the database says (controller/programming.py writes them).
 JOB_TABLES = (JobEntry.table, ChainEntry.table, TransitEntry.table, BindingEntry.table, WorkerEntry.table)
-
-
-def tree_ranges(tree: TreeLayout, ranges: dict[str, SlotRange | None]) -> tuple[dict[str, SlotRange | None], bool]:
-    """A tree job's ranges as granted: where every switch of its tree holds slots, each range cut to the smallest
-    (every switch of a tree holds the same number of slots for the job) and True; otherwise the root's range
-    given back (the job runs Rina or the ring under its ToRs, as without trees) and False."""
-    sizes = [ranges.get(sw).size if ranges.get(sw) is not None else 0 for sw in tree.switches]
-    if min(sizes) == 0:
-        return {sw: r for sw, r in ranges.items() if sw != tree.root}, False
-    n = min(sizes)
-    return {sw: SlotRange(r.base, n) if r is not None else None for sw, r in ranges.items()}, True
 
 
 def wire_generation(job: Job) -> int:

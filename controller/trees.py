@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from controller.chains import job_state
+from controller.policies import SlotRange
 from controller.store import Job
 from controller.topology import Topology
 from inaproto import wire
 from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, ChainPartition, JobEntries, chain_entries,
                                   job_entries, split_generation)
 
-__all__ = ["TreeLayout", "TreeMember", "TreePlan", "plan_tree", "tree_layout"]
+__all__ = ["TreeLayout", "TreeMember", "TreePlan", "plan_tree", "tree_layout", "tree_ranges"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,17 @@ def tree_layout(topology: Topology, job: Job) -> TreeLayout | None:
         if all(t in links.get(name, {}) for t in tors):
             return TreeLayout(tors, name)
     return None
+
+
+def tree_ranges(tree: TreeLayout, ranges: dict[str, SlotRange | None]) -> tuple[dict[str, SlotRange | None], bool]:
+    """A tree job's ranges as granted: where every switch of its tree holds slots, each range cut to the smallest
+    (every switch of a tree holds the same number of slots for the job) and True; otherwise the root's range
+    given back (the job runs Rina or the ring under its ToRs, as without trees) and False."""
+    sizes = [ranges.get(sw).size if ranges.get(sw) is not None else 0 for sw in tree.switches]
+    if min(sizes) == 0:
+        return {sw: r for sw, r in ranges.items() if sw != tree.root}, False
+    n = min(sizes)
+    return {sw: SlotRange(r.base, n) if r is not None else None for sw, r in ranges.items()}, True
 
 
 def _free_ids(job: Job) -> list[int]:

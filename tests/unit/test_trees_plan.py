@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.core import tree_ranges
 from controller.policies import SlotRange
-from controller.trees import plan_tree, tree_layout
+from controller.trees import plan_tree, tree_layout, tree_ranges
 from inaproto import wire
 from inaproto.scapy_layer import INA
 from tests.unit.test_chains_plan import _gradient, _job, _leaf_spine, _run

@@ -26,6 +26,7 @@ from google.protobuf import json_format
 
 from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
+from inaproto.backends import Backend
 from inaproto.cli import EXIT_USAGE, Parser, UsageError
 from inaproto.credentials import ADMIN_CREDENTIAL_ENV, TlsFiles, admission_channel, read_credential_file
 
@@ -124,20 +125,40 @@ def render_job(j: pb.JobInfo, out: TextIO) -> None:
     print(f"  request:     {r.tensor_elements} elements, priority {r.priority}, weight {r.weight or 1.0:g}, "
           f"slots {r.requested_slots or 'any'} (min {r.min_slots or 1})", file=out)
     print(f"  fixed point: scale {g.scale:g}, {g.lanes} lanes, INA port {g.ina_port}", file=out)
+    tree = tree_of(g)
+    if tree:
+        root, tors = tree
+        print(f"  tree:        root {root}, ToRs {', '.join(tors)}; {g.switches[0].num_slots} slots on each", file=out)
     for s in g.switches:
         slots = f"slots [{s.base_slot}, {s.base_slot + s.num_slots})" if s.num_slots else "no slots"
         addr = f" via {s.switch_ip} {s.switch_mac}" if s.switch_ip else ""
-        print(f"  switch {s.switch} (rack {s.rack}): {slots}, multicast group {s.mcast_grp}, workers {list(s.worker_ids)}{addr}", file=out)
+        role = "" if not tree else " tree root," if s.switch == tree[0] else " tree ToR,"
+        print(f"  switch {s.switch} (rack {s.rack}):{role} {slots}, multicast group {s.mcast_grp}, "
+              f"workers {list(s.worker_ids)}{addr}", file=out)
     for w in r.workers:
         print(f"  worker {w.worker_id}: {w.host} {w.ip}:{w.udp_port} {w.mac}", file=out)
 
 
-def render_memory(m: pb.MemoryMap, out: TextIO) -> None:
+def tree_of(g: pb.JobGrant) -> tuple[str, tuple[str, ...]] | None:
+    """A tree grant's (root, ToRs): the root is the switch without workers (listed last)."""
+    if g.backend != Backend.TREE or not g.switches:
+        return None
+    return g.switches[-1].switch, tuple(s.switch for s in g.switches[:-1])
+
+
+def render_memory(m: pb.MemoryMap, out: TextIO, jobs: pb.ListJobsResponse | None = None) -> None:
+    """The pools; with ``jobs``, each range of a tree job says the switch's place in its tree."""
+    roles: dict[tuple[str, int], str] = {}
+    for j in (jobs.jobs if jobs is not None else ()):
+        tree = tree_of(j.grant)
+        if tree:
+            roles[(tree[0], j.job_id)] = " (tree root)"
+            roles.update({(t, j.job_id): f" (tree ToR under {tree[0]})" for t in tree[1]})
     for s in m.switches:
         print(f"{s.switch}: {s.used}/{s.pool_size} slots used, {s.free} free, largest free {s.largest_free}, "
               f"fragmentation {s.fragmentation:.2f}", file=out)
         for r in s.ranges:
-            owner = "free" if r.free else f"job {r.job_id}"
+            owner = "free" if r.free else f"job {r.job_id}{roles.get((s.switch, r.job_id), '')}"
             print(f"  [{r.base:4d}, {r.base + r.size:4d})  {r.size:5d}  {owner}", file=out)
         print("  " + _bar(s), file=out)
 
@@ -242,7 +263,12 @@ def _run(args, stub: pb_grpc.AdmissionStub, timeout: float, as_json: bool, out: 
     elif cmd == "job":
         _emit(stub.GetJob(pb.GetJobRequest(job_id=args.job_id), timeout=timeout), render_job, as_json, out)
     elif cmd == "memory":
-        _emit(stub.GetMemory(pb.GetMemoryRequest(), timeout=timeout), render_memory, as_json, out)
+        memory = stub.GetMemory(pb.GetMemoryRequest(), timeout=timeout)
+        try:  # the jobs the caller may see, to name each tree's switches
+            jobs = stub.ListJobs(pb.ListJobsRequest(), timeout=timeout)
+        except grpc.RpcError:
+            jobs = None
+        _emit(memory, lambda m, o: render_memory(m, o, jobs), as_json, out)
     elif cmd == "stats":
         req = pb.GetStatsRequest(job_id=args.job_id, all=args.job_id == 0)
         _emit(stub.GetStats(req, timeout=timeout), render_stats, as_json, out)
@@ -273,7 +299,7 @@ def _watch(args, stub: pb_grpc.AdmissionStub, timeout: float, as_json: bool, out
             print(f"inactl watch  {datetime.now():%H:%M:%S}  (every {args.interval:g} s, Ctrl-C to stop)", file=out)
             render_jobs(jobs, out)
             print(file=out)
-            render_memory(memory, out)
+            render_memory(memory, out, jobs)
         out.flush()
         n += 1
         if args.count and n >= args.count:

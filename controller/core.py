@@ -41,10 +41,12 @@ from controller.store import Job, Store
 from controller.programming import FIRST_JOB_ID, SwitchProgrammer
 from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import Topology
+from controller.trees import TreeLayout, tree_layout, tree_ranges
 from controller.validation import validate_registration
 from inaproto import wire
 from inaproto.backends import Backend, JobState
-from inaproto.job_entries import JobEntry, job_group, split_generation
+from inaproto.job_entries import (BindingEntry, ChainEntry, JobEntry, TransitEntry, WorkerEntry, job_group,
+                                  split_generation)
 
 __all__ = ["ControllerOptions", "Refusal", "Controller", "Subscription", "DEFAULT_SCALE"]
 
@@ -58,6 +60,11 @@ DROP_NAMES = {r.value: r.name.lower() for r in wire.DropReason}
 JOB_DROPS = (wire.DropReason.SLOT_OUT_OF_RANGE, wire.DropReason.FOREIGN_WORKER,
              wire.DropReason.STALE_GENERATION, wire.DropReason.BAD_MSG_TYPE, wire.DropReason.SPOOFED,
              wire.DropReason.NOT_RECIPIENT)
+
+
+# Tables whose entries are keyed by job id first: a repair in any of them means the job's state there was not what
+# the database says (controller/programming.py writes them).
+JOB_TABLES = (JobEntry.table, ChainEntry.table, TransitEntry.table, BindingEntry.table, WorkerEntry.table)
 
 
 def wire_generation(job: Job) -> int:
@@ -79,6 +86,7 @@ class ControllerOptions:
     connect_timeout: float = 10.0
     monitor_interval: float = 0.5  # heartbeat reaping and switch health checks
     rina_chains: bool = False  # Rina jobs whose racks all hold slots run as chains across the switches
+    trees: bool = False  # multi-rack jobs aggregate in a two-level tree (ToRs + root) where every switch of it has slots
     admin_credential: Path | None = None  # the admin credential file; None: beside the database (<db>.admin)
     switch_tls: SwitchTls | None = None  # P4Runtime over TLS
 
@@ -120,7 +128,7 @@ class Controller:
         self._cv = threading.Condition(self._lock)
         self.store: Store | None = None
         self.switches: dict[str, Switch] = {}
-        self.programmer = SwitchProgrammer(topology, self.switches, chains=options.rina_chains)
+        self.programmer = SwitchProgrammer(topology, self.switches, chains=options.rina_chains, trees=options.trees)
         self._jobs: dict[int, Job] = {}
         self._policy_name = options.policy
         self._policy: AllocationPolicy = make_policy(options.policy)
@@ -234,8 +242,11 @@ class Controller:
                 if pushed:
                     lost = held
                 else:
-                    repaired = {e.match[0] for e in report.inserted + report.modified
-                                if getattr(e, "table", None) == JobEntry.table and e.match}
+                    # A job entry, or any entry of a job's place in a tree or chain, that had to be repaired
+                    # (a controller that died half-way through writing it): the job gets a new generation,
+                    # written on every switch of it before its agents use it.
+                    repaired = {e.match[0] for e in report.inserted + report.modified + report.deleted
+                                if getattr(e, "table", None) in JOB_TABLES and e.match}
                     lost = held & repaired
         except BaseException:
             sw.close()
@@ -348,8 +359,17 @@ class Controller:
         order = sorted(jobs.values(), key=lambda j: j.seq)
         demands: dict[str, list[JobDemand]] = {sw: [] for sw in self.ina_switches}
         current: dict[str, dict[int, SlotRange]] = {sw: {} for sw in self.ina_switches}
+        trees: dict[int, TreeLayout] = {}
+        if self.options.trees:
+            trees = {j.job_id: t for j in order if (t := tree_layout(self.topology, j)) is not None}
+
+        def switches_of(job: Job) -> list[str]:
+            """Where the job asks for slots: under its workers, and at its tree's root."""
+            tree = trees.get(job.job_id)
+            return job.switches() + ([tree.root] if tree else [])
+
         for job in order:
-            for sw in job.switches():
+            for sw in switches_of(job):
                 if sw not in demands:
                     continue
                 d = self._demand(job, sw)
@@ -361,17 +381,25 @@ class Controller:
         alloc = allocate_pools(self._policy, {sw: self._pool(sw) for sw in demands}, demands, current)
         out: dict[int, Job] = {}
         for job in order:
-            ranges = {sw: alloc[sw].get(job.job_id) for sw in job.switches() if sw in demands}
-            if ranges == dict(job.ranges) and job.job_id != fresh and job.job_id not in refresh:
+            ranges = {sw: alloc[sw].get(job.job_id) for sw in switches_of(job) if sw in demands}
+            tree = trees.get(job.job_id)
+            if tree is not None:
+                ranges, is_tree = tree_ranges(tree, ranges)
+            else:
+                is_tree = False
+            held = {sw: r for sw, r in ranges.items() if r is not None}
+            multi = len(job.switches()) > 1
+            backend = Backend.TREE if is_tree else (Backend.RINA if multi else Backend.INA) if held else Backend.RING
+            if (ranges == dict(job.ranges) and backend == job.backend
+                    and job.job_id != fresh and job.job_id not in refresh):
                 out[job.job_id] = job
                 continue
             generation, counter = counter, counter + 1
-            held = {sw: r for sw, r in ranges.items() if r is not None}
-            multi = len(job.switches()) > 1
-            backend = (Backend.RINA if multi else Backend.INA) if held else Backend.RING
             old_total = sum(r.size for _, r in job.ranges if r is not None)
             new_total = sum(r.size for r in held.values())
-            if held:
+            if is_tree:
+                what = f"tree of {', '.join(tree.tors)} under {tree.root}, {held[tree.root].size} slots on each"
+            elif held:
                 what = ", ".join(f"{r.size} slots on {sw}" for sw, r in held.items())
             elif not demands or all(sw not in demands for sw in job.switches()):
                 what = "no INA switch"
@@ -432,7 +460,8 @@ class Controller:
             lanes=wire.LANES,
             reason=job.reason,
         )
-        for sw in job.switches():
+        tree_root = [sw for sw, _ in job.ranges if sw not in job.switches()] if job.backend == Backend.TREE else []
+        for sw in job.switches() + tree_root:  # a tree's root last, with no workers
             info = self.topology.switches[sw]
             rng = job.range_on(sw)
             g.switches.append(

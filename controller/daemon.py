@@ -88,6 +88,9 @@ def build_parser() -> Parser:
     svc.add_argument("--sync-timeout", type=_positive, default=30.0, metavar="S", help="longest SyncGeneration wait (default: 30)")
     svc.add_argument("--rina-chains", action="store_true",
                      help="run Rina jobs whose racks all hold slots as chains across their switches (agents need --rina-chains)")
+    svc.add_argument("--trees", action="store_true",
+                     help="jobs spanning racks aggregate in a two-level tree (ToRs + a switch linked to all of them) "
+                          "where every switch of it has slots; else Rina or the ring")
     svc.add_argument("--scale", type=_positive, default=DEFAULT_SCALE, help="fixed-point scale handed to agents (default: 65536 = 2**16)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             force_push=args.force_push,
             connect_timeout=args.connect_timeout,
             rina_chains=args.rina_chains,
+            trees=args.trees,
             admin_credential=Path(args.admin_credential) if args.admin_credential else None,
             switch_tls=switch_tls,
         )

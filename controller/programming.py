@@ -8,6 +8,17 @@ before and after a change and hands both to :class:`controller.switch.Switch`, w
 With ``chains`` on, a Rina job's ring (:func:`controller.chains.plan_rina`) adds its chain entries, groups and
 transit entries (docs/switch.md, "Chains"), and binds the members a switch receives chain packets under to the
 inter-switch link they come in on (``bind_link``, docs/security.md, "Data plane: ingress binding").
+A tree job (``Backend.TREE``, :func:`controller.trees.plan_tree`) adds its root's job entries and every
+member's chain entries.
+
+Install protocol (:meth:`SwitchProgrammer.write`): a change is written in two passes over the switches. The
+first, the fence, writes on every switch only the changed ``ina_job`` entries, which carry the new
+generation: once it is done no switch processes the job's old-generation packets any more. The second writes
+everything else (chains, bindings, groups). No agent knows the new generation before both passes are done on
+every switch (the controller commits to its database and tells the agents only then), so no switch ever
+aggregates a packet under a configuration another switch of the job does not share. A controller that dies
+in between restarts from its database: reconcile puts each switch back to the stored state, and every job
+whose entries had to be repaired gets a new generation, written with the same two passes.
 """
 from __future__ import annotations
 
@@ -17,6 +28,7 @@ from typing import Mapping
 import grpc
 
 from controller.chains import plan_rina
+from controller.trees import plan_tree
 from controller.errors import Refusal
 from controller.p4entity import MulticastGroup, Schema, TableEntry
 from controller.store import Job
@@ -41,10 +53,12 @@ class SwitchProgrammer:
     ``switches`` is the controller's own (name -> connected Switch), shared, not copied.
     """
 
-    def __init__(self, topology: Topology, switches: Mapping[str, Switch], *, chains: bool = False) -> None:
+    def __init__(self, topology: Topology, switches: Mapping[str, Switch], *, chains: bool = False,
+                 trees: bool = False) -> None:
         self.topology = topology
         self.switches = switches
         self.chains = chains  # Rina jobs as chains across their racks' switches (the agent must follow them)
+        self.trees = trees  # tree jobs (Backend.TREE) are only granted with it on; their entries are written anyway
         self._forwarding: dict[str, tuple[list[TableEntry], list[MulticastGroup]]] = {}
 
     @property
@@ -93,6 +107,20 @@ class SwitchProgrammer:
             )
             entries += [TableEntry(e.table, e.match, e.action, e.params) for e in job_state.table_entries]
             groups.append(MulticastGroup(job_state.group.group_id, job_state.group.replicas))
+        for job in jobs.values():
+            if job.backend != Backend.TREE:
+                continue
+            plan = plan_tree(self.topology, job)
+            if plan is None:
+                raise ValueError(f"job {job.job_id}: granted a tree the topology does not give")
+            if switch in plan.chains:
+                if not job.workers_on(switch):  # the root: its job entries (no workers), the ToRs' are above
+                    state = plan.states[switch]
+                    entries += [TableEntry(e.table, e.match, e.action, e.params) for e in state.table_entries]
+                    groups.append(MulticastGroup(state.group.group_id, state.group.replicas))
+                chain = plan.chains[switch]
+                entries += [TableEntry(e.table, e.match, e.action, e.params) for e in chain.table_entries]
+                groups += [MulticastGroup(g.group_id, g.replicas) for g in chain.groups]
         if self.chains:
             for job in jobs.values():
                 if job.backend != Backend.RINA:
@@ -109,20 +137,36 @@ class SwitchProgrammer:
                     entries.append(TableEntry(transit.table, transit.match, transit.action, transit.params))
         return SwitchState.of(entries, groups)
 
+    @staticmethod
+    def fence(before: SwitchState, after: SwitchState) -> SwitchState:
+        """``before`` with the ``ina_job`` entries that ``after`` changes (a new generation) already changed:
+        the first pass of the install protocol (module docstring)."""
+        entries = dict(before.entries)
+        for key, e in after.entries.items():
+            if e.table == JobEntry.table and key in entries and entries[key] != e:
+                entries[key] = e
+        return SwitchState(entries, dict(before.groups))
+
     def write(self, old: Mapping[int, Job], new: Mapping[int, Job]) -> None:
-        """Bring every INA switch from `old`'s expected state to `new`'s; on failure put back what was
-        written and raise UNAVAILABLE."""
+        """Bring every INA switch from `old`'s expected state to `new`'s in two passes (the fence on every
+        switch, then the rest; module docstring); on failure put back what was written and raise
+        UNAVAILABLE."""
         done: list[str] = []
+        states = {}
         for name in self.ina_switches:
             before, after = self.expected(name, old), self.expected(name, new)
-            if before.entries == after.entries and before.groups == after.groups:
-                continue
+            if before.entries != after.entries or before.groups != after.groups:
+                states[name] = (before, self.fence(before, after), after)
+        passes = [(name, before, fenced) for name, (before, fenced, _) in states.items() if fenced != before]
+        passes += [(name, fenced, after) for name, (_, fenced, after) in states.items()]
+        for name, current, target in passes:
             sw = self.switches.get(name)
             try:
                 if sw is None:
                     raise SwitchError(name, "write", grpc.StatusCode.UNAVAILABLE, "not connected")
-                done.append(name)
-                sw.apply(before, after, self.tables(name))
+                if name not in done:
+                    done.append(name)
+                sw.apply(current, target, self.tables(name))
             except SwitchError as exc:
                 for back in done:
                     back_sw = self.switches.get(back)  # the monitor thread may have dropped a lost session meanwhile

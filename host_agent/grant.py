@@ -258,10 +258,10 @@ class Plan:
 
 
 def _effective(requested: BackendChoice, granted: Backend) -> Backend:
-    if requested == BackendChoice.RING or granted not in (Backend.INA, Backend.RINA):
+    if requested == BackendChoice.RING or granted not in (Backend.INA, Backend.RINA, Backend.TREE):
         return Backend.RING
     if requested == BackendChoice.INA:
-        return Backend.INA if granted == Backend.INA else Backend.RING
+        return Backend.INA if granted in (Backend.INA, Backend.TREE) else Backend.RING
     return Backend(granted)  # rina or auto: what the grant offers (an ina grant is rina with one rack)
 
 
@@ -277,6 +277,10 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
     ``chains``: the controller runs Rina jobs as chains across their racks' switches (docs/switch.md, "Chains")
     where every ring member is an INA rack (``inaproto.rina_ring``); then each worker is plain INA towards its
     own rack's switch over the ring's partitioned slots, its results final (kind ``Backend.INA``).
+
+    A ``tree`` grant (the controller's two-level tree, docs/controller.md, "Aggregation trees") is followed
+    by every choice but ``ring``: each worker is plain INA towards its own ToR, which returns the final sum
+    (kind ``Backend.INA``, one rack per ToR; the root's grant has no workers and is not a rack).
     """
     ids = tuple(sorted(worker_ids))
     requested = _choice(requested)
@@ -293,6 +297,8 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
                 racks.append(Rack(sg.switch, address, sg.num_slots, members))
                 seen.update(members)
         if len(racks) == 1 and set(racks[0].worker_ids) == set(ids):
+            return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
+        if grant.backend == Backend.TREE and {w for r in racks for w in r.worker_ids} == set(ids):
             return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
         if kind == Backend.INA or not racks:
             racks, kind = [], Backend.RING

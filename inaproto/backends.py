@@ -24,6 +24,7 @@ class Backend(enum.StrEnum):
     INA = "ina"  # one switch holds every worker; its results are final
     RING = "ring"  # a TCP ring of all workers, no switch
     RINA = "rina"  # racks aggregate in their switches, a ring joins the racks' representatives
+    TREE = "tree"  # racks aggregate in their ToRs, the ToRs' partials in a root switch; results final at every ToR
 
 
 class BackendChoice(enum.StrEnum):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import grpc
 import numpy as np
@@ -139,8 +140,10 @@ class Harness:
     """Switches + controller + admission service in this process. Use as a context manager."""
 
     def __init__(self, db_path: Path, n_switches: int = 1, *, hosts_per_switch: int = 4, pool: int = 64,
-                 topology_doc: dict | None = None, **options) -> None:
+                 topology_doc: dict | Callable[[dict], dict] | None = None, **options) -> None:
         self.switches = {f"s{k}": LocalSwitch(device_id=k) for k in range(1, n_switches + 1)}
+        if callable(topology_doc):  # a document made from the switches' addresses
+            topology_doc = topology_doc(self.switches)
         self.doc = topology_doc or star_topology(self.switches, hosts_per_switch, pool)
         self.topology = Topology.from_dict(self.doc)
         options.setdefault("heartbeat_timeout", 0)

@@ -229,7 +229,7 @@ def test_summaries_state_the_figures():
 
 # --- configuration -----------------------------------------------------------------------------------------
 def test_registry_names_aliases_and_presets():
-    assert list(load_all()) == ["allreduce", "hetero", "multijob", "loss", "rina"]
+    assert list(load_all()) == ["allreduce", "hetero", "multijob", "loss", "rina", "tree"]
     assert get_experiment("exp3") is EXPERIMENTS["multijob"]
     with pytest.raises(KeyError, match="valid: allreduce"):
         get_experiment("nope")

@@ -17,7 +17,7 @@ __all__ = ["EXPERIMENTS", "ALIASES", "register", "get_experiment", "Experiment"]
 
 EXPERIMENTS: dict[str, type[Experiment]] = {}
 ALIASES: dict[str, str] = {}
-_MODULES = ("allreduce", "hetero", "multijob", "loss", "rina")  # registry order = `ina-exp list` and `run all` order
+_MODULES = ("allreduce", "hetero", "multijob", "loss", "rina", "tree")  # registry order = `ina-exp list` and `run all` order
 _loaded = False
 
 

@@ -33,6 +33,8 @@ Times are plain floats passed in by the caller (tests use a fake clock).
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from host_agent.congestion import CongestionWindow
@@ -41,6 +43,7 @@ from host_agent.rtt import RttEstimator
 __all__ = ["Flight", "REORDER_FLOOR"]
 
 REORDER_FLOOR = 0.001  # seconds: the smallest reorder window
+CLASS_RECENT = 16  # round trips kept per path class
 MAX_REORDER_MULT = 1  # no widening: in INA a spurious early resend is mostly a peer's loss (see reorder_window)
 
 
@@ -56,10 +59,15 @@ class Flight:
         reorder_mult: the stream's current widening of the reorder window (carried between windows).
         classes: each chunk's path class (``int`` array of length K, values ``0 .. C-1``; RACK compares
             chunks of one class only), or None: one path.
+        class_rtts: per class, its recent round trips (the stream's, carried between windows; sampled
+            here): the tail probe and the resend timer wait for the *longest* class's recent shortest
+            round trip, not the estimator's ``recent_min`` (the shortest path's), so a long chain's chunks
+            are not probed and resent again and again while their results are still on the way.
     """
 
     def __init__(self, K: int, i0: int, rtt: RttEstimator, cwnd: CongestionWindow, granted: int, stats,
-                 reorder_mult: int = 1, classes: np.ndarray | None = None) -> None:
+                 reorder_mult: int = 1, classes: np.ndarray | None = None,
+                 class_rtts: list[deque[float]] | None = None) -> None:
         self.K, self.i0, self.rtt, self.cwnd, self.granted, self.stats = K, i0, rtt, cwnd, granted, stats
         self.sent_at = np.zeros(K, dtype=np.float64)  # last transmission of each chunk
         self.tries = bytearray(K)  # resends of each chunk (saturating)
@@ -71,6 +79,10 @@ class Flight:
         self._xmit = np.full(c, float("-inf"))  # per class: transmission time of the latest-sent chunk with a result
         self._idx = np.full(c, -1, dtype=np.int64)  # ... that chunk
         self._rtt = np.zeros(c)  # ... its round trip
+        self.class_rtts = class_rtts if classes is not None else None
+        if self.class_rtts is not None:
+            while len(self.class_rtts) < c:
+                self.class_rtts.append(deque(maxlen=CLASS_RECENT))
         self.rack_timer = float("inf")  # when an outstanding chunk becomes lost unless its result comes
         self.rack_dirty = False
         self.last_new = 0.0  # when the latest new result arrived
@@ -100,6 +112,8 @@ class Flight:
     def _evidence(self, i: int, t: float, rtt: float) -> None:
         """Chunk ``i``, sent once at ``t``, has its result after ``rtt``: RACK's evidence for its class."""
         c = self._class_of(i)
+        if self.class_rtts is not None:
+            self.class_rtts[c].append(rtt)
         if t > self._xmit[c] or (t == self._xmit[c] and i > self._idx[c]):
             self._xmit[c], self._idx[c], self._rtt[c] = t, i, rtt
             self.rack_dirty = True
@@ -256,7 +270,14 @@ class Flight:
         """Twice the recent shortest round trip plus the reorder window, at least ``rto_min`` (as Linux
         floors its probe timeout: below that, a worker descheduled for a moment looks like a lost tail)."""
         est = self.rtt
-        return max(2 * est.recent_min + self.reorder_window(), est.rto_min)
+        return max(2 * self.recent_min() + self.reorder_window(), est.rto_min)
+
+    def recent_min(self) -> float:
+        """The estimator's recent shortest round trip, or with path classes the longest class's."""
+        base = self.rtt.recent_min
+        if self.class_rtts:
+            return max([base] + [min(d) for d in self.class_rtts if d])
+        return base
 
     def rto_deadline(self, lo: int) -> float:
         """When the window's timer fires, given its oldest outstanding chunk ``lo``."""

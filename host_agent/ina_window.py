@@ -82,7 +82,7 @@ class InaPhase:
         classes = None  # Rina on chains: each partition's results come over a chain of its own length
         if 0 < rack.partition_slots < S:
             classes = ((np.arange(a - base, a - base + K, dtype=np.int64) % S) // rack.partition_slots)
-        flight = Flight(K, i0, est, cwnd, S, self.stats, self._reorder_mult, classes)
+        flight = Flight(K, i0, est, cwnd, S, self.stats, self._reorder_mult, classes, self._chain_rtts)
         results = ResultBatch(self, seg, got, i0, job, gen, rack,  # MEMBER: results only move the window
                               seg.res32 if final else partial, seg.flag if final else pflag, seg.src if final else None,
                               flight)

@@ -208,8 +208,10 @@ def test_rina_is_exact_on_every_deployment_mix(tmp_path):
     and single-switch INA: every worker's result is the exact sum (--check); 100 % runs on the racks'
     chains (every worker plain INA towards its rack's switch), 50 % today's Rina, 0 % the ring."""
     ports_before = unowned_ports()
-    proc, _ = run(["run", "rina", "--tiny", "--fractions", "1,0.5,0"], tmp_path, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.Popen([*INA_EXP, "run", "rina", "--tiny", "--fractions", "1,0.5,0", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, stderr = proc.communicate(timeout=400)
+    assert proc.returncode == 0, stderr[-3000:]
     run_dir, doc = results_of(tmp_path, "rina")
     assert doc["status"] == "complete" and not doc["errors"], doc["errors"]
     rows = {r["run"]: r for r in doc["rows"]}

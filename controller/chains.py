@@ -10,6 +10,7 @@ Pure computation: :class:`controller.programming.SwitchProgrammer` writes what i
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -69,11 +70,24 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
     members, r, block, plen = list(ring.members), len(ring.members), ring.partition_slots, ring.prefix_len
 
     links = {sw: [(nb, port) for port, nb in ports.items()] for sw, ports in topology.trunks.items()}
+    addresses = Counter([*(s.switch_ip for s in topology.switches.values()), *(h.ip for h in topology.hosts.values())])
+
+    def own_address(switch: str) -> bool:
+        """The switch's INA address is its alone (so the topology routes it: controller.topology, topologies.plan)."""
+        return addresses[topology.switches[switch].switch_ip] == 1
 
     def hop(frm: str, to: RingMember) -> ChainHop:
-        """``to`` as switch ``frm`` reaches it: a switch member by its lowest worker's address (routable; the
-        switch takes its INA packets on the way), a host member by its own."""
+        """``to`` as switch ``frm`` reaches it: a switch member by its own INA address (the topology routes it;
+        not one of its workers': the final sums it multicasts take the address its packets came to as their
+        source, and a worker's kernel drops packets from its own address), a host member by its own. Where
+        switches share one INA address (no route tells them apart) the switch's lowest worker's address."""
         w = by_id[min(to.workers)]
+        if to.is_switch and to.switch != frm and own_address(to.switch):
+            info = topology.switches[to.switch]
+            route = next_hops_towards(links, to.switch).get(frm)
+            if route is None:
+                raise ValueError(f"job {job.job_id}: no path from {frm} to {to.switch}")
+            return ChainHop(to.member_id, route[0], info.switch_mac, info.switch_ip, wire.INA_UDP_PORT)
         if to.switch == frm:
             port = dict(job.workers_on(frm))[w.worker_id]
         else:

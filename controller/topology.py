@@ -22,7 +22,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -217,6 +217,16 @@ class Topology:
                     (int(h.mac.replace(":", ""), 16), port),
                 )
             )
+        # Every other switch's INA address (where it is its own): chains (Rina) address the next switch there.
+        ips = Counter([*(sw.switch_ip for sw in self.switches.values()), *(h.ip for h in self.hosts.values())])
+        for name, sw in sorted(self.switches.items()):
+            if name == switch or ips[sw.switch_ip] != 1:
+                continue
+            hop = next_hops_towards(links, name).get(switch)
+            if hop is not None:
+                entries.append(schema.entry("MyIngress.ipv4_lpm", ((int(ipaddress.IPv4Address(sw.switch_ip)), 32),),
+                                            "MyIngress.ipv4_forward",
+                                            (int(self.switches[hop[1]].switch_mac.replace(":", ""), 16), hop[0])))
         return entries, []
 
 

@@ -7,7 +7,11 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   transmission (``rack_rtt``: the round trip of that later chunk, queueing included), it is resent.
   Results of one worker's chunks come back in the order they were sent (every worker sends in order
   and a slot completes when its last copy arrives), so only loss or real reordering triggers this; the
-  reorder window is an eighth of the path's round trip, at least ``REORDER_FLOOR``.
+  reorder window is an eighth of the path's round trip, at least ``REORDER_FLOOR``. Where the chunks
+  take paths of different lengths (Rina on chains: partition p's result comes back after the chain that
+  ends at ring member p, one to R members long), that order holds only among chunks of one path, so
+  RACK keeps its evidence per *path class* (``classes``): a result of a short path's chunk says nothing
+  of a long path's chunk sent before it.
 - **Tail probe (TLP).** When results stop for ``tail_wait`` (two shortest round trips and a reorder
   window after the later of the latest result and the oldest chunk's transmission), the stalled window resends its oldest
   chunk, once per stall, without backing off; after an answered probe, the overdue tail.
@@ -30,6 +34,8 @@ Times are plain floats passed in by the caller (tests use a fake clock).
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from host_agent.congestion import CongestionWindow
@@ -40,6 +46,7 @@ __all__ = ["Flight", "REORDER_FLOOR"]
 REORDER_FLOOR = 0.001  # seconds: the smallest reorder window
 REORDER_SHARE = 1 / 8  # of the path's round trip: a worker's results come back in sending order, so only loss
 # reorders them; each lost chunk waits this long before its resend, while SwitchML's slot rule may hold the window
+CLASS_RECENT = 16  # round trips kept per path class
 MAX_REORDER_MULT = 1  # no widening: in INA a spurious early resend is mostly a peer's loss (see reorder_window)
 
 
@@ -53,24 +60,66 @@ class Flight:
         granted: slots granted (the window's upper bound).
         stats: the stream's counters (``spurious_resends``).
         reorder_mult: the stream's current widening of the reorder window (carried between windows).
+        classes: each chunk's path class (``int`` array of length K, values ``0 .. C-1``; RACK compares
+            chunks of one class only), or None: one path.
+        class_rtts: per class, its recent round trips (the stream's, carried between windows; sampled
+            here): the tail probe and the resend timer wait for the *longest* class's recent shortest
+            round trip, not the estimator's ``recent_min`` (the shortest path's), so a long chain's chunks
+            are not probed and resent again and again while their results are still on the way.
     """
 
     def __init__(self, K: int, i0: int, rtt: RttEstimator, cwnd: CongestionWindow, granted: int, stats,
-                 reorder_mult: int = 1) -> None:
+                 reorder_mult: int = 1, classes: np.ndarray | None = None,
+                 class_rtts: list[deque[float]] | None = None) -> None:
         self.K, self.i0, self.rtt, self.cwnd, self.granted, self.stats = K, i0, rtt, cwnd, granted, stats
         self.sent_at = np.zeros(K, dtype=np.float64)  # last transmission of each chunk
         self.tries = bytearray(K)  # resends of each chunk (saturating)
         self.early = bytearray(K)  # 1: resent by RACK (a spurious one widens the reorder window)
         self.counted = bytearray(K)  # 1: counted as a spurious resend already
         self.reorder_mult = reorder_mult
-        self.rack_xmit = float("-inf")  # transmission time of the latest-sent chunk with a result
-        self.rack_i = -1
-        self.rack_rtt = 0.0
+        self.classes = classes
+        c = int(classes.max()) + 1 if classes is not None and len(classes) else 1
+        self._xmit = np.full(c, float("-inf"))  # per class: transmission time of the latest-sent chunk with a result
+        self._idx = np.full(c, -1, dtype=np.int64)  # ... that chunk
+        self._rtt = np.zeros(c)  # ... its round trip
+        self.class_rtts = class_rtts if classes is not None else None
+        if self.class_rtts is not None:
+            while len(self.class_rtts) < c:
+                self.class_rtts.append(deque(maxlen=CLASS_RECENT))
         self.rack_timer = float("inf")  # when an outstanding chunk becomes lost unless its result comes
         self.rack_dirty = False
         self.last_new = 0.0  # when the latest new result arrived
         self.probe_answered = False  # a timeout's probe came back: the next timeout resends every overdue chunk
         self.tail_probed = False  # the tail probe of the current stall was sent (re-armed by a new result)
+
+    @property
+    def _latest(self) -> int:
+        return int(np.lexsort((self._idx, self._xmit))[-1])
+
+    @property
+    def rack_xmit(self) -> float:
+        """Transmission time of the latest-sent chunk with a result (of any class)."""
+        return float(self._xmit[self._latest])
+
+    @property
+    def rack_i(self) -> int:
+        return int(self._idx[self._latest])
+
+    @property
+    def rack_rtt(self) -> float:
+        return float(self._rtt[self._latest])
+
+    def _class_of(self, i: int) -> int:
+        return 0 if self.classes is None else int(self.classes[i])
+
+    def _evidence(self, i: int, t: float, rtt: float) -> None:
+        """Chunk ``i``, sent once at ``t``, has its result after ``rtt``: RACK's evidence for its class."""
+        c = self._class_of(i)
+        if self.class_rtts is not None:
+            self.class_rtts[c].append(rtt)
+        if t > self._xmit[c] or (t == self._xmit[c] and i > self._idx[c]):
+            self._xmit[c], self._idx[c], self._rtt[c] = t, i, rtt
+            self.rack_dirty = True
 
     # ------------------------------------------------------------------ transmissions
 
@@ -108,9 +157,7 @@ class Flight:
             return  # Karn: a resent chunk's time says nothing of the path, nor of what was sent before it
         est.sample(rtt, int(self.cwnd.cwnd) // 2)
         self.cwnd.on_results(est.recent_min, 1, now, est.path_rtt, est.srtt, self.granted)
-        if t > self.rack_xmit or (t == self.rack_xmit and i > self.rack_i):
-            self.rack_xmit, self.rack_i, self.rack_rtt = t, i, rtt
-            self.rack_dirty = True
+        self._evidence(i, t, rtt)
 
     def delivered_many(self, sel: np.ndarray, now: float) -> None:
         """The first results of chunks ``sel`` (in arrival order) arrived at ``now``."""
@@ -139,12 +186,14 @@ class Flight:
         if once.any():
             tv = t[once]
             so = sel[once]
-            last = tv.max()
-            ties = np.flatnonzero(tv == last)
-            k = int(ties[np.argmax(so[ties])])  # the latest transmission; of a run, the highest chunk
-            if last > self.rack_xmit or (last == self.rack_xmit and int(so[k]) > self.rack_i):
-                self.rack_xmit, self.rack_i, self.rack_rtt = float(last), int(so[k]), float(rtts[once][k])
-                self.rack_dirty = True
+            rv = rtts[once]
+            cls = self.classes[so] if self.classes is not None else np.zeros(so.size, dtype=np.int64)
+            for c in np.unique(cls):
+                of = np.flatnonzero(cls == c)
+                last = tv[of].max()
+                ties = of[tv[of] == last]
+                k = int(ties[np.argmax(so[ties])])  # the latest transmission; of a run, the highest chunk
+                self._evidence(int(so[k]), float(last), float(rv[k]))
 
     def duplicate(self, i: int) -> None:
         """Another result for chunk ``i``, which already has one."""
@@ -170,14 +219,14 @@ class Flight:
         return self.short_wait()
 
     def short_wait(self) -> float:
-        """One recent shortest round trip and two reorder windows, at least ``rto_min``."""
-        est = self.rtt
-        return max(est.recent_min + 2 * self.reorder_window(), est.rto_min)
+        """One recent shortest round trip (with path classes, the longest class's: ``recent_min``) and two
+        reorder windows, at least ``rto_min``."""
+        return max(self.recent_min() + 2 * self.reorder_window(), self.rtt.rto_min)
 
     def lost(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> list[int]:
         """Outstanding chunks in ``[lo, hi)`` found lost: sent once before the latest-sent chunk with a
-        result and overdue by ``min(rack_rtt, recent_min) + reorder window`` (RACK; results of one worker come
-        back in sending order, so the later chunk's result is the evidence, and the round trip only allows
+        result (of the same path class) and overdue by ``min(rack_rtt, recent_min) + reorder window`` (RACK;
+        results of one worker's chunks on one path come back in sending order, so the later chunk's result is the evidence, and the round trip only allows
         for reordering), or resent and unanswered for ``resend_timeout``."""
         self.rack_dirty = False
         self.rack_timer = float("inf")
@@ -188,11 +237,10 @@ class Flight:
         out = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0)
         resent = np.frombuffer(self.tries, dtype=np.uint8)[lo:hi] > 0
         cand = out & ~resent
-        if self.rack_i >= 0:
-            cand &= (t < self.rack_xmit) | ((t == self.rack_xmit) & (idx < self.rack_i))
-        else:
-            cand[:] = False
-        wait = min(self.rack_rtt, self.rtt.recent_min)
+        c = self.classes[lo:hi] if self.classes is not None else np.zeros(hi - lo, dtype=np.int64)
+        xmit, last = self._xmit[c], self._idx[c]
+        cand &= (last >= 0) & ((t < xmit) | ((t == xmit) & (idx < last)))
+        wait = np.minimum(self._rtt[c], self.rtt.recent_min)
         due = np.where(resent, t + self.resend_timeout(), t + (wait + self.reorder_window()))
         pending = cand | (out & resent)
         if not pending.any():
@@ -246,7 +294,14 @@ class Flight:
         loaded machine: there every chunk is a tail, and a peer descheduled for longer than the margin
         stalls the results as a lost chunk would."""
         est = self.rtt
-        return max(2 * est.recent_min + self.reorder_window(), est.rto_min)
+        return max(2 * self.recent_min() + self.reorder_window(), est.rto_min)
+
+    def recent_min(self) -> float:
+        """The estimator's recent shortest round trip, or with path classes the longest class's."""
+        base = self.rtt.recent_min
+        if self.class_rtts:
+            return max([base] + [min(d) for d in self.class_rtts if d])
+        return base
 
     def rto_deadline(self, lo: int) -> float:
         """When the window's timer fires, given its oldest outstanding chunk ``lo``."""

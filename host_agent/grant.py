@@ -215,6 +215,7 @@ class Rack:
     address: tuple[str, int]  # where INA packets go: (switch_ip, ina_port)
     num_slots: int
     worker_ids: tuple[int, ...]
+    partition_slots: int = 0  # Rina on chains: slots per partition, each answered over a chain of its own length; 0: one path
 
     @property
     def representative(self) -> int:
@@ -307,7 +308,7 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
     if chains:
         ring = chain_ring(grant)
         if ring is not None:
-            racks = [replace(r, num_slots=ring.num_slots) for r in racks]
+            racks = [replace(r, num_slots=ring.num_slots, partition_slots=ring.partition_slots) for r in racks]
             return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
     in_racks = {w for r in racks for w in r.worker_ids}
     ring = tuple(sorted({r.representative for r in racks} | (set(ids) - in_racks)))

@@ -79,7 +79,10 @@ class InaPhase:
         pkts = gradient_packets(seg.contrib[i0:], a + i0, base, S, job, gen, wid)
         est, cwnd = self._rtt, self._cwnd
         cwnd.clamp(S)
-        flight = Flight(K, i0, est, cwnd, S, self.stats, self._reorder_mult)
+        classes = None  # Rina on chains: each partition's results come over a chain of its own length
+        if 0 < rack.partition_slots < S:
+            classes = ((np.arange(a - base, a - base + K, dtype=np.int64) % S) // rack.partition_slots)
+        flight = Flight(K, i0, est, cwnd, S, self.stats, self._reorder_mult, classes, self._chain_rtts)
         results = ResultBatch(self, seg, got, i0, job, gen, rack,  # MEMBER: results only move the window
                               seg.res32 if final else partial, seg.flag if final else pflag, seg.src if final else None,
                               flight)

@@ -232,6 +232,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._rtt = RttEstimator(options.rto_initial, options.rto_min, options.rto_max)
         self._cwnd = CongestionWindow(options.initial_window)
         self._reorder_mult = 1  # widening of the reorder window after spurious early resends (host_agent/flight.py)
+        self._chain_rtts: list = []  # Rina on chains: recent round trips per chain (Flight's class_rtts)
         self._guard_until = 0.0
         self._pace_next = 0.0  # link emulation: when the next INA packet may leave
         self._pace_gap = (wire.INA_FRAME_LEN * 8 / options.link_bps) if options.link_bps else 0.0
@@ -519,6 +520,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._base = resume
         self._acks = {w: resume for w in self.ids}
         self._rtt.reset()  # the new plan may aggregate in another switch
+        self._chain_rtts.clear()
         notice, self._notice_at = self._notice_at, None
         if notice is not None and self.stats.resyncs:
             self._catchup = [notice, stop, time.monotonic(), m, m - resume, lost]

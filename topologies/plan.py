@@ -271,12 +271,17 @@ class NetworkPlan:
 
 
 def compute_routes(
-    hosts: Sequence[HostSpec], switches: Iterable[str], links: Sequence[LinkSpec], switch_macs: Mapping[str, str]
+    hosts: Sequence[HostSpec], switches: Iterable[str], links: Sequence[LinkSpec], switch_macs: Mapping[str, str],
+    switch_ips: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[Route, ...]]:
     """Host routes (/32) for every switch along shortest paths (``controller.topology.next_hops_towards``).
 
     The next hop's MAC is the host's own MAC on its access switch, else the next switch's INA MAC (the P4
-    program does not check destination MACs; a real one makes pcaps readable).
+    program does not check destination MACs; a real one makes pcaps readable). ``switch_ips``: each switch's
+    INA address gets a /32 too on every other switch (where no other switch or host shares it), so that the
+    packets of a chain (Rina) travel to the next switch's own address: addressed to one of its workers, the
+    final sums that switch multicasts would carry that worker's address as their source, and its kernel
+    drops them as martians.
     """
     switches = list(switches)
     names = set(switches)
@@ -292,4 +297,9 @@ def compute_routes(
         routes[host.switch].append(Route(f"{host.ip}/32", host.mac, host.switch_port))
         for switch, (port, towards) in next_hops_towards(adjacency, host.switch).items():
             routes[switch].append(Route(f"{host.ip}/32", switch_macs[towards], port))
+    ips = collections.Counter([*(switch_ips or {}).values(), *(h.ip for h in hosts)])
+    for name, ip in sorted((switch_ips or {}).items()):
+        if name in names and ips[ip] == 1:
+            for switch, (port, towards) in next_hops_towards(adjacency, name).items():
+                routes[switch].append(Route(f"{ip}/32", switch_macs[towards], port))
     return {s: tuple(r) for s, r in routes.items()}

@@ -218,7 +218,8 @@ class InaTopo(Topo):
                 "switch_ip": h.switch_ip, "switch_mac": h.switch_mac,
             })
         macs = {s.name: s.mac for s in self._switch_specs.values()}
-        computed = compute_routes(final_hosts, list(self._switch_specs), self._link_specs, macs)
+        computed = compute_routes(final_hosts, list(self._switch_specs), self._link_specs, macs,
+                                  {s.name: s.ip for s in self._switch_specs.values()})
         switches = []
         for s in self._switch_specs.values():
             routes = self._fixed_routes.get(s.name, computed[s.name])

@@ -99,3 +99,32 @@ def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back
     assert len(applied) == len(steps)
     kinds = [kind for _, kind, _ in out[0][1].generation_history]
     assert kinds[0] == "ina" and "rina" in kinds and kinds[-1] == "ina"
+
+
+def test_rack_compares_chunks_of_one_chain_only() -> None:
+    """On chains, partition 1's results come round a longer chain than partition 0's: a result of a later
+    partition-0 chunk is no evidence that an earlier partition-1 chunk was lost (it was, before the classes:
+    a third of the chunks resent at 2 x 4), but a later partition-1 result is."""
+    from host_agent.congestion import CongestionWindow
+    from host_agent.flight import Flight
+    from host_agent.rtt import RttEstimator
+    from host_agent.stream import StreamStats
+
+    K = 8
+    est = RttEstimator(0.05, 0.010, 1.0)
+    est.sample(0.010)
+    classes = (np.arange(K) % 4) // 2  # 4 slots, 2 partitions of 2: chunks 0,1,4,5 short; 2,3,6,7 long
+    fl = Flight(K, 0, est, CongestionWindow(initial=K), 4, StreamStats(), classes=classes)
+    got = np.zeros(K, dtype=np.uint8)
+    queued = bytearray(K)
+    fl.sent(0, 6, 1.000)
+    for i in (0, 1):
+        got[i] = 1
+        fl.delivered(i, 1.010)
+    fl.sent(6, 8, 1.010)
+    got[4] = 1
+    fl.delivered(4, 1.011)  # short chain: chunks 2 and 3 (long chain, sent before it) are not late
+    assert fl.lost(got, 2, 8, 2.0, queued) == []
+    got[3] = 1
+    fl.delivered(3, 1.030)  # long chain: chunk 2, sent before 3 on the same chain, is
+    assert fl.lost(got, 2, 8, 2.0, queued) == [2]

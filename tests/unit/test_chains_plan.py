@@ -22,12 +22,14 @@ from tests.targets import Worker, dissect, gradient
 JOB = 3
 
 
-def _leaf_spine(racks: int, per_rack: int, ina: dict[str, bool] | None = None) -> Topology:
+def _leaf_spine(racks: int, per_rack: int, ina: dict[str, bool] | None = None, own_ips: bool = False) -> Topology:
     switches = {"spine": {}}
     hosts, links = {}, []
     for r in range(racks):
         tor = f"tor{r}"
         switches[tor] = {"ina": (ina or {}).get(tor, True)}
+        if own_ips:  # every ToR its own INA address (as ina-exp's leaf-spine): chains go to it
+            switches[tor] |= {"switch_ip": f"10.0.{r}.253", "switch_mac": f"02:00:00:00:{r:02x}:fe"}
         links.append([f"{tor}-p{per_rack + 1}", f"spine-p{r + 1}"])
         for k in range(per_rack):
             h = f"h{r}{k}"
@@ -118,9 +120,12 @@ def _run(topo: Topology, pipes: dict[str, InaPipeline], sends: list[tuple[str, i
     return delivered
 
 
+@pytest.mark.parametrize("own_ips", [False, True], ids=["shared-switch-ip", "own-switch-ips"])
 @pytest.mark.parametrize("racks,per_rack", [(2, 4), (4, 2), (3, 2)])
-def test_rina_over_every_ina_rack_gives_exact_sums(racks, per_rack):
-    topo = _leaf_spine(racks, per_rack)
+def test_rina_over_every_ina_rack_gives_exact_sums(racks, per_rack, own_ips):
+    """With its own INA address a switch member is addressed there (routed by the topology), so no result a
+    worker gets carries that worker's own address as its source (its kernel would drop it as a martian)."""
+    topo = _leaf_spine(racks, per_rack, own_ips=own_ips)
     job = _job(topo, {f"tor{r}": 16 for r in range(racks)})
     plan = plan_rina(topo, job)
     pipes = _install(topo, job, plan)
@@ -140,6 +145,8 @@ def test_rina_over_every_ina_rack_gives_exact_sums(racks, per_rack):
         assert sorted(got) == list(slots)
         for s, pkt in got.items():
             assert pkt[INA].msg_type == wire.MsgType.RESULT and pkt[INA].worker_id == wid
+            if own_ips:
+                assert pkt["IP"].src == topo.switches[sw].switch_ip != job.request.workers[wid].ip
             assert pkt[INA].lanes == [int(x) for x in totals[s].astype(np.int32)]
     assert not delivered
     # each partition: R - 1 partials and R - 1 passed-on final sums cross the spine

@@ -27,11 +27,12 @@ import time
 from dataclasses import dataclass, field
 
 from inaproto.cli import Parser, UsageError
-from softswitch.dataplane import TRACE, DataPlane, DataPlaneError, IoMode
+from softswitch.dataplane import TRACE, DataPlane, IoMode
 from softswitch.faults import FaultConfig, build_config
 from softswitch.link_delay import LinkDelay, parse_link_delays
 from softswitch.p4program import JSON_VERSION, ProgramError, check_program
 from softswitch.pipeline import DROP_PORT
+from softswitch.port_socket import DataPlaneError
 
 PROG = "ina-switch"
 VERSION = "ina-switch 0.1.0 (BMv2 simple_switch_grpc command line, P4Runtime 1.4)"

@@ -26,7 +26,6 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,21 +35,14 @@ import numpy as np
 
 from softswitch.faults import FaultConfig, FaultInjector
 from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay
-from softswitch.errors import SoftSwitchError
 from softswitch.pcap import PcapWriter
+from softswitch.port_socket import PACKET_OUTGOING, interface_is_up, open_port_socket
 from softswitch.pipeline_batch import FrameBlock, rows_as_bytes as _rows_as_bytes
 from softswitch.ring_io import PacketRing, RingUnavailable
 
-ETH_P_ALL = 0x0003
-SOL_PACKET = 263
-PACKET_ADD_MEMBERSHIP = 1
-PACKET_MR_PROMISC = 1
-PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: a packet socket does not see its own (or anyone's) outgoing frames
-PACKET_OUTGOING = 4
 BATCH = 64  # frames read from one socket before the next poll
 RING_BATCH = 512  # frames taken from one port's receive ring before the next port (whole blocks)
 RECV_SIZE = 65536  # larger than any frame a veth delivers (GSO off or on)
-SOCKET_BUFFER = 4 << 20
 IDLE_FLUSH = 0.2  # seconds: pcap files are flushed when the switch has been idle this long
 
 TRACE = 5
@@ -65,10 +57,6 @@ class IoMode(enum.Enum):
 
     RINGS = "rings"  # PACKET_MMAP rings, a batch per port per wake-up, one send() per port per wake-up
     FRAMES = "frames"  # one recv() and one send() per frame
-
-
-class DataPlaneError(SoftSwitchError, RuntimeError):
-    """A port that cannot be opened (no such interface, no permission)."""
 
 
 @dataclass
@@ -86,48 +74,6 @@ class DataPlaneStats:
     packet_in: int = 0
     packet_out: int = 0
     batches: int = 0  # receive batches (rings: one per port per wake-up)
-
-
-def open_port_socket(iface: str, *, promiscuous: bool = True) -> tuple[socket.socket, bool]:
-    """A raw AF_PACKET socket bound to ``iface``, and whether the kernel hides outgoing frames from it.
-
-    Where it cannot (kernels before 4.20), the caller must skip frames whose pkttype is PACKET_OUTGOING.
-    """
-    try:
-        # Protocol 0 at creation, ETH_P_ALL at bind: no frame of another interface is ever queued on it.
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-    except PermissionError:
-        raise DataPlaneError("raw AF_PACKET sockets need root (or CAP_NET_RAW)") from None
-    try:
-        try:
-            sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-            ignores_outgoing = True
-        except OSError:  # kernels before 4.20: outgoing frames are filtered by pkttype instead
-            ignores_outgoing = False
-        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
-        try:
-            sock.bind((iface, ETH_P_ALL))
-        except OSError as e:
-            raise DataPlaneError(f"cannot open interface {iface!r}: {e.strerror or e}") from None
-        if promiscuous:  # as BMv2 (libpcap) does; the membership ends with the socket
-            ifindex = socket.if_nametoindex(iface)
-            sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, struct.pack("iHH8s", ifindex, PACKET_MR_PROMISC, 0, b""))
-    except BaseException:
-        sock.close()
-        raise
-    return sock, ignores_outgoing
-
-
-def interface_is_up(sock: socket.socket, iface: str) -> bool:
-    """IFF_UP of an interface (SIOCGIFFLAGS on any socket of its namespace)."""
-    import fcntl
-
-    try:
-        flags = struct.unpack_from("16sH", fcntl.ioctl(sock.fileno(), 0x8913, struct.pack("16sH22x", iface.encode(), 0)))[1]
-    except OSError:
-        return True  # cannot tell: say nothing
-    return bool(flags & 0x1)
 
 
 class DataPlane:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softswitch.dataplane import open_port_socket
+from softswitch.port_socket import open_port_socket
 from softswitch.ring_io import SMALL_BATCH, PacketRing, RingUnavailable
 from topologies.netns import Network, sweep_stale, wait_until
 

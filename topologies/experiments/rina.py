@@ -81,7 +81,8 @@ class RinaConfig:
             raise ValueError("bw_mbps must be positive and uplink_ratio in (0, 1]")
 
 
-def _layouts(text: str) -> tuple[tuple[int, int], ...]:
+def parse_layouts(text: str) -> tuple[tuple[int, int], ...]:
+    """``--layouts 2x4,4x2``: (racks, workers per rack) pairs of a leaf-spine (also the tree experiment's)."""
     return tuple(tuple(int(x) for x in part.split("x")) for part in text.split(","))  # type: ignore[misc]
 
 
@@ -92,7 +93,7 @@ class RinaExperiment(Experiment):
     title = "Rina as designed: ring vs Rina on chains vs single-switch INA"
     Config = RinaConfig
     options = (
-        ("--layouts", "layouts", _layouts, "racks x workers, e.g. 2x4,4x2"),
+        ("--layouts", "layouts", parse_layouts, "racks x workers, e.g. 2x4,4x2"),
         ("--fractions", "ina_fractions", "floats", "fractions of INA racks, e.g. 1,0.5,0"),
         ("--elements", "elements", int, "float32 elements per all-reduce"),
         ("--iterations", "iterations", int, "timed all-reduces per point"),

@@ -27,6 +27,7 @@ from inaproto import wire
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.base import Experiment
+from topologies.experiments.rina import parse_layouts
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
 __all__ = ["TreeConfig", "TreeExperiment", "framed_partial_bytes", "ina_bytes", "tree_bdp_frames"]
@@ -102,10 +103,6 @@ class TreeConfig:
             raise ValueError("bw_mbps must be positive and loss probabilities in [0, 1)")
 
 
-def _layouts(text: str) -> tuple[tuple[int, int], ...]:
-    return tuple(tuple(int(x) for x in part.split("x")) for part in text.split(","))  # type: ignore[misc]
-
-
 @register
 class TreeExperiment(Experiment):
     name = "tree"
@@ -113,7 +110,7 @@ class TreeExperiment(Experiment):
     title = "Aggregation trees: ToR + spine tree vs Rina vs ring vs single-switch INA"
     Config = TreeConfig
     options = (
-        ("--layouts", "layouts", _layouts, "racks x workers, e.g. 2x4,4x2"),
+        ("--layouts", "layouts", parse_layouts, "racks x workers, e.g. 2x4,4x2"),
         ("--elements", "elements", int, "float32 elements per all-reduce"),
         ("--iterations", "iterations", int, "timed all-reduces per run"),
         ("--repetitions", "repetitions", int, "fresh testbeds per point"),

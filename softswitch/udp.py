@@ -84,6 +84,7 @@ class UdpSwitch:
         self._order = 0
         self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
         self._stop = threading.Event()
+        self._held = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"udp-switch-{name}", daemon=True)
         self._thread.start()
 
@@ -131,6 +132,14 @@ class UdpSwitch:
 
     def set_faults(self, faults: Faults) -> None:
         self.faults = faults
+
+    def hold(self) -> None:
+        """Stop processing and forwarding: frames queue up until :meth:`release` (a test acts at a known point
+        of a job, e.g. a reallocation mid-call that no worker can finish the call before noticing)."""
+        self._held.set()
+
+    def release(self) -> None:
+        self._held.clear()
 
     def counter(self, name: str, index: int) -> int:
         return self.pipeline.counter(name)[index]
@@ -189,6 +198,9 @@ class UdpSwitch:
                         at = sec + nsec * 1e-9
                 self.received += 1
                 self._schedule("in", data, src, at)
+            if self._held.is_set():
+                poller.poll(5)
+                continue
             now = time.time()
             while queue_ and queue_[0][0] <= now:
                 _, _, kind, payload, addr = heapq.heappop(queue_)

@@ -11,22 +11,42 @@ from host_agent.agent import Agent, AgentOptions
 from host_agent.control import AdmissionClient
 from host_agent.errors import JobReleased
 from host_agent.stream import StreamOptions
+from inaproto.backends import Backend
+from inaproto.wire import LANES
 from softswitch.udp import Faults
 from tests.udp_switch import LocalCluster, quantised_sum, run_workers
 
+MID_CALL_LIMIT = 2.0  # seconds
 QUICK = AgentOptions(stream=StreamOptions(op_timeout=20.0))
 FAULTY = Faults(drop=0.03, duplicate=0.03, reorder=0.03, reorder_delay=0.002)
+
+
+def _into_call(agent: Agent, per_call: int) -> int:
+    """How many chunks of its current call ``agent`` has results for (read from another thread: a torn read
+    only delays the caller's wait)."""
+    try:
+        return agent.stream.first_missing() % per_call
+    except (IndexError, RuntimeError, AttributeError):
+        return 0
 
 
 def _run_with_steps(cl: LocalCluster, inputs: list[np.ndarray], calls: int, steps: list[dict], *, every: int,
                     spec=None, sockets=None) -> list:
     """Every worker all-reduces its input ``calls`` times; a controller thread applies ``steps`` one by one,
-    each once worker 0 has synced on the previous one and then started ``every`` more chunks (so mostly in
-    the middle of a call). Waiting for the sync matters: ``stats.chunks`` counts a call's chunks when it
-    starts, so a worker that had its results before it noticed a grant could start the next call and let the
-    next step supersede the grant before anyone synced on it (on a loaded machine, the ring step vanished).
+    each once worker 0 has synced on the previous one, then started ``every`` more chunks, then had results
+    for a fifth of that call's chunks; the switches hold their frames from then until worker 0 synced on the step,
+    so the step lands in the middle of a call whatever the machine's load.
+
+    Waiting on conditions, not time: ``stats.chunks`` counts a call's chunks when it starts, so a worker
+    that had its results before it noticed a grant could start the next call and let the next step supersede
+    the grant before anyone synced on it (on a loaded machine, the ring step vanished); and a fixed few ms
+    into a call were, on a loaded machine, often before its first result, and the workers could finish a
+    call before noticing a grant (every step landed on a call's boundary). Only under a single-switch INA
+    plan (Rina's ring exchanges would wait on a held switch; the ring has no switch) does the step wait for
+    mid-call results (at most ``MID_CALL_LIMIT`` seconds) and hold the switches; otherwise it is applied at once.
     Returns (per worker (results, stats), generations applied)."""
     first: dict[str, Agent] = {}
+    per_call = -(-inputs[0].size // LANES)  # chunks per call
     done = threading.Event()
     applied: list[int] = []
 
@@ -44,13 +64,25 @@ def _run_with_steps(cl: LocalCluster, inputs: list[np.ndarray], calls: int, step
         for step in steps:
             while (first.get("agent") is None or first["agent"].stats.chunks < target) and not done.is_set():
                 time.sleep(0.0005)
-            time.sleep(0.004)  # a few ms into the call
+            agent = first.get("agent")
+            stats = agent.stats if agent is not None else None
+            single = stats is not None and agent.plan.kind == Backend.INA
+            if single:
+                limit = time.monotonic() + MID_CALL_LIMIT
+                while _into_call(agent, per_call) < per_call // 5 and time.monotonic() < limit and not done.is_set():
+                    time.sleep(0.0005)
             if done.is_set():
                 return
-            applied.append(cl.fake.reallocate(job_id, **step))
-            stats = first["agent"].stats
-            while not done.is_set() and not any(g >= applied[-1] for g, _, _ in list(stats.generation_history)):
-                time.sleep(0.0005)
+            switches = [sw for sw in cl.switches.values() if sw is not None] if single else []
+            for sw in switches:  # nobody finishes the call before noticing the grant
+                sw.hold()
+            try:
+                applied.append(cl.fake.reallocate(job_id, **step))
+                while not done.is_set() and not any(g >= applied[-1] for g, _, _ in list(stats.generation_history)):
+                    time.sleep(0.0005)
+            finally:
+                for sw in switches:
+                    sw.release()
             target = stats.chunks + every
 
     t = threading.Thread(target=controller)

@@ -69,16 +69,22 @@ class RinaConfig:
     reference: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layouts", tuple((int(a), int(b)) for a, b in self.layouts))
+        object.__setattr__(self, "layouts", checked_layouts(self.layouts))
         object.__setattr__(self, "ina_fractions", tuple(float(f) for f in self.ina_fractions))
-        if not self.layouts or any(r < 2 or w < 1 or r * w > 16 for r, w in self.layouts):
-            raise ValueError(f"layouts need at least 2 racks and at most 16 workers, got {list(self.layouts)}")
         if any(not 0 <= f <= 1 for f in self.ina_fractions):
             raise ValueError("ina_fractions must be between 0 and 1")
         if self.elements < 1 or self.iterations < 1 or self.warmup < 0 or self.slots < 1:
             raise ValueError("elements, iterations and slots must be positive, warmup >= 0")
         if not self.bw_mbps > 0 or not 0 < self.uplink_ratio <= 1:
             raise ValueError("bw_mbps must be positive and uplink_ratio in (0, 1]")
+
+
+def checked_layouts(layouts) -> tuple[tuple[int, int], ...]:
+    """(racks, workers per rack) pairs of a leaf-spine as ints: at least 2 racks, at most 16 workers each."""
+    out = tuple((int(a), int(b)) for a, b in layouts)
+    if not out or any(r < 2 or w < 1 or r * w > 16 for r, w in out):
+        raise ValueError(f"layouts need at least 2 racks and at most 16 workers, got {list(out)}")
+    return out
 
 
 def parse_layouts(text: str) -> tuple[tuple[int, int], ...]:

@@ -27,7 +27,7 @@ from inaproto import wire
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.base import Experiment
-from topologies.experiments.rina import parse_layouts
+from topologies.experiments.rina import checked_layouts, parse_layouts
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
 __all__ = ["TreeConfig", "TreeExperiment", "framed_partial_bytes", "ina_bytes", "tree_bdp_frames"]
@@ -93,10 +93,8 @@ class TreeConfig:
     baselines: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layouts", tuple((int(a), int(b)) for a, b in self.layouts))
+        object.__setattr__(self, "layouts", checked_layouts(self.layouts))
         object.__setattr__(self, "loss", tuple(float(p) for p in self.loss))
-        if not self.layouts or any(r < 2 or w < 1 or r * w > 16 for r, w in self.layouts):
-            raise ValueError(f"layouts need at least 2 racks and at most 16 workers, got {list(self.layouts)}")
         if self.elements < 1 or self.iterations < 1 or self.warmup < 0 or self.slots < 1 or self.repetitions < 1:
             raise ValueError("elements, iterations, repetitions and slots must be positive, warmup >= 0")
         if not self.bw_mbps > 0 or any(not 0 <= p < 1 for p in self.loss):

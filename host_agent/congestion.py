@@ -31,9 +31,22 @@ queue comes with that queue's delay first: the delay rule acts before the queue 
 halving the window, as TCP Reno does, took 8 workers at 5 % link loss to the minimum window: a third
 of their rounds lose a chunk.)
 
+**A queue the window itself makes is the only one it cuts** (issue 13, experiment 1's pool-size curve):
+a window of ``W`` chunks delivered at ``R`` chunks/s keeps at most ``W / R`` seconds of round trip in
+flight, so a window of at most ``R x target`` cannot push the shortest round trip above the target. When
+the round trips exceed the target anyway (the software switch's own queue under load, the skew of a
+slow peer, whose wait every INA round trip includes), cutting the window below that would only idle the
+link. So no cut goes below ``floor = R_max x target`` (``R_max``: the highest delivery rate of the last
+``RATE_ROUNDS`` rounds, BBR's bottleneck-bandwidth filter), which is at least the bandwidth-delay
+product once a round has filled the link. (Without it, a grant of 2-4x the BDP on 2 Mbit/s / 10 ms was
+cut to about half the BDP by such rounds and took 1.3-1.5x the framed wire time; experiment 1.)
+
 Times are plain floats (seconds) passed in by the caller, so tests drive it with a fake clock.
 """
 from __future__ import annotations
+
+import math
+from collections import deque
 
 __all__ = ["CongestionWindow"]
 
@@ -42,6 +55,7 @@ QUEUE_ALLOWANCE = 0.002  # seconds of queueing a round may show before the windo
 ALLOWANCE_SHARE = 0.25  # ... or this share of the path's round trip, whichever is larger
 MAX_CUT = 0.5  # the largest multiplicative decrease per round
 DELAY_GAIN = 0.8  # decrease per round = DELAY_GAIN x (excess delay / round trip), at most MAX_CUT
+RATE_ROUNDS = 32  # rounds whose delivery rates the floor's max filter keeps
 
 
 class CongestionWindow:
@@ -64,6 +78,9 @@ class CongestionWindow:
         self.cuts = 0
         self.loss_cuts = 0  # of the cuts, those made on a loss or a timeout
         self.last_cut = float("-inf")
+        self.round_start: float | None = None  # when the current round began (the previous one ended)
+        self.round_delivered = 0  # results of chunks sent once in the current round
+        self._rates: deque[float] = deque(maxlen=RATE_ROUNDS)  # delivery rate of each recent round (chunks/s)
 
     def limit(self, granted: int) -> int:
         """The chunks that may be in flight now."""
@@ -77,18 +94,32 @@ class CongestionWindow:
         """The longest shortest-round-trip of a round that does not shrink the window."""
         return path_rtt + max(self.queue_allowance, ALLOWANCE_SHARE * path_rtt)
 
+    @property
+    def rate(self) -> float:
+        """The highest delivery rate of the recent rounds, in chunks per second (0 before a round ended)."""
+        return max(self._rates, default=0.0)
+
+    def floor(self, path_rtt: float) -> float:
+        """The smallest window a queue may cut it to: one that can hold no queue above the target at the
+        delivery rate (see the module docstring)."""
+        return math.ceil(self.rate * self._target(path_rtt))
+
     def on_results(self, rtt: float, count: int, now: float, path_rtt: float, srtt: float, granted: int) -> None:
         """``count`` results of chunks sent once arrived at ``now``; ``rtt``: the shortest recent round trip."""
         if rtt < self.round_min:
             self.round_min = rtt
+        self.round_delivered += count
         if self.cwnd < self.ssthresh:
             self.cwnd = min(self.cwnd + count, float(granted))  # slow start: +1 per result, x2 per round
         if now < self.round_end:
             return
+        if self.round_start is not None and now > self.round_start:
+            self._rates.append(self.round_delivered / (now - self.round_start))
+        self.round_start, self.round_delivered = now, 0
         target = self._target(path_rtt)
         if self.round_min > target:
             if now - self.last_cut >= max(srtt, path_rtt):  # a loss may have cut in this round already
-                self._cut(self.round_min, target, now)
+                self._cut(self.round_min, target, now, self.floor(path_rtt))
             self.queued = True
         else:
             if self.cwnd >= self.ssthresh:
@@ -99,13 +130,19 @@ class CongestionWindow:
         self.last_round_min = self.round_min
         self.round_min = float("inf")
 
-    def _cut(self, rtt: float, target: float, now: float) -> None:
-        """Decrease in proportion to the excess delay (at most ``MAX_CUT``); slow start ends."""
+    def _cut(self, rtt: float, target: float, now: float, floor: float) -> bool:
+        """Decrease in proportion to the excess delay (at most ``MAX_CUT``), not below ``floor``; slow start
+        ends. True if the window shrank."""
         cut = min(MAX_CUT, DELAY_GAIN * (rtt - target) / rtt)
-        self.cwnd = max(1.0, self.cwnd * (1.0 - cut))
-        self.ssthresh = self.cwnd
+        new = max(1.0, self.cwnd * (1.0 - cut), floor)
+        self.ssthresh = min(self.ssthresh, max(new, 1.0))
+        if new >= self.cwnd:
+            return False  # the window is too small to have made this queue
+        self.cwnd = new
+        self.ssthresh = new
         self.cuts += 1
         self.last_cut = now
+        return True
 
     def on_loss(self, now: float, path_rtt: float, srtt: float) -> None:
         """A chunk was found lost before its timeout: a cut only if this round shows a queue above the target
@@ -113,8 +150,8 @@ class CongestionWindow:
         target = self._target(path_rtt)
         rtt = self.round_min if self.round_min != float("inf") else (self.last_round_min if self.queued else 0.0)
         if rtt and rtt > target and now - self.last_cut >= max(srtt, path_rtt):
-            self._cut(rtt, target, now)
-            self.loss_cuts += 1
+            if self._cut(rtt, target, now, self.floor(path_rtt)):
+                self.loss_cuts += 1
 
     def on_timeout(self, now: float, path_rtt: float, srtt: float) -> None:
         """The retransmission timer fired: the same rule as a loss (a lost tail or a late peer is no congestion)."""

@@ -278,3 +278,38 @@ def test_the_last_chunks_of_a_window_are_probed_after_one_round_trip_a_stall_bef
     one.delivered(0, 1.010)
     one.sent(1, 2, 1.011)  # window 1: sent after the latest result, a tail only by position
     assert one.tail_deadline(1, all_sent=True) == pytest.approx(1.011 + max(2 * est.recent_min + reo, est.rto_min))
+
+
+def _stalled_rounds(cw: CongestionWindow, rounds: int, stall_every: int) -> list[int]:
+    """A 10 ms path at 1 chunk/ms (BDP 10 chunks) behind a queue the window makes (1 ms per chunk in flight
+    beyond 10), and every ``stall_every``-th round a peer stalls for 20 ms (an INA round trip waits for the
+    slowest worker): the window's sizes after each round."""
+    now, sizes = 0.0, []
+    for r in range(rounds):
+        w = cw.limit(64)
+        rtt = 0.010 + max(0, w - 10) * 0.001 + (0.020 if r % stall_every == stall_every - 1 else 0.0)
+        now += rtt
+        cw.on_results(rtt, w, now, 0.010, rtt, 64)
+        sizes.append(cw.limit(64))
+    return sizes
+
+
+def test_a_stalled_peer_never_cuts_the_window_below_the_bdp() -> None:
+    """Round trips long because a peer stalled (no queue of this window's making) leave the window at or
+    above the delivery rate x the target (12.5 chunks here): cutting below it would only idle the link.
+    Its own queue is still cut back (the window stays near the BDP plus the allowance)."""
+    cw = CongestionWindow(initial=8)
+    sizes = _stalled_rounds(cw, 200, stall_every=5)  # (the window before the floor: 4 chunks)
+    assert min(sizes[20:]) >= 10  # never below the BDP once the link was full
+    assert max(sizes[-50:]) <= 16 and cw.cuts > 0  # its own queue still cut to about the target (12.5 + 1)
+
+
+def test_the_window_is_never_cut_below_its_floor_by_a_loss() -> None:
+    """A loss in a round with a queue cuts by the delay rule, but not below the delivery rate x the target."""
+    cw = CongestionWindow(initial=16)
+    cw.on_results(0.010, 16, 0.010, 0.010, 0.010, 64)  # first round ends: the next starts here
+    cw.on_results(0.010, 16, 0.026, 0.010, 0.010, 64)  # 16 chunks in 16 ms: 1000 chunks/s
+    assert cw.floor(0.010) == 13  # 1000/s x 12.5 ms
+    cw.on_results(0.030, 1, 0.027, 0.010, 0.010, 64)  # 30 ms: far above the target
+    cw.on_loss(0.028, 0.010, 0.010)
+    assert cw.limit(64) >= 13

@@ -155,6 +155,7 @@ class Flight:
             elif not self.early[i]:
                 self.probe_answered = True
             return  # Karn: a resent chunk's time says nothing of the path, nor of what was sent before it
+        self.probe_answered = False  # the window's first sends flow again: the probe met a late peer
         est.sample(rtt, int(self.cwnd.cwnd) // 2)
         self.cwnd.on_results(est.recent_min, 1, now, est.path_rtt, est.srtt, self.granted)
         self._evidence(i, t, rtt)
@@ -183,6 +184,8 @@ class Flight:
             answered = sel[resent & ~early]
             if answered.size and not all(self.early[int(i)] for i in answered):
                 self.probe_answered = True
+        if once.any():
+            self.probe_answered = False  # with results of first sends: the probe met a late peer
         if once.any():
             tv = t[once]
             so = sel[once]
@@ -238,8 +241,7 @@ class Flight:
         resent = np.frombuffer(self.tries, dtype=np.uint8)[lo:hi] > 0
         cand = out & ~resent
         c = self.classes[lo:hi] if self.classes is not None else np.zeros(hi - lo, dtype=np.int64)
-        xmit, last = self._xmit[c], self._idx[c]
-        cand &= (last >= 0) & ((t < xmit) | ((t == xmit) & (idx < last)))
+        cand &= self._overtaken(lo, hi, t)
         wait = np.minimum(self._rtt[c], self.rtt.recent_min)
         due = np.where(resent, t + self.resend_timeout(), t + (wait + self.reorder_window()))
         pending = cand | (out & resent)
@@ -255,18 +257,31 @@ class Flight:
                    after: float | None = None) -> list[int]:
         """The window's timer (or tail probe) fired (its oldest outstanding chunk is ``lo``): what to resend.
 
-        Every chunk in ``[lo, hi)`` outstanding for ``after`` (default: a timeout) when results came back after it was sent (a
-        tail lost while the rest of the window flowed), or after a probe was answered; else only ``lo``, as
-        a probe (nothing has come back since: a late peer, whose answer to the probe then brings the rest).
+        Every chunk in ``[lo, hi)`` outstanding for ``after`` (default: a timeout) that a later-sent chunk's
+        result overtook (of its path class: results come back in sending order, so it was lost), or after
+        an answered probe; else only ``lo``, as a probe. A chunk sent before the latest result *arrived* but
+        after the latest-answered chunk was *sent* is merely behind it (in a queue, or waiting at the switch
+        for a late peer): resending such chunks at a timeout resent a window's whole queue spuriously
+        (experiment 1, grants of 2-4x the BDP).
+
+        A probe counts as answered only while no result of a chunk sent once came after it (see
+        ``delivered``): when the late original of a stalled peer answers it, the rest of the window follows.
         """
         probe_answered, self.probe_answered = self.probe_answered, False
         t = self.sent_at[lo:hi]
         wait = self.rtt.rto if after is None else after
         cand = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0) & (t + wait <= now)
         if not probe_answered:
-            cand &= t < self.last_new
+            cand &= self._overtaken(lo, hi, t)
         lost = [int(i) + lo for i in np.flatnonzero(cand)]
         return lost if lost else [lo]
+
+    def _overtaken(self, lo: int, hi: int, t: np.ndarray) -> np.ndarray:
+        """Chunks ``[lo, hi)`` (sent at ``t``) sent before the latest-sent chunk with a result of their class."""
+        idx = np.arange(lo, hi)
+        c = self.classes[lo:hi] if self.classes is not None else np.zeros(hi - lo, dtype=np.int64)
+        xmit, last = self._xmit[c], self._idx[c]
+        return (last >= 0) & ((t < xmit) | ((t == xmit) & (idx < last)))
 
     def tail_deadline(self, lo: int, all_sent: bool = False) -> float:
         """When a stalled window sends its tail probe (TLP, RFC 8985): results have stopped for twice the

@@ -142,7 +142,13 @@ def test_delivered_many_equals_one_at_a_time() -> None:
     # RACK from chunks sent once only (5 and 6 were resent)
     assert (a.rack_i, a.rack_xmit, a.rack_rtt) == (b.rack_i, b.rack_xmit, b.rack_rtt) == (9, 1.0, pytest.approx(0.022))
     assert sa.spurious_resends == sb.spurious_resends == 1
-    assert a.probe_answered and b.probe_answered  # chunk 6 was a timeout's probe, answered
+    # chunk 6 was a timeout's probe, but a first send's result (9) came with it: a late peer, not an answer
+    assert not a.probe_answered and not b.probe_answered
+    for f in (a, b):
+        f.resent(7, 1.030, early=False)
+    a.delivered(7, 1.045)
+    b.delivered_many(np.array([7]), 1.045)
+    assert a.probe_answered and b.probe_answered  # nothing else came: answered
 
 
 def test_after_an_answered_probe_the_next_timeout_resends_every_overdue_chunk() -> None:
@@ -162,17 +168,22 @@ def test_after_an_answered_probe_the_next_timeout_resends_every_overdue_chunk() 
 
 
 def test_a_timeout_probes_when_nothing_came_back_and_resends_a_lost_tail_at_once() -> None:
-    fl, _, est = _flight(K=8, granted=8, path=0.010)
-    got = np.zeros(8, dtype=np.uint8)
-    queued = bytearray(8)
+    fl, _, est = _flight(K=10, granted=10, path=0.010)
+    got = np.zeros(10, dtype=np.uint8)
+    queued = bytearray(10)
     fl.sent(0, 4, 1.0)
     now = fl.rto_deadline(0)
     assert fl.on_timeout(got, 0, 4, now, queued) == [0]  # nothing came back since: a late peer? probe
     fl.sent(4, 8, 2.0)
     got[:4] = 1
-    fl.delivered(3, 2.005)  # results flowed after chunks 4..7 were sent, then stopped
+    fl.delivered(3, 2.005)  # results flowed after chunks 4..7 were sent, then stopped: 4..7 are behind 3
     now = fl.rto_deadline(4)
-    assert fl.on_timeout(got, 4, 8, now, queued) == [4, 5, 6, 7]
+    assert fl.on_timeout(got, 4, 8, now, queued) == [4]  # a probe: they may be queued or wait for a late peer
+    fl.sent(8, 10, 2.001)
+    got[8] = 1
+    fl.delivered(8, 2.012)  # chunk 8, sent after 4..7, overtook them: they are lost
+    now = fl.rto_deadline(4)
+    assert fl.on_timeout(got, 4, 10, now, queued) == [4, 5, 6, 7]
 
 
 def test_a_stalled_window_probes_its_tail_once_per_stall() -> None:
@@ -313,3 +324,30 @@ def test_the_window_is_never_cut_below_its_floor_by_a_loss() -> None:
     cw.on_results(0.030, 1, 0.027, 0.010, 0.010, 64)  # 30 ms: far above the target
     cw.on_loss(0.028, 0.010, 0.010)
     assert cw.limit(64) >= 13
+
+
+def test_a_timeout_during_a_stall_behind_a_queue_probes_one_chunk_not_the_queue() -> None:
+    """A window of 64 chunks queued behind a 0.7 ms/frame link; the results stop for longer than the timeout
+    after chunk 19 (a peer descheduled): the timer probes chunk 20, never the 44 chunks merely behind it,
+    and the probe's answer followed by the rest of the window is no reason to resend the rest."""
+    fl, stats, est = _flight(K=64, granted=64, path=0.010)
+    got = np.zeros(64, dtype=np.uint8)
+    queued = bytearray(64)
+    fl.sent(0, 64, 1.0)
+    now = 1.0
+    for i in range(20):
+        now = 1.010 + 0.0007 * (i + 1)
+        got[i] = 1
+        fl.delivered(i, now)
+    now = fl.rto_deadline(20)
+    assert fl.tail_deadline(20, all_sent=True) <= now  # the tail probe came first ...
+    assert fl.on_timeout(got, 20, 64, now, queued) == [20]  # ... and the timer too probes one chunk
+    fl.resent(20, now, early=False)
+    got[20] = 1
+    fl.delivered(20, now + 0.012)  # the peer is back: its original completes chunk 20 ...
+    assert fl.probe_answered
+    got[21] = 1
+    fl.delivered(21, now + 0.0127)  # ... and the rest of the window follows
+    assert not fl.probe_answered
+    later = fl.rto_deadline(22)
+    assert fl.on_timeout(got, 22, 64, later, queued) == [22]

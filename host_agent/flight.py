@@ -18,9 +18,10 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
 - **Timeout.** One timer for the window, restarted by every new result (RFC 6298 5.3): while results
   flow (a queue draining, a late peer catching up) it never fires; when it does, the oldest outstanding
   chunks are resent and the timeout backs off (until the next new result): every chunk outstanding for a
-  timeout that results came back after (a tail lost while the rest flowed), else the oldest alone as a
-  probe (nothing came back since it was sent: a late peer answers the probe, then the rest); after an
-  answered probe, every chunk outstanding for a timeout. Only chunks sent once feed RACK (Karn's rule for RACK: an
+  timeout that a later-sent chunk's result overtook (lost: results come back in sending order), else the
+  oldest alone as a probe (a chunk merely behind the latest result, queued or waiting for a late peer, is
+  no loss: a late peer answers the probe, then the rest); after an answered probe (one no first send's
+  result followed), every chunk outstanding for a timeout. Only chunks sent once feed RACK (Karn's rule for RACK: an
   INA result of a resent chunk may answer either send, and a probe answered by a late peer says nothing
   of the chunks sent before it).
 

@@ -307,8 +307,8 @@ def _stalled_rounds(cw: CongestionWindow, rounds: int, stall_every: int) -> list
 
 def test_a_stalled_peer_never_cuts_the_window_below_the_bdp() -> None:
     """Round trips long because a peer stalled (no queue of this window's making) leave the window at or
-    above the delivery rate x the target (12.5 chunks here): cutting below it would only idle the link.
-    Its own queue is still cut back (the window stays near the BDP plus the allowance)."""
+    above the delivery rate x the path's round trip (the BDP, 10 chunks here): cutting below it would only
+    idle the link. Its own queue is still cut back (the window stays near the BDP plus the allowance)."""
     cw = CongestionWindow(initial=8)
     sizes = _stalled_rounds(cw, 200, stall_every=5)  # (the window before the floor: 4 chunks)
     assert min(sizes[20:]) >= 10  # never below the BDP once the link was full
@@ -316,14 +316,15 @@ def test_a_stalled_peer_never_cuts_the_window_below_the_bdp() -> None:
 
 
 def test_the_window_is_never_cut_below_its_floor_by_a_loss() -> None:
-    """A loss in a round with a queue cuts by the delay rule, but not below the delivery rate x the target."""
+    """A loss in a round with a queue cuts by the delay rule, but not below the delivery rate x the path's
+    round trip."""
     cw = CongestionWindow(initial=16)
     cw.on_results(0.010, 16, 0.010, 0.010, 0.010, 64)  # first round ends: the next starts here
     cw.on_results(0.010, 16, 0.026, 0.010, 0.010, 64)  # 16 chunks in 16 ms: 1000 chunks/s
-    assert cw.floor(0.010) == 13  # 1000/s x 12.5 ms
+    assert cw.floor(0.010) == 10  # 1000/s x 10 ms
     cw.on_results(0.030, 1, 0.027, 0.010, 0.010, 64)  # 30 ms: far above the target
     cw.on_loss(0.028, 0.010, 0.010)
-    assert cw.limit(64) >= 13
+    assert cw.limit(64) >= 10
 
 
 def test_a_timeout_during_a_stall_behind_a_queue_probes_one_chunk_not_the_queue() -> None:

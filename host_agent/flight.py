@@ -12,9 +12,8 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   ends at ring member p, one to R members long), that order holds only among chunks of one path, so
   RACK keeps its evidence per *path class* (``classes``): a result of a short path's chunk says nothing
   of a long path's chunk sent before it.
-- **Tail probe (TLP).** When results stop for ``tail_wait`` (two shortest round trips, or SRTT + 2 RTTVAR
-  if longer, and a reorder window after the later of the latest result and the oldest chunk's
-  transmission), the stalled window resends its oldest
+- **Tail probe (TLP).** When results stop for ``tail_wait`` (two shortest round trips and a reorder
+  window after the later of the latest result and the oldest chunk's transmission), the stalled window resends its oldest
   chunk, once per stall, without backing off; after an answered probe, the overdue tail.
 - **Timeout.** One timer for the window, restarted by every new result (RFC 6298 5.3): while results
   flow (a queue draining, a late peer catching up) it never fires; when it does, the oldest outstanding
@@ -291,9 +290,7 @@ class Flight:
         the skew between workers and backs off). A lost tail has no later chunk to reveal it to RACK.
 
         ``all_sent``: the window has sent its last chunk, and ``lo`` was in flight when the latest result
-        came: then the probe goes after ``short_wait`` (one shortest round trip, two reorder windows), or
-        SRTT and a reorder window if longer (where the skew between workers, e.g. between a tree's racks,
-        makes the typical round trip much longer than the shortest one). The
+        came: then the probe goes after ``short_wait`` (one shortest round trip, two reorder windows). The
         link is idle there, so a probe costs no time; and it happens once per window, so even a spurious
         one is one chunk in a call. A stall in the middle of a window (every chunk a tail at windows 1-4)
         keeps ``tail_wait``: a peer descheduled on the loaded machine stalls results as a lost tail would
@@ -301,7 +298,7 @@ class Flight:
         if self.tail_probed or not self.last_new:  # before the window's first result: a late peer, not a tail
             return float("inf")
         if all_sent and float(self.sent_at[lo]) < self.last_new:  # the window's own tail: see the docstring
-            return self.last_new + max(self.short_wait(), self.rtt.srtt + self.reorder_window())
+            return self.last_new + self.short_wait()
         return max(self.last_new, float(self.sent_at[lo])) + self.tail_wait()
 
     def tail_wait(self) -> float:
@@ -311,22 +308,9 @@ class Flight:
         One round trip plus two reorder windows (tried for issue 13's experiment 4: it saves a round trip
         per lost tail) resent 3-28 % of chunks spuriously at windows 1-4 and a 10 ms round trip on the
         loaded machine: there every chunk is a tail, and a peer descheduled for longer than the margin
-        stalls the results as a lost chunk would.
-
-        And at least ``loop_rtt`` plus the reorder window: on a tree the shortest round trip is the path
-        alone (this worker's copy completed the chunk), while most wait 12-16 ms more for the slowest
-        rack; probes timed by the shortest fired in those waits (86-181 resends per run without loss)."""
+        stalls the results as a lost chunk would."""
         est = self.rtt
-        reo = self.reorder_window()
-        return max(2 * self.recent_min() + reo, self.loop_rtt() + reo, est.rto_min)
-
-    def loop_rtt(self) -> float:
-        """The round trip a stalled window should expect: SRTT + 2 RTTVAR of every round trip of chunks sent
-        once (an INA round trip includes waiting for the slowest worker, which ``recent_min`` leaves out), at
-        least ``recent_min``."""
-        est = self.rtt
-        base = self.recent_min()
-        return max(base, est.srtt + 2 * est.rttvar) if est.samples else base
+        return max(2 * self.recent_min() + self.reorder_window(), est.rto_min)
 
     def recent_min(self) -> float:
         """The estimator's recent shortest round trip, or with path classes the longest class's."""

@@ -402,7 +402,7 @@ class P4Switch(Switch):
             with runtime.RouteInstaller(self.grpc_address, self.device_id) as installer:
                 installer.ensure_pipeline(self.p4info, self.program)
                 written = installer.install_routes(self.routes)
-                if not self.ina:
+                if not self.ina and _has_table(installer.switch.schema, TransitEntry.table):  # not basic.p4
                     schema = installer.switch.schema
                     written += installer.install_entries([schema.entry(t.table, t.match, t.action, t.params) for t in
                                                           (TransitEntry(j) for j in range(wire.MAX_JOBS))])
@@ -613,3 +613,13 @@ class InaLink(TCLink):
         for name in root_ends:
             _silence_root_intf(name)
         return result
+
+
+def _has_table(schema, name: str) -> bool:
+    from controller.p4entity import SchemaError
+
+    try:
+        schema.table(name)
+    except SchemaError:
+        return False
+    return True

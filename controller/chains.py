@@ -10,6 +10,7 @@ Pure computation: :class:`controller.programming.SwitchProgrammer` writes what i
 """
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping
@@ -19,14 +20,9 @@ from controller.topology import Topology, next_hops_towards
 from inaproto import wire
 from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, ChainPartition, JobEntries, TransitEntry,
                                   WorkerAddress, chain_entries, job_entries, split_generation)
-from inaproto.rina_ring import Rack, RingMember, ring_of
+from inaproto.rina_ring import HOST_PORT, NETWORK_PORT, Rack, RingMember, host_copy_entries, host_copy_port, ring_of
 
 __all__ = ["HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "job_state", "plan_rina"]
-
-# A host member keeps its copy of the chain as a switch would: it runs the program's model (softswitch.pipeline)
-# in its agent with these entries: its own gradients enter on HOST_PORT, as local worker HOST_WORKER, and come
-# back there as results; everything for the network (partials, passed-on final sums) leaves on NETWORK_PORT.
-HOST_PORT, NETWORK_PORT = 1, 2
 
 
 @dataclass(frozen=True)
@@ -38,7 +34,7 @@ class RinaPlan:
     partition_slots: int  # slots per partition (a power of two); partition p is slots [p * n, (p + 1) * n)
     chains: Mapping[str, ChainEntries]  # per switch member
     transit: Mapping[str, TransitEntry]  # per INA switch that only carries the job
-    hosts: Mapping[int, tuple[JobEntries, ChainEntries]]  # per host member: its own copy (see HOST_PORT)
+    hosts: Mapping[int, tuple[JobEntries, ChainEntries]]  # per host member: its copy (its agent derives the same)
 
     def partition_of(self, slot: int) -> int:
         return slot // self.partition_slots
@@ -46,6 +42,10 @@ class RinaPlan:
     def successor(self, member_id: int) -> RingMember:
         i = [m.member_id for m in self.members].index(member_id)
         return self.members[(i + 1) % len(self.members)]
+
+
+def _ip(ip: str | bytes | int) -> str:
+    return str(ipaddress.IPv4Address(ip if not isinstance(ip, bytes) else int.from_bytes(ip, "big")))
 
 
 def job_state(job: Job, switch: str) -> JobEntries:
@@ -95,7 +95,7 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
             if route is None:
                 raise ValueError(f"job {job.job_id}: no path from {frm} to {to.switch}")
             port = route[0]
-        udp = wire.INA_UDP_PORT if to.is_switch else w.udp_port
+        udp = wire.INA_UDP_PORT if to.is_switch else host_copy_port(w.udp_port)
         return ChainHop(to.member_id, port, w.mac, w.ip, udp)
 
     def ingress_port(frm: RingMember, to: str) -> int:
@@ -112,35 +112,26 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
 
     chains: dict[str, ChainEntries] = {}
     hosts: dict[int, tuple[JobEntries, ChainEntries]] = {}
-    taken = {m.member_id for m in members}
     for i, m in enumerate(members):
         succ = members[(i + 1) % r]
         # Ingress binding (bind_link): partials and passed-on final sums both come from the predecessor, from
-        # INA_UDP_PORT (a switch member's) or its agent's socket (a host member's).
+        # INA_UDP_PORT (a switch member's) or its agent's copy (a host member's, inaproto.rina_ring.host_copy_port).
         pred = members[(i - 1) % r]
-        pred_udp = wire.INA_UDP_PORT if pred.is_switch else by_id[pred.member_id].udp_port
-        if m.is_switch:
-            nxt = hop(m.switch, succ)
-        else:  # the host's own copy: the network is one port away
-            h = hop(m.switch, succ)
-            nxt = ChainHop(h.member_id, NETWORK_PORT, h.mac, h.ip, h.udp_port)
+        pred_udp = wire.INA_UDP_PORT if pred.is_switch else host_copy_port(by_id[pred.member_id].udp_port)
+        nxt = hop(m.switch, succ)
+        if not m.is_switch:  # the host's own copy (its agent derives the same from the grant)
+            w = by_id[m.member_id]
+            generation, owner_epoch = split_generation(job.generation)
+            hosts[m.member_id] = host_copy_entries(ring, m.member_id, job.job_id, generation, (w.mac, w.ip, w.udp_port),
+                                                   (_ip(nxt.ip), nxt.udp_port), owner_epoch)
+            continue
         parts = []
         for p in range(r):
             parts.append(ChainPartition(p * block, plen, ring.upstream(i, p), i == p,
                                         (nxt,) if ring.passes_final_on(i, p) else ()))
-        if m.is_switch:
-            link = ChainLink(ingress_port(pred, m.switch), pred_udp)
-            sources = {pred.member_id: link, m.member_id: link}
-            chains[m.switch] = chain_entries(job_state(job, m.switch), m.member_id, nxt, parts, sources)
-            continue
-        w = by_id[m.member_id]
-        local = min(set(range(wire.MAX_WORKERS)) - taken)  # the host's own gradients, under an id of no member
-        generation, owner_epoch = split_generation(job.generation)
-        own = job_entries(job.job_id, [WorkerAddress(local, HOST_PORT, w.mac, w.ip, w.udp_port)],
-                          base_slot=0, num_slots=block * r, generation=generation, owner_epoch=owner_epoch)
-        link = ChainLink(NETWORK_PORT, pred_udp)
+        link = ChainLink(ingress_port(pred, m.switch), pred_udp)
         sources = {pred.member_id: link, m.member_id: link}
-        hosts[m.member_id] = (own, chain_entries(own, m.member_id, nxt, parts, sources))
+        chains[m.switch] = chain_entries(job_state(job, m.switch), m.member_id, nxt, parts, sources)
     transit = {sw: TransitEntry(job.job_id) for sw, info in sorted(topology.switches.items())
                if info.ina and sw not in chains}
     return RinaPlan(job.job_id, tuple(members), block, chains, transit, hosts)

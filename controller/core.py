@@ -85,7 +85,7 @@ class ControllerOptions:
     force_push: bool = False  # push the pipeline even when the switch already runs this P4Info
     connect_timeout: float = 10.0
     monitor_interval: float = 0.5  # heartbeat reaping and switch health checks
-    rina_chains: bool = False  # Rina jobs whose racks all hold slots run as chains across the switches
+    rina_chains: bool = False  # Rina jobs run as chains across the switches (hosts of racks without INA: copies in their agents)
     trees: bool = False  # multi-rack jobs aggregate in a two-level tree (ToRs + root) where every switch of it has slots
     admin_credential: Path | None = None  # the admin credential file; None: beside the database (<db>.admin)
     switch_tls: SwitchTls | None = None  # P4Runtime over TLS

@@ -87,7 +87,7 @@ def build_parser() -> Parser:
     svc.add_argument("--heartbeat-timeout", type=float, default=15.0, metavar="S", help="release jobs silent this long; 0: never (default: 15)")
     svc.add_argument("--sync-timeout", type=_positive, default=30.0, metavar="S", help="longest SyncGeneration wait (default: 30)")
     svc.add_argument("--rina-chains", action="store_true",
-                     help="run Rina jobs whose racks all hold slots as chains across their switches (agents need --rina-chains)")
+                     help="run Rina jobs as chains across their switches, workers of racks without INA as host members (agents need --rina-chains)")
     svc.add_argument("--trees", action="store_true",
                      help="jobs spanning racks aggregate in a two-level tree (ToRs + a switch linked to all of them) "
                           "where every switch of it has slots; else Rina or the ring")

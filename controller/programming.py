@@ -126,8 +126,8 @@ class SwitchProgrammer:
                 if job.backend != Backend.RINA:
                     continue
                 plan = plan_rina(self.topology, job)
-                if plan is None or not all(m.is_switch for m in plan.members):
-                    continue  # host members need a copy in their agent, which agents do not keep yet
+                if plan is None:
+                    continue  # the plain ring
                 chain = plan.chains.get(switch)
                 if chain is not None:
                     entries += [TableEntry(e.table, e.match, e.action, e.params) for e in chain.table_entries]

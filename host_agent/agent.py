@@ -25,6 +25,8 @@ from host_agent.control import AdmissionClient, JobWatcher
 from host_agent.errors import AgentError, AgentTimeout, AdmissionError, JobReleased
 from host_agent.fixedpoint import dequantize, quantize_chunks, to_chunks
 from host_agent.grant import Grant, JobSpec, Plan
+from host_agent.host_member import HostCopy, host_rack_name, is_host_member
+from inaproto.rina_ring import host_copy_port
 from host_agent.stream import ChunkStream, StreamOptions, StreamStats
 from inaproto import wire
 from inaproto.backends import BackendChoice
@@ -136,6 +138,7 @@ class Agent:
         self._threads_stop = threading.Event()
         self._service: threading.Thread | None = None
         self._closed = False
+        self.host_copy: HostCopy | None = None  # Rina on chains: this worker's copy where it is a host member
         if sock is None or listener is None:
             if sock is not None or listener is not None:
                 raise ValueError("pass both sock and listener, or neither")
@@ -180,6 +183,7 @@ class Agent:
                     holder["grant"] = grant
                     ready.set()
                     return
+            self._follow_host_copy(grant)  # before the stream: its first packets of the generation find the copy
             if grant.scale != self.scale:
                 log.warning("job %d: generation %d has scale %g; keeping the job's scale %g",
                             job_id, grant.generation, grant.scale, self.scale)
@@ -201,6 +205,7 @@ class Agent:
             if holder.get("released"):
                 raise JobReleased(f"job {job_id} was released before worker {self.worker_id} joined")
             grant = holder["grant"]  # the current grant (WatchJob sends it first)
+            self._follow_host_copy(grant)
             self.stream = self._make_stream(grant, sync=self._sync)
             holder["stream"] = self.stream
         if first is not None and first.scale != grant.scale:
@@ -212,7 +217,25 @@ class Agent:
         self.scale = grant.scale
         return ChunkStream(worker_id=self.worker_id, workers=self.spec.workers, sock=self.sock,
                            listener=self.listener, grant=grant, backend=self.spec.backend, sync=sync,
-                           options=self.options.stream, addresses=self.options.switch_addresses)
+                           options=self.options.stream, addresses=self._addresses())
+
+    def _addresses(self) -> dict[str, tuple[str, int]]:
+        """Where INA packets go per "rack": the options' overrides, and this worker's own copy (host member)."""
+        out = dict(self.options.switch_addresses)
+        if self.options.stream.rina_chains:
+            out[host_rack_name(self.worker_id)] = (self.me.ip, host_copy_port(self.me.udp_port))
+        return out
+
+    def _follow_host_copy(self, grant: Grant) -> None:
+        """Rina on chains: the copy this worker keeps while a grant makes it a host member (started the first
+        time one does; host_agent/host_member.py)."""
+        if not self.options.stream.rina_chains:
+            return
+        if self.host_copy is None:
+            if not is_host_member(grant, self.worker_id):
+                return
+            self.host_copy = HostCopy(self.me, self.spec.workers, self.options.switch_addresses)
+        self.host_copy.follow(grant)
 
     def _sync(self, generation: int, first_missing: int) -> int:
         assert self.client is not None
@@ -343,6 +366,8 @@ class Agent:
             stream.close()  # closes its listener, which may have been renewed
         if self.client is not None:
             self.client.close()
+        if self.host_copy is not None:
+            self.host_copy.close()
         self.sock.close()
         self.listener.close()
 

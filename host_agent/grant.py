@@ -275,9 +275,10 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
     the rest join the ring); ``ring`` never uses a switch. ``addresses`` overrides where a switch's INA
     packets go (switch name -> (ip, port)), e.g. for a relay; by default ``(switch_ip, ina_port)``.
 
-    ``chains``: the controller runs Rina jobs as chains across their racks' switches (docs/switch.md, "Chains")
-    where every ring member is an INA rack (``inaproto.rina_ring``); then each worker is plain INA towards its
-    own rack's switch over the ring's partitioned slots, its results final (kind ``Backend.INA``).
+    ``chains``: the controller runs Rina jobs as chains across their racks' switches (docs/switch.md, "Chains");
+    each worker of an INA rack is plain INA towards its own rack's switch over the ring's partitioned slots, its
+    results final (kind ``Backend.INA``), and each worker of a rack without INA (a host member) plain INA
+    towards its own copy (a rack of its own named ``host-copy-<id>``, at ``addresses`` under that name).
 
     A ``tree`` grant (the controller's two-level tree, docs/controller.md, "Aggregation trees") is followed
     by every choice but ``ring``: each worker is plain INA towards its own ToR, which returns the final sum
@@ -306,9 +307,14 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
     if kind == Backend.RING:
         return Plan(Backend.RING, grant.generation, (), ids, grant.reason)
     if chains:
-        ring = chain_ring(grant)
+        ring = chain_ring(grant, hosts=True)
         if ring is not None:
             racks = [replace(r, num_slots=ring.num_slots, partition_slots=ring.partition_slots) for r in racks]
+            for m in ring.members:  # a host member: plain INA towards its own copy (host_agent/host_member.py)
+                if not m.is_switch and m.member_id in ids:
+                    name = f"host-copy-{m.member_id}"  # host_agent.host_member.host_rack_name
+                    racks.append(Rack(name, (addresses or {}).get(name, ("0.0.0.0", 0)), ring.num_slots,
+                                      (m.member_id,), ring.partition_slots))
             return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
     in_racks = {w for r in racks for w in r.worker_ids}
     ring = tuple(sorted({r.representative for r in racks} | (set(ids) - in_racks)))
@@ -316,10 +322,11 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
 
 
 
-def chain_ring(grant: Grant) -> Ring | None:
-    """The Rina ring the controller runs as chains for ``grant``: only where every member is an INA rack (host
-    members need a copy of their own in the agent, not there yet; docs/agent.md, "Rina as designed")."""
+def chain_ring(grant: Grant, *, hosts: bool = False) -> Ring | None:
+    """The Rina ring the controller runs as chains for ``grant`` (``inaproto.rina_ring.ring_of``): with
+    ``hosts``, also where some members are hosts (workers of racks without INA, each keeping its copy in its
+    agent: host_agent/host_member.py); without, only where every member is an INA rack."""
     ring = ring_of(RingRack(sg.switch, tuple(sg.worker_ids), sg.num_slots, bool(sg.switch_ip)) for sg in grant.switches)
-    if ring is None or not all(m.is_switch for m in ring.members):
+    if ring is None or not (hosts or all(m.is_switch for m in ring.members)):
         return None
     return ring

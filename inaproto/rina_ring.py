@@ -12,9 +12,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["Rack", "RingMember", "Ring", "ring_of", "MAX_WORKERS"]
+__all__ = ["HOST_PORT", "NETWORK_PORT", "Rack", "RingMember", "Ring", "host_copy_entries", "host_copy_port",
+           "ring_of", "MAX_WORKERS"]
 
 MAX_WORKERS = 32  # wire.MAX_WORKERS: the worker-id space (bitmap width)
+INA_UDP_PORT = 47000  # wire.INA_UDP_PORT
+
+# A host member keeps its copy of the chain as a switch would: its agent runs the program's model
+# (host_agent/host_member.py) with host_copy_entries: its worker's gradients enter on HOST_PORT and come back
+# there as results; everything for the network (partials, passed-on final sums) leaves on NETWORK_PORT.
+HOST_PORT, NETWORK_PORT = 1, 2
+
+
+def host_copy_port(udp_port: int) -> int:
+    """The UDP port a host member's copy listens and sends on: its worker's INA port + 1 (on the worker's IP)."""
+    if not 0 < udp_port < 65535:
+        raise ValueError(f"a host member's worker needs a UDP port below 65535, got {udp_port}")
+    return udp_port + 1
 
 
 @dataclass(frozen=True)
@@ -86,3 +100,25 @@ def ring_of(racks: Iterable[Rack]) -> Ring | None:
     if per == 0:
         return None
     return Ring(tuple(members), 1 << (per.bit_length() - 1))
+
+
+def host_copy_entries(ring: Ring, member_id: int, job_id: int, generation: int, worker: tuple[str, str, int],
+                      next_hop: tuple[str, int], owner_epoch: int = 0):
+    """(JobEntries, ChainEntries) of host member ``member_id``'s copy: its worker (mac, ip, udp_port) local on
+    HOST_PORT under an id of no member, slots ``[0, ring.num_slots)``, partials and passed-on final sums to
+    ``next_hop`` (ip, udp port) on NETWORK_PORT. Chain packets come in on NETWORK_PORT from INA_UDP_PORT:
+    the agent's copy hands them over so (host_agent/host_member.py) and checks who sent them itself."""
+    from inaproto.job_entries import (ChainHop, ChainLink, ChainPartition, WorkerAddress, chain_entries,
+                                      job_entries)
+
+    i, r = ring.index(member_id), len(ring.members)
+    local = min(set(range(MAX_WORKERS)) - {m.member_id for m in ring.members})
+    mac, ip, udp = worker
+    own = job_entries(job_id, [WorkerAddress(local, HOST_PORT, mac or 0, ip, udp)], base_slot=0,
+                      num_slots=ring.num_slots, generation=generation, owner_epoch=owner_epoch)
+    nxt = ChainHop(ring.members[(i + 1) % r].member_id, NETWORK_PORT, 0, next_hop[0], next_hop[1])
+    parts = [ChainPartition(p * ring.partition_slots, ring.prefix_len, ring.upstream(i, p), i == p,
+                            (nxt,) if ring.passes_final_on(i, p) else ()) for p in range(r)]
+    link = ChainLink(NETWORK_PORT, INA_UDP_PORT)
+    pred = ring.members[(i - 1) % r].member_id
+    return own, chain_entries(own, member_id, nxt, parts, {pred: link, member_id: link})

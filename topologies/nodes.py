@@ -389,15 +389,24 @@ class P4Switch(Switch):
             delay = min(delay * 1.5, 0.2)
 
     def install_table_entries(self) -> int:
-        """Install this switch's routes over P4Runtime (pipeline first if the switch has none).
+        """Install this switch's routes over P4Runtime (pipeline first if the switch has none). A switch without
+        INA (``ina=False``) also routes every job's INA packets as plain IPv4 (``ina_transit``), as a switch
+        without the program would: Rina's host members send through it to the next INA switch.
 
         SwitchStartupError (naming the log) if the switch refuses them."""
+        from inaproto import wire
+        from inaproto.job_entries import TransitEntry
         from topologies import runtime
 
         try:
             with runtime.RouteInstaller(self.grpc_address, self.device_id) as installer:
                 installer.ensure_pipeline(self.p4info, self.program)
-                return installer.install_routes(self.routes)
+                written = installer.install_routes(self.routes)
+                if not self.ina and _has_table(installer.switch.schema, TransitEntry.table):  # not basic.p4
+                    schema = installer.switch.schema
+                    written += installer.install_entries([schema.entry(t.table, t.match, t.action, t.params) for t in
+                                                          (TransitEntry(j) for j in range(wire.MAX_JOBS))])
+                return written
         except (runtime.SwitchError, OSError) as exc:
             raise SwitchStartupError(self.name, f"installing its routes failed: {exc}", self.log_path,
                                      _log_tail(self.log_path)) from exc
@@ -604,3 +613,13 @@ class InaLink(TCLink):
         for name in root_ends:
             _silence_root_intf(name)
         return result
+
+
+def _has_table(schema, name: str) -> bool:
+    from controller.p4entity import SchemaError
+
+    try:
+        schema.table(name)
+    except SchemaError:
+        return False
+    return True

@@ -140,8 +140,9 @@ class SwitchSpec:
     """One switch: its P4Runtime device id, INA address, whether the controller may give it slots, routes.
 
     ``ina=False`` models a rack without in-network aggregation: the switch runs the same program and
-    forwards the same way, but the controller installs no ``ina_job`` entries on it, so INA packets sent
-    to it are dropped (``UNKNOWN_JOB``) and its workers use ring all-reduce.
+    forwards the same way, but the controller installs no ``ina_job`` entries on it (its workers are ring
+    members: Rina's host members, or the plain ring); it routes every job's INA packets as plain IPv4
+    (``ina_transit`` for every job id, installed with its routes by ``topologies.nodes``).
     """
 
     name: str

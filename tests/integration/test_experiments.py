@@ -210,7 +210,8 @@ def test_usage_errors_exit_non_zero_with_one_line(tmp_path):
 def test_rina_is_exact_on_every_deployment_mix(tmp_path):
     """ina-exp rina at tiny size (2 racks x 2 workers, ina-switch) with 100, 50 and 0 % INA racks, the flat ring
     and single-switch INA: every worker's result is the exact sum (--check); 100 % runs on the racks'
-    chains (every worker plain INA towards its rack's switch), 50 % today's Rina, 0 % the ring."""
+    chains (every worker plain INA towards its rack's switch), 50 % too, the workers of the rack without INA
+    as host members (each plain INA towards its own copy of the chain in its agent), 0 % the ring."""
     ports_before = unowned_ports()
     proc = subprocess.Popen([*INA_EXP, "run", "rina", "--tiny", "--fractions", "1,0.5,0", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -222,7 +223,7 @@ def test_rina_is_exact_on_every_deployment_mix(tmp_path):
     assert set(rows) == {"leafspine-2ina", "leafspine-1ina", "leafspine-0ina", "leafspine-ring", "star"}
     assert all(r["exact"] is True for r in rows.values()), {k: r.get("exact") for k, r in rows.items()}
     assert {k: r["granted_backend"] for k, r in rows.items()} == {
-        "leafspine-2ina": "ina", "leafspine-1ina": "rina", "leafspine-0ina": "ring", "leafspine-ring": "ring",
+        "leafspine-2ina": "ina", "leafspine-1ina": "ina", "leafspine-0ina": "ring", "leafspine-ring": "ring",
         "star": "ina"}
     fractions = [p["ina_fraction"] for p in doc["summary"]["points"][0]["rina"]]
     assert fractions == [1.0, 0.5, 0.0]

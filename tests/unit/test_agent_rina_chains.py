@@ -11,7 +11,7 @@ import pytest
 from host_agent.agent import AgentOptions
 from host_agent.stream import StreamOptions
 from inaproto.job_entries import ChainHop, ChainLink, ChainPartition, WorkerAddress, chain_entries, job_entries
-from inaproto.rina_ring import Rack, ring_of
+from inaproto.rina_ring import Rack, host_copy_port, ring_of
 from softswitch.udp import Faults, _mac_bytes
 from tests.udp_switch import LocalCluster, quantised_sum
 
@@ -22,30 +22,40 @@ SLOTS = 8
 
 def _install_chains(cl: LocalCluster, slots: dict[str, int] | None = None) -> None:
     """What SwitchProgrammer(chains=True) writes, for the UDP switches (partials and final sums go to the next
-    rack's switch socket): chain entries where the ring has only INA racks, none otherwise."""
+    member: a rack's switch socket, or a host member's copy in its agent at ``host_copy_port``)."""
     racks = sorted(cl.switches)
-    slots = slots or {r: SLOTS for r in racks}
+    slots = slots or {r: SLOTS for r in racks if cl.switches[r] is not None}
     workers = {r: [w for i, w in enumerate(cl.spec.workers) if cl.racks[i] == r] for r in racks}
+    by_id = {w.worker_id: w for w in cl.spec.workers}
     for sw in cl.switches.values():
+        if sw is None:
+            continue
         for match in [m for m in sw.pipeline.table("MyIngress.ina_chain").entries if m[0] == JOB_ID]:
             sw.pipeline.delete_entry("MyIngress.ina_chain", match)
-    ring = ring_of(Rack(r, tuple(w.worker_id for w in workers[r]), slots.get(r, 0), True) for r in racks)
-    if ring is None or not all(m.is_switch for m in ring.members):
+    ring = ring_of(Rack(r, tuple(w.worker_id for w in workers[r]), slots.get(r, 0), cl.switches[r] is not None)
+                   for r in racks)
+    if ring is None:
         return
     n = len(ring.members)
+
+    def address(m) -> tuple[str, int]:
+        if m.is_switch:
+            return cl.switches[m.switch].address
+        w = by_id[m.member_id]
+        return (w.ip, host_copy_port(w.udp_port))
+
     for i, m in enumerate(ring.members):
-        sw, nxt_sw = cl.switches[m.switch], cl.switches[ring.members[(i + 1) % n].switch]
-        nxt = ChainHop(ring.members[(i + 1) % n].member_id, sw.attach(*nxt_sw.address), _mac_bytes(0),
-                       nxt_sw.address[0], nxt_sw.address[1])
-        nxt_sw.attach(*sw.address)
+        if not m.is_switch:
+            continue  # its agent keeps its copy (host_agent/host_member.py)
+        sw = cl.switches[m.switch]
+        nxt_m, prv = ring.members[(i + 1) % n], ring.members[(i - 1) % n]
+        nxt = ChainHop(nxt_m.member_id, sw.attach(*address(nxt_m)), _mac_bytes(0), *address(nxt_m))
         job = job_entries(JOB_ID, [WorkerAddress(w.worker_id, sw.attach(w.ip, w.udp_port), _mac_bytes(w.worker_id),
                                                  w.ip, w.udp_port) for w in workers[m.switch]],
                           base_slot=0, num_slots=slots[m.switch], generation=0)
         parts = [ChainPartition(p * ring.partition_slots, ring.prefix_len, ring.upstream(i, p), i == p,
                                 (nxt,) if ring.passes_final_on(i, p) else ()) for p in range(n)]
-        prv = ring.members[(i - 1) % n]
-        prv_sw = cl.switches[prv.switch]
-        link = ChainLink(sw.attach(*prv_sw.address), prv_sw.address[1])  # the predecessor's socket
+        link = ChainLink(sw.attach(*address(prv)), address(prv)[1])  # the predecessor's socket
         entries = chain_entries(job, m.member_id, nxt, parts, {prv.member_id: link, m.member_id: link})
         for g in entries.groups:
             sw.pipeline.set_multicast_group(g.group_id, list(g.replicas))
@@ -77,8 +87,9 @@ def test_every_rack_ina_workers_get_exact_sums_through_the_chains(racks, faults)
 
 
 def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back():
-    """Generation by generation the ring's kind follows the slots: chains while both racks have slots, Rina's
-    representative and ring while r2 has none (its workers plain ring members), chains again; exact throughout."""
+    """Generation by generation the ring follows the slots: two switch members while both racks have slots, r2's
+    workers host members (each keeping its copy) while r2 has none, two switch members again; every worker plain
+    INA towards its switch or its copy throughout, every chunk counted once (exact)."""
     from tests.unit.test_agent_realloc import _assert_exact, _run_with_steps
 
     racks = ["r1", "r1", "r2", "r2"]
@@ -97,8 +108,9 @@ def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back
         out, applied = _run_with_steps(cl, inputs, calls=20, steps=steps, every=150)
     _assert_exact(out, inputs)
     assert len(applied) == len(steps)
-    kinds = [kind for _, kind, _ in out[0][1].generation_history]
-    assert kinds[0] == "ina" and "rina" in kinds and kinds[-1] == "ina"
+    for _, stats in out:
+        kinds = [kind for _, kind, _ in stats.generation_history]
+        assert len(kinds) >= 3 and set(kinds) == {"ina"} and stats.ring_ops == 0
 
 
 def test_rack_compares_chunks_of_one_chain_only() -> None:
@@ -128,3 +140,31 @@ def test_rack_compares_chunks_of_one_chain_only() -> None:
     got[3] = 1
     fl.delivered(3, 1.030)  # long chain: chunk 2, sent before 3 on the same chain, is
     assert fl.lost(got, 2, 8, 2.0, queued) == [2]
+
+
+@pytest.mark.parametrize("racks,ina", [(["r1", "r1", "r2", "r2"], {"r1"}), (["r1", "r2", "r2", "r3", "r3"], {"r2"})],
+                         ids=["2x2-half", "3-racks-one"])
+@pytest.mark.parametrize("faults", [None, Faults(drop=0.02, duplicate=0.01)], ids=["clean", "lossy"])
+def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks, ina, faults):
+    """Racks without INA: each worker there is a ring member keeping its copy of the chain in its agent; every
+    worker is plain INA (towards its switch or its copy) and gets the exact sum, also under loss."""
+    rng = np.random.default_rng(len(racks) + 1)
+    inputs = [(rng.standard_normal(2000) * 3).astype(np.float32) for _ in racks]
+    with LocalCluster(racks, ina_racks=ina, slots=SLOTS, backend="rina", options=OPTIONS, faults=faults,
+                      seed=5) as cl:
+        _install_chains(cl)
+
+        def work(agent):
+            results = [agent.allreduce(inputs[agent.rank]) for _ in range(2)]
+            copy = agent.host_copy
+            return results, agent.stats, agent.plan.kind, copy is not None and copy.frames > 0
+
+        out = cl.run(work)
+        partials = sum(sw.counter("MyIngress.ina_partials", JOB_ID) for sw in cl.switches.values() if sw)
+    expected = quantised_sum(inputs)
+    for i, (results, stats, kind, copied) in enumerate(out):
+        for r in results:
+            np.testing.assert_array_equal(r, expected)
+        assert kind == "ina" and stats.broadcasts_sent == 0 and stats.ring_ops == 0
+        assert copied == (racks[i] not in ina)
+    assert partials > 0

@@ -14,6 +14,7 @@ from controller.topology import Topology
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.job_entries import TransitEntry
+from inaproto.rina_ring import host_copy_port
 from inaproto.scapy_layer import INA
 from softswitch.p4program import load_p4info
 from softswitch.pipeline import InaPipeline
@@ -110,10 +111,11 @@ def _run(topo: Topology, pipes: dict[str, InaPipeline], sends: list[tuple[str, i
         for out_port, out in pipes[sw].process(port, frame):
             if (sw, out_port) in peer:
                 to = peer[(sw, out_port)]
-                if to[0].startswith("host"):  # the agent hands what its socket got to its copy as INA
-                    out = out[:36] + wire.INA_UDP_PORT.to_bytes(2, "big") + out[38:]
-                if sw.startswith("host"):  # and sends what its copy emits from its socket
-                    out = out[:34] + (40000 + int(sw[4:])).to_bytes(2, "big") + out[36:]
+                if sw.startswith("host"):  # the agent sends what its copy emits from the copy's socket
+                    out = out[:34] + host_copy_port(40000 + int(sw[4:])).to_bytes(2, "big") + out[36:]
+                if to[0].startswith("host"):  # and hands what that socket got to its copy as INA, from INA's port
+                    ina = wire.INA_UDP_PORT.to_bytes(2, "big")
+                    out = out[:34] + ina + ina + out[38:]
                 queue.append((*to, out))
             else:
                 delivered.setdefault((sw, out_port), []).append(dissect(out))

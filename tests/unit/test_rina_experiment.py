@@ -37,3 +37,20 @@ def test_summary_report_and_plot(tmp_path):
     assert lines[0].startswith("2x4: ring 1000 ms") and "framed ideal 0.79" in lines[1]
     RinaExperiment.plot(rows, summary, cfg, tmp_path / "rina.png")
     assert (tmp_path / "rina.png").stat().st_size > 0
+
+
+def test_summary_of_repetitions_takes_medians_with_spread():
+    cfg = RinaConfig(layouts=((2, 4),), ina_fractions=(0.5,), elements=4096, iterations=2, repetitions=3)
+    rows = []
+    for rep, (ring, rina) in enumerate([(1.0, 1.2), (1.1, 1.1), (0.9, 1.8)]):
+        rows += [dict(_row("leafspine-ring", "ring", ring), repetition=rep),
+                 dict(_row("leafspine-1ina", "rina", rina, 0.5), repetition=rep, granted_backend=["ina"])]
+    (p,) = RinaExperiment.summarize(rows, cfg)["points"]
+    assert p["ring_s"] == 1.0 and p["ring_spread_s"] == (0.9, 1.1) and p["ina_s"] is None
+    (half,) = p["rina"]
+    assert half["seconds"] == 1.2 and half["spread_s"] == (1.1, 1.8) and half["repetitions"] == 3
+    assert half["ratio_to_ring"] == pytest.approx(1.2)
+    assert half["ratio_to_ring_spread"] == pytest.approx((1.0, 2.0))
+    assert half["granted_backend"] == "ina" and half["exact"] is True
+    assert half["retransmits_per_chunk"] == pytest.approx(8 / (128 * 8 * 3))
+    assert "(1.00-2.00)" in RinaExperiment.report({"points": [p]})[1]

@@ -4,9 +4,11 @@ For each layout (racks x workers per rack) a leaf-spine (every host link ``bw_mb
 uplink_ratio``; the spine runs the program and routes the chains' packets, ``ina_transit``) runs a ring job
 and a Rina job for each fraction of INA-capable racks; a star of all workers runs single-switch INA as the
 reference. The controller and the agents run with ``--rina-chains``: where every ring member is an INA
-rack the racks' switches carry the ring (docs/switch.md, "Chains"); elsewhere today's Rina runs (host
-members are not in the agent yet; docs/agent.md, "Rina as designed"). Every worker checks its result
-(``--check``). The framed ideal ratios (docs/experiments.md, "Rina as designed") are drawn beside.
+rack the racks' switches carry the ring (docs/switch.md, "Chains"), and the workers of racks without INA
+join it as host members, each keeping its copy of the chain in its agent (docs/agent.md, "Rina as
+designed"); with no INA rack it is the ring. Every worker checks its result (``--check``). Each point runs
+``repetitions`` times, the runs of one repetition side by side; the summary gives the median of the runs'
+medians with their spread, and the framed ideal ratios (docs/experiments.md, "Rina as designed") beside.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any
 
 from inaproto import wire
 from topologies.experiments import register
-from topologies.experiments.aggregate import TCP_PAYLOAD, allreduce_row, group_by, median
+from topologies.experiments.aggregate import TCP_PAYLOAD, allreduce_row, group_by, median, spread
 from topologies.experiments.base import Experiment
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
@@ -56,6 +58,7 @@ class RinaConfig:
         bw_mbps: host links, Mbit/s (htb); uplink_ratio: uplinks' share of that (0.5: 2:1 oversubscribed).
         slots: slots each job asks for per rack (the ring uses the largest R * 2^k of them).
         reference: also run single-switch INA on a star of all workers.
+        repetitions: runs of every point (each a fresh testbed; one repetition runs every point once).
     """
 
     layouts: tuple[tuple[int, int], ...] = ((2, 4), (4, 2))
@@ -67,14 +70,15 @@ class RinaConfig:
     uplink_ratio: float = 1.0
     slots: int = 8
     reference: bool = True
+    repetitions: int = 3
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layouts", checked_layouts(self.layouts))
         object.__setattr__(self, "ina_fractions", tuple(float(f) for f in self.ina_fractions))
         if any(not 0 <= f <= 1 for f in self.ina_fractions):
             raise ValueError("ina_fractions must be between 0 and 1")
-        if self.elements < 1 or self.iterations < 1 or self.warmup < 0 or self.slots < 1:
-            raise ValueError("elements, iterations and slots must be positive, warmup >= 0")
+        if self.elements < 1 or self.iterations < 1 or self.warmup < 0 or self.slots < 1 or self.repetitions < 1:
+            raise ValueError("elements, iterations, slots and repetitions must be positive, warmup >= 0")
         if not self.bw_mbps > 0 or not 0 < self.uplink_ratio <= 1:
             raise ValueError("bw_mbps must be positive and uplink_ratio in (0, 1]")
 
@@ -107,12 +111,13 @@ class RinaExperiment(Experiment):
         ("--uplink-ratio", "uplink_ratio", float, "uplink bandwidth over host link bandwidth (0.5: 2:1)"),
         ("--slots", "slots", int, "slots per rack each job asks for"),
         ("--no-reference", "reference", "false", "skip single-switch INA"),
+        ("--repetitions", "repetitions", int, "runs of every point (medians with spread)"),
     )
 
     @classmethod
     def presets(cls) -> dict[str, RinaConfig]:
         return {
-            "tiny": RinaConfig(layouts=((2, 2),), ina_fractions=(1.0,), elements=4096, iterations=2),
+            "tiny": RinaConfig(layouts=((2, 2),), ina_fractions=(1.0,), elements=4096, iterations=2, repetitions=1),
             "small": RinaConfig(layouts=((2, 4),), ina_fractions=(1.0, 0.5), elements=8192, iterations=3),
             "full": RinaConfig(),
         }
@@ -138,48 +143,68 @@ class RinaExperiment(Experiment):
                                                          uplink_bw=cfg.bw_mbps * cfg.uplink_ratio), "ring", None))
             if cfg.reference:
                 runs.append(("star", StarTopo(n, bw=cfg.bw_mbps), "ina", None))
-            for label, topo, backend, frac in runs:
-                port += 1
-                ctx.progress(f"{layout} {label}: {backend}, {cfg.warmup}+{cfg.iterations} all-reduces")
-                with ctx.testbed(topo, f"{layout}-{label}", controller_args=("--rina-chains",)) as bed:
-                    job = AgentJob(f"rina-{layout}-{label}", hosts, "allreduce", backend=backend, args=common,
-                                   requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
-                    try:
-                        workers = bed.run_jobs([job])[job.name]
-                    except AgentFailure as exc:
-                        ctx.error(str(exc))
-                        ctx.record({"kind": "rina", "layout": layout, "run": label, "error": str(exc)})
-                        continue
-                row = allreduce_row(workers, kind="rina", layout=layout, racks=racks, per_rack=per, run=label,
-                                    backend=backend, ina_fraction=frac, bw_mbps=cfg.bw_mbps,
-                                    uplink_ratio=cfg.uplink_ratio)
-                ctx.record(row)
-                ctx.progress(f"{layout} {label}: median {row['seconds_median'] * 1e3:.0f} ms, "
-                             f"retransmits {row['retransmits']}, exact {row.get('exact')}")
+            for rep in range(cfg.repetitions):
+                for label, topo, backend, frac in runs:
+                    port += 1
+                    ctx.progress(f"{layout} {label} (repetition {rep + 1}/{cfg.repetitions}): {backend}, "
+                                 f"{cfg.warmup}+{cfg.iterations} all-reduces")
+                    name = f"{layout}-{label}" + (f"-rep{rep + 1}" if cfg.repetitions > 1 else "")
+                    with ctx.testbed(topo, name, controller_args=("--rina-chains",)) as bed:
+                        job = AgentJob(f"rina-{layout}-{label}", hosts, "allreduce", backend=backend, args=common,
+                                       requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
+                        try:
+                            workers = bed.run_jobs([job])[job.name]
+                        except AgentFailure as exc:
+                            ctx.error(str(exc))
+                            ctx.record({"kind": "rina", "layout": layout, "run": label, "repetition": rep,
+                                        "error": str(exc)})
+                            continue
+                    row = allreduce_row(workers, kind="rina", layout=layout, racks=racks, per_rack=per, run=label,
+                                        repetition=rep, backend=backend, ina_fraction=frac, bw_mbps=cfg.bw_mbps,
+                                        uplink_ratio=cfg.uplink_ratio)
+                    ctx.record(row)
+                    ctx.progress(f"{layout} {label}: median {row['seconds_median'] * 1e3:.0f} ms, "
+                                 f"retransmits {row['retransmits']}, exact {row.get('exact')}")
 
     @staticmethod
     def summarize(rows: list[dict], config: RinaConfig) -> dict:
+        """Per layout: the median over repetitions of each run's median call time, its spread (min, max), and
+        Rina's ratios to the ring and single-switch INA from those medians (spread: each repetition's ratio
+        to the ring of the same repetition)."""
         ok = [r for r in rows if r.get("kind") == "rina" and r.get("seconds_median")]
         by = group_by(ok, "layout", "run")
         points = []
+
+        def times(layout: str, run: str) -> list[float]:
+            return [r["seconds_median"] for r in by.get((layout, run), [])]
+
         for layout in dict.fromkeys(r["layout"] for r in ok):
             racks, per = (int(x) for x in layout.split("x"))
-            ring = by.get((layout, "leafspine-ring"))
-            ring_s = median(r["seconds_median"] for r in ring) if ring else None
-            ina = by.get((layout, "star"))
-            point: dict[str, Any] = {"layout": layout, "ring_s": ring_s,
-                                     "ina_s": median(r["seconds_median"] for r in ina) if ina else None,
+            ring_s, ina_s = median(times(layout, "leafspine-ring")), median(times(layout, "star"))
+            ring_by_rep = {r.get("repetition", 0): r["seconds_median"] for r in by.get((layout, "leafspine-ring"), [])}
+            point: dict[str, Any] = {"layout": layout, "ring_s": ring_s, "ring_spread_s": spread(times(layout, "leafspine-ring")),
+                                     "ina_s": ina_s, "ina_spread_s": spread(times(layout, "star")),
                                      "framed_ideal_ina_ratio": framed_ideal_ina_ratio(racks * per), "rina": []}
-            for r in sorted((r for r in ok if r["layout"] == layout and r["backend"] == "rina"),
-                            key=lambda r: -r["ina_fraction"]):
-                k = round(r["ina_fraction"] * racks)
-                chunks = max(1, r["elements"] // wire.LANES) * racks * per * (config.iterations + config.warmup)
+            for run in sorted({r["run"] for r in ok if r["layout"] == layout and r["backend"] == "rina"},
+                              key=lambda run: -by[(layout, run)][0]["ina_fraction"]):
+                reps = by[(layout, run)]
+                frac = reps[0]["ina_fraction"]
+                k = round(frac * racks)
+                seconds = median(times(layout, run))
+                chunks = max(1, reps[0]["elements"] // wire.LANES) * racks * per * (config.iterations + config.warmup)
+                granted = sorted({str(g) for r in reps for g in
+                                  ([r["granted_backend"]] if isinstance(r["granted_backend"], str) else r["granted_backend"])})
+                ratios = [r["seconds_median"] / ring_by_rep[r.get("repetition", 0)] for r in reps
+                          if ring_by_rep.get(r.get("repetition", 0))]
                 point["rina"].append({
-                    "ina_fraction": r["ina_fraction"], "seconds": r["seconds_median"],
-                    "granted_backend": r["granted_backend"], "exact": r.get("exact"),
-                    "retransmits_per_chunk": r["retransmits"] / chunks,
-                    "ratio_to_ring": r["seconds_median"] / ring_s if ring_s else None,
-                    "ratio_to_ina": r["seconds_median"] / point["ina_s"] if point["ina_s"] else None,
+                    "ina_fraction": frac, "seconds": seconds, "spread_s": spread(times(layout, run)),
+                    "repetitions": len(reps),
+                    "granted_backend": granted[0] if len(granted) == 1 else granted,
+                    "exact": all(r.get("exact") is True for r in reps) if reps else None,
+                    "retransmits_per_chunk": sum(r["retransmits"] for r in reps) / (chunks * len(reps)),
+                    "ratio_to_ring": seconds / ring_s if ring_s else None,
+                    "ratio_to_ring_spread": spread(ratios),
+                    "ratio_to_ina": seconds / ina_s if ina_s else None,
                     "framed_ideal_ratio": framed_ideal_ratio(racks, per, k, config.uplink_ratio),
                 })
             points.append(point)
@@ -197,6 +222,9 @@ class RinaExperiment(Experiment):
                 ratio = f"{r['ratio_to_ring']:.2f}" if r.get("ratio_to_ring") else "-"
                 granted = r["granted_backend"]
                 granted = granted if isinstance(granted, str) else "/".join(granted)
+                lo, hi = r.get("ratio_to_ring_spread") or (None, None)
+                if lo is not None and r.get("repetitions", 1) > 1:
+                    ratio += f" ({lo:.2f}-{hi:.2f})"
                 lines.append(f"  Rina {r['ina_fraction']:.0%} INA racks ({granted}): "
                              f"{r['seconds'] * 1e3:.0f} ms, /ring {ratio} (framed ideal {r['framed_ideal_ratio']:.2f}), "
                              f"retransmits/chunk {r['retransmits_per_chunk']:.3f}, exact {r['exact']}")
@@ -213,6 +241,9 @@ class RinaExperiment(Experiment):
             for r in p["rina"]:
                 if r.get("ratio_to_ring"):
                     ax.bar(x, r["ratio_to_ring"], color=COLORS["rina"], width=0.6)
+                    lo, hi = r.get("ratio_to_ring_spread") or (None, None)
+                    if lo is not None:  # each repetition's ratio to its own ring run
+                        ax.plot([x, x], [lo, hi], color="k", lw=1)
                 ax.plot([x - 0.3, x + 0.3], [r["framed_ideal_ratio"]] * 2, "k--")
                 labels.append(f"{p['layout']}\n{r['ina_fraction']:.0%} INA")
                 x += 1

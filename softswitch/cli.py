@@ -37,6 +37,7 @@ from softswitch.port_socket import DataPlaneError
 PROG = "ina-switch"
 VERSION = "ina-switch 0.1.0 (BMv2 simple_switch_grpc command line, P4Runtime 1.4)"
 DEFAULT_GRPC_ADDR = "127.0.0.1:9559"  # BMv2's default is 0.0.0.0:9559: never a wildcard here
+IO_ENV = "INA_SWITCH_IO"  # the --io default where set (how ina-exp and the test suites pick the I/O path)
 DEFAULT_DEVICE_ID = 0  # as BMv2; most clients default to 1, so always pass --device-id
 LEVELS = {"trace": TRACE, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
           "error": logging.ERROR, "off": logging.CRITICAL + 10}
@@ -169,9 +170,9 @@ def _core_parser() -> Parser:
     p.add_argument("--dump-packet-data", type=_uint, default=0, metavar="N",
                    help="log the first N bytes of every packet received and sent, at info level")
     p.add_argument("--thrift-port", type=_uint, metavar="PORT", help="accepted for compatibility; ina-switch has no Thrift server")
-    p.add_argument("--io", choices=[m.value for m in IoMode], default=IoMode.FRAMES.value,
-                   help="packet I/O: one recv()/send() per frame (default), or PACKET_MMAP rings with batches "
-                   "through the pipeline (falls back to frames where the kernel refuses rings)")
+    p.add_argument("--io", choices=[m.value for m in IoMode], default=os.environ.get(IO_ENV) or IoMode.FRAMES.value,
+                   help="packet I/O: one recv()/send() per frame (default, or $INA_SWITCH_IO), or PACKET_MMAP rings "
+                   "with batches through the pipeline (falls back to frames where the kernel refuses rings)")
     p.add_argument("--max-port-count", type=_uint, default=512, metavar="N", help="most interfaces accepted (default 512)")
     p.add_argument("--link-delay", action="append", default=[], metavar="MS|PORT:MS",
                    help="propagation delay: hold every frame MS milliseconds on ingress and again on egress of "
@@ -312,6 +313,8 @@ def parse_args(argv: list[str]) -> SwitchCommandLine | str:
     for port, _ in link_delay.per_port:
         if port not in interfaces:
             warnings.append(f"--link-delay {port}:... has no interface (-i {port}@IFACE)")
+    if a.io not in {m.value for m in IoMode}:
+        raise UsageError(f"{IO_ENV}={a.io!r}: expected one of {', '.join(m.value for m in IoMode)}")
     return SwitchCommandLine(
         program=program, no_p4=a.no_p4, device_id=a.device_id, interfaces=interfaces, grpc_addr=t.grpc_server_addr,
         cpu_port=t.cpu_port, log_console=a.log_console, log_file=a.log_file, log_level=a.log_level,

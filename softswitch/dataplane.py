@@ -136,6 +136,7 @@ class DataPlane:
         self.delay = DelayLine(link_delay) if link_delay is not None and link_delay.active else None
         self._timer: DeadlineTimer | None = None
         self._process_batch = None  # the rings loop's batch entry point (held frames are released in batches)
+        self._block_out = False  # whether it can return FrameBlocks (as_block)
 
     # --- life cycle -------------------------------------------------------------------------------
     def open(self) -> None:
@@ -363,6 +364,7 @@ class DataPlane:
             process = self.pipeline.process
             process_batch = lambda port, frames: [out for f in frames for out in process(port, f)]  # noqa: E731
         self._process_batch = process_batch
+        self._block_out = block_out
         port_stats = self.stats.ports
         monotonic = time.monotonic
         pcaps = bool(self._pcap_in)
@@ -406,14 +408,10 @@ class DataPlane:
                         if not live:
                             self.stats.not_live += len(frames)
                             continue
-                    if fast and delay is None and block_out:
-                        out = process_batch(port, frames, as_block=True)
-                        if isinstance(out, FrameBlock):
-                            if out.ports.size:
-                                self._send_all(outq)  # what earlier batches emitted leaves first
-                                self._send_block(out)
-                        else:
-                            outq += out
+                    if fast and block_out:
+                        # with delay, the batch is held as one entry (processed in _release_held)
+                        if delay is None or not delay.hold_in_batch(port, frames, monotonic()):
+                            self._emit(process_batch(port, frames, as_block=True), outq)
                         continue
                     if isinstance(frames, np.ndarray):
                         frames = _rows_as_bytes(frames)
@@ -476,7 +474,13 @@ class DataPlane:
             self._send_all(outq)
         else:
             now = time.monotonic()
-            if fast:
+            if fast and self._block_out:  # rings: each port's due batches as one, output blocks held per port
+                process_batch = self._process_batch
+                for port, frames in delay.due_in_batches(now).items():
+                    self._emit(process_batch(port, frames, as_block=True), outq)
+                self._hold_out(outq)
+                self._send_all(delay.due_out(time.monotonic()))
+            elif fast:
                 process, process_batch = self.pipeline.process, self._process_batch
                 for port, frames in delay.due_in(now).items():
                     if process_batch is not None:
@@ -484,11 +488,7 @@ class DataPlane:
                     else:
                         for frame in frames:
                             outq += process(port, frame)
-                if outq:
-                    now = time.monotonic()  # emitted now: held from here
-                    hold_out = delay.hold_out
-                    outq[:] = [(eport, out) for eport, out in outq if not hold_out(eport, out, now)]
-                    self._send_all(outq)
+                self._hold_out(outq)
                 self._send_all(delay.due_out(time.monotonic()))
             else:
                 for port, frames in delay.due_in(now).items():
@@ -498,11 +498,39 @@ class DataPlane:
                     self._transmit(self._packet_id, 0, eport, out)
             self._timer.arm(delay.next_deadline(), time.monotonic())
 
-    def _send_all(self, outq: list[tuple[int, bytes]]) -> None:
+    def _hold_out(self, outq: list[tuple[int, bytes]]) -> None:
+        """Hold (link delay) or send the frames of ``outq`` (emptied): emitted now, held from now."""
+        if outq:
+            now, hold_out = time.monotonic(), self.delay.hold_out
+            outq[:] = [(eport, out) for eport, out in outq if not hold_out(eport, out, now)]
+            self._send_all(outq)
+
+    def _emit(self, out: list[tuple[int, bytes]] | FrameBlock, outq: list[tuple[int, bytes]]) -> None:
+        """A batch's outputs (rings): a list joins ``outq``; a FrameBlock's rows go out per egress port, or are
+        held per egress port with link delay, after what earlier batches emitted (``outq``)."""
+        if not isinstance(out, FrameBlock):
+            outq += out
+            return
+        if not out.ports.size:
+            return
+        rows = out.by_port()
+        if self.delay is not None:
+            self._hold_out(outq)  # earlier outputs first, so each port keeps the emission order
+            now, hold = time.monotonic(), self.delay.hold_out_rows
+            rows = {eport: r for eport, r in rows.items() if not hold(eport, r, now)}
+        else:
+            self._send_all(outq)  # what earlier batches emitted leaves first
+        self._send_rows(rows)
+
+    def _send_all(self, outq: list[tuple[int, bytes | np.ndarray]]) -> None:
+        """Send every frame of ``outq`` (emptied); an array entry is rows held by the link delay."""
         if not outq:
             return
         sends, port_stats = self._sends, self.stats.ports
         for eport, out in outq:
+            if isinstance(out, np.ndarray):
+                self._send_rows({eport: out})
+                continue
             send = sends.get(eport)
             if send is None:
                 self._unsendable(eport, out)
@@ -519,10 +547,10 @@ class DataPlane:
                 order[eport] = None
         outq.clear()
 
-    def _send_block(self, block: FrameBlock) -> None:
-        """Queue a batch's output block: each egress port's rows into its transmit ring with one copy."""
+    def _send_rows(self, by_port: dict[int, np.ndarray]) -> None:
+        """Queue each egress port's rows (of a batch's output block) into its transmit ring with one copy."""
         order, port_stats = self._flush_order, self.stats.ports
-        for eport, rows in block.by_port().items():
+        for eport, rows in by_port.items():
             ring = self._rings.get(eport)
             if ring is None:
                 for row in rows:

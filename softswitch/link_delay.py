@@ -11,6 +11,12 @@ nanosecond resolution; epoll's own millisecond timeout where timerfd is missing)
 A port's delay is constant, so its frames' deadlines never decrease and, with the sequence number breaking
 ties, every port keeps its order.
 
+The packet rings (``ina-switch --io rings``) hold a whole receive batch, and each egress port's rows of a
+batch's output block, as one entry (``hold_in_batch``, ``hold_out_rows``: a numpy array of equal-length
+frames): the frames of a batch share their arrival or emission time, so one deadline is theirs. That keeps
+delayed traffic in numpy from socket to socket (no bytes object and no heap entry per frame), and the batches
+of a port that fall due together go through the pipeline as one (``due_in_batches``).
+
 Example::
 
     delays = parse_link_delays(["10", "3:0"])      # 10 ms on every port, none on port 3
@@ -27,6 +33,8 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+
+import numpy as np
 
 log = logging.getLogger("ina-switch")
 
@@ -92,9 +100,11 @@ class DelayLine:
     def __init__(self, delays: LinkDelay) -> None:
         self.delays = delays
         self._seconds: dict[int, float] = {}
-        self._in: list[tuple[float, int, int, bytes]] = []
-        self._out: list[tuple[float, int, int, bytes]] = []
+        # entries (deadline, sequence, port, frame or array of frames, frame count)
+        self._in: list[tuple[float, int, int, bytes | np.ndarray, int]] = []
+        self._out: list[tuple[float, int, int, bytes | np.ndarray, int]] = []
         self._seq = 0
+        self._held = 0  # frames held now (both directions)
         self.held_most = 0  # the most frames held at once (both directions)
 
     def seconds(self, port: int) -> float:
@@ -105,42 +115,82 @@ class DelayLine:
 
     def hold_in(self, port: int, frame: bytes, now: float) -> bool:
         """Hold a received frame; False if the port has no delay (process it now)."""
-        return self._hold(self._in, port, frame, now)
+        return self._hold(self._in, port, frame, now, 1)
+
+    def hold_in_batch(self, port: int, frames: np.ndarray | list[bytes], now: float) -> bool:
+        """Hold a receive batch (an (n, length) array, or a list of frames) as one entry; False if no delay."""
+        if isinstance(frames, list):
+            d = self.seconds(port)
+            if d <= 0.0:
+                return False
+            for frame in frames:
+                self._hold(self._in, port, frame, now, 1)
+            return True
+        return self._hold(self._in, port, frames, now, len(frames))
 
     def hold_out(self, port: int, frame: bytes, now: float) -> bool:
         """Hold a frame emitted to ``port``; False if the port has no delay (send it now)."""
-        return self._hold(self._out, port, frame, now)
+        return self._hold(self._out, port, frame, now, 1)
 
-    def _hold(self, heap: list, port: int, frame: bytes, now: float) -> bool:
+    def hold_out_rows(self, port: int, rows: np.ndarray, now: float) -> bool:
+        """Hold the (n, length) rows a batch emitted to ``port`` as one entry; False if the port has no delay."""
+        return self._hold(self._out, port, rows, now, len(rows))
+
+    def _hold(self, heap: list, port: int, frame: bytes | np.ndarray, now: float, count: int) -> bool:
         d = self._seconds.get(port)
         if d is None:
             d = self.seconds(port)
         if d <= 0.0:
             return False
         self._seq += 1
-        heapq.heappush(heap, (now + d, self._seq, port, frame))
-        n = len(self._in) + len(self._out)
-        if n > self.held_most:
-            self.held_most = n
+        heapq.heappush(heap, (now + d, self._seq, port, frame, count))
+        self._held += count
+        if self._held > self.held_most:
+            self.held_most = self._held
         return True
 
     def due_in(self, now: float) -> dict[int, list[bytes]]:
         """Received frames whose delay has passed, per port in arrival order (ports in deadline order)."""
-        return self._due(self._in, now)
+        out: dict[int, list[bytes]] = {}
+        for port, items in self._due(self._in, now).items():
+            frames = out[port] = []
+            for item in items:
+                if isinstance(item, np.ndarray):
+                    frames += _rows_as_bytes(item)
+                else:
+                    frames.append(item)
+        return out
 
-    def due_out(self, now: float) -> list[tuple[int, bytes]]:
-        """Emitted frames whose delay has passed, in emission order per port: ``[(port, frame)]``."""
+    def due_in_batches(self, now: float) -> dict[int, np.ndarray | list[bytes]]:
+        """``due_in`` with each port's due frames as one batch: one array when every due entry of the port is
+        an array of one frame length (they are then joined), else a list of bytes."""
+        out: dict[int, np.ndarray | list[bytes]] = {}
+        for port, items in self._due(self._in, now).items():
+            first = items[0]
+            if isinstance(first, np.ndarray) and all(
+                    isinstance(item, np.ndarray) and item.shape[1] == first.shape[1] for item in items):
+                out[port] = first if len(items) == 1 else np.concatenate(items)
+            else:
+                frames = out[port] = []
+                for item in items:
+                    frames += _rows_as_bytes(item) if isinstance(item, np.ndarray) else [item]
+        return out
+
+    def due_out(self, now: float) -> list[tuple[int, bytes | np.ndarray]]:
+        """Emitted frames whose delay has passed, in emission order per port: ``[(port, frame)]``, where a
+        frame is an (n, length) array for rows held with ``hold_out_rows``."""
         heap, out = self._out, []
         while heap and heap[0][0] <= now:
-            _, _, port, frame = heapq.heappop(heap)
+            _, _, port, frame, count = heapq.heappop(heap)
+            self._held -= count
             out.append((port, frame))
         return out
 
-    @staticmethod
-    def _due(heap: list, now: float) -> dict[int, list[bytes]]:
-        out: dict[int, list[bytes]] = {}
+    def _due(self, heap: list, now: float) -> dict[int, list[bytes | np.ndarray]]:
+        out: dict[int, list[bytes | np.ndarray]] = {}
         while heap and heap[0][0] <= now:
-            _, _, port, frame = heapq.heappop(heap)
+            _, _, port, frame, count = heapq.heappop(heap)
+            self._held -= count
             frames = out.get(port)
             if frames is None:
                 out[port] = [frame]
@@ -158,7 +208,13 @@ class DelayLine:
 
     @property
     def held(self) -> int:
-        return len(self._in) + len(self._out)
+        """Frames held now, both directions."""
+        return self._held
+
+
+def _rows_as_bytes(rows: np.ndarray) -> list[bytes]:
+    blob, size = rows.tobytes(), rows.shape[1]
+    return [blob[o : o + size] for o in range(0, len(blob), size)]
 
 
 class _Timespec(ctypes.Structure):

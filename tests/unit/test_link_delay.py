@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import select
 
+import numpy as np
 import pytest
 
 from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay, parse_link_delays
@@ -40,6 +41,27 @@ def test_frames_wait_their_port_delay_in_both_directions_and_keep_their_order():
         line.hold_out(1, b"o%d" % i, 5.0)  # same instant: order by arrival
     assert line.due_out(5.009) == [] and line.due_out(5.010) == [(1, b"o0"), (1, b"o1"), (1, b"o2")]
     assert line.held_most == 10
+
+
+def test_batches_are_held_as_one_entry_and_joined_when_due_together():
+    """The rings path holds a receive batch and each port's output rows as one entry each."""
+    line = DelayLine(LinkDelay(0.010, ((3, 0.0),)))
+    a = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    b = np.arange(12, 20, dtype=np.uint8).reshape(2, 4)
+    assert not line.hold_in_batch(3, a, 0.0) and not line.hold_out_rows(3, a, 0.0)
+    assert line.hold_in_batch(1, a, 1.0) and line.hold_in_batch(1, b, 1.001)
+    assert line.hold_in_batch(2, [b"x", b"yy"], 1.0)  # frames of different lengths: one entry each
+    assert line.held == 7 and line.held_most == 7
+    due = line.due_in_batches(1.02)
+    assert due[1].tolist() == np.concatenate([a, b]).tolist() and due[2] == [b"x", b"yy"]
+    assert line.held == 0
+    line.hold_in_batch(1, a, 2.0)
+    line.hold_in(1, b"zz", 2.0)
+    assert line.due_in_batches(2.5) == {1: [a[0].tobytes(), a[1].tobytes(), a[2].tobytes(), b"zz"]}
+    line.hold_out(1, b"first", 3.0)
+    assert line.hold_out_rows(1, b, 3.0)
+    out = line.due_out(3.01)
+    assert out[0] == (1, b"first") and out[1][0] == 1 and out[1][1] is b and line.held == 0
 
 
 def test_the_timer_fires_at_the_deadline_not_before():

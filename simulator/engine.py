@@ -557,16 +557,21 @@ class Simulation:
         return model.tree_time(cal, job.spec.grad_bytes, rate), SimBackend.TREE, slots
 
     def _switch_stretch(self, rack: int, job: _Job) -> float:
-        """How much a shared switch's load stretches the software round trip (1 without ``switch_shared_pps``):
-        the load of every job holding slots there that has started, and of `job` itself (model.shared_stretch)."""
+        """How much a shared switch's load stretches `job`'s software round trip (1 without ``switch_shared_pps``):
+        the load of every job holding slots there that has started, and of `job` itself, with the senders'
+        congestion window backing off at its delay target (model.shared_stretches)."""
         if self.cal.switch_shared_pps is None:
             return 1.0
-        jobs = []
+        jobs, mine = [], 0
         for job_id, rng in self.switches[rack].alloc.items():
             other = self.running[job_id]
             if rng is not None and (other.ready or other is job):
+                if other is job:
+                    mine = len(jobs)
                 jobs.append((rng.size, other.counts.get(rack, 0)))
-        return model.shared_stretch(self.cal, self.cluster.host_Bps, jobs)
+        if not jobs:
+            return 1.0
+        return model.shared_stretches(self.cal, self.cluster.host_Bps, jobs)[mine]
 
     def _held(self, rack: int, job_id: int) -> int:
         rng = self.switches[rack].alloc.get(job_id)

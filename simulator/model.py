@@ -13,13 +13,18 @@ payload bytes per second, times are seconds, ``nbytes`` is the gradient size of 
                   t = B / R_tree + 2 (rtt + propagation)
 
 shared switch  software rtt x 1 / (1 - rho), rho = sum over the switch's jobs of m_j * R_j / payload / shared_pps
+congestion     delay target T = W0 + max(allowance, share * W0), W0 = the unloaded window rtt: when the shared
+window         switch's stretch would hold round trips above T, the windows shrink until W = T, i.e. the load
+               settles at rho* = 1 - rtt / (T - propagation - serialization) and the jobs share rho* * shared_pps
+               max-min fairly (equal windows, one round trip), each at most its own bound at W = T
 
-A congestion window (the agent may use fewer slots than granted) changes none of this: it settles near the
-window that reaches line rate, and slots beyond it add nothing here either (the min above).
+Without a shared switch the congestion window changes nothing here: it settles near the window that reaches
+line rate, and slots beyond it add nothing either (the min above).
     iteration     t = compute + (1 - overlap) * t_comm
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -34,6 +39,9 @@ __all__ = [
     "saturating_slots",
     "offered_pps",
     "shared_stretch",
+    "shared_stretches",
+    "shared_throughput",
+    "shared_capacity",
     "tree_window_rtt",
     "tree_time",
     "uplink_bytes",
@@ -128,6 +136,90 @@ def shared_stretch(cal: Calibration, host_Bps: float | None, jobs: Sequence[tupl
         else:
             hi = mid
     return 1.0 / (1.0 - (lo + hi) / 2)
+
+
+def cwnd_target(cal: Calibration, host_Bps: float | None = None) -> float | None:
+    """The congestion window's delay target: the unloaded window round trip plus the queueing the sender
+    tolerates (max(allowance, share x that round trip)); None without a congestion window."""
+    allowance = cal.cwnd_queue_allowance_s
+    if allowance is None:
+        return None
+    path = window_rtt(cal, host_Bps)
+    return path + max(allowance, cal.cwnd_allowance_share * path)
+
+
+def shared_stretches(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]]) -> list[float]:
+    """Per job of `jobs` ((slots, workers) each, on one shared switch): the stretch of its software round trip
+    that gives its rate through ``window_rtt(cal, host_Bps, stretch)`` and ``ina_rate``.
+
+    Without a congestion window (or while the processor-sharing round trip stays within its delay target) this
+    is shared_stretch for every job. Above the target the senders' windows shrink until round trips sit at
+    the target T: the load settles at rho* = 1 - rtt / (T - propagation - serialization), and the jobs share
+    rho* x capacity max-min fairly (AIMD converges to equal windows; every job sees the same round trip),
+    each at most its own bound at W = T (line, window, switch_pps). A job then keeps fewer chunks in flight
+    than it holds slots: its stretch is that of the window round trip s x payload / rate ("the time a slot is
+    held", slots it does not use included)."""
+    stretch = shared_stretch(cal, host_Bps, jobs)
+    target = cwnd_target(cal, host_Bps)
+    cap = cal.switch_shared_pps
+    if cap is None or target is None or not jobs or window_rtt(cal, host_Bps, stretch) <= target:
+        return [stretch] * len(jobs)
+    fixed = target - cal.propagation_rtt_s - (window_rtt(cal, host_Bps) - cal.ina_rtt_s - cal.propagation_rtt_s)
+    rho = max(0.0, 1.0 - cal.ina_rtt_s / fixed)
+    bounds = [ina_rate(cal, host_Bps or math.inf, s, m, target) for s, m in jobs]
+    level = _water_level(bounds, [m / cal.payload_bytes for _, m in jobs], rho * cap)
+    out = []
+    for (s, _), bound in zip(jobs, bounds):
+        rate = min(bound, level)
+        held = s * cal.payload_bytes / rate if rate > 0 else math.inf
+        out.append((held - (window_rtt(cal, host_Bps) - cal.ina_rtt_s)) / cal.ina_rtt_s)
+    return out
+
+
+def _water_level(bounds: Sequence[float], weights: Sequence[float], total: float) -> float:
+    """The level L with sum_j weights_j * min(bounds_j, L) = total (max-min fair shares); inf if the bounds fit."""
+    if sum(w * b for w, b in zip(weights, bounds)) <= total:
+        return math.inf
+    lo, hi = 0.0, max(bounds)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if sum(w * min(b, mid) for w, b in zip(weights, bounds)) > total:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
+def shared_throughput(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]]) -> float:
+    """Gradient packets/s the switch takes from `jobs` running together (the model's shared_stretches)."""
+    total = 0.0
+    for (s, m), stretch in zip(jobs, shared_stretches(cal, host_Bps, jobs)):
+        window = window_rtt(cal, host_Bps, stretch)
+        total += offered_pps(cal, ina_rate(cal, host_Bps or math.inf, s, m, window), m)
+    return total
+
+
+def shared_capacity(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]],
+                    measured_pps: float) -> float | None:
+    """The ``switch_shared_pps`` with which the model gives `measured_pps` for `jobs` run together (the inverse
+    of shared_throughput in the capacity): what a ceiling probe measured is the capacity less what the
+    congestion window and the windows leave unused. None when the jobs' own bounds (line, windows) already
+    explain the measurement (within 2 %): the probe did not reach the shared ceiling."""
+    unbounded = shared_throughput(dataclasses.replace(cal, switch_shared_pps=None), host_Bps, jobs)
+    if not measured_pps > 0 or measured_pps >= 0.98 * unbounded:
+        return None
+    lo, hi = measured_pps, measured_pps
+    while shared_throughput(dataclasses.replace(cal, switch_shared_pps=hi), host_Bps, jobs) < measured_pps:
+        hi *= 2
+        if hi > 1e4 * measured_pps:
+            return None
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if shared_throughput(dataclasses.replace(cal, switch_shared_pps=mid), host_Bps, jobs) < measured_pps:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
 
 
 def ina_time(cal: Calibration, nbytes: float, rate: float) -> float:

@@ -23,8 +23,8 @@ from simulator.calibration import Calibration
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.testbed import AgentJob, Testbed
 
-__all__ = ["PROBES", "SHARED_PROBE", "run_probes", "run_shared_probe", "calibration_from", "ring_fraction",
-           "write_calibration"]
+__all__ = ["PROBES", "SHARED_PROBE", "run_probes", "run_shared_probe", "calibration_from", "shared_capacity_of",
+           "ring_fraction", "write_calibration"]
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
 SHARED_PROBE = "ina-shared-pps"
@@ -54,15 +54,19 @@ def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
 
 
 def run_shared_probe(bed: Testbed, groups: Sequence[Sequence[str]], *, elements: int, iterations: int, slots: int,
-                     udp_port: int, record: Callable[[dict], None], progress: Callable[[str], None]) -> dict:
-    """The shared packet-rate ceiling: one INA job per host group, all at once, unshaped links, ``slots``
-    each (far above what the switch can serve), so the switch and the agents' CPUs are the bottleneck.
+                     udp_port: int, record: Callable[[dict], None], progress: Callable[[str], None],
+                     bw_mbps: float | None = None, rtt_ms: float = 0.0) -> dict:
+    """The shared packet-rate ceiling: one INA job per host group, all at once, ``slots`` each, on ``bed``'s
+    links (``bw_mbps`` and ``rtt_ms``, recorded for :func:`calibration_from`). The links and windows must
+    allow more than the switch and the agents' CPUs can serve, so that those are the bottleneck; shaped links
+    make the probe pay the shaper's work per packet as the experiment does.
 
     Recorded as one row with ``gradients_per_s`` = sum over jobs of workers x chunks / median call time
     (the jobs' calls overlap, so their rates add up); the first call of each job is a warm-up (start-up
     skew between its agents)."""
     progress(f"calibration probe {SHARED_PROBE} ({len(groups)} concurrent INA jobs of "
-             f"{'/'.join(str(len(g)) for g in groups)} workers, {elements} elements, {slots} slots each)")
+             f"{'/'.join(str(len(g)) for g in groups)} workers, {elements} elements, {slots} slots each, "
+             f"links {f'{bw_mbps:g} Mbit/s' if bw_mbps else 'unshaped'}, {rtt_ms:g} ms round trip)")
     jobs = [AgentJob(f"probe-shared-{k}", tuple(hosts), "allreduce", backend="ina", requested_slots=slots,
                      args=("--elements", str(elements), "--iterations", str(iterations), "--warmup", "1"),
                      udp_port=udp_port + k) for k, hosts in enumerate(groups)]
@@ -75,7 +79,8 @@ def run_shared_probe(bed: Testbed, groups: Sequence[Sequence[str]], *, elements:
         if row["seconds_median"]:
             rates.append(len(job.hosts) * chunks / float(row["seconds_median"]))
     row = {"kind": "probe", "probe": SHARED_PROBE, "jobs": len(jobs), "workers": sum(len(g) for g in groups),
-           "slots": slots, "elements": elements, "bytes": elements * 4, "job_seconds_median": per_job,
+           "slots": slots, "job_workers": [len(g) for g in groups], "bw_mbps": bw_mbps, "rtt_ms": rtt_ms,
+           "elements": elements, "bytes": elements * 4, "job_seconds_median": per_job,
            "gradients_per_s": sum(rates) if len(rates) == len(jobs) else None}
     record(row)
     return row
@@ -146,12 +151,29 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
     if lat and lat.get("seconds_median"):
         n = int(lat.get("workers", 2))
         fields["ring_step_latency_us"] = float(lat["seconds_median"]) / (2 * (n - 1)) * 1e6
-    shared = by.get(SHARED_PROBE)
-    if shared and shared.get("gradients_per_s"):
-        fields["switch_shared_pps"] = float(shared["gradients_per_s"])
     if ring_goodput:
         fields["ring_goodput_fraction"] = float(ring_goodput)
+    shared = by.get(SHARED_PROBE)
+    if shared and shared.get("gradients_per_s"):
+        fields["switch_shared_pps"] = shared_capacity_of(Calibration(**fields), shared)
     return Calibration(**fields)
+
+
+def shared_capacity_of(cal: Calibration, row: Mapping[str, Any]) -> float | None:
+    """``switch_shared_pps`` from an ``ina-shared-pps`` row: the capacity with which ina-sim's model
+    (simulator.model.shared_capacity, with `cal`'s round trip and congestion window) gives the measured rate for
+    the probe's own jobs, links and round trip. Rows without the probe's configuration (older runs) give the
+    measured rate itself; None when the probe's links or windows, not the shared ceiling, bound it."""
+    measured = float(row["gradients_per_s"])
+    workers = row.get("job_workers")
+    if not workers or not row.get("slots"):
+        return measured
+    from simulator import model
+
+    probe = dataclasses.replace(cal, propagation_rtt_us=float(row.get("rtt_ms") or 0.0) * 1000)
+    bw = row.get("bw_mbps")
+    host_Bps = float(bw) * 1e6 / 8 if bw else None
+    return model.shared_capacity(probe, host_Bps, [(int(row["slots"]), int(m)) for m in workers], measured)
 
 
 def write_calibration(cal: Calibration, path: Path) -> Path:

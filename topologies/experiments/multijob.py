@@ -39,7 +39,9 @@ POLICIES = ("equal", "first-fit", "weighted", "priority")
 BASELINES = ("static", "fcfs")  # static equal partition (no reallocation); first come, first served
 TOLERANCE = 0.15  # stated tolerance of the testbed vs simulator comparison (relative, per job)
 HIGH, LOW = 1, 0  # the trace's two priorities
-SHARED_SLOTS = 64  # the shared-ceiling probe's slots per job: 4x the trace's BDP, so the CPUs, not windows, bound it
+SHARED_SLOTS = 64  # the shared-ceiling probe's slots per job: its links' BDP, so the CPUs, not windows, bound it
+SHARED_BW_FACTOR = 4.0  # the shared-ceiling probe's links: shaped like the trace's, this many times faster (line rate
+# of its 16 workers ~4x the ceiling), so the CPUs bound it while every packet still passes the shaper
 SHARED_CALLS = 12  # timed calls per job of that probe (after one warm-up): the agents start seconds apart under
 # load, so each job's median call must fall where all four run
 
@@ -257,7 +259,9 @@ class MultijobExperiment(Experiment):
         with ctx.testbed(StarTopo(2), "calibration-unshaped") as bed:
             probes = run_probes(bed, elements=max(tj.elements for tj in cfg.jobs), iterations=3,
                                 udp_port=INA_UDP_BASE + 900, record=ctx.record, progress=ctx.progress)
-        # The shared ceiling: the trace's jobs at once on the trace's star (its round trip), links unshaped.
+        # The shared ceiling: the trace's jobs at once (as many agents) on the trace's star with its round trip and
+        # shaped links (the shaper's work per packet is part of the ceiling), SHARED_BW_FACTOR x faster than the
+        # trace's so that the CPUs, not the links, bound the probe.
         groups, first = [], 1
         for tj in cfg.jobs:
             groups.append([f"h{first + i}" for i in range(tj.workers)])
@@ -266,13 +270,15 @@ class MultijobExperiment(Experiment):
             probes.append(run_window_probe(bed, groups[0], elements=max(tj.elements for tj in cfg.jobs), iterations=3,
                                            slots=max(1, cfg.demand_slots // 2), rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps,
                                            udp_port=INA_UDP_BASE + 940, record=ctx.record, progress=ctx.progress))
-        with ctx.testbed(StarTopo(first - 1, rtt_ms=cfg.rtt_ms), "calibration-shared") as bed:
+        shared_bw = cfg.bw_mbps * SHARED_BW_FACTOR
+        with ctx.testbed(StarTopo(first - 1, bw=shared_bw, rtt_ms=cfg.rtt_ms), "calibration-shared") as bed:
             probes.append(run_shared_probe(bed, groups, elements=max(tj.elements for tj in cfg.jobs), iterations=SHARED_CALLS,
                                            slots=SHARED_SLOTS, udp_port=INA_UDP_BASE + 950, record=ctx.record,
-                                           progress=ctx.progress))
+                                           progress=ctx.progress, bw_mbps=shared_bw, rtt_ms=cfg.rtt_ms))
         cal = calibration_from(probes, ring_goodput=None, rtt_ms=cfg.rtt_ms,
-                               source=f"ina-exp multijob ({ctx.options.switch}): unshaped 2-worker probes; "
-                                      f"{cfg.rtt_ms:g} ms round trip carried; {ctx.out_dir.name}")
+                               source=f"ina-exp multijob ({ctx.options.switch}): unshaped 2-worker probes; window probe "
+                                      f"on the trace's links; shared ceiling on {shared_bw:g} Mbit/s shaped links, the "
+                                      f"model inverted; {cfg.rtt_ms:g} ms round trip carried; {ctx.out_dir.name}")
         write_calibration(cal, path)
         return path
 

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import pytest
 
+from simulator import model
 from simulator.calibration import Calibration
 from topologies.experiments.calibrate import calibration_from
 from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
@@ -39,6 +41,21 @@ def test_the_trace_probes_give_the_window_round_trip_and_the_shared_ceiling():
     assert cal.switch_shared_pps == 9000.0 and cal.propagation_rtt_us == 20000.0
     alone = calibration_from(probes[:1], ring_goodput=None, source="t", rtt_ms=20.0)
     assert alone.ina_rtt_us == pytest.approx(300.0) and alone.switch_shared_pps is None
+
+
+def test_the_shared_ceiling_is_the_model_inverted_on_the_probe_links():
+    """A probe row with its configuration (4 jobs of 4 workers, 64 slots, 4 Mbit/s shaped, 20 ms): the capacity
+    with which ina-sim gives the measured rate for those jobs, with the window probe's round trip."""
+    window = {"probe": "ina-window", "slots": 8, "bytes": 65536, "seconds_median": (512 / 8 + 1) * (0.0215 + 2 * 1.472e-3),
+              "bw_mbps": 1.0}
+    shared = {"probe": "ina-shared-pps", "gradients_per_s": 6000.0, "slots": 64, "job_workers": [4, 4, 4, 4],
+              "bw_mbps": 4.0, "rtt_ms": 20.0}
+    cal = calibration_from([window, shared], ring_goodput=None, source="t", rtt_ms=20.0)
+    assert cal.switch_shared_pps > 6000.0  # the windows back off before the server is full
+    probe = dataclasses.replace(cal, propagation_rtt_us=20000.0)
+    assert model.shared_throughput(probe, 4e6 / 8, [(64, 4)] * 4) == pytest.approx(6000.0, rel=1e-6)
+    line = {**shared, "gradients_per_s": 16 * 4e6 / 8 / 184}  # the links' rate: no ceiling measured
+    assert calibration_from([window, line], ring_goodput=None, source="t", rtt_ms=20.0).switch_shared_pps is None
 
 
 def test_simulated_trace_starts_each_job_after_its_start_up(tmp_path):

@@ -25,8 +25,8 @@ def job(job_id=0, arrival=0.0, iterations=10, **kw) -> JobSpec:
     return JobSpec(job_id, arrival, WORKERS, B, iterations, (0.0,), slots=SLOTS, min_slots=1, **kw)
 
 
-def run(jobs, cal):
-    spec = ClusterSpec(racks=1, workers_per_rack=8, slots_per_switch=1024, host_gbps=1e6, uplink_gbps=1e6)
+def run(jobs, cal, workers_per_rack=8):
+    spec = ClusterSpec(racks=1, workers_per_rack=workers_per_rack, slots_per_switch=1024, host_gbps=1e6, uplink_gbps=1e6)
     return Simulation(spec, cal, make_policy("first-fit"), make_placement("pack"), check=True, follow_grant=True).run(jobs)
 
 
@@ -101,3 +101,82 @@ def test_calibration_checks_the_shared_bound():
     assert Calibration(switch_shared_pps=12_000).switch_shared_pps == 12_000
     with pytest.raises(CalibrationError, match="switch_shared_pps"):
         Calibration(switch_shared_pps=0)
+
+
+# --- the senders' congestion window (a delay target) on a loaded shared switch ---------------------------------
+# With CAL: the unloaded round trip is S0 = 1 ms, the target 1 ms + max(2 ms, 0.25 ms) = 3 ms, so the windows back off
+# once the processor-sharing round trip S0 / (1 - rho) would exceed 3 ms: at rho* = 1 - S0 / 3 ms = 2/3.
+RHO_STAR = 2 / 3
+
+
+def test_cwnd_target_is_the_unloaded_round_trip_plus_the_allowance():
+    assert model.cwnd_target(CAL) == pytest.approx(3e-3)
+    far = dataclasses.replace(CAL, propagation_rtt_us=20_000.0)  # 21 ms: a quarter of it exceeds 2 ms
+    assert model.cwnd_target(far) == pytest.approx(21e-3 * 1.25)
+    assert model.cwnd_target(dataclasses.replace(CAL, cwnd_queue_allowance_us=None)) is None
+
+
+def test_below_the_target_the_congestion_window_changes_nothing():
+    cap = WORKERS * SLOTS / S0  # two jobs: stretch 3, round trip 3 ms = the target
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    assert model.shared_stretches(cal, None, [(SLOTS, WORKERS)] * 2) == pytest.approx([3.0, 3.0], rel=1e-9)
+
+
+def test_above_the_target_the_windows_hold_the_load_at_rho_star():
+    """Four jobs would stretch the round trip 5x (5 ms > 3 ms): the windows shrink until the load is rho* of the
+    capacity, shared equally, every job's round trip at the target."""
+    cap = WORKERS * SLOTS / S0
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    jobs = [(SLOTS, WORKERS)] * 4
+    assert model.shared_stretch(cal, None, jobs) == pytest.approx(5.0, rel=1e-9)  # without the window
+    assert model.shared_throughput(cal, None, jobs) == pytest.approx(RHO_STAR * cap, rel=1e-6)
+    per_worker = RHO_STAR * cap / (4 * WORKERS)  # chunks/s: equal windows, one round trip
+    stretches = model.shared_stretches(cal, None, jobs)
+    for stretch in stretches:  # the time a slot is held: SLOTS chunks per SLOTS / per_worker seconds
+        assert model.window_rtt(cal, None, stretch) == pytest.approx(SLOTS / per_worker, rel=1e-6)
+    off = dataclasses.replace(cal, cwnd_queue_allowance_us=None)
+    assert model.shared_stretches(off, None, jobs) == pytest.approx([5.0] * 4, rel=1e-9)
+
+
+def test_a_job_below_its_fair_share_keeps_its_window_the_others_share_the_rest():
+    """Max-min: a one-slot job is bounded by its own window at the target; the three others split what is left."""
+    cap = WORKERS * SLOTS / S0
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    jobs = [(1, WORKERS)] + [(SLOTS, WORKERS)] * 3
+    target = model.cwnd_target(cal)
+    small = 1 / target  # chunks/s per worker: one slot per target round trip
+    rest = (RHO_STAR * cap - WORKERS * small) / (3 * WORKERS)
+    s = model.shared_stretches(cal, None, jobs)
+    assert 1 / model.window_rtt(cal, None, s[0]) == pytest.approx(small, rel=1e-6)
+    for stretch in s[1:]:
+        assert SLOTS / model.window_rtt(cal, None, stretch) == pytest.approx(rest, rel=1e-6)
+
+
+def test_the_engine_runs_jobs_at_their_congestion_window_share():
+    cap = WORKERS * SLOTS / S0
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    per_worker = RHO_STAR * cap / (4 * WORKERS)
+    for r in run([job(k) for k in range(4)], cal, workers_per_rack=16).jobs:  # all four at once
+        assert r.jct_s == pytest.approx(10 * (B / (per_worker * 128) + S0), rel=1e-6)
+
+
+def test_shared_capacity_inverts_the_model_on_the_probe():
+    """What a ceiling probe measures is the model's throughput for the probe's jobs: inverting gives the capacity
+    back, above the measured rate once the windows back off; None when the links alone explain the rate."""
+    host = 1e6 / 8  # 1 Mbit/s links: 679 frames/s each
+    cal = dataclasses.replace(CAL, propagation_rtt_us=20_000.0)
+    jobs = [(64, 4)] * 4
+    for cap in (3_000.0, 6_000.0, 9_000.0):
+        measured = model.shared_throughput(dataclasses.replace(cal, switch_shared_pps=cap), host, jobs)
+        assert measured < cap
+        assert model.shared_capacity(cal, host, jobs, measured) == pytest.approx(cap, rel=1e-6)
+    line = 16 * host * cal.ina_efficiency / 128
+    assert model.shared_capacity(cal, host, jobs, line) is None
+
+
+def test_calibration_checks_the_congestion_window_fields():
+    assert Calibration(cwnd_queue_allowance_us=None).cwnd_queue_allowance_s is None
+    with pytest.raises(CalibrationError, match="cwnd_queue_allowance_us"):
+        Calibration(cwnd_queue_allowance_us=-1.0)
+    with pytest.raises(CalibrationError, match="cwnd_allowance_share"):
+        Calibration(cwnd_allowance_share=float("nan"))

@@ -56,6 +56,14 @@ class Calibration:
     # (QUEUE_ALLOWANCE, ALLOWANCE_SHARE).
     cwnd_queue_allowance_us: float | None = 2000.0
     cwnd_allowance_share: float = 0.25
+    # Agents starting on the cores the switch runs on (the testbed: one machine). A job in its start-up (trace
+    # column startup_s) takes workers x agent_startup_cpu_s CPU-seconds over that time from the shared switch's
+    # capacity: a share workers x agent_startup_cpu_s / (startup_s x shared_cores) of switch_shared_pps
+    # (simulator.model.startup_load). None/0: the switch has its own hardware (a cluster) or start-up is free.
+    # Measure: shared_cores = the machine's cores; agent_startup_cpu_s = user + system CPU of an agent's
+    # start-up (ina-exp multijob's probe agent-startup-cpu: the agent's imports, a lower bound).
+    shared_cores: float | None = None
+    agent_startup_cpu_s: float = 0.0
     # Fraction of the link rate ring all-reduce reaches with large messages (TCP/RDMA framing, stack).
     # Measure: iperf3 goodput / link rate between two workers.
     ring_goodput_fraction: float = 0.94
@@ -105,7 +113,9 @@ class Calibration:
                                    f"got {self.cwnd_queue_allowance_us!r}")
         if not _is_number(self.cwnd_allowance_share) or self.cwnd_allowance_share < 0:
             raise CalibrationError(f"calibration field 'cwnd_allowance_share' must be a number >= 0, got {self.cwnd_allowance_share!r}")
-        for name in ("switch_pps", "switch_shared_pps"):
+        if not _is_number(self.agent_startup_cpu_s) or self.agent_startup_cpu_s < 0:
+            raise CalibrationError(f"calibration field 'agent_startup_cpu_s' must be a number >= 0, got {self.agent_startup_cpu_s!r}")
+        for name in ("switch_pps", "switch_shared_pps", "shared_cores"):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or value <= 0):
                 raise CalibrationError(f"calibration field {name!r} must be null or a number > 0, got {value!r}")

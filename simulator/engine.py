@@ -562,16 +562,18 @@ class Simulation:
         congestion window backing off at its delay target (model.shared_stretches)."""
         if self.cal.switch_shared_pps is None:
             return 1.0
-        jobs, mine = [], 0
+        jobs, mine, starting = [], 0, 0.0
         for job_id, rng in self.switches[rack].alloc.items():
             other = self.running[job_id]
             if rng is not None and (other.ready or other is job):
                 if other is job:
                     mine = len(jobs)
                 jobs.append((rng.size, other.counts.get(rack, 0)))
+            elif not other.ready:  # its agents are starting on the switch's cores (startup_load)
+                starting += model.startup_load(self.cal, other.counts.get(rack, 0), other.spec.startup_s)
         if not jobs:
             return 1.0
-        return model.shared_stretches(self.cal, self.cluster.host_Bps, jobs)[mine]
+        return model.shared_stretches(self.cal, self.cluster.host_Bps, jobs, starting)[mine]
 
     def _held(self, rack: int, job_id: int) -> int:
         rng = self.switches[rack].alloc.get(job_id)

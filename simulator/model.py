@@ -13,6 +13,8 @@ payload bytes per second, times are seconds, ``nbytes`` is the gradient size of 
                   t = B / R_tree + 2 (rtt + propagation)
 
 shared switch  software rtt x 1 / (1 - rho), rho = sum over the switch's jobs of m_j * R_j / payload / shared_pps
+start-up load  a job starting on the switch's cores takes u_j = m_j * startup_cpu / (startup_s * cores) of
+               shared_pps while it starts: the others see shared_pps * (1 - sum u_j) (at least 5 %)
 congestion     delay target T = W0 + max(allowance, share * W0), W0 = the unloaded window rtt: when the shared
 window         switch's stretch would hold round trips above T, the windows shrink until W = T, i.e. the load
                settles at rho* = 1 - rtt / (T - propagation - serialization) and the jobs share rho* * shared_pps
@@ -41,6 +43,7 @@ __all__ = [
     "shared_stretch",
     "shared_stretches",
     "shared_throughput",
+    "startup_load",
     "shared_capacity",
     "tree_window_rtt",
     "tree_time",
@@ -111,7 +114,25 @@ def offered_pps(cal: Calibration, rate: float, workers_in_rack: int) -> float:
     return max(0, workers_in_rack) * rate / cal.payload_bytes
 
 
-def shared_stretch(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]]) -> float:
+MIN_SHARED_SHARE = 0.05  # the least share of a shared switch that starting agents leave to running jobs
+
+
+def startup_load(cal: Calibration, workers: int, startup_s: float) -> float:
+    """The share of a shared switch's capacity a job's `workers` agents take while they start (over
+    `startup_s`): their start-up CPU over the cores they share with the switch. 0 without shared cores."""
+    if not cal.shared_cores or not cal.agent_startup_cpu_s or startup_s <= 0:
+        return 0.0
+    return workers * cal.agent_startup_cpu_s / (startup_s * cal.shared_cores)
+
+
+def _capacity(cal: Calibration, background: float) -> float | None:
+    """The shared capacity left to running jobs while starting agents take `background` of it."""
+    cap = cal.switch_shared_pps
+    return None if cap is None else cap * max(MIN_SHARED_SHARE, 1.0 - background)
+
+
+def shared_stretch(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]],
+                   background: float = 0.0) -> float:
     """How much the software round trip stretches on a switch shared by `jobs` ((slots, workers) each).
 
     The switch and, on the testbed, the CPUs it shares with the agents form one processor-sharing server of
@@ -119,8 +140,9 @@ def shared_stretch(cal: Calibration, host_Bps: float | None, jobs: Sequence[tupl
     round trip takes ina_rtt / (1 - rho) (the response time of a processor-sharing queue), which lowers each
     job's window-bound rate, which lowers the load: rho is the fixed point rho = sum_j m_j R_j(rho) / payload
     / capacity, found by bisection (the right side falls as rho grows, to 0 at rho = 1, so the load never
-    reaches the capacity). 1.0 without a shared capacity."""
-    cap = cal.switch_shared_pps
+    reaches the capacity). 1.0 without a shared capacity. `background`: the share of the capacity starting
+    agents take (startup_load)."""
+    cap = _capacity(cal, background)
     if cap is None or not jobs:
         return 1.0
 
@@ -148,7 +170,8 @@ def cwnd_target(cal: Calibration, host_Bps: float | None = None) -> float | None
     return path + max(allowance, cal.cwnd_allowance_share * path)
 
 
-def shared_stretches(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]]) -> list[float]:
+def shared_stretches(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]],
+                     background: float = 0.0) -> list[float]:
     """Per job of `jobs` ((slots, workers) each, on one shared switch): the stretch of its software round trip
     that gives its rate through ``window_rtt(cal, host_Bps, stretch)`` and ``ina_rate``.
 
@@ -158,10 +181,10 @@ def shared_stretches(cal: Calibration, host_Bps: float | None, jobs: Sequence[tu
     rho* x capacity max-min fairly (AIMD converges to equal windows; every job sees the same round trip),
     each at most its own bound at W = T (line, window, switch_pps). A job then keeps fewer chunks in flight
     than it holds slots: its stretch is that of the window round trip s x payload / rate ("the time a slot is
-    held", slots it does not use included)."""
-    stretch = shared_stretch(cal, host_Bps, jobs)
+    held", slots it does not use included). `background`: as for shared_stretch."""
+    stretch = shared_stretch(cal, host_Bps, jobs, background)
     target = cwnd_target(cal, host_Bps)
-    cap = cal.switch_shared_pps
+    cap = _capacity(cal, background)
     if cap is None or target is None or not jobs or window_rtt(cal, host_Bps, stretch) <= target:
         return [stretch] * len(jobs)
     fixed = target - cal.propagation_rtt_s - (window_rtt(cal, host_Bps) - cal.ina_rtt_s - cal.propagation_rtt_s)

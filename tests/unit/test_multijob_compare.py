@@ -9,7 +9,7 @@ import pytest
 
 from simulator import model
 from simulator.calibration import Calibration
-from topologies.experiments.calibrate import calibration_from
+from topologies.experiments.calibrate import calibration_from, run_startup_probe
 from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
 
 
@@ -54,8 +54,18 @@ def test_the_shared_ceiling_is_the_model_inverted_on_the_probe_links():
     assert cal.switch_shared_pps > 6000.0  # the windows back off before the server is full
     probe = dataclasses.replace(cal, propagation_rtt_us=20000.0)
     assert model.shared_throughput(probe, 4e6 / 8, [(64, 4)] * 4) == pytest.approx(6000.0, rel=1e-6)
+    startup = {"probe": "agent-startup-cpu", "cpu_s_median": 0.6, "cores": 2}
+    with_startup = calibration_from([window, shared, startup], ring_goodput=None, source="t", rtt_ms=20.0)
+    assert (with_startup.agent_startup_cpu_s, with_startup.shared_cores) == (0.6, 2.0)
+    assert with_startup.switch_shared_pps == pytest.approx(cal.switch_shared_pps)  # the probe's calls: agents running
     line = {**shared, "gradients_per_s": 16 * 4e6 / 8 / 184}  # the links' rate: no ceiling measured
     assert calibration_from([window, line], ring_goodput=None, source="t", rtt_ms=20.0).switch_shared_pps is None
+
+
+def test_the_startup_probe_measures_an_agent_import():
+    rows = []
+    row = run_startup_probe(repeats=1, record=rows.append, progress=lambda _: None)
+    assert rows == [row] and row["cores"] >= 1 and len(row["cpu_s"]) == 1 and row["cpu_s_median"] > 0
 
 
 def test_simulated_trace_starts_each_job_after_its_start_up(tmp_path):

@@ -180,3 +180,36 @@ def test_calibration_checks_the_congestion_window_fields():
         Calibration(cwnd_queue_allowance_us=-1.0)
     with pytest.raises(CalibrationError, match="cwnd_allowance_share"):
         Calibration(cwnd_allowance_share=float("nan"))
+
+
+# --- agents starting on the switch's cores ------------------------------------------------------------------
+
+
+def test_startup_load_is_the_agents_cpu_over_the_shared_cores():
+    cal = dataclasses.replace(CAL, shared_cores=2.0, agent_startup_cpu_s=0.5)
+    assert model.startup_load(cal, 4, 2.0) == pytest.approx(4 * 0.5 / (2.0 * 2))
+    assert model.startup_load(CAL, 4, 2.0) == 0.0  # the switch has its own cores
+    assert model.startup_load(cal, 4, 0.0) == 0.0
+
+
+def test_starting_agents_take_capacity_from_the_running_jobs():
+    """Job 1's 4 agents start for T with a CPU share u = 4 c / (T cores) = 1/2: job 0 runs on half the capacity
+    meanwhile (the closed form of a job alone with half the capacity), then on all of it once job 1 runs too."""
+    cap = WORKERS * SLOTS / S0
+    t_start = 4 * per_call(rate(1, cap))
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap, shared_cores=2.0, agent_startup_cpu_s=t_start / 4)
+    half = dataclasses.replace(cal, switch_shared_pps=cap / 2, agent_startup_cpu_s=0.0)
+    assert model.shared_stretch(cal, None, [(SLOTS, WORKERS)], background=0.5) == pytest.approx(
+        model.shared_stretch(half, None, [(SLOTS, WORKERS)]), rel=1e-9)
+    slow = per_call(rate(1, cap / 2))  # job 0 alone on half the capacity
+    result = run([job(0, iterations=2), job(1, iterations=1, startup_s=t_start)], cal)
+    r0, r1 = sorted(result.jobs, key=lambda r: r.job_id)
+    assert t_start > 2 * slow and r0.jct_s == pytest.approx(2 * slow, rel=1e-6)
+    assert r1.jct_s == pytest.approx(t_start + per_call(rate(1, cap)), rel=1e-6)
+
+
+def test_calibration_checks_the_startup_fields():
+    with pytest.raises(CalibrationError, match="agent_startup_cpu_s"):
+        Calibration(agent_startup_cpu_s=-0.1)
+    with pytest.raises(CalibrationError, match="shared_cores"):
+        Calibration(shared_cores=0)

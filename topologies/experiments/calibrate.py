@@ -15,6 +15,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -23,12 +26,13 @@ from simulator.calibration import Calibration
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.testbed import AgentJob, Testbed
 
-__all__ = ["PROBES", "SHARED_PROBE", "run_probes", "run_shared_probe", "calibration_from", "shared_capacity_of",
+__all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "run_probes", "run_shared_probe", "run_startup_probe", "calibration_from", "shared_capacity_of",
            "ring_fraction", "write_calibration"]
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
 SHARED_PROBE = "ina-shared-pps"
 WINDOW_PROBE = "ina-window"
+STARTUP_PROBE = "agent-startup-cpu"
 
 
 def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
@@ -82,6 +86,24 @@ def run_shared_probe(bed: Testbed, groups: Sequence[Sequence[str]], *, elements:
            "slots": slots, "job_workers": [len(g) for g in groups], "bw_mbps": bw_mbps, "rtt_ms": rtt_ms,
            "elements": elements, "bytes": elements * 4, "job_seconds_median": per_job,
            "gradients_per_s": sum(rates) if len(rates) == len(jobs) else None}
+    record(row)
+    return row
+
+
+def run_startup_probe(*, repeats: int, record: Callable[[dict], None], progress: Callable[[str], None]) -> dict:
+    """The CPU one agent's start-up takes (``agent_startup_cpu_s``): user + system seconds of a Python process
+    importing the agent (``host_agent.cli``, what ``ina-agent`` loads before it registers), median of `repeats`,
+    on the machine the switch and agents share (``cores``: its CPU count). A lower bound: registering and the
+    first grant come on top. Runs no namespaces."""
+    progress(f"calibration probe {STARTUP_PROBE} ({repeats} agent imports)")
+    cpu = []
+    for _ in range(repeats):
+        proc = subprocess.Popen([sys.executable, "-c", "import host_agent.cli"], stdout=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode == 0:
+            cpu.append(usage.ru_utime + usage.ru_stime)
+    row = {"kind": "probe", "probe": STARTUP_PROBE, "cpu_s": cpu, "cpu_s_median": median(cpu), "cores": os.cpu_count()}
     record(row)
     return row
 
@@ -153,6 +175,10 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
         fields["ring_step_latency_us"] = float(lat["seconds_median"]) / (2 * (n - 1)) * 1e6
     if ring_goodput:
         fields["ring_goodput_fraction"] = float(ring_goodput)
+    startup = by.get(STARTUP_PROBE)
+    if startup and startup.get("cpu_s_median") and startup.get("cores"):
+        fields["agent_startup_cpu_s"] = float(startup["cpu_s_median"])
+        fields["shared_cores"] = float(startup["cores"])
     shared = by.get(SHARED_PROBE)
     if shared and shared.get("gradients_per_s"):
         fields["switch_shared_pps"] = shared_capacity_of(Calibration(**fields), shared)

@@ -242,7 +242,8 @@ class MultijobExperiment(Experiment):
 
     # --- the simulator ---------------------------------------------------------------------------------
     def calibration(self) -> Path:
-        from topologies.experiments.calibrate import calibration_from, run_probes, run_shared_probe, run_window_probe, write_calibration
+        from topologies.experiments.calibrate import (calibration_from, run_probes, run_shared_probe, run_startup_probe,
+                                                      run_window_probe, write_calibration)
         from topologies.topos import StarTopo
 
         ctx, cfg = self.ctx, self.config
@@ -275,6 +276,7 @@ class MultijobExperiment(Experiment):
             probes.append(run_shared_probe(bed, groups, elements=max(tj.elements for tj in cfg.jobs), iterations=SHARED_CALLS,
                                            slots=SHARED_SLOTS, udp_port=INA_UDP_BASE + 950, record=ctx.record,
                                            progress=ctx.progress, bw_mbps=shared_bw, rtt_ms=cfg.rtt_ms))
+        probes.append(run_startup_probe(repeats=3, record=ctx.record, progress=ctx.progress))
         cal = calibration_from(probes, ring_goodput=None, rtt_ms=cfg.rtt_ms,
                                source=f"ina-exp multijob ({ctx.options.switch}): unshaped 2-worker probes; window probe "
                                       f"on the trace's links; shared ceiling on {shared_bw:g} Mbit/s shaped links, the "

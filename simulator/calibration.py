@@ -51,15 +51,17 @@ class Calibration:
     # The senders' congestion window (host_agent/congestion.py): a delay target. A round whose shortest round trip
     # exceeds the path's (software + propagation + serialization, unloaded) by more than
     # max(cwnd_queue_allowance_us, cwnd_allowance_share x path) shrinks the window, so on a loaded shared switch
-    # the jobs back off at that queueing delay instead of filling the server (simulator.model.shared_windows).
+    # the jobs back off at that queueing delay instead of filling the server (simulator.shared_switch.shared_state).
     # None: no congestion window (every job keeps its whole grant in flight). Measure: the agent's constants
     # (QUEUE_ALLOWANCE, ALLOWANCE_SHARE).
     cwnd_queue_allowance_us: float | None = 2000.0
     cwnd_allowance_share: float = 0.25
+    # The least window the sender keeps (chunks; MIN_WINDOW: early loss detection needs later chunks in flight).
+    cwnd_min_window: int = 4
     # Agents starting on the cores the switch runs on (the testbed: one machine). A job in its start-up (trace
     # column startup_s) takes workers x agent_startup_cpu_s CPU-seconds over that time from the shared switch's
     # capacity: a share workers x agent_startup_cpu_s / (startup_s x shared_cores) of switch_shared_pps
-    # (simulator.model.startup_load). None/0: the switch has its own hardware (a cluster) or start-up is free.
+    # (simulator.shared_switch.startup_load). None/0: the switch has its own hardware (a cluster) or start-up is free.
     # Measure: shared_cores = the machine's cores; agent_startup_cpu_s = user + system CPU of an agent's
     # start-up (ina-exp multijob's probe agent-startup-cpu: the agent's imports, a lower bound).
     shared_cores: float | None = None
@@ -113,6 +115,8 @@ class Calibration:
                                    f"got {self.cwnd_queue_allowance_us!r}")
         if not _is_number(self.cwnd_allowance_share) or self.cwnd_allowance_share < 0:
             raise CalibrationError(f"calibration field 'cwnd_allowance_share' must be a number >= 0, got {self.cwnd_allowance_share!r}")
+        if not isinstance(self.cwnd_min_window, int) or isinstance(self.cwnd_min_window, bool) or self.cwnd_min_window < 1:
+            raise CalibrationError(f"calibration field 'cwnd_min_window' must be an integer >= 1, got {self.cwnd_min_window!r}")
         if not _is_number(self.agent_startup_cpu_s) or self.agent_startup_cpu_s < 0:
             raise CalibrationError(f"calibration field 'agent_startup_cpu_s' must be a number >= 0, got {self.agent_startup_cpu_s!r}")
         for name in ("switch_pps", "switch_shared_pps", "shared_cores"):

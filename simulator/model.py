@@ -12,21 +12,14 @@ payload bytes per second, times are seconds, ``nbytes`` is the gradient size of 
                   R_tree = min(R_ina of every ToR and of the spine with W_tree, uplink share * payload/frame)
                   t = B / R_tree + 2 (rtt + propagation)
 
-shared switch  software rtt x 1 / (1 - rho), rho = sum over the switch's jobs of m_j * R_j / payload / shared_pps
-start-up load  a job starting on the switch's cores takes u_j = m_j * startup_cpu / (startup_s * cores) of
-               shared_pps while it starts: the others see shared_pps * (1 - sum u_j) (at least 5 %)
-congestion     delay target T = W0 + max(allowance, share * W0), W0 = the unloaded window rtt: when the shared
-window         switch's stretch would hold round trips above T, the windows shrink until W = T, i.e. the load
-               settles at rho* = 1 - rtt / (T - propagation - serialization) and the jobs share rho* * shared_pps
-               max-min fairly (equal windows, one round trip), each at most its own bound at W = T
+    iteration     t = compute + (1 - overlap) * t_comm
+    shared switch simulator/shared_switch.py: processor sharing, the congestion window, agents starting
 
 Without a shared switch the congestion window changes nothing here: it settles near the window that reaches
 line rate, and slots beyond it add nothing either (the min above).
-    iteration     t = compute + (1 - overlap) * t_comm
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Sequence
 
@@ -40,11 +33,6 @@ __all__ = [
     "rina_time",
     "saturating_slots",
     "offered_pps",
-    "shared_stretch",
-    "shared_stretches",
-    "shared_throughput",
-    "startup_load",
-    "shared_capacity",
     "tree_window_rtt",
     "tree_time",
     "uplink_bytes",
@@ -56,7 +44,7 @@ __all__ = [
 
 def window_rtt(cal: Calibration, host_Bps: float | None = None, stretch: float = 1.0) -> float:
     """The round trip a slot is held: the measured software round trip (x `stretch` on a loaded shared switch,
-    see shared_stretch), the propagation round trip, and one frame's serialization on the worker's link each
+    see simulator.shared_switch), the propagation round trip, and one frame's serialization on the worker's link each
     way (nothing when the link rate is unknown)."""
     serialization = 2 * cal.frame_bytes / host_Bps if host_Bps else 0.0
     return cal.ina_rtt_s * stretch + cal.propagation_rtt_s + serialization
@@ -112,137 +100,6 @@ def ina_rate(cal: Calibration, host_Bps: float, slots: int, workers_in_rack: int
 def offered_pps(cal: Calibration, rate: float, workers_in_rack: int) -> float:
     """Gradient packets per second a job sends into one switch at payload rate `rate`: one per worker per chunk."""
     return max(0, workers_in_rack) * rate / cal.payload_bytes
-
-
-MIN_SHARED_SHARE = 0.05  # the least share of a shared switch that starting agents leave to running jobs
-
-
-def startup_load(cal: Calibration, workers: int, startup_s: float) -> float:
-    """The share of a shared switch's capacity a job's `workers` agents take while they start (over
-    `startup_s`): their start-up CPU over the cores they share with the switch. 0 without shared cores."""
-    if not cal.shared_cores or not cal.agent_startup_cpu_s or startup_s <= 0:
-        return 0.0
-    return workers * cal.agent_startup_cpu_s / (startup_s * cal.shared_cores)
-
-
-def _capacity(cal: Calibration, background: float) -> float | None:
-    """The shared capacity left to running jobs while starting agents take `background` of it."""
-    cap = cal.switch_shared_pps
-    return None if cap is None else cap * max(MIN_SHARED_SHARE, 1.0 - background)
-
-
-def shared_stretch(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]],
-                   background: float = 0.0) -> float:
-    """How much the software round trip stretches on a switch shared by `jobs` ((slots, workers) each).
-
-    The switch and, on the testbed, the CPUs it shares with the agents form one processor-sharing server of
-    `switch_shared_pps` gradient packets/s. At load rho (offered / capacity) the software part of every
-    round trip takes ina_rtt / (1 - rho) (the response time of a processor-sharing queue), which lowers each
-    job's window-bound rate, which lowers the load: rho is the fixed point rho = sum_j m_j R_j(rho) / payload
-    / capacity, found by bisection (the right side falls as rho grows, to 0 at rho = 1, so the load never
-    reaches the capacity). 1.0 without a shared capacity. `background`: the share of the capacity starting
-    agents take (startup_load)."""
-    cap = _capacity(cal, background)
-    if cap is None or not jobs:
-        return 1.0
-
-    def load(rho: float) -> float:
-        window = window_rtt(cal, host_Bps, 1.0 / (1.0 - rho))
-        return sum(offered_pps(cal, ina_rate(cal, host_Bps or math.inf, s, m, window), m) for s, m in jobs) / cap
-
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if load(mid) > mid:
-            lo = mid
-        else:
-            hi = mid
-    return 1.0 / (1.0 - (lo + hi) / 2)
-
-
-def cwnd_target(cal: Calibration, host_Bps: float | None = None) -> float | None:
-    """The congestion window's delay target: the unloaded window round trip plus the queueing the sender
-    tolerates (max(allowance, share x that round trip)); None without a congestion window."""
-    allowance = cal.cwnd_queue_allowance_s
-    if allowance is None:
-        return None
-    path = window_rtt(cal, host_Bps)
-    return path + max(allowance, cal.cwnd_allowance_share * path)
-
-
-def shared_stretches(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]],
-                     background: float = 0.0) -> list[float]:
-    """Per job of `jobs` ((slots, workers) each, on one shared switch): the stretch of its software round trip
-    that gives its rate through ``window_rtt(cal, host_Bps, stretch)`` and ``ina_rate``.
-
-    Without a congestion window (or while the processor-sharing round trip stays within its delay target) this
-    is shared_stretch for every job. Above the target the senders' windows shrink until round trips sit at
-    the target T: the load settles at rho* = 1 - rtt / (T - propagation - serialization), and the jobs share
-    rho* x capacity max-min fairly (AIMD converges to equal windows; every job sees the same round trip),
-    each at most its own bound at W = T (line, window, switch_pps). A job then keeps fewer chunks in flight
-    than it holds slots: its stretch is that of the window round trip s x payload / rate ("the time a slot is
-    held", slots it does not use included). `background`: as for shared_stretch."""
-    stretch = shared_stretch(cal, host_Bps, jobs, background)
-    target = cwnd_target(cal, host_Bps)
-    cap = _capacity(cal, background)
-    if cap is None or target is None or not jobs or window_rtt(cal, host_Bps, stretch) <= target:
-        return [stretch] * len(jobs)
-    fixed = target - cal.propagation_rtt_s - (window_rtt(cal, host_Bps) - cal.ina_rtt_s - cal.propagation_rtt_s)
-    rho = max(0.0, 1.0 - cal.ina_rtt_s / fixed)
-    bounds = [ina_rate(cal, host_Bps or math.inf, s, m, target) for s, m in jobs]
-    level = _water_level(bounds, [m / cal.payload_bytes for _, m in jobs], rho * cap)
-    out = []
-    for (s, _), bound in zip(jobs, bounds):
-        rate = min(bound, level)
-        held = s * cal.payload_bytes / rate if rate > 0 else math.inf
-        out.append((held - (window_rtt(cal, host_Bps) - cal.ina_rtt_s)) / cal.ina_rtt_s)
-    return out
-
-
-def _water_level(bounds: Sequence[float], weights: Sequence[float], total: float) -> float:
-    """The level L with sum_j weights_j * min(bounds_j, L) = total (max-min fair shares); inf if the bounds fit."""
-    if sum(w * b for w, b in zip(weights, bounds)) <= total:
-        return math.inf
-    lo, hi = 0.0, max(bounds)
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if sum(w * min(b, mid) for w, b in zip(weights, bounds)) > total:
-            hi = mid
-        else:
-            lo = mid
-    return (lo + hi) / 2
-
-
-def shared_throughput(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]]) -> float:
-    """Gradient packets/s the switch takes from `jobs` running together (the model's shared_stretches)."""
-    total = 0.0
-    for (s, m), stretch in zip(jobs, shared_stretches(cal, host_Bps, jobs)):
-        window = window_rtt(cal, host_Bps, stretch)
-        total += offered_pps(cal, ina_rate(cal, host_Bps or math.inf, s, m, window), m)
-    return total
-
-
-def shared_capacity(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]],
-                    measured_pps: float) -> float | None:
-    """The ``switch_shared_pps`` with which the model gives `measured_pps` for `jobs` run together (the inverse
-    of shared_throughput in the capacity): what a ceiling probe measured is the capacity less what the
-    congestion window and the windows leave unused. None when the jobs' own bounds (line, windows) already
-    explain the measurement (within 2 %): the probe did not reach the shared ceiling."""
-    unbounded = shared_throughput(dataclasses.replace(cal, switch_shared_pps=None), host_Bps, jobs)
-    if not measured_pps > 0 or measured_pps >= 0.98 * unbounded:
-        return None
-    lo, hi = measured_pps, measured_pps
-    while shared_throughput(dataclasses.replace(cal, switch_shared_pps=hi), host_Bps, jobs) < measured_pps:
-        hi *= 2
-        if hi > 1e4 * measured_pps:
-            return None
-    for _ in range(60):
-        mid = math.sqrt(lo * hi)
-        if shared_throughput(dataclasses.replace(cal, switch_shared_pps=mid), host_Bps, jobs) < measured_pps:
-            lo = mid
-        else:
-            hi = mid
-    return math.sqrt(lo * hi)
 
 
 def ina_time(cal: Calibration, nbytes: float, rate: float) -> float:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from simulator import model
+from simulator import model, shared_switch
 from simulator.calibration import Calibration
 from topologies.experiments.calibrate import calibration_from, run_startup_probe
 from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
@@ -53,7 +53,7 @@ def test_the_shared_ceiling_is_the_model_inverted_on_the_probe_links():
     cal = calibration_from([window, shared], ring_goodput=None, source="t", rtt_ms=20.0)
     assert cal.switch_shared_pps > 6000.0  # the windows back off before the server is full
     probe = dataclasses.replace(cal, propagation_rtt_us=20000.0)
-    assert model.shared_throughput(probe, 4e6 / 8, [(64, 4)] * 4) == pytest.approx(6000.0, rel=1e-6)
+    assert shared_switch.shared_throughput(probe, 4e6 / 8, [(64, 4)] * 4) == pytest.approx(6000.0, rel=1e-6)
     startup = {"probe": "agent-startup-cpu", "cpu_s_median": 0.6, "cores": 2}
     with_startup = calibration_from([window, shared, startup], ring_goodput=None, source="t", rtt_ms=20.0)
     assert (with_startup.agent_startup_cpu_s, with_startup.shared_cores) == (0.6, 2.0)

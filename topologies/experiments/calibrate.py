@@ -187,19 +187,19 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
 
 def shared_capacity_of(cal: Calibration, row: Mapping[str, Any]) -> float | None:
     """``switch_shared_pps`` from an ``ina-shared-pps`` row: the capacity with which ina-sim's model
-    (simulator.model.shared_capacity, with `cal`'s round trip and congestion window) gives the measured rate for
+    (simulator.shared_switch.shared_capacity, with `cal`'s round trip and congestion window) gives the measured rate for
     the probe's own jobs, links and round trip. Rows without the probe's configuration (older runs) give the
     measured rate itself; None when the probe's links or windows, not the shared ceiling, bound it."""
     measured = float(row["gradients_per_s"])
     workers = row.get("job_workers")
     if not workers or not row.get("slots"):
         return measured
-    from simulator import model
+    from simulator import shared_switch
 
     probe = dataclasses.replace(cal, propagation_rtt_us=float(row.get("rtt_ms") or 0.0) * 1000)
     bw = row.get("bw_mbps")
     host_Bps = float(bw) * 1e6 / 8 if bw else None
-    return model.shared_capacity(probe, host_Bps, [(int(row["slots"]), int(m)) for m in workers], measured)
+    return shared_switch.shared_capacity(probe, host_Bps, [(int(row["slots"]), int(m)) for m in workers], measured)
 
 
 def write_calibration(cal: Calibration, path: Path) -> Path:

@@ -62,6 +62,26 @@ def test_the_shared_ceiling_is_the_model_inverted_on_the_probe_links():
     assert calibration_from([window, line], ring_goodput=None, source="t", rtt_ms=20.0).switch_shared_pps is None
 
 
+def test_repeated_trace_probes_give_their_medians():
+    """multijob takes the window and shared probes before each repetition: the calibration is their medians (an
+    outlier set, taken at a quiet moment, moves nothing)."""
+    def window(seconds):
+        return {"probe": "ina-window", "slots": 8, "bytes": 65536, "seconds_median": seconds, "bw_mbps": 1.0}
+
+    def shared(rate):
+        return {"probe": "ina-shared-pps", "gradients_per_s": rate, "slots": 64, "job_workers": [4, 4, 4, 4],
+                "bw_mbps": 4.0, "rtt_ms": 20.0}
+
+    rows = [window(65 * 0.0245), shared(5000.0), window(65 * 0.0260), shared(4500.0), window(65 * 0.0231), shared(11000.0)]
+    cal = calibration_from(rows, ring_goodput=None, source="t", rtt_ms=20.0)
+    middle = calibration_from(rows[:2], ring_goodput=None, source="t", rtt_ms=20.0)  # the median window, 5000/s
+    assert cal.ina_rtt_us == pytest.approx(24.5e3 - 20e3 - 2 * 1472.0, rel=1e-6)
+    mids = sorted(calibration_from([rows[0], r], ring_goodput=None, source="t", rtt_ms=20.0).switch_shared_pps
+                  for r in rows[1::2])
+    assert cal.switch_shared_pps == pytest.approx(mids[1])
+    assert cal.switch_shared_pps == pytest.approx(middle.switch_shared_pps)
+
+
 def test_the_startup_probe_measures_an_agent_import():
     rows = []
     row = run_startup_probe(repeats=1, record=rows.append, progress=lambda _: None)

@@ -160,15 +160,10 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
     if pps and pps.get("seconds_median"):
         chunks = math.ceil(float(pps["bytes"]) / wire.INA_DATA_LEN)
         fields["switch_pps"] = int(pps.get("workers", 2)) * chunks / float(pps["seconds_median"])
-    window = by.get(WINDOW_PROBE)
-    if window and window.get("seconds_median") and window.get("slots"):
-        # ina-sim's INA time with s slots, unshaped: chunks x W / s + W (the last result's round trip)
-        chunks = math.ceil(float(window["bytes"]) / wire.INA_DATA_LEN)
-        round_trip_us = float(window["seconds_median"]) / (chunks / int(window["slots"]) + 1) * 1e6
-        bw = window.get("bw_mbps")
-        serialization_us = 2 * wire.INA_FRAME_LEN * 8 / (float(bw) * 1e6) * 1e6 if bw else 0.0
-        if round_trip_us > rtt_ms * 1000 + serialization_us:
-            fields["ina_rtt_us"] = round_trip_us - rtt_ms * 1000 - serialization_us
+    # The trace's probes may be repeated (multijob: before each repetition): the median of their values.
+    rtts = [v for v in (_window_rtt_us(r, rtt_ms) for r in probes if r.get("probe") == WINDOW_PROBE) if v is not None]
+    if rtts:
+        fields["ina_rtt_us"] = median(rtts)
     lat = by.get("ring-latency")
     if lat and lat.get("seconds_median"):
         n = int(lat.get("workers", 2))
@@ -179,10 +174,26 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
     if startup and startup.get("cpu_s_median") and startup.get("cores"):
         fields["agent_startup_cpu_s"] = float(startup["cpu_s_median"])
         fields["shared_cores"] = float(startup["cores"])
-    shared = by.get(SHARED_PROBE)
-    if shared and shared.get("gradients_per_s"):
-        fields["switch_shared_pps"] = shared_capacity_of(Calibration(**fields), shared)
+    sharing = Calibration(**fields)
+    caps = [c for c in (shared_capacity_of(sharing, r) for r in probes if r.get("probe") == SHARED_PROBE
+                        and r.get("gradients_per_s")) if c is not None]
+    if caps:
+        fields["switch_shared_pps"] = median(caps)
     return Calibration(**fields)
+
+
+def _window_rtt_us(window: Mapping[str, Any], rtt_ms: float) -> float | None:
+    """``ina_rtt_us`` from one ``ina-window`` row: ina-sim's INA time with s slots is chunks x W / s + W (the last
+    result's round trip), W less the added round trip and one frame's serialization each way."""
+    if not window.get("seconds_median") or not window.get("slots"):
+        return None
+    chunks = math.ceil(float(window["bytes"]) / wire.INA_DATA_LEN)
+    round_trip_us = float(window["seconds_median"]) / (chunks / int(window["slots"]) + 1) * 1e6
+    bw = window.get("bw_mbps")
+    serialization_us = 2 * wire.INA_FRAME_LEN * 8 / (float(bw) * 1e6) * 1e6 if bw else 0.0
+    if round_trip_us <= rtt_ms * 1000 + serialization_us:
+        return None
+    return round_trip_us - rtt_ms * 1000 - serialization_us
 
 
 def shared_capacity_of(cal: Calibration, row: Mapping[str, Any]) -> float | None:

@@ -48,6 +48,24 @@ class Calibration:
     # server). Measure: the experiment's jobs at once, unshaped links, many slots each; the sum over jobs
     # of workers x chunks / call time (ina-exp multijob's calibration probe ina-shared-pps).
     switch_shared_pps: float | None = None
+    # The senders' congestion window (host_agent/congestion.py): a delay target. A round whose shortest round trip
+    # exceeds the path's (software + propagation + serialization, unloaded) by more than
+    # max(cwnd_queue_allowance_us, cwnd_allowance_share x path) shrinks the window, so on a loaded shared switch
+    # the jobs back off at that queueing delay instead of filling the server (simulator.shared_switch.shared_state).
+    # None: no congestion window (every job keeps its whole grant in flight). Measure: the agent's constants
+    # (QUEUE_ALLOWANCE, ALLOWANCE_SHARE).
+    cwnd_queue_allowance_us: float | None = 2000.0
+    cwnd_allowance_share: float = 0.25
+    # The least window the sender keeps (chunks; MIN_WINDOW: early loss detection needs later chunks in flight).
+    cwnd_min_window: int = 4
+    # Agents starting on the cores the switch runs on (the testbed: one machine). A job in its start-up (trace
+    # column startup_s) takes workers x agent_startup_cpu_s CPU-seconds over that time from the shared switch's
+    # capacity: a share workers x agent_startup_cpu_s / (startup_s x shared_cores) of switch_shared_pps
+    # (simulator.shared_switch.startup_load). None/0: the switch has its own hardware (a cluster) or start-up is free.
+    # Measure: shared_cores = the machine's cores; agent_startup_cpu_s = user + system CPU of an agent's
+    # start-up (ina-exp multijob's probe agent-startup-cpu: the agent's imports, a lower bound).
+    shared_cores: float | None = None
+    agent_startup_cpu_s: float = 0.0
     # Fraction of the link rate ring all-reduce reaches with large messages (TCP/RDMA framing, stack).
     # Measure: iperf3 goodput / link rate between two workers.
     ring_goodput_fraction: float = 0.94
@@ -91,7 +109,17 @@ class Calibration:
             raise CalibrationError("calibration field 'ring_goodput_fraction' must be in (0, 1]")
         if not _is_number(self.comm_overlap) or not 0 <= self.comm_overlap < 1:
             raise CalibrationError(f"calibration field 'comm_overlap' must be in [0, 1), got {self.comm_overlap!r}")
-        for name in ("switch_pps", "switch_shared_pps"):
+        if self.cwnd_queue_allowance_us is not None and (not _is_number(self.cwnd_queue_allowance_us)
+                                                         or self.cwnd_queue_allowance_us < 0):
+            raise CalibrationError("calibration field 'cwnd_queue_allowance_us' must be null or a number >= 0, "
+                                   f"got {self.cwnd_queue_allowance_us!r}")
+        if not _is_number(self.cwnd_allowance_share) or self.cwnd_allowance_share < 0:
+            raise CalibrationError(f"calibration field 'cwnd_allowance_share' must be a number >= 0, got {self.cwnd_allowance_share!r}")
+        if not isinstance(self.cwnd_min_window, int) or isinstance(self.cwnd_min_window, bool) or self.cwnd_min_window < 1:
+            raise CalibrationError(f"calibration field 'cwnd_min_window' must be an integer >= 1, got {self.cwnd_min_window!r}")
+        if not _is_number(self.agent_startup_cpu_s) or self.agent_startup_cpu_s < 0:
+            raise CalibrationError(f"calibration field 'agent_startup_cpu_s' must be a number >= 0, got {self.agent_startup_cpu_s!r}")
+        for name in ("switch_pps", "switch_shared_pps", "shared_cores"):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or value <= 0):
                 raise CalibrationError(f"calibration field {name!r} must be null or a number > 0, got {value!r}")
@@ -108,6 +136,10 @@ class Calibration:
     @property
     def realloc_pause_s(self) -> float:
         return self.realloc_pause_us * 1e-6
+
+    @property
+    def cwnd_queue_allowance_s(self) -> float | None:
+        return None if self.cwnd_queue_allowance_us is None else self.cwnd_queue_allowance_us * 1e-6
 
     @property
     def ring_step_latency_s(self) -> float:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from controller.policies import AllocationPolicy, JobDemand, SlotRange, validate_allocation
 from inaproto.backends import SimBackend
-from simulator import model
+from simulator import model, shared_switch
 from simulator.calibration import Calibration
 from simulator.cluster import ClusterSpec
 from simulator.errors import SimulatorError
@@ -104,7 +104,7 @@ class _Job:
     __slots__ = (
         "spec", "placement", "racks", "start", "remaining", "iter_time", "last", "version", "compute",
         "demand_racks", "cross", "backend", "slots", "effective", "history", "requested", "changes", "counts",
-        "ready", "on_spine", "uplink", "uplink_per_iter",
+        "ready", "on_spine", "uplink", "uplink_per_iter", "path_rtt", "ready_at",
     )
 
     def __init__(self, spec: JobSpec, placement: Placement, start: float, compute: float) -> None:
@@ -113,6 +113,8 @@ class _Job:
         self.racks = [r for r, _ in placement]
         self.counts = dict(placement)  # workers per rack
         self.ready = spec.startup_s <= 0  # past its start-up: offers packets to its switches
+        self.path_rtt: dict[int, float] = {}  # per shared switch: the shortest round trip seen (congestion window)
+        self.ready_at = start + spec.startup_s
         self.on_spine = False  # registered at the spine's pool (a tree is possible)
         self.uplink = 0.0  # uplink bytes so far (per rack uplink, each direction)
         self.uplink_per_iter = 0.0
@@ -557,16 +559,35 @@ class Simulation:
         return model.tree_time(cal, job.spec.grad_bytes, rate), SimBackend.TREE, slots
 
     def _switch_stretch(self, rack: int, job: _Job) -> float:
-        """How much a shared switch's load stretches the software round trip (1 without ``switch_shared_pps``):
-        the load of every job holding slots there that has started, and of `job` itself (model.shared_stretch)."""
+        """How much a shared switch's load stretches `job`'s software round trip (1 without ``switch_shared_pps``):
+        the load of every job holding slots there that has started, and of `job` itself, less what agents
+        starting there take, with each job's congestion window backing off at its own delay target
+        (shared_switch.shared_state). A started job remembers the shortest round trip it has seen there (its
+        senders' path_rtt: what its target is set from); its first is the switch's round trip without it."""
         if self.cal.switch_shared_pps is None:
             return 1.0
-        jobs = []
+        jobs, paths, earlier, mine, starting = [], [], [], 0, 0.0
         for job_id, rng in self.switches[rack].alloc.items():
             other = self.running[job_id]
             if rng is not None and (other.ready or other is job):
+                if other is job:
+                    mine = len(jobs)
+                elif other.ready_at < job.ready_at:
+                    earlier.append(len(jobs))
                 jobs.append((rng.size, other.counts.get(rack, 0)))
-        return model.shared_stretch(self.cal, self.cluster.host_Bps, jobs)
+                paths.append(other.path_rtt.get(rack))
+            elif not other.ready:  # its agents are starting on the switch's cores (startup_load)
+                starting += shared_switch.startup_load(self.cal, other.counts.get(rack, 0), other.spec.startup_s)
+        if not jobs:
+            return 1.0
+        host = self.cluster.host_Bps
+        if job.ready and rack not in job.path_rtt:  # its first round trips: the switch as the jobs before it load it
+            before = shared_switch.shared_state(self.cal, host, [jobs[k] for k in earlier], starting, [paths[k] for k in earlier])
+            job.path_rtt[rack] = paths[mine] = before.rtt
+        state = shared_switch.shared_state(self.cal, host, jobs, starting, paths)
+        if job.ready:
+            job.path_rtt[rack] = min(job.path_rtt[rack], state.rtt)
+        return state.stretches[mine]
 
     def _held(self, rack: int, job_id: int) -> int:
         rng = self.switches[rack].alloc.get(job_id)

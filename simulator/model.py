@@ -12,11 +12,11 @@ payload bytes per second, times are seconds, ``nbytes`` is the gradient size of 
                   R_tree = min(R_ina of every ToR and of the spine with W_tree, uplink share * payload/frame)
                   t = B / R_tree + 2 (rtt + propagation)
 
-shared switch  software rtt x 1 / (1 - rho), rho = sum over the switch's jobs of m_j * R_j / payload / shared_pps
-
-A congestion window (the agent may use fewer slots than granted) changes none of this: it settles near the
-window that reaches line rate, and slots beyond it add nothing here either (the min above).
     iteration     t = compute + (1 - overlap) * t_comm
+    shared switch simulator/shared_switch.py: processor sharing, the congestion window, agents starting
+
+Without a shared switch the congestion window changes nothing here: it settles near the window that reaches
+line rate, and slots beyond it add nothing either (the min above).
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ __all__ = [
     "rina_time",
     "saturating_slots",
     "offered_pps",
-    "shared_stretch",
     "tree_window_rtt",
     "tree_time",
     "uplink_bytes",
@@ -45,7 +44,7 @@ __all__ = [
 
 def window_rtt(cal: Calibration, host_Bps: float | None = None, stretch: float = 1.0) -> float:
     """The round trip a slot is held: the measured software round trip (x `stretch` on a loaded shared switch,
-    see shared_stretch), the propagation round trip, and one frame's serialization on the worker's link each
+    see simulator.shared_switch), the propagation round trip, and one frame's serialization on the worker's link each
     way (nothing when the link rate is unknown)."""
     serialization = 2 * cal.frame_bytes / host_Bps if host_Bps else 0.0
     return cal.ina_rtt_s * stretch + cal.propagation_rtt_s + serialization
@@ -101,33 +100,6 @@ def ina_rate(cal: Calibration, host_Bps: float, slots: int, workers_in_rack: int
 def offered_pps(cal: Calibration, rate: float, workers_in_rack: int) -> float:
     """Gradient packets per second a job sends into one switch at payload rate `rate`: one per worker per chunk."""
     return max(0, workers_in_rack) * rate / cal.payload_bytes
-
-
-def shared_stretch(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]]) -> float:
-    """How much the software round trip stretches on a switch shared by `jobs` ((slots, workers) each).
-
-    The switch and, on the testbed, the CPUs it shares with the agents form one processor-sharing server of
-    `switch_shared_pps` gradient packets/s. At load rho (offered / capacity) the software part of every
-    round trip takes ina_rtt / (1 - rho) (the response time of a processor-sharing queue), which lowers each
-    job's window-bound rate, which lowers the load: rho is the fixed point rho = sum_j m_j R_j(rho) / payload
-    / capacity, found by bisection (the right side falls as rho grows, to 0 at rho = 1, so the load never
-    reaches the capacity). 1.0 without a shared capacity."""
-    cap = cal.switch_shared_pps
-    if cap is None or not jobs:
-        return 1.0
-
-    def load(rho: float) -> float:
-        window = window_rtt(cal, host_Bps, 1.0 / (1.0 - rho))
-        return sum(offered_pps(cal, ina_rate(cal, host_Bps or math.inf, s, m, window), m) for s, m in jobs) / cap
-
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if load(mid) > mid:
-            lo = mid
-        else:
-            hi = mid
-    return 1.0 / (1.0 - (lo + hi) / 2)
 
 
 def ina_time(cal: Calibration, nbytes: float, rate: float) -> float:

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import pytest
 
+from simulator import model, shared_switch
 from simulator.calibration import Calibration
-from topologies.experiments.calibrate import calibration_from
+from topologies.experiments.calibrate import calibration_from, run_startup_probe
 from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
 
 
@@ -39,6 +41,51 @@ def test_the_trace_probes_give_the_window_round_trip_and_the_shared_ceiling():
     assert cal.switch_shared_pps == 9000.0 and cal.propagation_rtt_us == 20000.0
     alone = calibration_from(probes[:1], ring_goodput=None, source="t", rtt_ms=20.0)
     assert alone.ina_rtt_us == pytest.approx(300.0) and alone.switch_shared_pps is None
+
+
+def test_the_shared_ceiling_is_the_model_inverted_on_the_probe_links():
+    """A probe row with its configuration (4 jobs of 4 workers, 64 slots, 4 Mbit/s shaped, 20 ms): the capacity
+    with which ina-sim gives the measured rate for those jobs, with the window probe's round trip."""
+    window = {"probe": "ina-window", "slots": 8, "bytes": 65536, "seconds_median": (512 / 8 + 1) * (0.0215 + 2 * 1.472e-3),
+              "bw_mbps": 1.0}
+    shared = {"probe": "ina-shared-pps", "gradients_per_s": 6000.0, "slots": 64, "job_workers": [4, 4, 4, 4],
+              "bw_mbps": 4.0, "rtt_ms": 20.0}
+    cal = calibration_from([window, shared], ring_goodput=None, source="t", rtt_ms=20.0)
+    assert cal.switch_shared_pps > 6000.0  # the windows back off before the server is full
+    probe = dataclasses.replace(cal, propagation_rtt_us=20000.0)
+    assert shared_switch.shared_throughput(probe, 4e6 / 8, [(64, 4)] * 4) == pytest.approx(6000.0, rel=1e-6)
+    startup = {"probe": "agent-startup-cpu", "cpu_s_median": 0.6, "cores": 2}
+    with_startup = calibration_from([window, shared, startup], ring_goodput=None, source="t", rtt_ms=20.0)
+    assert (with_startup.agent_startup_cpu_s, with_startup.shared_cores) == (0.6, 2.0)
+    assert with_startup.switch_shared_pps == pytest.approx(cal.switch_shared_pps)  # the probe's calls: agents running
+    line = {**shared, "gradients_per_s": 16 * 4e6 / 8 / 184}  # the links' rate: no ceiling measured
+    assert calibration_from([window, line], ring_goodput=None, source="t", rtt_ms=20.0).switch_shared_pps is None
+
+
+def test_repeated_trace_probes_give_their_medians():
+    """multijob takes the window and shared probes before each repetition: the calibration is their medians (an
+    outlier set, taken at a quiet moment, moves nothing)."""
+    def window(seconds):
+        return {"probe": "ina-window", "slots": 8, "bytes": 65536, "seconds_median": seconds, "bw_mbps": 1.0}
+
+    def shared(rate):
+        return {"probe": "ina-shared-pps", "gradients_per_s": rate, "slots": 64, "job_workers": [4, 4, 4, 4],
+                "bw_mbps": 4.0, "rtt_ms": 20.0}
+
+    rows = [window(65 * 0.0245), shared(5000.0), window(65 * 0.0260), shared(4500.0), window(65 * 0.0231), shared(11000.0)]
+    cal = calibration_from(rows, ring_goodput=None, source="t", rtt_ms=20.0)
+    middle = calibration_from(rows[:2], ring_goodput=None, source="t", rtt_ms=20.0)  # the median window, 5000/s
+    assert cal.ina_rtt_us == pytest.approx(24.5e3 - 20e3 - 2 * 1472.0, rel=1e-6)
+    mids = sorted(calibration_from([rows[0], r], ring_goodput=None, source="t", rtt_ms=20.0).switch_shared_pps
+                  for r in rows[1::2])
+    assert cal.switch_shared_pps == pytest.approx(mids[1])
+    assert cal.switch_shared_pps == pytest.approx(middle.switch_shared_pps)
+
+
+def test_the_startup_probe_measures_an_agent_import():
+    rows = []
+    row = run_startup_probe(repeats=1, record=rows.append, progress=lambda _: None)
+    assert rows == [row] and row["cores"] >= 1 and len(row["cpu_s"]) == 1 and row["cpu_s_median"] > 0
 
 
 def test_simulated_trace_starts_each_job_after_its_start_up(tmp_path):

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from controller.policies import make_policy
-from simulator import model
+from simulator import model, shared_switch
 from simulator.calibration import Calibration, CalibrationError
 from simulator.cluster import ClusterSpec
 from simulator.engine import Simulation
@@ -25,8 +25,8 @@ def job(job_id=0, arrival=0.0, iterations=10, **kw) -> JobSpec:
     return JobSpec(job_id, arrival, WORKERS, B, iterations, (0.0,), slots=SLOTS, min_slots=1, **kw)
 
 
-def run(jobs, cal):
-    spec = ClusterSpec(racks=1, workers_per_rack=8, slots_per_switch=1024, host_gbps=1e6, uplink_gbps=1e6)
+def run(jobs, cal, workers_per_rack=8):
+    spec = ClusterSpec(racks=1, workers_per_rack=workers_per_rack, slots_per_switch=1024, host_gbps=1e6, uplink_gbps=1e6)
     return Simulation(spec, cal, make_policy("first-fit"), make_placement("pack"), check=True, follow_grant=True).run(jobs)
 
 
@@ -43,9 +43,9 @@ def per_call(r: float) -> float:
 def test_stretch_is_the_fixed_point_of_the_load():
     cap = WORKERS * SLOTS / S0  # K = 1 for one job: rho = 1/2, the round trip doubles
     cal = dataclasses.replace(CAL, switch_shared_pps=cap)
-    assert model.shared_stretch(cal, None, [(SLOTS, WORKERS)]) == pytest.approx(2.0, rel=1e-9)
-    assert model.shared_stretch(cal, None, [(SLOTS, WORKERS)] * 2) == pytest.approx(3.0, rel=1e-9)
-    assert model.shared_stretch(CAL, None, [(SLOTS, WORKERS)]) == 1.0  # no shared capacity
+    assert shared_switch.shared_stretch(cal, None, [(SLOTS, WORKERS)]) == pytest.approx(2.0, rel=1e-9)
+    assert shared_switch.shared_stretch(cal, None, [(SLOTS, WORKERS)] * 2) == pytest.approx(3.0, rel=1e-9)
+    assert shared_switch.shared_stretch(CAL, None, [(SLOTS, WORKERS)]) == 1.0  # no shared capacity
     assert model.offered_pps(CAL, 128 * 100.0, 4) == pytest.approx(400.0)
 
 
@@ -101,3 +101,146 @@ def test_calibration_checks_the_shared_bound():
     assert Calibration(switch_shared_pps=12_000).switch_shared_pps == 12_000
     with pytest.raises(CalibrationError, match="switch_shared_pps"):
         Calibration(switch_shared_pps=0)
+
+
+# --- the senders' congestion window (a delay target) on a loaded shared switch ---------------------------------
+# With CAL: the unloaded round trip is S0 = 1 ms, the target 1 ms + max(2 ms, 0.25 ms) = 3 ms, so the windows back off
+# once the processor-sharing round trip S0 / (1 - rho) would exceed 3 ms: at rho* = 1 - S0 / 3 ms = 2/3.
+RHO_STAR = 2 / 3
+
+
+def test_cwnd_target_is_the_unloaded_round_trip_plus_the_allowance():
+    assert shared_switch.cwnd_target(CAL) == pytest.approx(3e-3)
+    far = dataclasses.replace(CAL, propagation_rtt_us=20_000.0)  # 21 ms: a quarter of it exceeds 2 ms
+    assert shared_switch.cwnd_target(far) == pytest.approx(21e-3 * 1.25)
+    assert shared_switch.cwnd_target(dataclasses.replace(CAL, cwnd_queue_allowance_us=None)) is None
+
+
+def test_below_the_target_the_congestion_window_changes_nothing():
+    cap = WORKERS * SLOTS / S0  # two jobs: stretch 3, round trip 3 ms = the target
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    assert shared_switch.shared_stretches(cal, None, [(SLOTS, WORKERS)] * 2) == pytest.approx([3.0, 3.0], rel=1e-9)
+
+
+def test_above_the_target_the_windows_hold_the_load_at_rho_star():
+    """Four jobs would stretch the round trip 5x (5 ms > 3 ms): the windows shrink until the load is rho* of the
+    capacity, shared equally, every job's round trip at the target."""
+    cap = WORKERS * SLOTS / S0
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    jobs = [(SLOTS, WORKERS)] * 4
+    assert shared_switch.shared_stretch(cal, None, jobs) == pytest.approx(5.0, rel=1e-9)  # without the window
+    assert shared_switch.shared_throughput(cal, None, jobs) == pytest.approx(RHO_STAR * cap, rel=1e-6)
+    per_worker = RHO_STAR * cap / (4 * WORKERS)  # chunks/s: equal windows, one round trip
+    stretches = shared_switch.shared_stretches(cal, None, jobs)
+    for stretch in stretches:  # the time a slot is held: SLOTS chunks per SLOTS / per_worker seconds
+        assert model.window_rtt(cal, None, stretch) == pytest.approx(SLOTS / per_worker, rel=1e-6)
+    off = dataclasses.replace(cal, cwnd_queue_allowance_us=None)
+    assert shared_switch.shared_stretches(off, None, jobs) == pytest.approx([5.0] * 4, rel=1e-9)
+
+
+def test_a_job_below_its_fair_share_keeps_its_window_the_others_share_the_rest():
+    """Max-min: a one-slot job is bounded by its own window at the target; the three others split what is left."""
+    cap = WORKERS * SLOTS / S0
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    jobs = [(1, WORKERS)] + [(SLOTS, WORKERS)] * 3
+    target = shared_switch.cwnd_target(cal)
+    small = 1 / target  # chunks/s per worker: one slot per target round trip
+    rest = (RHO_STAR * cap - WORKERS * small) / (3 * WORKERS)
+    s = shared_switch.shared_stretches(cal, None, jobs)
+    assert 1 / model.window_rtt(cal, None, s[0]) == pytest.approx(small, rel=1e-6)
+    for stretch in s[1:]:
+        assert SLOTS / model.window_rtt(cal, None, stretch) == pytest.approx(rest, rel=1e-6)
+
+
+def test_the_engine_runs_jobs_at_their_congestion_window_share():
+    cap = WORKERS * SLOTS / S0
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    per_worker = RHO_STAR * cap / (4 * WORKERS)
+    for r in run([job(k) for k in range(4)], cal, workers_per_rack=16).jobs:  # all four at once
+        assert r.jct_s == pytest.approx(10 * (B / (per_worker * 128) + S0), rel=1e-6)
+
+
+def test_shared_capacity_inverts_the_model_on_the_probe():
+    """What a ceiling probe measures is the model's throughput for the probe's jobs: inverting gives the capacity
+    back, above the measured rate once the windows back off; None when the links alone explain the rate."""
+    host = 1e6 / 8  # 1 Mbit/s links: 679 frames/s each
+    cal = dataclasses.replace(CAL, propagation_rtt_us=20_000.0)
+    jobs = [(64, 4)] * 4
+    for cap in (3_000.0, 6_000.0, 9_000.0):
+        measured = shared_switch.shared_throughput(dataclasses.replace(cal, switch_shared_pps=cap), host, jobs)
+        assert measured < cap
+        assert shared_switch.shared_capacity(cal, host, jobs, measured) == pytest.approx(cap, rel=1e-6)
+    line = 16 * host * cal.ina_efficiency / 128
+    assert shared_switch.shared_capacity(cal, host, jobs, line) is None
+
+
+def test_calibration_checks_the_congestion_window_fields():
+    assert Calibration(cwnd_queue_allowance_us=None).cwnd_queue_allowance_s is None
+    with pytest.raises(CalibrationError, match="cwnd_queue_allowance_us"):
+        Calibration(cwnd_queue_allowance_us=-1.0)
+    with pytest.raises(CalibrationError, match="cwnd_allowance_share"):
+        Calibration(cwnd_allowance_share=float("nan"))
+    with pytest.raises(CalibrationError, match="cwnd_min_window"):
+        Calibration(cwnd_min_window=0)
+
+
+# --- agents starting on the switch's cores ------------------------------------------------------------------
+
+
+def test_startup_load_is_the_agents_cpu_over_the_shared_cores():
+    cal = dataclasses.replace(CAL, shared_cores=2.0, agent_startup_cpu_s=0.5)
+    assert shared_switch.startup_load(cal, 4, 2.0) == pytest.approx(4 * 0.5 / (2.0 * 2))
+    assert shared_switch.startup_load(CAL, 4, 2.0) == 0.0  # the switch has its own cores
+    assert shared_switch.startup_load(cal, 4, 0.0) == 0.0
+
+
+def test_starting_agents_take_capacity_from_the_running_jobs():
+    """Job 1's 4 agents start for T with a CPU share u = 4 c / (T cores) = 1/2: job 0 runs on half the capacity
+    meanwhile (the closed form of a job alone with half the capacity), then on all of it once job 1 runs too."""
+    cap = WORKERS * SLOTS / S0
+    t_start = 4 * per_call(rate(1, cap))
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap, shared_cores=2.0, agent_startup_cpu_s=t_start / 4)
+    half = dataclasses.replace(cal, switch_shared_pps=cap / 2, agent_startup_cpu_s=0.0)
+    assert shared_switch.shared_stretch(cal, None, [(SLOTS, WORKERS)], background=0.5) == pytest.approx(
+        shared_switch.shared_stretch(half, None, [(SLOTS, WORKERS)]), rel=1e-9)
+    slow = per_call(rate(1, cap / 2))  # job 0 alone on half the capacity
+    result = run([job(0, iterations=2), job(1, iterations=1, startup_s=t_start)], cal)
+    r0, r1 = sorted(result.jobs, key=lambda r: r.job_id)
+    assert t_start > 2 * slow and r0.jct_s == pytest.approx(2 * slow, rel=1e-6)
+    assert r1.jct_s == pytest.approx(t_start + per_call(rate(1, cap)), rel=1e-6)
+
+
+def test_calibration_checks_the_startup_fields():
+    with pytest.raises(CalibrationError, match="agent_startup_cpu_s"):
+        Calibration(agent_startup_cpu_s=-0.1)
+    with pytest.raises(CalibrationError, match="shared_cores"):
+        Calibration(shared_cores=0)
+
+
+# --- per-job delay targets: a latecomer that first saw a loaded switch ---------------------------------------
+LATE = dataclasses.replace(CAL, switch_shared_pps=10_000.0, cwnd_min_window=1)
+
+
+def test_a_job_with_a_lower_target_shrinks_to_its_minimum_window():
+    """A's senders saw 1 ms (target 3 ms), B's 2 ms (target 4 ms): the round trip settles at B's target, A keeps
+    one chunk per round trip in flight, B takes what is left of rho* = 3/4 of the capacity."""
+    state = shared_switch.shared_state(LATE, None, [(SLOTS, WORKERS)] * 2, paths=[1e-3, 2e-3])
+    assert state.rtt == pytest.approx(4e-3)
+    a_rate = 1 / 4e-3  # chunks/s per worker
+    b_rate = (0.75 * 10_000 - WORKERS * a_rate) / WORKERS
+    assert SLOTS / model.window_rtt(LATE, None, state.stretches[0]) == pytest.approx(a_rate, rel=1e-6)
+    assert SLOTS / model.window_rtt(LATE, None, state.stretches[1]) == pytest.approx(b_rate, rel=1e-6)
+    same = shared_switch.shared_state(LATE, None, [(SLOTS, WORKERS)] * 2, paths=[1e-3, 1e-3])
+    assert same.stretches[0] == pytest.approx(same.stretches[1]) and same.rtt == pytest.approx(3e-3)
+
+
+def test_the_engine_sets_a_latecomers_target_from_the_round_trip_it_first_sees():
+    """Job 0 alone is held at its 3 ms target (rho* = 2/3: 1667 chunks/s per worker); job 1 arrives then, so its
+    senders' shortest round trip is 3 ms and its target 5 ms: it runs at (0.8 C - job 0 at one chunk per 5 ms) / 4."""
+    alone = (2 / 3) * 10_000 / WORKERS
+    late = (0.8 * 10_000 - WORKERS / 5e-3) / WORKERS
+    t1 = 2 * (B / (alone * 128) + S0)
+    result = run([job(0), job(1, arrival=t1, iterations=2)], LATE)
+    r0, r1 = sorted(result.jobs, key=lambda r: r.job_id)
+    assert r1.jct_s == pytest.approx(2 * (B / (late * 128) + S0), rel=1e-6)
+    assert r0.jct_s > 10 * (B / (alone * 128) + S0) + r1.jct_s * 0.5  # job 0 nearly stops meanwhile

@@ -15,6 +15,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -23,12 +26,13 @@ from simulator.calibration import Calibration
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.testbed import AgentJob, Testbed
 
-__all__ = ["PROBES", "SHARED_PROBE", "run_probes", "run_shared_probe", "calibration_from", "ring_fraction",
-           "write_calibration"]
+__all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "run_probes", "run_shared_probe", "run_startup_probe", "calibration_from", "shared_capacity_of",
+           "ring_fraction", "write_calibration"]
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
 SHARED_PROBE = "ina-shared-pps"
 WINDOW_PROBE = "ina-window"
+STARTUP_PROBE = "agent-startup-cpu"
 
 
 def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
@@ -54,15 +58,19 @@ def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
 
 
 def run_shared_probe(bed: Testbed, groups: Sequence[Sequence[str]], *, elements: int, iterations: int, slots: int,
-                     udp_port: int, record: Callable[[dict], None], progress: Callable[[str], None]) -> dict:
-    """The shared packet-rate ceiling: one INA job per host group, all at once, unshaped links, ``slots``
-    each (far above what the switch can serve), so the switch and the agents' CPUs are the bottleneck.
+                     udp_port: int, record: Callable[[dict], None], progress: Callable[[str], None],
+                     bw_mbps: float | None = None, rtt_ms: float = 0.0) -> dict:
+    """The shared packet-rate ceiling: one INA job per host group, all at once, ``slots`` each, on ``bed``'s
+    links (``bw_mbps`` and ``rtt_ms``, recorded for :func:`calibration_from`). The links and windows must
+    allow more than the switch and the agents' CPUs can serve, so that those are the bottleneck; shaped links
+    make the probe pay the shaper's work per packet as the experiment does.
 
     Recorded as one row with ``gradients_per_s`` = sum over jobs of workers x chunks / median call time
     (the jobs' calls overlap, so their rates add up); the first call of each job is a warm-up (start-up
     skew between its agents)."""
     progress(f"calibration probe {SHARED_PROBE} ({len(groups)} concurrent INA jobs of "
-             f"{'/'.join(str(len(g)) for g in groups)} workers, {elements} elements, {slots} slots each)")
+             f"{'/'.join(str(len(g)) for g in groups)} workers, {elements} elements, {slots} slots each, "
+             f"links {f'{bw_mbps:g} Mbit/s' if bw_mbps else 'unshaped'}, {rtt_ms:g} ms round trip)")
     jobs = [AgentJob(f"probe-shared-{k}", tuple(hosts), "allreduce", backend="ina", requested_slots=slots,
                      args=("--elements", str(elements), "--iterations", str(iterations), "--warmup", "1"),
                      udp_port=udp_port + k) for k, hosts in enumerate(groups)]
@@ -75,8 +83,27 @@ def run_shared_probe(bed: Testbed, groups: Sequence[Sequence[str]], *, elements:
         if row["seconds_median"]:
             rates.append(len(job.hosts) * chunks / float(row["seconds_median"]))
     row = {"kind": "probe", "probe": SHARED_PROBE, "jobs": len(jobs), "workers": sum(len(g) for g in groups),
-           "slots": slots, "elements": elements, "bytes": elements * 4, "job_seconds_median": per_job,
+           "slots": slots, "job_workers": [len(g) for g in groups], "bw_mbps": bw_mbps, "rtt_ms": rtt_ms,
+           "elements": elements, "bytes": elements * 4, "job_seconds_median": per_job,
            "gradients_per_s": sum(rates) if len(rates) == len(jobs) else None}
+    record(row)
+    return row
+
+
+def run_startup_probe(*, repeats: int, record: Callable[[dict], None], progress: Callable[[str], None]) -> dict:
+    """The CPU one agent's start-up takes (``agent_startup_cpu_s``): user + system seconds of a Python process
+    importing the agent (``host_agent.cli``, what ``ina-agent`` loads before it registers), median of `repeats`,
+    on the machine the switch and agents share (``cores``: its CPU count). A lower bound: registering and the
+    first grant come on top. Runs no namespaces."""
+    progress(f"calibration probe {STARTUP_PROBE} ({repeats} agent imports)")
+    cpu = []
+    for _ in range(repeats):
+        proc = subprocess.Popen([sys.executable, "-c", "import host_agent.cli"], stdout=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode == 0:
+            cpu.append(usage.ru_utime + usage.ru_stime)
+    row = {"kind": "probe", "probe": STARTUP_PROBE, "cpu_s": cpu, "cpu_s_median": median(cpu), "cores": os.cpu_count()}
     record(row)
     return row
 
@@ -133,25 +160,57 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
     if pps and pps.get("seconds_median"):
         chunks = math.ceil(float(pps["bytes"]) / wire.INA_DATA_LEN)
         fields["switch_pps"] = int(pps.get("workers", 2)) * chunks / float(pps["seconds_median"])
-    window = by.get(WINDOW_PROBE)
-    if window and window.get("seconds_median") and window.get("slots"):
-        # ina-sim's INA time with s slots, unshaped: chunks x W / s + W (the last result's round trip)
-        chunks = math.ceil(float(window["bytes"]) / wire.INA_DATA_LEN)
-        round_trip_us = float(window["seconds_median"]) / (chunks / int(window["slots"]) + 1) * 1e6
-        bw = window.get("bw_mbps")
-        serialization_us = 2 * wire.INA_FRAME_LEN * 8 / (float(bw) * 1e6) * 1e6 if bw else 0.0
-        if round_trip_us > rtt_ms * 1000 + serialization_us:
-            fields["ina_rtt_us"] = round_trip_us - rtt_ms * 1000 - serialization_us
+    # The trace's probes may be repeated (multijob: before each repetition): the median of their values.
+    rtts = [v for v in (_window_rtt_us(r, rtt_ms) for r in probes if r.get("probe") == WINDOW_PROBE) if v is not None]
+    if rtts:
+        fields["ina_rtt_us"] = median(rtts)
     lat = by.get("ring-latency")
     if lat and lat.get("seconds_median"):
         n = int(lat.get("workers", 2))
         fields["ring_step_latency_us"] = float(lat["seconds_median"]) / (2 * (n - 1)) * 1e6
-    shared = by.get(SHARED_PROBE)
-    if shared and shared.get("gradients_per_s"):
-        fields["switch_shared_pps"] = float(shared["gradients_per_s"])
     if ring_goodput:
         fields["ring_goodput_fraction"] = float(ring_goodput)
+    startup = by.get(STARTUP_PROBE)
+    if startup and startup.get("cpu_s_median") and startup.get("cores"):
+        fields["agent_startup_cpu_s"] = float(startup["cpu_s_median"])
+        fields["shared_cores"] = float(startup["cores"])
+    sharing = Calibration(**fields)
+    caps = [c for c in (shared_capacity_of(sharing, r) for r in probes if r.get("probe") == SHARED_PROBE
+                        and r.get("gradients_per_s")) if c is not None]
+    if caps:
+        fields["switch_shared_pps"] = median(caps)
     return Calibration(**fields)
+
+
+def _window_rtt_us(window: Mapping[str, Any], rtt_ms: float) -> float | None:
+    """``ina_rtt_us`` from one ``ina-window`` row: ina-sim's INA time with s slots is chunks x W / s + W (the last
+    result's round trip), W less the added round trip and one frame's serialization each way."""
+    if not window.get("seconds_median") or not window.get("slots"):
+        return None
+    chunks = math.ceil(float(window["bytes"]) / wire.INA_DATA_LEN)
+    round_trip_us = float(window["seconds_median"]) / (chunks / int(window["slots"]) + 1) * 1e6
+    bw = window.get("bw_mbps")
+    serialization_us = 2 * wire.INA_FRAME_LEN * 8 / (float(bw) * 1e6) * 1e6 if bw else 0.0
+    if round_trip_us <= rtt_ms * 1000 + serialization_us:
+        return None
+    return round_trip_us - rtt_ms * 1000 - serialization_us
+
+
+def shared_capacity_of(cal: Calibration, row: Mapping[str, Any]) -> float | None:
+    """``switch_shared_pps`` from an ``ina-shared-pps`` row: the capacity with which ina-sim's model
+    (simulator.shared_switch.shared_capacity, with `cal`'s round trip and congestion window) gives the measured rate for
+    the probe's own jobs, links and round trip. Rows without the probe's configuration (older runs) give the
+    measured rate itself; None when the probe's links or windows, not the shared ceiling, bound it."""
+    measured = float(row["gradients_per_s"])
+    workers = row.get("job_workers")
+    if not workers or not row.get("slots"):
+        return measured
+    from simulator import shared_switch
+
+    probe = dataclasses.replace(cal, propagation_rtt_us=float(row.get("rtt_ms") or 0.0) * 1000)
+    bw = row.get("bw_mbps")
+    host_Bps = float(bw) * 1e6 / 8 if bw else None
+    return shared_switch.shared_capacity(probe, host_Bps, [(int(row["slots"]), int(m)) for m in workers], measured)
 
 
 def write_calibration(cal: Calibration, path: Path) -> Path:

@@ -39,7 +39,9 @@ POLICIES = ("equal", "first-fit", "weighted", "priority")
 BASELINES = ("static", "fcfs")  # static equal partition (no reallocation); first come, first served
 TOLERANCE = 0.15  # stated tolerance of the testbed vs simulator comparison (relative, per job)
 HIGH, LOW = 1, 0  # the trace's two priorities
-SHARED_SLOTS = 64  # the shared-ceiling probe's slots per job: 4x the trace's BDP, so the CPUs, not windows, bound it
+SHARED_SLOTS = 64  # the shared-ceiling probe's slots per job: its links' BDP, so the CPUs, not windows, bound it
+SHARED_BW_FACTOR = 4.0  # the shared-ceiling probe's links: shaped like the trace's, this many times faster (line rate
+# of its 16 workers ~4x the ceiling), so the CPUs bound it while every packet still passes the shaper
 SHARED_CALLS = 12  # timed calls per job of that probe (after one warm-up): the agents start seconds apart under
 # load, so each job's median call must fall where all four run
 
@@ -191,57 +193,115 @@ class MultijobExperiment(Experiment):
         ctx.progress(f"trace of {len(cfg.jobs)} jobs on a star of {hosts} hosts, {cfg.bw_mbps:g} Mbit/s links, "
                      f"{cfg.rtt_ms:g} ms round trip (BDP {bdp_slots(cfg.rtt_ms, cfg.bw_mbps):.1f} slots)")
         self._cal_path: Path | None = None
+        probes: list[dict] | None = None
         if cfg.simulate:  # the probes first, so that they see the machine as the trace's runs do
-            try:
-                self._cal_path = self.calibration()
-            except AgentFailure as exc:
-                ctx.error(f"calibration probes: {exc}")
-        with ctx.testbed(StarTopo(hosts, bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), "trace") as bed:
-            for run, (supply, policy, rep) in enumerate(scenarios, start=1):
-                pool = pool_size(len(cfg.jobs), cfg.demand_slots, supply)
-                label = f"supply={supply:.0%} pool={pool} policy={policy} rep={rep}"
-                ctx.progress(f"{label} ({run}/{len(scenarios)})")
-                bed.start_controller(pool=pool, policy=controller_policy(policy))
-                jobs = self.jobs_for(supply, policy, run)
-                arrivals = {job.name: tj.arrival_s for job, tj in zip(jobs, cfg.jobs)}
-                memory: list[tuple[float, int]] = []
-
-                def sample(t: float) -> None:
-                    state = bed.controller_state()
-                    if state:
-                        memory.append((round(t, 3), sum(_granted_slots(state).values())))
-
-                try:
-                    results = bed.run_trace(jobs, arrivals, on_sample=sample)
-                except AgentFailure as exc:
-                    ctx.error(f"{label}: {exc}")
-                    ctx.record({"kind": "job", "supply": supply, "pool": pool, "policy": policy, "rep": rep, "error": str(exc)})
-                    continue
-                ctx.record({"kind": "memory", "supply": supply, "pool": pool, "policy": policy, "rep": rep, "samples": memory})
-                for job, tj in zip(jobs, cfg.jobs):
-                    workers = results[job.name]
-                    row = allreduce_row(workers, kind="job", supply=supply, pool=pool, policy=policy, rep=rep, job=tj.job,
-                                        workers=tj.workers, demand=cfg.demand_slots, priority=tj.priority,
-                                        requested=job.requested_slots, arrival_s=tj.arrival_s)
-                    calls = row["seconds"]
-                    row["busy_s"] = sum(calls) if calls else None
-                    exited = max(w["runner"]["exited_s"] for w in workers)
-                    row["jct_s"] = exited - tj.arrival_s
-                    row.update(_joined(workers, calls, exited))
-                    row.update(_steady(calls, exited))
-                    row["backends"] = _history(workers)
-                    ctx.record(row)
-                done = [r for r in ctx.rows if r.get("kind") == "job" and r.get("supply") == supply and r.get("policy") == policy
-                        and r.get("rep") == rep and not r.get("error")]
-                ctx.progress("  " + "; ".join(f"job {r['job']} (p{r['priority']}): JCT {r['jct_s']:.2f} s, busy {r['busy_s']:.2f} s, "
-                                              f"{'/'.join(r['backends'])}" for r in done))
+            probes = self.calibration_probes()
+        numbered = list(enumerate(scenarios, start=1))
+        for repetition in range(1, cfg.repetitions + 1):
+            if probes is not None and not cfg.calibration:  # the trace's probes again before each repetition
+                probes += self.trace_probes()
+            with ctx.testbed(StarTopo(hosts, bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), "trace") as bed:
+                self._run_scenarios(bed, [(run, sc) for run, sc in numbered if sc[2] == repetition])
+        if probes is not None:
+            self._cal_path = self.write_calibration(probes)
         if cfg.simulate:
             self.simulate()
 
+    def _run_scenarios(self, bed: Any, scenarios: list[tuple[int, tuple[float, str, int]]]) -> None:
+        """Run the trace once per (run number, (supply, policy, repetition)) on the started trace star."""
+        cfg, ctx = self.config, self.ctx
+        total = len(self.scenarios())
+        for run, (supply, policy, rep) in scenarios:
+            pool = pool_size(len(cfg.jobs), cfg.demand_slots, supply)
+            label = f"supply={supply:.0%} pool={pool} policy={policy} rep={rep}"
+            ctx.progress(f"{label} ({run}/{total})")
+            bed.start_controller(pool=pool, policy=controller_policy(policy))
+            jobs = self.jobs_for(supply, policy, run)
+            arrivals = {job.name: tj.arrival_s for job, tj in zip(jobs, cfg.jobs)}
+            memory: list[tuple[float, int]] = []
+
+            def sample(t: float) -> None:
+                state = bed.controller_state()
+                if state:
+                    memory.append((round(t, 3), sum(_granted_slots(state).values())))
+
+            try:
+                results = bed.run_trace(jobs, arrivals, on_sample=sample)
+            except AgentFailure as exc:
+                ctx.error(f"{label}: {exc}")
+                ctx.record({"kind": "job", "supply": supply, "pool": pool, "policy": policy, "rep": rep, "error": str(exc)})
+                continue
+            ctx.record({"kind": "memory", "supply": supply, "pool": pool, "policy": policy, "rep": rep, "samples": memory})
+            for job, tj in zip(jobs, cfg.jobs):
+                workers = results[job.name]
+                row = allreduce_row(workers, kind="job", supply=supply, pool=pool, policy=policy, rep=rep, job=tj.job,
+                                    workers=tj.workers, demand=cfg.demand_slots, priority=tj.priority,
+                                    requested=job.requested_slots, arrival_s=tj.arrival_s)
+                calls = row["seconds"]
+                row["busy_s"] = sum(calls) if calls else None
+                exited = max(w["runner"]["exited_s"] for w in workers)
+                row["jct_s"] = exited - tj.arrival_s
+                row.update(_joined(workers, calls, exited))
+                row.update(_steady(calls, exited))
+                row["backends"] = _history(workers)
+                ctx.record(row)
+            done = [r for r in ctx.rows if r.get("kind") == "job" and r.get("supply") == supply and r.get("policy") == policy
+                    and r.get("rep") == rep and not r.get("error")]
+            ctx.progress("  " + "; ".join(f"job {r['job']} (p{r['priority']}): JCT {r['jct_s']:.2f} s, busy {r['busy_s']:.2f} s, "
+                                          f"{'/'.join(r['backends'])}" for r in done))
+
     # --- the simulator ---------------------------------------------------------------------------------
-    def calibration(self) -> Path:
-        from topologies.experiments.calibrate import calibration_from, run_probes, run_shared_probe, run_window_probe, write_calibration
+    def calibration_probes(self) -> list[dict] | None:
+        """The probes measured once: the unshaped two-worker probes and an agent's start-up CPU ([] when a
+        calibration file is given; None when they failed: no comparison then)."""
+        from topologies.experiments.calibrate import run_probes, run_startup_probe
         from topologies.topos import StarTopo
+
+        ctx, cfg = self.ctx, self.config
+        if cfg.calibration:
+            return []
+        try:
+            with ctx.testbed(StarTopo(2), "calibration-unshaped") as bed:
+                probes = run_probes(bed, elements=max(tj.elements for tj in cfg.jobs), iterations=3,
+                                    udp_port=INA_UDP_BASE + 900, record=ctx.record, progress=ctx.progress)
+        except AgentFailure as exc:
+            ctx.error(f"calibration probes: {exc}")
+            return None
+        probes.append(run_startup_probe(repeats=3, record=ctx.record, progress=ctx.progress))
+        return probes
+
+    def trace_probes(self) -> list[dict]:
+        """The probes on the trace's own stars, taken before each repetition (the machine's load changes over a
+        run; the calibration takes their medians): one job's window round trip on the trace's links, and the
+        shared ceiling of the trace's jobs at once (as many agents) on shaped links SHARED_BW_FACTOR x faster than
+        the trace's (the shaper's work per packet is part of the ceiling; the CPUs, not the links, bound it)."""
+        from topologies.experiments.calibrate import run_shared_probe, run_window_probe
+        from topologies.topos import StarTopo
+
+        ctx, cfg = self.ctx, self.config
+        groups, first = [], 1
+        for tj in cfg.jobs:
+            groups.append([f"h{first + i}" for i in range(tj.workers)])
+            first += tj.workers
+        elements = max(tj.elements for tj in cfg.jobs)
+        shared_bw = cfg.bw_mbps * SHARED_BW_FACTOR
+        try:
+            with ctx.testbed(StarTopo(len(groups[0]), bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), "calibration-window") as bed:
+                window = run_window_probe(bed, groups[0], elements=elements, iterations=3, slots=max(1, cfg.demand_slots // 2),
+                                          rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps, udp_port=INA_UDP_BASE + 940,
+                                          record=ctx.record, progress=ctx.progress)
+            with ctx.testbed(StarTopo(first - 1, bw=shared_bw, rtt_ms=cfg.rtt_ms), "calibration-shared") as bed:
+                shared = run_shared_probe(bed, groups, elements=elements, iterations=SHARED_CALLS, slots=SHARED_SLOTS,
+                                          udp_port=INA_UDP_BASE + 950, record=ctx.record, progress=ctx.progress,
+                                          bw_mbps=shared_bw, rtt_ms=cfg.rtt_ms)
+        except AgentFailure as exc:
+            ctx.error(f"calibration probes on the trace's stars: {exc}")
+            return []
+        return [window, shared]
+
+    def write_calibration(self, probes: list[dict]) -> Path:
+        """calibration.json: the given file's, or the probes' (medians of the repeated trace probes)."""
+        from topologies.experiments.calibrate import calibration_from, write_calibration
 
         ctx, cfg = self.ctx, self.config
         path = ctx.out_dir / "calibration.json"
@@ -254,25 +314,12 @@ class MultijobExperiment(Experiment):
                 raise ExperimentError(str(exc)) from None
             write_calibration(cal, path)
             return path
-        with ctx.testbed(StarTopo(2), "calibration-unshaped") as bed:
-            probes = run_probes(bed, elements=max(tj.elements for tj in cfg.jobs), iterations=3,
-                                udp_port=INA_UDP_BASE + 900, record=ctx.record, progress=ctx.progress)
-        # The shared ceiling: the trace's jobs at once on the trace's star (its round trip), links unshaped.
-        groups, first = [], 1
-        for tj in cfg.jobs:
-            groups.append([f"h{first + i}" for i in range(tj.workers)])
-            first += tj.workers
-        with ctx.testbed(StarTopo(len(groups[0]), bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), "calibration-window") as bed:
-            probes.append(run_window_probe(bed, groups[0], elements=max(tj.elements for tj in cfg.jobs), iterations=3,
-                                           slots=max(1, cfg.demand_slots // 2), rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps,
-                                           udp_port=INA_UDP_BASE + 940, record=ctx.record, progress=ctx.progress))
-        with ctx.testbed(StarTopo(first - 1, rtt_ms=cfg.rtt_ms), "calibration-shared") as bed:
-            probes.append(run_shared_probe(bed, groups, elements=max(tj.elements for tj in cfg.jobs), iterations=SHARED_CALLS,
-                                           slots=SHARED_SLOTS, udp_port=INA_UDP_BASE + 950, record=ctx.record,
-                                           progress=ctx.progress))
+        repeats = sum(1 for r in probes if r.get("probe") == "ina-shared-pps")
         cal = calibration_from(probes, ring_goodput=None, rtt_ms=cfg.rtt_ms,
-                               source=f"ina-exp multijob ({ctx.options.switch}): unshaped 2-worker probes; "
-                                      f"{cfg.rtt_ms:g} ms round trip carried; {ctx.out_dir.name}")
+                               source=f"ina-exp multijob ({ctx.options.switch}): unshaped 2-worker probes; window probe "
+                                      f"on the trace's links; shared ceiling on {cfg.bw_mbps * SHARED_BW_FACTOR:g} Mbit/s "
+                                      f"shaped links, the model inverted; medians of {repeats} probe sets, one before each "
+                                      f"repetition; {cfg.rtt_ms:g} ms round trip carried; {ctx.out_dir.name}")
         write_calibration(cal, path)
         return path
 

@@ -226,21 +226,21 @@ def test_training_records_steps_and_evaluations_and_learns() -> None:
 
 def test_adaptive_follows_a_straggler_and_static_profiles_once() -> None:
     speeds = ["1,6:0.25,14:1", "1"]
-    ad = run_threads(speeds, allocation="adaptive", steps=20, global_batch=100, per_sample_s=2e-4, update_every=1)[0]
+    ad = run_threads(speeds, allocation="adaptive", steps=20, global_batch=100, per_sample_s=1e-3, update_every=1)[0]
     shares = [b[0] for b in ad.batch_sizes]
     assert shares[0] == 50 and min(shares[6:14]) < 30 and shares[-1] >= 45  # drops with the speed, comes back
     st = run_threads(["0.25", "1"], allocation="static", steps=3, global_batch=100,
-                     per_sample_s=2e-4)[0]
+                     per_sample_s=1e-3)[0]
     assert st.batch_sizes[0] == [20, 80]  # profiled speeds 1:4
 
 
 def test_affine_cost_model_in_training() -> None:
     """Emulated compute is proportional, so the affine fit finds (almost) no fixed part and the same split;
     adaptive affine follows the straggler; torch compute defaults to the affine model."""
-    st = run_threads(["0.25", "1"], allocation="static", steps=3, global_batch=100, per_sample_s=2e-4,
+    st = run_threads(["0.25", "1"], allocation="static", steps=3, global_batch=100, per_sample_s=1e-3,
                      cost_model="affine")[0]
     assert sum(st.batch_sizes[0]) == 100 and abs(st.batch_sizes[0][0] - 20) <= 2
-    ad = run_threads(["1,6:0.25,14:1", "1"], allocation="adaptive", steps=20, global_batch=100, per_sample_s=2e-4,
+    ad = run_threads(["1,6:0.25,14:1", "1"], allocation="adaptive", steps=20, global_batch=100, per_sample_s=1e-3,
                      update_every=1, cost_model="affine")[0]
     shares = [b[0] for b in ad.batch_sizes]
     assert shares[0] == 50 and min(shares[6:14]) < 30 and shares[-1] >= 40

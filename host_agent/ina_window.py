@@ -175,8 +175,11 @@ class InaPhase:
                 done = K - i0 - results.remaining
                 room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred))
             left = room
-            if left > 0 and deferred:  # chunks skipped while their slot was busy, once it is free, in order
-                for j in [j for j in deferred if got[j - S]][:left]:
+            if deferred:
+                # chunks skipped while their slot was busy go once it is free, in order, whatever the window:
+                # they are older than every chunk in flight, and a window cut since the skip could fill with
+                # chunks whose peers wait for these (a deadlock: 8 workers at 5 % loss stalled until timeout)
+                for j in [j for j in deferred if got[j - S]]:
                     deferred.remove(j)
                     unsent[j] = queued[j] = 0
                     io.send_run(pkts[(j - i0) * PAYLOAD :], PAYLOAD, 1, addr)

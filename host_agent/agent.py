@@ -24,12 +24,12 @@ import numpy as np
 from host_agent.control import AdmissionClient, JobWatcher
 from host_agent.errors import AgentError, AgentTimeout, AdmissionError, JobReleased
 from host_agent.fixedpoint import dequantize, quantize_chunks, to_chunks
-from host_agent.grant import Grant, JobSpec, Plan
-from host_agent.host_member import HostCopy, host_rack_name, is_host_member
-from inaproto.rina_ring import host_copy_port
+from host_agent.grant import Grant, JobSpec, Plan, host_rack_name
+from host_agent.host_member import HostCopy, is_host_member
 from host_agent.stream import ChunkStream, StreamOptions, StreamStats
 from inaproto import wire
 from inaproto.backends import BackendChoice
+from inaproto.rina_ring import host_copy_port
 
 __all__ = [
     "Agent",

@@ -187,7 +187,6 @@ class Flight:
                 self.probe_answered = True
         if once.any():
             self.probe_answered = False  # with results of first sends: the probe met a late peer
-        if once.any():
             tv = t[once]
             so = sel[once]
             rv = rtts[once]

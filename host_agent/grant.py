@@ -25,6 +25,7 @@ __all__ = [
     "Rack",
     "SwitchGrant",
     "Worker",
+    "host_rack_name",
     "parse_workers",
     "plan_for",
 ]
@@ -266,6 +267,12 @@ def _effective(requested: BackendChoice, granted: Backend) -> Backend:
     return Backend(granted)  # rina or auto: what the grant offers (an ina grant is rina with one rack)
 
 
+def host_rack_name(worker_id: int) -> str:
+    """The name of a host member's "rack" in a plan (its copy, host_agent/host_member.py; ``plan_for`` looks
+    its address up by it)."""
+    return f"host-copy-{worker_id}"
+
+
 def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice | str = BackendChoice.AUTO,
              addresses: Mapping[str, tuple[str, int]] | None = None, *, chains: bool = False) -> Plan:
     """The plan of every worker of the job under ``grant`` for the requested backend.
@@ -312,7 +319,7 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
             racks = [replace(r, num_slots=ring.num_slots, partition_slots=ring.partition_slots) for r in racks]
             for m in ring.members:  # a host member: plain INA towards its own copy (host_agent/host_member.py)
                 if not m.is_switch and m.member_id in ids:
-                    name = f"host-copy-{m.member_id}"  # host_agent.host_member.host_rack_name
+                    name = host_rack_name(m.member_id)
                     racks.append(Rack(name, (addresses or {}).get(name, ("0.0.0.0", 0)), ring.num_slots,
                                       (m.member_id,), ring.partition_slots))
             return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)

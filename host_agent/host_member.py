@@ -29,18 +29,13 @@ from host_agent.grant import Grant, Worker, chain_ring
 from inaproto import wire
 from inaproto.rina_ring import HOST_PORT, NETWORK_PORT, Ring, host_copy_entries, host_copy_port
 
-__all__ = ["HostCopy", "host_rack_name", "is_host_member"]
+__all__ = ["HostCopy", "is_host_member"]
 
 log = logging.getLogger("host_agent.host_member")
 
 _ETH_IP = bytes.fromhex("0800")
 _O_WORKER = wire.INA_FIELD_OFFSETS["worker_id"]
 _INA_PORT = wire.INA_UDP_PORT.to_bytes(2, "big")
-
-
-def host_rack_name(worker_id: int) -> str:
-    """The name of a host member's "rack" in a plan (its copy; ``plan_for`` looks its address up by it)."""
-    return f"host-copy-{worker_id}"
 
 
 def is_host_member(grant: Grant, worker_id: int) -> bool:

@@ -1,7 +1,7 @@
 """Aggregation trees end to end (root): `ina-exp run tree --tiny` builds a leaf-spine of ina-switch processes
 in namespaces, `ina-controller --trees` installs a 2 x 2 job's tree on both ToRs and the spine, the agents
 all-reduce through it, every result is exact, and the spine's pcaps show one framed partial sum per rack and
-all-reduce going up (docs/experiments.md, "Aggregation trees")."""
+all-reduce going up in the run that writes them (docs/experiments.md, "Aggregation trees")."""
 from __future__ import annotations
 
 import json
@@ -20,8 +20,12 @@ def test_tiny_tree_is_exact_and_an_uplink_carries_one_partial_per_rack(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(((tmp_path / "tree" / "latest").resolve() / "results.json").read_text())
     assert doc["status"] == "complete" and not doc["errors"], doc["errors"]
-    (row,) = [r for r in doc["rows"] if r.get("kind") == "tree"]
-    assert row["controller_backend"] == "tree" and row["granted_backend"] == "ina" and row["exact"] is True
+    rows = {r["run"]: r for r in doc["rows"] if r.get("kind") == "tree"}
+    assert sorted(rows) == ["tree", "tree-uplink"]  # timed without pcaps; the uplink bytes from a pcap run
+    for row in rows.values():
+        assert row["controller_backend"] == "tree" and row["granted_backend"] == "ina" and row["exact"] is True
+    assert not rows["tree"]["pcap"] and "uplink_up_bytes" not in rows["tree"]
+    row = rows["tree-uplink"]
     calls, racks = row["calls"], row["racks"]
     expected = calls * racks * row["framed_partial_bytes"]
     if row["retransmits"] == 0:  # nothing resent: one framed partial up and one final down per rack and call

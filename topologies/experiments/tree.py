@@ -5,10 +5,13 @@ For each layout (racks x workers per rack) a leaf-spine whose spine runs the pro
 runs a tree job (``ina-controller --trees``: each ToR sums its rack, the spine sums the ToRs' partials and
 its final sum comes back down), a Rina job (``--rina-chains``, no trees), a ring job; a star of all workers
 runs single-switch INA as the reference. Every worker checks its result (``--check``). Every run is
-repeated ``repetitions`` times (fresh testbed each). The switches write pcaps in lossless runs: the INA
-bytes on the spine's ports are the uplink bytes, per all-reduce and rack, compared with one framed partial
-sum (``ceil(elements / 32)`` frames of 184 bytes). ``loss`` adds tree runs with that drop probability on
-every switch (ina-switch only).
+repeated ``repetitions`` times (fresh testbed each). No timed run writes pcaps (writing them costs every
+switch CPU per packet, and a tree has three switches on its path against the star's one); ``uplink_runs``
+extra lossless tree and Rina runs per layout do (``tree-uplink``, ``rina-uplink``): the INA bytes on the
+spine's ports are the uplink bytes, per all-reduce and rack, compared with one framed partial sum
+(``ceil(elements / 32)`` frames of 184 bytes). ``loss`` adds tree runs with that drop probability on every
+switch (ina-switch only). No link adds propagation delay (``--rtt-ms`` is not applied here): a leaf-spine
+gives every link ``rtt_ms / 2`` each way, so a tree's worker would see twice the star's round trip.
 
 Windows: a job asks for ``slots`` slots on every switch of its tree, which must cover the tree path's
 bandwidth-delay product (worker -> ToR -> spine -> ToR -> worker: four links of ``bw_mbps`` each way);
@@ -17,6 +20,7 @@ bandwidth-delay product (worker -> ToR -> spine -> ToR -> worker: four links of 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import struct
 from dataclasses import dataclass
@@ -80,6 +84,7 @@ class TreeConfig:
         slots: slots each job asks for (on every switch of a tree).
         loss: drop probabilities for extra tree runs on ina-switch (empty: none).
         baselines: also run Rina, the ring and single-switch INA.
+        uplink_runs: pcap runs per layout of the tree (and Rina, with baselines) for the uplink bytes.
     """
 
     layouts: tuple[tuple[int, int], ...] = ((2, 4), (4, 2))
@@ -91,12 +96,15 @@ class TreeConfig:
     slots: int = 16
     loss: tuple[float, ...] = (0.01,)
     baselines: bool = True
+    uplink_runs: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layouts", checked_layouts(self.layouts))
         object.__setattr__(self, "loss", tuple(float(p) for p in self.loss))
         if self.elements < 1 or self.iterations < 1 or self.warmup < 0 or self.slots < 1 or self.repetitions < 1:
             raise ValueError("elements, iterations, repetitions and slots must be positive, warmup >= 0")
+        if self.uplink_runs < 0:
+            raise ValueError("uplink_runs must be >= 0")
         if not self.bw_mbps > 0 or any(not 0 <= p < 1 for p in self.loss):
             raise ValueError("bw_mbps must be positive and loss probabilities in [0, 1)")
 
@@ -116,6 +124,7 @@ class TreeExperiment(Experiment):
         ("--slots", "slots", int, "slots per switch each job asks for"),
         ("--loss", "loss", "floats", "drop probabilities of extra tree runs (ina-switch), e.g. 0.01"),
         ("--no-baselines", "baselines", "false", "only the tree"),
+        ("--uplink-runs", "uplink_runs", int, "pcap runs per layout (tree, Rina) for the uplink bytes"),
     )
 
     @classmethod
@@ -139,7 +148,7 @@ class TreeExperiment(Experiment):
             n = racks * per
             layout = f"{racks}x{per}"
             hosts = tuple(f"h{i}" for i in range(1, n + 1))
-            # (label, topology, backend, controller args, agent args, faults)
+            # (label, topology, backend, controller args, agent args, faults); uplink runs (pcaps) after them
             runs: list[tuple[str, Any, str, tuple, tuple, float]] = [
                 ("tree", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "auto",
                  ("--trees",), (), 0.0)]
@@ -154,47 +163,50 @@ class TreeExperiment(Experiment):
                 runs += [(f"tree-loss{p:g}", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps,
                                                            spine_ina=True), "auto", ("--trees",), (), p)
                          for p in cfg.loss if p > 0]
-            for rep in range(cfg.repetitions):
-                for label, topo, backend, ctl_args, agent_args, loss in runs:
-                    port += 1
-                    ctx.progress(f"{layout} {label} #{rep + 1}: {backend}, {cfg.warmup}+{cfg.iterations} all-reduces")
-                    opts: dict[str, Any] = {"pcap": True} if label in ("tree", "rina") else {}  # lossless INA runs
-                    if loss:
-                        opts["faults"] = {"drop": loss, "seed": 17 + rep}
-                    with ctx.testbed(topo, f"{layout}-{label}-{rep + 1}", controller_args=ctl_args,
-                                     switch_opts=opts) as bed:
-                        job = AgentJob(f"tree-{layout}-{label}", hosts, "allreduce", backend=backend,
-                                       args=common + agent_args,
-                                       requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
-                        granted: list[str] = []  # the controller's grant (agents report their plan: ina for a tree)
-                        try:
-                            workers = bed.run_jobs([job], register_first=True, on_admitted=lambda: granted.extend(
-                                j["grant"]["backend"] for j in bed.controller_state().get("jobs", [])))[job.name]
-                        except AgentFailure as exc:
-                            ctx.error(str(exc))
-                            ctx.record({"kind": "tree", "layout": layout, "run": label, "rep": rep, "error": str(exc)})
-                            continue
-                        run_dir = bed.run_dir
-                    row = allreduce_row(workers, kind="tree", layout=layout, racks=racks, per_rack=per, run=label,
-                                        rep=rep, backend=backend, loss=loss, bw_mbps=cfg.bw_mbps, slots=cfg.slots,
-                                        tree_bdp_frames=tree_bdp_frames(cfg.bw_mbps),
-                                        controller_backend=granted[0] if granted else None)
-                    if opts.get("pcap"):
-                        up = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_in.pcap") for r in range(1, racks + 1)]
-                        down = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_out.pcap") for r in range(1, racks + 1)]
-                        calls = cfg.iterations + cfg.warmup
-                        row.update(uplink_up_bytes=sum(b for _, b in up), uplink_down_bytes=sum(b for _, b in down),
-                                   uplink_up_frames=sum(f for f, _ in up), calls=calls,
-                                   uplink_up_bytes_per_allreduce_rack=sum(b for _, b in up) / calls / racks,
-                                   uplink_down_bytes_per_allreduce_rack=sum(b for _, b in down) / calls / racks,
-                                   framed_partial_bytes=framed_partial_bytes(cfg.elements))
-                    ctx.record(row)
-                    ctx.progress(f"{layout} {label} #{rep + 1}: median {row['seconds_median'] * 1e3:.0f} ms, "
-                                 f"retransmits {row['retransmits']}, exact {row.get('exact')}, granted "
-                                 f"{row['controller_backend']} (agents: {row['granted_backend']})"
-                                 + (f", uplink up {row['uplink_up_bytes_per_allreduce_rack']:.0f} B per all-reduce "
-                                    f"and rack (framed partial {row['framed_partial_bytes']})"
-                                    if "uplink_up_bytes" in row else ""))
+            uplink = [(f"{label}-uplink", *rest) for label, *rest in runs if label in ("tree", "rina")]
+            schedule = [(rep, run) for rep in range(cfg.repetitions) for run in runs]
+            schedule += [(rep, run) for rep in range(cfg.uplink_runs) for run in uplink]
+            for rep, (label, topo, backend, ctl_args, agent_args, loss) in schedule:
+                port += 1
+                ctx.progress(f"{layout} {label} #{rep + 1}: {backend}, {cfg.warmup}+{cfg.iterations} all-reduces")
+                opts: dict[str, Any] = {"pcap": True} if label.endswith("-uplink") else {}  # lossless, untimed
+                if loss:
+                    opts["faults"] = {"drop": loss, "seed": 17 + rep}
+                with ctx.testbed(topo, f"{layout}-{label}-{rep + 1}", controller_args=ctl_args,
+                                 switch_opts=opts) as bed:
+                    job = AgentJob(f"tree-{layout}-{label}", hosts, "allreduce", backend=backend,
+                                   args=common + agent_args,
+                                   requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
+                    granted: list[str] = []  # the controller's grant (agents report their plan: ina for a tree)
+                    try:
+                        workers = bed.run_jobs([job], register_first=True, on_admitted=lambda: granted.extend(
+                            j["grant"]["backend"] for j in bed.controller_state().get("jobs", [])))[job.name]
+                    except AgentFailure as exc:
+                        ctx.error(str(exc))
+                        ctx.record({"kind": "tree", "layout": layout, "run": label, "rep": rep, "error": str(exc)})
+                        continue
+                    run_dir = bed.run_dir
+                row = allreduce_row(workers, kind="tree", layout=layout, racks=racks, per_rack=per, run=label,
+                                    rep=rep, backend=backend, loss=loss, bw_mbps=cfg.bw_mbps, slots=cfg.slots,
+                                    tree_bdp_frames=tree_bdp_frames(cfg.bw_mbps),
+                                    controller_backend=granted[0] if granted else None, pcap=bool(opts.get("pcap")),
+                                    load1=os.getloadavg()[0])  # the shared machine's load as the run ends
+                if opts.get("pcap"):
+                    up = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_in.pcap") for r in range(1, racks + 1)]
+                    down = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_out.pcap") for r in range(1, racks + 1)]
+                    calls = cfg.iterations + cfg.warmup
+                    row.update(uplink_up_bytes=sum(b for _, b in up), uplink_down_bytes=sum(b for _, b in down),
+                               uplink_up_frames=sum(f for f, _ in up), calls=calls,
+                               uplink_up_bytes_per_allreduce_rack=sum(b for _, b in up) / calls / racks,
+                               uplink_down_bytes_per_allreduce_rack=sum(b for _, b in down) / calls / racks,
+                               framed_partial_bytes=framed_partial_bytes(cfg.elements))
+                ctx.record(row)
+                ctx.progress(f"{layout} {label} #{rep + 1}: median {row['seconds_median'] * 1e3:.0f} ms, "
+                             f"retransmits {row['retransmits']}, exact {row.get('exact')}, granted "
+                             f"{row['controller_backend']} (agents: {row['granted_backend']})"
+                             + (f", uplink up {row['uplink_up_bytes_per_allreduce_rack']:.0f} B per all-reduce "
+                                f"and rack (framed partial {row['framed_partial_bytes']})"
+                                if "uplink_up_bytes" in row else ""))
 
     @staticmethod
     def summarize(rows: list[dict], config: TreeConfig) -> dict:
@@ -214,6 +226,9 @@ class TreeExperiment(Experiment):
                                            else r["granted_backend"])}),
                     "retransmits_median": statistics.median(r["retransmits"] for r in rs),
                 }
+                loads = [r["load1"] for r in rs if "load1" in r]
+                if loads:
+                    entry.update(load1_min=min(loads), load1_max=max(loads))
                 ups = [r["uplink_up_bytes_per_allreduce_rack"] for r in rs if "uplink_up_bytes_per_allreduce_rack" in r]
                 if ups:
                     downs = [r["uplink_down_bytes_per_allreduce_rack"] for r in rs]
@@ -242,7 +257,8 @@ class TreeExperiment(Experiment):
             for label, r in p["runs"].items():
                 line = (f"  {label:14s} {r['seconds_median'] * 1e3:6.0f} ms [{r['seconds_min'] * 1e3:.0f}, "
                         f"{r['seconds_max'] * 1e3:.0f}] over {r['repetitions']} runs, exact {r['exact']}, "
-                        f"granted {'/'.join(r['granted_backend'])}, retransmits {r['retransmits_median']:g}")
+                        f"granted {'/'.join(r['granted_backend'])}, retransmits {r['retransmits_median']:g}"
+                        + (f", load {r['load1_min']:.1f}-{r['load1_max']:.1f}" if "load1_min" in r else ""))
                 if "uplink_up_over_framed_partial" in r:
                     line += (f", uplink per all-reduce and rack: up {r['uplink_up_over_framed_partial']:.3f}, "
                              f"down {r['uplink_down_over_framed_partial']:.3f} framed partial sums")

@@ -14,7 +14,7 @@ switch (ina-switch only). No link adds propagation delay (``--rtt-ms`` is not ap
 gives every link ``rtt_ms / 2`` each way, so a tree's worker would see twice the star's round trip.
 
 Windows: a job asks for ``slots`` slots on every switch of its tree, which must cover the tree path's
-bandwidth-delay product (worker -> ToR -> spine -> ToR -> worker: four links of ``bw_mbps`` each way);
+bandwidth-delay product (worker -> ToR -> spine -> ToR -> worker: four link crossings of ``bw_mbps`` per round trip);
 :func:`tree_bdp_frames` is written beside every result.
 """
 from __future__ import annotations
@@ -36,6 +36,7 @@ from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
 __all__ = ["TreeConfig", "TreeExperiment", "framed_partial_bytes", "ina_bytes", "tree_bdp_frames"]
 
+TREE_PATH_LINKS = 4  # link crossings of a chunk's round trip through a two-level tree (a star's: 2)
 LINK_LATENCY_S = 50e-6  # a veth hop and a switch's packet path, one way, besides serialization (estimate)
 
 
@@ -45,10 +46,11 @@ def framed_partial_bytes(elements: int) -> int:
 
 
 def tree_bdp_frames(bw_mbps: float) -> float:
-    """Frames in flight needed to fill the tree path: its round trip (8 link crossings, each one frame's
-    serialization plus LINK_LATENCY_S) times the host link rate, in frames."""
+    """Frames in flight needed to fill the tree path: its round trip (4 link crossings: worker -> ToR -> spine
+    -> ToR -> worker, each one frame's serialization, on the sender's htb only, plus LINK_LATENCY_S) times the
+    host link rate, in frames. (Until session 6 this counted 8 crossings.)"""
     frame_s = wire.INA_FRAME_LEN * 8 / (bw_mbps * 1e6)
-    rtt = 8 * (frame_s + LINK_LATENCY_S)
+    rtt = TREE_PATH_LINKS * (frame_s + LINK_LATENCY_S)
     return rtt / frame_s
 
 

@@ -35,10 +35,18 @@ class RttEstimator:
             an INA round trip jitters with the skew between workers, which a steady path hides from RTTVAR).
         rto_max: the largest timeout, backed off or not.
         granularity: the clock granularity G of RFC 6298 (the timeout is at least SRTT + G).
+        path_floor: the shortest round trip the path can have at its links' rate (0: none): ``path_rtt`` is
+            never below it. On htb links the measured minimum is shorter: a link that idled passes a burst
+            (``cburst``, 8 INA frames) at veth speed, so the shortest sample crossed every link without its
+            serialization, and the congestion window's queue target, built on ``path_rtt``, then reads a
+            longer path's normal round trip (a tree's 4 link crossings) as a queue (docs/experiments.md,
+            "Aggregation trees", session 6).
     """
 
-    def __init__(self, rto_initial: float, rto_min: float, rto_max: float, granularity: float = 0.001) -> None:
+    def __init__(self, rto_initial: float, rto_min: float, rto_max: float, granularity: float = 0.001,
+                 path_floor: float = 0.0) -> None:
         self.rto_initial, self.rto_min, self.rto_max, self.granularity = rto_initial, rto_min, rto_max, granularity
+        self.path_floor = path_floor
         self.srtt = 0.0
         self.rttvar = 0.0
         self.min_rtt = float("inf")
@@ -50,7 +58,7 @@ class RttEstimator:
 
     def reset(self) -> None:
         """Forget the path (a new generation may aggregate in another switch)."""
-        self.__init__(self.rto_initial, self.rto_min, self.rto_max, self.granularity)
+        self.__init__(self.rto_initial, self.rto_min, self.rto_max, self.granularity, self.path_floor)
 
     def sample(self, rtt: float, per_round: int = 1) -> None:
         """A round trip of a chunk sent once; ``per_round``: samples expected per round trip (the flight)."""
@@ -95,5 +103,6 @@ class RttEstimator:
 
     @property
     def path_rtt(self) -> float:
-        """The shortest round trip seen (the path without queues or waiting), or SRTT before any sample."""
-        return self.min_rtt if self.samples else self.rto_initial / 4
+        """The shortest round trip seen (the path without queues or waiting), at least ``path_floor``; before any
+        sample a quarter of the initial timeout."""
+        return max(self.min_rtt, self.path_floor) if self.samples else self.rto_initial / 4

@@ -73,6 +73,9 @@ class StreamOptions:
             at their size on the wire (Ethernet/IPv4/UDP/INA, 184 bytes) and every ring step takes at
             least its bytes (with TCP/IP/Ethernet framing) over this rate: equal links for comparing
             backends on loopback, where there is no real link to shape.
+        path_rtt_floor: the shortest round trip this worker's aggregation path can have at its links' rate
+            (one frame's serialization per link crossing: 2 to a single switch, 4 through a two-level tree);
+            0: none. The RTT estimator's path round trip never goes below it (``RttEstimator.path_floor``).
         rina_chains: the controller installs Rina jobs as chains across their racks' switches
             (``SwitchProgrammer(chains=True)``); where every ring member is an INA rack the worker is plain
             INA towards its rack's switch (docs/agent.md, "Rina as designed").
@@ -90,6 +93,7 @@ class StreamOptions:
     link_bps: float = 0.0
     io: IoMode = IoMode.PER_PACKET  # batched is opt-in until it helps the experiments (docs/agent.md, I/O)
     rina_chains: bool = False  # Rina jobs run as chains across switches (host_agent.grant.plan_for)
+    path_rtt_floor: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.io, IoMode):
@@ -99,6 +103,8 @@ class StreamOptions:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.reorder_guard >= 0:
             raise ValueError(f"reorder_guard must be >= 0, got {self.reorder_guard!r}")
+        if not self.path_rtt_floor >= 0:
+            raise ValueError(f"path_rtt_floor must be >= 0, got {self.path_rtt_floor!r}")
         if not self.link_bps >= 0:
             raise ValueError(f"link_bps must be >= 0, got {self.link_bps!r}")
         if not self.rto_min <= self.rto_initial <= self.rto_max:
@@ -229,7 +235,8 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._rings: dict[tuple[int, ...], RingAllReduce] = {}
         self._bstore: dict[int, bytes] = {}
         self._acks: dict[int, int] = {}
-        self._rtt = RttEstimator(options.rto_initial, options.rto_min, options.rto_max)
+        self._rtt = RttEstimator(options.rto_initial, options.rto_min, options.rto_max,
+                                 path_floor=options.path_rtt_floor)
         self._cwnd = CongestionWindow(options.initial_window)
         self._reorder_mult = 1  # widening of the reorder window after spurious early resends (host_agent/flight.py)
         self._chain_rtts: list = []  # Rina on chains: recent round trips per chain (Flight's class_rtts)

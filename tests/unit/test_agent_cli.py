@@ -25,6 +25,7 @@ from tests.udp_switch import LocalCluster, run_workers
     (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--compute", "torch", "--device-slowdown", "0.5"],
      "device slowdown must be finite and >= 1"),
     (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--lr", "-1"], "must be > 0"),
+    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--path-rtt-floor-ms", "-1"], "must be >= 0"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:
     assert cli.main(argv) == 2

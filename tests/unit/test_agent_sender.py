@@ -218,6 +218,35 @@ def test_window_grows_while_round_trips_stay_flat() -> None:
     assert cw.limit(16) == 16
 
 
+def test_path_rtt_never_below_the_floor_and_the_floor_survives_a_reset() -> None:
+    est = RttEstimator(0.05, 0.010, 1.0, path_floor=0.003)
+    assert est.path_rtt == 0.05 / 4  # no sample yet
+    est.sample(0.001)  # a chunk that crossed every link on burst tokens
+    assert est.min_rtt == 0.001 and est.path_rtt == 0.003
+    est.sample(0.005)
+    assert est.path_rtt == 0.003
+    est.reset()
+    est.sample(0.0005)
+    assert est.path_rtt == 0.003
+    plain = RttEstimator(0.05, 0.010, 1.0)
+    plain.sample(0.001)
+    assert plain.path_rtt == 0.001
+
+
+def test_a_path_floor_keeps_a_longer_paths_normal_round_trip_from_reading_as_a_queue() -> None:
+    """A tree path: 3.5 ms at the link rate, while burst samples put the minimum at 1 ms. Built on the minimum
+    the target (1 + 2 ms) is below every round's shortest round trip and the window is cut; on the floor it is not."""
+    for floor, cut in ((0.0, True), (0.003, False)):
+        est = RttEstimator(0.05, 0.010, 1.0, path_floor=floor)
+        est.sample(0.001)
+        cw = CongestionWindow(initial=8)
+        now = 0.0
+        for _ in range(40):
+            now += 0.0035
+            cw.on_results(0.0035, int(cw.cwnd), now, est.path_rtt, 0.0035, 16)
+        assert (cw.cuts > 0) is cut
+
+
 def test_window_shrinks_when_round_trips_grow_and_settles() -> None:
     """A 10 ms path behind a queue of 1 ms per chunk in flight beyond 10: the window settles near the BDP."""
     cw = CongestionWindow(initial=4, queue_allowance=0.004)

@@ -34,7 +34,7 @@ from topologies.experiments.base import Experiment
 from topologies.experiments.rina import checked_layouts, parse_layouts
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
-__all__ = ["TreeConfig", "TreeExperiment", "framed_partial_bytes", "ina_bytes", "tree_bdp_frames"]
+__all__ = ["TreeConfig", "TreeExperiment", "framed_partial_bytes", "ina_bytes", "path_floor_ms", "tree_bdp_frames"]
 
 TREE_PATH_LINKS = 4  # link crossings of a chunk's round trip through a two-level tree (a star's: 2)
 LINK_LATENCY_S = 50e-6  # a veth hop and a switch's packet path, one way, besides serialization (estimate)
@@ -52,6 +52,14 @@ def tree_bdp_frames(bw_mbps: float) -> float:
     frame_s = wire.INA_FRAME_LEN * 8 / (bw_mbps * 1e6)
     rtt = TREE_PATH_LINKS * (frame_s + LINK_LATENCY_S)
     return rtt / frame_s
+
+
+def path_floor_ms(links: int, bw_mbps: float) -> float:
+    """The shortest round trip of an INA chunk over ``links`` link crossings of ``bw_mbps``: one frame's
+    serialization each (2 to a single switch, TREE_PATH_LINKS through a tree). The agents get it as
+    ``--path-rtt-floor-ms`` (their htb links pass short bursts unshaped, so the measured minimum is shorter;
+    docs/experiments.md, "Aggregation trees", session 6)."""
+    return links * wire.INA_FRAME_LEN * 8 / (bw_mbps * 1e6) * 1e3
 
 
 def ina_bytes(pcap: Path) -> tuple[int, int]:
@@ -146,6 +154,9 @@ class TreeExperiment(Experiment):
         bmv2 = ctx.options.switch == "bmv2"
         common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
                   "--check")
+        # the path round trip's floor at the link rate (Rina on chains: paths of several lengths, none)
+        tree_floor = ("--path-rtt-floor-ms", f"{path_floor_ms(TREE_PATH_LINKS, cfg.bw_mbps):.4f}")
+        star_floor = ("--path-rtt-floor-ms", f"{path_floor_ms(2, cfg.bw_mbps):.4f}")
         for racks, per in cfg.layouts:
             n = racks * per
             layout = f"{racks}x{per}"
@@ -153,17 +164,17 @@ class TreeExperiment(Experiment):
             # (label, topology, backend, controller args, agent args, faults); uplink runs (pcaps) after them
             runs: list[tuple[str, Any, str, tuple, tuple, float]] = [
                 ("tree", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "auto",
-                 ("--trees",), (), 0.0)]
+                 ("--trees",), tree_floor, 0.0)]
             if cfg.baselines:
                 runs += [
                     ("rina", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "rina",
                      ("--rina-chains",), ("--rina-chains",), 0.0),
                     ("ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps), "ring", (), (), 0.0),
-                    ("star", StarTopo(n, bw=cfg.bw_mbps), "ina", (), (), 0.0),
+                    ("star", StarTopo(n, bw=cfg.bw_mbps), "ina", (), star_floor, 0.0),
                 ]
             if not bmv2:
                 runs += [(f"tree-loss{p:g}", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps,
-                                                           spine_ina=True), "auto", ("--trees",), (), p)
+                                                           spine_ina=True), "auto", ("--trees",), tree_floor, p)
                          for p in cfg.loss if p > 0]
             uplink = [(f"{label}-uplink", *rest) for label, *rest in runs if label in ("tree", "rina")]
             schedule = [(rep, run) for rep in range(cfg.repetitions) for run in runs]
@@ -192,7 +203,9 @@ class TreeExperiment(Experiment):
                                     rep=rep, backend=backend, loss=loss, bw_mbps=cfg.bw_mbps, slots=cfg.slots,
                                     tree_bdp_frames=tree_bdp_frames(cfg.bw_mbps),
                                     controller_backend=granted[0] if granted else None, pcap=bool(opts.get("pcap")),
-                                    load1=os.getloadavg()[0])  # the shared machine's load as the run ends
+                                    load1=os.getloadavg()[0],
+                                    path_rtt_floor_ms=float(agent_args[agent_args.index("--path-rtt-floor-ms") + 1])
+                                    if "--path-rtt-floor-ms" in agent_args else 0.0)  # the shared machine's load as the run ends
                 if opts.get("pcap"):
                     up = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_in.pcap") for r in range(1, racks + 1)]
                     down = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_out.pcap") for r in range(1, racks + 1)]

@@ -199,9 +199,11 @@ class DataPlane:
         self.close()
 
     def close(self) -> None:
-        for port, ring in self._rings.items():
-            if ring.truncated:
-                log.warning("port %d: %d frames longer than a receive block were dropped", port, ring.truncated)
+        for port, ring in self._rings.items():  # losses inside the rings, at warning level (experiments log warnings)
+            lost = (ring.truncated, ring.receive_drops(), ring.tx_dropped)
+            if any(lost):
+                log.warning("port %d: rings lost %d frames longer than a slot, %d to a full receive ring (kernel), "
+                            "%d in failed transmit flushes (full qdisc, link down)", port, *lost)
             ring.close()
         self._rings.clear()
         for sock in self._sockets.values():

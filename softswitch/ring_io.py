@@ -35,6 +35,7 @@ PACKET_RX_RING = 5
 PACKET_VERSION = 10
 PACKET_TX_RING = 13
 PACKET_LOSS = 14  # a malformed transmit slot is skipped instead of stopping the flush
+PACKET_STATISTICS = 6  # struct tpacket_stats: tp_packets, tp_drops (reset by each read)
 TPACKET_V2 = 1
 
 TP_STATUS_KERNEL = 0
@@ -103,6 +104,13 @@ class PacketRing:
         self._tx_next = 0  # the next transmit slot
         self._queued = 0  # slots marked SEND_REQUEST since the last flush
         self._tx_max = FRAME_SIZE - TX_DATA_OFFSET
+
+    def receive_drops(self) -> int:
+        """Frames the kernel dropped since the last call because the receive ring was full (PACKET_STATISTICS)."""
+        try:
+            return struct.unpack("=II", self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))[1]
+        except OSError:
+            return 0
 
     @property
     def mapped_bytes(self) -> int:

@@ -183,9 +183,18 @@ def run_echo(ifaces: list[str], stop_after: float) -> dict:
 
 
 # --- the driver -------------------------------------------------------------------------------------------
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far (0, 0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(_cpu_split(pid))
 
 
 def _machine_jiffies() -> tuple[int, int]:
@@ -284,9 +293,11 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
             w.stdin.close()
             w.stdin = None
         time.sleep(max(0.0, start_at + args.warmup - time.time()))
-        cpu0, (busy0, total0) = _cpu_seconds(pid), _machine_jiffies()
+        cpu0, (busy0, total0) = _cpu_split(pid), _machine_jiffies()
+        wcpu0 = sum(_cpu_seconds(w.pid) for w in workers)
         time.sleep(max(0.0, start_at + args.warmup + args.seconds - time.time()))
-        cpu1, (busy1, total1) = _cpu_seconds(pid), _machine_jiffies()
+        cpu1, (busy1, total1) = _cpu_split(pid), _machine_jiffies()
+        wcpu1 = sum(_cpu_seconds(w.pid) for w in workers)
         outs = [json.loads(w.communicate(timeout=budget)[0]) for w in workers]
         aggregated = None
         if switch is not None:
@@ -305,7 +316,9 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
         "mode": mode, "workers": n, "frames_per_s": frames,
         "results_per_s": frames / n if mode != "echo" else None,
         "bad_results": sum(o["bad"] for o in outs), "resent": sum(o["resent"] for o in outs),
-        "middle_cpu": (cpu1 - cpu0) / args.seconds, "machine_cpu": (busy1 - busy0) / max(1, total1 - total0) * os.cpu_count(),
+        "middle_cpu": (sum(cpu1) - sum(cpu0)) / args.seconds,
+        "middle_sys_cpu": (cpu1[1] - cpu0[1]) / args.seconds,
+        "workers_cpu": (wcpu1 - wcpu0) / args.seconds, "machine_cpu": (busy1 - busy0) / max(1, total1 - total0) * os.cpu_count(),
         "switch_counter_aggregated": aggregated,
     }
 
@@ -350,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                         res["round"] = r
                         runs.append(res)
                         print(f"  N={n} round {r + 1} {mode:6s}: {res['frames_per_s']:9,.0f} frames/s  (process CPU "
-                              f"{res['middle_cpu']:.0%}, machine {res['machine_cpu']:.0%} of {os.cpu_count()} CPUs, "
+                              f"{res['middle_cpu']:.0%} of it kernel {res['middle_sys_cpu']:.0%}, workers {res['workers_cpu']:.0%}, machine {res['machine_cpu']:.0%} of {os.cpu_count()} CPUs, "
                               f"resent {res['resent']}, bad {res['bad_results']})", flush=True)
             row = {"workers": n}
             for mode in MODES:

@@ -20,7 +20,6 @@ injection cost nothing when they are off.
 from __future__ import annotations
 
 import collections
-import enum
 import inspect
 import logging
 import os
@@ -28,11 +27,11 @@ import select
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from softswitch.dataplane_stats import DataPlaneStats, IoMode, PortStats
 from softswitch.faults import FaultConfig, FaultInjector
 from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay
 from softswitch.pcap import PcapWriter
@@ -50,30 +49,6 @@ logging.addLevelName(TRACE, "TRACE")
 log = logging.getLogger("ina-switch")
 
 PacketIn = Callable[[bytes], None]
-
-
-class IoMode(enum.Enum):
-    """How frames move between the sockets and the pipeline."""
-
-    RINGS = "rings"  # PACKET_MMAP rings, a batch per port per wake-up, one send() per port per wake-up
-    FRAMES = "frames"  # one recv() and one send() per frame
-
-
-@dataclass
-class PortStats:
-    rx: int = 0
-    tx: int = 0
-    tx_errors: int = 0
-
-
-@dataclass
-class DataPlaneStats:
-    ports: dict[int, PortStats] = field(default_factory=dict)
-    no_port: int = 0  # frames the pipeline sent to a port without an interface
-    not_live: int = 0  # frames received before a pipeline was configured (--no-p4)
-    packet_in: int = 0
-    packet_out: int = 0
-    batches: int = 0  # receive batches (rings: one per port per wake-up)
 
 
 class DataPlane:
@@ -199,9 +174,11 @@ class DataPlane:
         self.close()
 
     def close(self) -> None:
-        for port, ring in self._rings.items():
-            if ring.truncated:
-                log.warning("port %d: %d frames longer than a receive block were dropped", port, ring.truncated)
+        for port, ring in self._rings.items():  # losses inside the rings, at warning level (experiments log warnings)
+            lost = (ring.truncated, ring.receive_drops(), ring.tx_dropped)
+            if any(lost):
+                log.warning("port %d: rings lost %d frames longer than a slot, %d to a full receive ring (kernel), "
+                            "%d in failed transmit flushes (full qdisc, link down)", port, *lost)
             ring.close()
         self._rings.clear()
         for sock in self._sockets.values():

@@ -219,7 +219,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
         if n < vector_min or ingress_port == wire.CPU_PORT or frames.shape[1] != _LEN:
             return _one_by_one(pipeline, ingress_port, rows_as_bytes(frames))
         rec = frames.reshape(-1).view(FRAME_DTYPE)
-        where = np.arange(n)
+        where = None  # every frame: positions are indices
     else:
         if n < vector_min or ingress_port == wire.CPU_PORT:
             return _one_by_one(pipeline, ingress_port, frames)
@@ -230,7 +230,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
             return _one_by_one(pipeline, ingress_port, frames)
         if len(sized) == n:
             rec = np.frombuffer(b"".join(frames), dtype=FRAME_DTYPE)
-            where = np.arange(n)
+            where = None
         else:
             rec = np.frombuffer(b"".join([frames[i] for i in sized]), dtype=FRAME_DTYPE)
             where = np.array(sized)
@@ -330,7 +330,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
         for job, k in zip(*np.unique(jc, return_counts=True)):
             aggregated[int(job)] += int(k)
     # --- outputs, in arrival order: the completed slots' results and every frame of the per-frame path
-    vector_pos = where[cand]
+    vector_pos = cand if where is None else where[cand]
     done = np.flatnonzero(complete)
     blocks = _replica_blocks(pipeline, rec, cand, done, jc, total, overflow, jobs) if len(done) else {}
     if len(vector_pos) == n and sum(len(b[0]) for b in blocks.values()) == len(done):
@@ -339,7 +339,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
             if not blocks:
                 return FrameBlock(np.zeros(0, np.int64), np.zeros((0, _LEN), np.uint8))
             (mine, ports, out, period), = blocks.values()
-            return FrameBlock(np.tile(ports, len(mine)), out, period)
+            return FrameBlock(_tiled(ports, len(mine)), out, period)
         replicas = _replica_lists(blocks)
         return [out for i in done.tolist() for out in replicas[i]]
     replicas = _replica_lists(blocks)
@@ -455,6 +455,22 @@ def _replica_lists(blocks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, i
         for n, i in enumerate(mine.tolist()):
             built[i] = emitted[n * r : (n + 1) * r]
     return built
+
+
+_TILES: dict[tuple[bytes, int], np.ndarray] = {}
+
+
+def _tiled(ports: np.ndarray, k: int) -> np.ndarray:
+    """``np.tile(ports, k)``, kept (a block's ports: one replica pattern, a few batch sizes; np.tile's Python
+    costs as much as a dozen array operations)."""
+    key = (ports.tobytes(), k)
+    tiled = _TILES.get(key)
+    if tiled is None:
+        if len(_TILES) > 4096:
+            _TILES.clear()
+        tiled = _TILES[key] = np.tile(ports, k)
+        tiled.flags.writeable = False
+    return tiled
 
 
 def _listed(frames: list[bytes] | np.ndarray) -> list[bytes]:

@@ -16,10 +16,11 @@ def _frame(i: int, size: int = 184) -> bytes:
 
 
 @pytest.fixture
-def pair():
+def pair(request):
     sweep_stale()
     with Network("ring") as net:
         a, b = net.add_namespace("a"), net.add_namespace("b")
+        request.node.ring_namespace = a
         net.add_veth(a, "ra0", b, "rb0")
         with a.entered():
             ring_sock, _ = open_port_socket("ra0")
@@ -108,3 +109,28 @@ def test_send_rows_and_send_deliver_in_order_across_the_ring_end(pair):
         if f[12:14] == ETHERTYPE:
             got.append(f)
     assert got == expected
+
+
+def test_frames_after_a_qdisc_drop_still_leave(pair, request):
+    """A full qdisc makes a flush fail (ENOBUFS) part-way: the unsent frames are dropped and counted, and the
+    next frames leave at once (the ring stays in step with the kernel's transmit head)."""
+    ring, peer = pair
+    ns = request.node.ring_namespace
+    ns.run(["tc", "qdisc", "add", "dev", "ra0", "root", "tbf", "rate", "1mbit", "burst", "1600", "limit", "1600"])
+    rows = np.frombuffer(b"".join(_frame(i) for i in range(200)), np.uint8).reshape(200, -1)
+    with pytest.raises(OSError):
+        ring.send_rows(rows)
+        ring.flush()
+    assert 0 < ring.tx_dropped < 200
+    ns.run(["tc", "qdisc", "del", "dev", "ra0", "root"])
+    after = [_frame(1000 + i, 100) for i in range(5)]
+    for f in after:
+        ring.send(f)
+    ring.flush()
+    got: list[bytes] = []
+    peer.settimeout(5)
+    while len(got) < len(after):
+        f = peer.recv(4096)
+        if len(f) == 100 and f[12:14] == ETHERTYPE:
+            got.append(f)
+    assert got == after

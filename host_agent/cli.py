@@ -96,9 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="UDP I/O: GSO sends and batched drains where the kernel has them, or one "
                             f"system call per packet (default: ${IO_ENV}, else batched; docs/agent.md, 'I/O')")
         p.add_argument("--queries", choices=[m.value for m in QueryMode],
-                       default=os.environ.get(QUERIES_ENV, QueryMode.RESEND.value),
+                       default=os.environ.get(QUERIES_ENV, QueryMode.OFF.value),
                        help="when loss found early is asked of the switch (QUERY) instead of resending the gradient: "
-                            f"never, after a resend, or first (default: ${QUERIES_ENV}, else resend; docs/agent.md, 'Queries')")
+                            f"never, after a resend, or first (default: ${QUERIES_ENV}, else off; docs/agent.md, 'Queries')")
         p.add_argument("--rina-chains", action="store_true",
                        help="the controller runs Rina as chains across switches (ina-controller --rina-chains): "
                             "where every rack has slots, plain INA towards the rack's switch (docs/agent.md)")

@@ -91,7 +91,7 @@ class StreamOptions:
     link_bps: float = 0.0
     io: IoMode = IoMode.PER_PACKET  # batched is opt-in until it helps the experiments (docs/agent.md, I/O)
     rina_chains: bool = False  # Rina jobs run as chains across switches (host_agent.grant.plan_for)
-    queries: QueryMode = QueryMode.RESEND  # when RACK asks the switch instead of resending (docs/agent.md, "Queries")
+    queries: QueryMode = QueryMode.OFF  # measured no gain yet (experiment 4, session 6); when RACK asks the switch instead of resending (docs/agent.md, "Queries")
 
     def __post_init__(self) -> None:
         if not isinstance(self.io, IoMode):

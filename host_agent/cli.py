@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from host_agent.grant import JobSpec, parse_workers
+from host_agent.flight import QueryMode
 from host_agent.stream import StreamOptions
 from host_agent.compute import SpeedSchedule
 from host_agent.train import ALLOCATIONS, ComputeMode, CostModel, TrainConfig
@@ -34,6 +35,7 @@ from inaproto.backends import BackendChoice
 from inaproto.cli import Parser, UsageError
 
 PROG = "ina-agent"
+QUERIES_ENV = "INA_AGENT_QUERIES"  # default of --queries: lets ina-exp runs compare the loss recovery
 IO_ENV = "INA_AGENT_IO"  # default of --io: lets a launcher (ina-exp) force per-packet I/O on every agent
 
 
@@ -96,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--io", choices=[m.value for m in IoMode], default=os.environ.get(IO_ENV, IoMode.PER_PACKET.value),
                        help="UDP I/O: GSO sends and batched drains where the kernel has them, or one "
                             f"system call per packet (default: ${IO_ENV}, else batched; docs/agent.md, 'I/O')")
+        p.add_argument("--queries", choices=[m.value for m in QueryMode],
+                       default=os.environ.get(QUERIES_ENV, QueryMode.OFF.value),
+                       help="when loss found early is asked of the switch (QUERY) instead of resending the gradient: "
+                            f"never, after a resend, or first (default: ${QUERIES_ENV}, else off; docs/agent.md, 'Queries')")
         p.add_argument("--rina-chains", action="store_true",
                        help="the controller runs Rina as chains across switches (ina-controller --rina-chains): "
                             "where every rack has slots, plain INA towards the rack's switch (docs/agent.md)")
@@ -210,7 +216,8 @@ def _open_agent(args: argparse.Namespace, spec: JobSpec):
 
     opts = AgentOptions(stream=StreamOptions(op_timeout=args.timeout, reorder_guard=args.reorder_guard,
                                                io=IoMode(args.io), rina_chains=args.rina_chains,
-                                               path_rtt_floor=args.path_rtt_floor_ms / 1e3),
+                                               path_rtt_floor=args.path_rtt_floor_ms / 1e3,
+                                               queries=QueryMode(args.queries)),
                         rendezvous_timeout=args.timeout, controller_retry=args.controller_retry)
     return Agent(spec, args.worker_id, controller=args.controller, job_id=args.job_id, options=opts)
 

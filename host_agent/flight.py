@@ -35,6 +35,7 @@ Times are plain floats passed in by the caller (tests use a fake clock).
 """
 from __future__ import annotations
 
+import enum
 from collections import deque
 
 import numpy as np
@@ -42,13 +43,31 @@ import numpy as np
 from host_agent.congestion import CongestionWindow
 from host_agent.rtt import RttEstimator
 
-__all__ = ["Flight", "REORDER_FLOOR"]
+__all__ = ["Flight", "QueryMode", "QueryState", "REORDER_FLOOR"]
 
 REORDER_FLOOR = 0.001  # seconds: the smallest reorder window
 REORDER_SHARE = 1 / 8  # of the path's round trip: a worker's results come back in sending order, so only loss
 # reorders them; each lost chunk waits this long before its resend, while SwitchML's slot rule may hold the window
 CLASS_RECENT = 16  # round trips kept per path class
 MAX_REORDER_MULT = 1  # no widening: in INA a spurious early resend is mostly a peer's loss (see reorder_window)
+
+
+class QueryMode(str, enum.Enum):
+    """When loss found early is asked of the switch (QUERY) instead of resending the gradient (docs/agent.md,
+    "Queries")."""
+
+    OFF = "off"  # never: every resend carries the gradient
+    RESEND = "resend"  # a chunk whose resend went unanswered is asked about, not resent again
+    FIRST = "first"  # every chunk RACK finds is asked about first (its own loss then takes one more round trip)
+
+
+class QueryState:
+    """Where a chunk stands with the switch's queries (docs/agent.md, "Queries"): one byte per chunk."""
+
+    NONE = 0  # no query outstanding
+    QUERIED = 1  # a query is out: its status (or the result) is due one round trip later
+    HELD = 2  # the switch holds this worker's contribution in an incomplete copy: a peer's recovery completes it
+    MISSING = 3  # the switch does not have it: the payload goes next
 
 
 class Flight:
@@ -77,6 +96,9 @@ class Flight:
         self.tries = bytearray(K)  # resends of each chunk (saturating)
         self.early = bytearray(K)  # 1: resent by RACK (a spurious one widens the reorder window)
         self.counted = bytearray(K)  # 1: counted as a spurious resend already
+        self.qstate = bytearray(K)  # QueryState of each chunk
+        self.payload_resent = bytearray(K)  # 1: the gradient itself was resent (a query alone is never spurious)
+        self.held_n = 0  # chunks HELD: at the switch, off the link (not counted in the congestion window)
         self.reorder_mult = reorder_mult
         self.classes = classes
         c = int(classes.max()) + 1 if classes is not None and len(classes) else 1
@@ -132,11 +154,39 @@ class Flight:
         if self.tries[i] < 255:
             self.tries[i] += 1
         self.early[i] = 1 if early else 0
+        self._leave_held(i)
+        self.qstate[i] = QueryState.NONE
+        self.payload_resent[i] = 1
+
+    def queried(self, i: int, now: float) -> None:
+        """A query for chunk ``i`` went out at ``now`` (in place of a resend found by RACK)."""
+        self.sent_at[i] = now
+        if self.tries[i] < 255:
+            self.tries[i] += 1  # Karn: a result now may answer the query
+        self.early[i] = 1
+        self._leave_held(i)
+        self.qstate[i] = QueryState.QUERIED
+
+    def status(self, i: int, held: bool, now: float) -> bool:
+        """The switch's status for queried chunk ``i``: True if its payload must be resent now."""
+        if self.qstate[i] != QueryState.QUERIED:
+            return False  # a late status: a resend or a newer query is out already
+        if held:
+            self.qstate[i] = QueryState.HELD
+            self.held_n += 1
+            self.sent_at[i] = now  # the hold's clock: checked again after a timeout (resend_due)
+            return False
+        self.qstate[i] = QueryState.MISSING
+        return True
+
+    def _leave_held(self, i: int) -> None:
+        if self.qstate[i] == QueryState.HELD:
+            self.held_n -= 1
 
     # ------------------------------------------------------------------ results
 
     def _spurious(self, i: int) -> None:
-        if not self.counted[i]:
+        if not self.counted[i] and self.payload_resent[i]:
             self.counted[i] = 1
             self.stats.spurious_resends += 1
             if self.early[i] and self.reorder_mult < MAX_REORDER_MULT:
@@ -148,6 +198,7 @@ class Flight:
         rtt = now - t
         self.last_new = now
         self.tail_probed = False
+        self._leave_held(i)
         est = self.rtt
         est.progressed()
         if self.tries[i]:
@@ -166,6 +217,8 @@ class Flight:
         self.last_new = now
         self.tail_probed = False
         self.rtt.progressed()
+        if self.held_n:
+            self.held_n -= int(np.count_nonzero(np.frombuffer(self.qstate, dtype=np.uint8)[sel] == QueryState.HELD))
         t = self.sent_at[sel]
         rtts = now - t
         once = np.frombuffer(self.tries, dtype=np.uint8)[sel] == 0
@@ -238,12 +291,18 @@ class Flight:
         t = self.sent_at[lo:hi]
         idx = np.arange(lo, hi)
         out = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0)
+        if self.held_n:  # held at the switch for a peer's recovery: only the window's timer covers it
+            out &= np.frombuffer(self.qstate, dtype=np.uint8)[lo:hi] != QueryState.HELD
         resent = np.frombuffer(self.tries, dtype=np.uint8)[lo:hi] > 0
         cand = out & ~resent
         c = self.classes[lo:hi] if self.classes is not None else np.zeros(hi - lo, dtype=np.int64)
         cand &= self._overtaken(lo, hi, t)
         wait = np.minimum(self._rtt[c], self.rtt.recent_min)
         due = np.where(resent, t + self.resend_timeout(), t + (wait + self.reorder_window()))
+        if self.stats.queries:  # a query's status waits in the same queues as a chunk: its loss, not a late
+            # answer, is what a query timeout means, so it waits for the RTO, not the short resend timer
+            queried = np.frombuffer(self.qstate, dtype=np.uint8)[lo:hi] == QueryState.QUERIED
+            due = np.where(queried, t + max(self.rtt.rto, self.resend_timeout()), due)
         pending = cand | (out & resent)
         if not pending.any():
             return []

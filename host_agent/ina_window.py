@@ -16,7 +16,7 @@ import numpy as np
 
 from host_agent.chunks import CHUNK_BYTES, Segment
 from host_agent.errors import AgentTimeout, Interrupted, JobReleased
-from host_agent.flight import Flight
+from host_agent.flight import Flight, QueryMode, QueryState
 from host_agent.grant import Rack
 from inaproto import wire
 
@@ -24,7 +24,9 @@ __all__ = ["InaPhase", "ResultBatch", "WindowMode", "gradient_packets"]
 
 PAYLOAD = wire.INA_PAYLOAD_LEN
 GRADIENT, RESULT = int(wire.MsgType.GRADIENT), int(wire.MsgType.RESULT)
-F_RETRANSMIT, F_OVERFLOW = int(wire.Flags.RETRANSMIT), int(wire.Flags.OVERFLOW)
+QUERY, STATUS = int(wire.MsgType.QUERY), int(wire.MsgType.STATUS)
+F_RETRANSMIT, F_OVERFLOW, F_HELD = int(wire.Flags.RETRANSMIT), int(wire.Flags.OVERFLOW), int(wire.Flags.HELD)
+QUERIES_UNANSWERED = 3  # queries timed out, none ever answered: the switch does not answer them (a chain's); stop
 _HDR = wire.HEADER
 
 
@@ -83,6 +85,11 @@ class InaPhase:
         if 0 < rack.partition_slots < S:
             classes = ((np.arange(a - base, a - base + K, dtype=np.int64) % S) // rack.partition_slots)
         flight = Flight(K, i0, est, cwnd, S, self.stats, self._reorder_mult, classes, self._chain_rtts)
+        qstate = flight.qstate
+        # queries in place of RACK's resends (docs/agent.md, "Queries"): a single switch answers them
+        qmode = self.options.queries
+        queries = qmode is not QueryMode.OFF and classes is None and self._queries_unanswered < QUERIES_UNANSWERED
+        query_first = qmode is QueryMode.FIRST
         results = ResultBatch(self, seg, got, i0, job, gen, rack,  # MEMBER: results only move the window
                               seg.res32 if final else partial, seg.flag if final else pflag, seg.src if final else None,
                               flight)
@@ -116,6 +123,12 @@ class InaPhase:
             # 1. take every datagram waiting
             progressed = results.drain()
             now = mono()
+            if results.missing:  # the switch does not have these chunks' gradients: resend them first
+                for i in results.missing:
+                    if not got[i] and not queued[i]:
+                        queued[i] = 1
+                        lost.appendleft((i, True))
+                results.missing.clear()
             if progressed:
                 last_progress = now
             # 2. find lost chunks: early (RACK), else the window's timer (restarted by every new result)
@@ -163,6 +176,20 @@ class InaPhase:
                 if got[i]:
                     continue
                 off = (i - i0) * PAYLOAD
+                if queries and early and qstate[i] != QueryState.QUERIED and qstate[i] != QueryState.MISSING \
+                        and (query_first or flight.payload_resent[i]):
+                    # found by RACK (again, after a resend): ask whether the switch has the gradient (a peer's
+                    # loss or lag shows the same as this worker's own; only its own needs the payload)
+                    q = bytearray(pkts[off : off + wire.INA_HEADER_LEN])
+                    q[0] = QUERY
+                    io.send_run(memoryview(q), wire.INA_HEADER_LEN, 1, addr)
+                    flight.queried(i, now)
+                    stats.queries += 1
+                    continue
+                if queries and qstate[i] == QueryState.QUERIED and not self._queries_answered:
+                    self._queries_unanswered += 1
+                    if self._queries_unanswered >= QUERIES_UNANSWERED:
+                        queries = False
                 pkt = bytearray(pkts[off : off + PAYLOAD])
                 pkt[1] = F_RETRANSMIT
                 io.send_run(memoryview(pkt), PAYLOAD, 1, addr)
@@ -173,7 +200,7 @@ class InaPhase:
             first = nxt
             if nxt < K or deferred:
                 done = K - i0 - results.remaining
-                room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred))
+                room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred) - flight.held_n)  # held: off the link
             left = room
             if deferred:
                 # chunks skipped while their slot was busy go once it is free, in order, whatever the window:
@@ -296,6 +323,7 @@ class ResultBatch:
         self.buf = stream._rbatch
         self.view = memoryview(self.buf)
         self.progressed = False
+        self.missing: list[int] = []  # chunks the switch's status says it lacks (their payload goes next)
 
     def drain(self) -> bool:
         """Take every datagram waiting; True if any chunk got its result."""
@@ -326,9 +354,29 @@ class ResultBatch:
                 if p != keep:
                     buf[keep : keep + PAYLOAD] = buf[p : p + PAYLOAD]
                 keep += PAYLOAD
+            elif size == wire.INA_HEADER_LEN and buf[p] == STATUS:
+                self._status(p)
             else:
                 self.stream._other_datagram(bytearray(buf[p : p + size]), size, self.seg, self.rack)
         return keep - off
+
+    def _status(self, off: int) -> None:
+        """The switch's answer to a query: HELD (a peer's recovery completes the copy) or not (resend)."""
+        stats = self.stream.stats
+        _mt, fl, jid, g, _slot, seq, _w, _last = _HDR.unpack_from(self.buf, off)
+        if jid != self.job or g != self.gen:
+            stats.stale += 1
+            return
+        i = (seq - self.seg.a) & 0xFFFFFFFF
+        if i >= self.sent or i < self.i0 or self.got[i]:
+            stats.ignored += 1
+            return
+        self.stream._queries_answered = True
+        held = bool(fl & F_HELD)
+        if held:
+            stats.queries_held += 1
+        if self.flight.status(i, held, time.monotonic()):
+            self.missing.append(i)
 
     def _apply(self, m: int) -> None:
         if m < self.VECTOR_FROM:

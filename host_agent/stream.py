@@ -34,6 +34,7 @@ from host_agent.chunks import LANES, Call, Segment
 from host_agent.congestion import CongestionWindow
 from host_agent.errors import AgentError, AgentTimeout, Interrupted, JobReleased, StaleGeneration
 from host_agent.fixedpoint import split_chunks
+from host_agent.flight import QueryMode
 from host_agent.grant import Grant, Plan, Worker, plan_for
 from host_agent.ina_window import InaPhase, WindowMode
 from host_agent.rina import RinaPhases
@@ -94,10 +95,13 @@ class StreamOptions:
     io: IoMode = IoMode.PER_PACKET  # batched is opt-in until it helps the experiments (docs/agent.md, I/O)
     rina_chains: bool = False  # Rina jobs run as chains across switches (host_agent.grant.plan_for)
     path_rtt_floor: float = 0.0
+    queries: QueryMode = QueryMode.OFF  # measured no gain yet (experiment 4, session 6); when RACK asks the switch instead of resending (docs/agent.md, "Queries")
 
     def __post_init__(self) -> None:
         if not isinstance(self.io, IoMode):
             object.__setattr__(self, "io", IoMode(self.io))
+        if not isinstance(self.queries, QueryMode):
+            object.__setattr__(self, "queries", QueryMode(self.queries))
         for name in ("op_timeout", "connect_timeout", "rto_initial", "rto_min", "rto_max", "ring_grace"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -126,6 +130,8 @@ class StreamStats:
     early_resends: int = 0  # resends of chunks found lost before the timeout (RACK)
     timeouts: int = 0  # expiries of a window's retransmission timer (each resends one probe)
     spurious_resends: int = 0  # resent chunks whose original reached the switch (host_agent/flight.py)
+    queries: int = 0  # QUERYs sent in place of RACK's resends (docs/agent.md, "Queries")
+    queries_held: int = 0  # of their answers, those saying the switch holds the gradient (no resend needed)
     # seconds an INA window had chunks left to send but could not send them (docs/agent.md, "Where the time
     # goes"): waiting for the result of the chunk that last used the next slot (loss recovery, a late peer),
     # for the congestion window, and with every chunk sent, for the last results (the tail)
@@ -240,6 +246,8 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._cwnd = CongestionWindow(options.initial_window)
         self._reorder_mult = 1  # widening of the reorder window after spurious early resends (host_agent/flight.py)
         self._chain_rtts: list = []  # Rina on chains: recent round trips per chain (Flight's class_rtts)
+        self._queries_answered = False  # the switch answered a query (a chain's switch does not)
+        self._queries_unanswered = 0  # queries that timed out before any was answered
         self._guard_until = 0.0
         self._pace_next = 0.0  # link emulation: when the next INA packet may leave
         self._pace_gap = (wire.INA_FRAME_LEN * 8 / options.link_bps) if options.link_bps else 0.0

@@ -49,18 +49,25 @@ INA_UDP_LEN = UDP_LEN + INA_PAYLOAD_LEN  # value of udp.length
 INA_IPV4_LEN = IPV4_LEN + INA_UDP_LEN  # value of ipv4.totalLen
 INA_OFFSET = ETH_LEN + IPV4_LEN + UDP_LEN  # where ina_t starts in a frame
 INA_FRAME_LEN = INA_OFFSET + INA_PAYLOAD_LEN
+# A query and its status answer are ina_t alone (no ina_data_t).
+INA_QUERY_UDP_LEN = UDP_LEN + INA_HEADER_LEN
+INA_QUERY_IPV4_LEN = IPV4_LEN + INA_QUERY_UDP_LEN
+INA_QUERY_FRAME_LEN = INA_OFFSET + INA_HEADER_LEN
 
 
 class MsgType(enum.IntEnum):
     GRADIENT = 1  # worker -> switch: a contribution to a slot
     RESULT = 2  # switch -> worker: the completed sum of a slot
     BROADCAST = 3  # worker -> switch -> every worker of the job, payload unchanged (Rina's rack result)
+    QUERY = 4  # worker -> switch, header only: is my contribution to chunk seq in its slot copy? (single switch)
+    STATUS = 5  # switch -> that worker, header only: the answer to a query (Flags.HELD: yes, the copy waits)
 
 
 class Flags(enum.IntFlag):
     NONE = 0
     RETRANSMIT = 0x01  # set by a worker on a resent gradient (informational; the switch needs no flag)
     OVERFLOW = 0x02  # set by the switch in a result when any lane overflowed int32 during the sum
+    HELD = 0x04  # set by the switch in a status: the sender's contribution is in the incomplete copy
 
 
 class DropReason(enum.IntEnum):

@@ -37,13 +37,18 @@ const bit<9>  CPU_PORT     = 255;
 
 const bit<16> INA_IPV4_LEN = 170;  /* 20 IPv4 + 8 UDP + 14 ina_t + 128 ina_data_t */
 const bit<16> INA_UDP_LEN  = 150;
+const bit<16> INA_QUERY_IPV4_LEN = 42;  /* 20 IPv4 + 8 UDP + 14 ina_t: a query or status has no ina_data_t */
+const bit<16> INA_QUERY_UDP_LEN  = 22;
 
 const bit<8> INA_GRADIENT  = 1;
 const bit<8> INA_RESULT    = 2;
 const bit<8> INA_BROADCAST = 3;
+const bit<8> INA_QUERY     = 4;  /* worker -> switch, header only: is my contribution to chunk seq in the copy? */
+const bit<8> INA_STATUS    = 5;  /* switch -> that worker, header only: INA_FLAG_HELD if it is (the copy waits) */
 
 const bit<8> INA_FLAG_RETRANSMIT = 0x01;
 const bit<8> INA_FLAG_OVERFLOW   = 0x02;
+const bit<8> INA_FLAG_HELD       = 0x04;  /* in a status: the sender's contribution is in the incomplete copy */
 
 /* Index of the ina_drops / ina_job_drops counters. */
 const bit<8> DROP_MALFORMED         = 1;
@@ -237,6 +242,13 @@ parser MyParser(packet_in packet,
 
     state parse_ina {
         packet.extract(hdr.ina);
+        transition select(hdr.ina.msg_type) {
+            INA_QUERY: accept;  /* a query is header only */
+            default: parse_ina_data;
+        }
+    }
+
+    state parse_ina_data {
         packet.extract(hdr.ina_data);
         transition accept;
     }
@@ -509,7 +521,13 @@ control MyIngress(inout headers_t hdr,
         }
 
         /* 4. INA: validate lengths, job, message type, generation, worker, binding, slot. */
-        if (hdr.ipv4.totalLen != INA_IPV4_LEN || hdr.udp.length != INA_UDP_LEN) {
+        if (hdr.ina.msg_type == INA_QUERY) {
+            if (hdr.ipv4.totalLen != INA_QUERY_IPV4_LEN || hdr.udp.length != INA_QUERY_UDP_LEN) {
+                ina_drops.count((bit<32>)DROP_MALFORMED);
+                drop();
+                exit;
+            }
+        } else if (hdr.ipv4.totalLen != INA_IPV4_LEN || hdr.udp.length != INA_UDP_LEN) {
             ina_drops.count((bit<32>)DROP_MALFORMED);
             drop();
             exit;
@@ -545,7 +563,8 @@ control MyIngress(inout headers_t hdr,
         meta.wbit = (bit<32>)1 << hdr.ina.worker_id;
         meta.slot_abs = (bit<32>)meta.base_slot + (bit<32>)hdr.ina.slot;
         if (hdr.ina.msg_type != INA_GRADIENT && hdr.ina.msg_type != INA_BROADCAST &&
-            !(hdr.ina.msg_type == INA_RESULT && meta.chain == 1)) {
+            !(hdr.ina.msg_type == INA_RESULT && meta.chain == 1) &&
+            !(hdr.ina.msg_type == INA_QUERY && meta.chain == 0)) {
             meta.drop_reason = DROP_BAD_MSG_TYPE;
         } else if (hdr.ina.generation != meta.generation) {
             meta.drop_reason = DROP_STALE_GENERATION;
@@ -561,7 +580,7 @@ control MyIngress(inout headers_t hdr,
             meta.drop_reason = DROP_FOREIGN_WORKER;
         } else if (meta.bound == 0) {
             meta.drop_reason = DROP_SPOOFED;
-        } else if (hdr.ina.msg_type == INA_GRADIENT &&
+        } else if ((hdr.ina.msg_type == INA_GRADIENT || hdr.ina.msg_type == INA_QUERY) &&
                    (hdr.ina.slot >= meta.num_slots || meta.slot_abs >= NUM_SLOTS)) {
             meta.drop_reason = DROP_SLOT_OUT_OF_RANGE;
         }
@@ -585,6 +604,42 @@ control MyIngress(inout headers_t hdr,
         meta.lane_base = meta.cell * LANES;
         meta.owner = meta.owner_epoch ++ hdr.ina.job_id ++ hdr.ina.generation;
         ina_owner.read(meta.prev_owner, meta.slot_abs);
+
+        /* 6q. Query (docs/protocol.md, "Queries"): a worker whose chunk has no result asks before it resends the
+         * payload. Its contribution in a complete copy: the stored sum, as to a resent gradient; in an
+         * incomplete one: a status with INA_FLAG_HELD (the copy waits for a peer; the payload need not be
+         * resent); anything else: a status without it (resend). Only to the sender; no state changes. */
+        if (hdr.ina.msg_type == INA_QUERY) {
+            ina_bitmap.read(meta.bitmap, meta.cell);
+            ina_count.read(meta.count, meta.cell);
+            ina_overflow.read(meta.overflow, meta.cell);
+            ina_seq.read(meta.stored_seq, meta.cell);
+            hdr.ina.msg_type = INA_STATUS;
+            hdr.ina.flags = 0;
+            if (meta.prev_owner == meta.owner && hdr.ina.seq == meta.stored_seq && (meta.bitmap & meta.wbit) != 0) {
+                if (meta.count == 0) {
+                    hdr.ina_data.setValid();
+                    READ_LANE(0, lane00)  READ_LANE(1, lane01)  READ_LANE(2, lane02)  READ_LANE(3, lane03)
+                    READ_LANE(4, lane04)  READ_LANE(5, lane05)  READ_LANE(6, lane06)  READ_LANE(7, lane07)
+                    READ_LANE(8, lane08)  READ_LANE(9, lane09)  READ_LANE(10, lane10) READ_LANE(11, lane11)
+                    READ_LANE(12, lane12) READ_LANE(13, lane13) READ_LANE(14, lane14) READ_LANE(15, lane15)
+                    READ_LANE(16, lane16) READ_LANE(17, lane17) READ_LANE(18, lane18) READ_LANE(19, lane19)
+                    READ_LANE(20, lane20) READ_LANE(21, lane21) READ_LANE(22, lane22) READ_LANE(23, lane23)
+                    READ_LANE(24, lane24) READ_LANE(25, lane25) READ_LANE(26, lane26) READ_LANE(27, lane27)
+                    READ_LANE(28, lane28) READ_LANE(29, lane29) READ_LANE(30, lane30) READ_LANE(31, lane31)
+                    hdr.ina.msg_type = INA_RESULT;
+                    if (meta.overflow != 0) {
+                        hdr.ina.flags = INA_FLAG_OVERFLOW;
+                    }
+                    hdr.ipv4.totalLen = INA_IPV4_LEN;
+                    hdr.udp.length = INA_UDP_LEN;
+                } else {
+                    hdr.ina.flags = INA_FLAG_HELD;
+                }
+            }
+            reply_to_sender();
+            exit;
+        }
 
         /* 6c. Chains: the final sum reaching this switch. Kept in a complete copy of the same chunk that holds
          * the partial this switch sent onward, then sent to final_grp; anything else is a duplicate. */

@@ -50,6 +50,7 @@ _INA_END = _O_DATA + wire.INA_DATA_LEN
 _CELL_BYTES = wire.LANES * 4
 # Enum members as plain ints for the hot path (an IntEnum attribute lookup costs as much as a dict lookup).
 _GRADIENT, _RESULT, _BROADCAST = int(MsgType.GRADIENT), int(MsgType.RESULT), int(MsgType.BROADCAST)
+_QUERY, _STATUS, _HELD = int(MsgType.QUERY), int(MsgType.STATUS), int(wire.Flags.HELD)
 _OVERFLOW = int(wire.Flags.OVERFLOW)
 _RETRANSMIT = int(wire.Flags.RETRANSMIT)
 # SWAR masks over LANES int32 lanes in one big-endian integer: each lane's sign bit, and the bits below it.
@@ -264,7 +265,11 @@ class InaPipeline:
                         else:
                             udp_valid = True
                             if _U16.unpack_from(frame, off + _O_UDP + 2)[0] == wire.INA_UDP_PORT:  # state parse_ina
-                                if n - off < _INA_END:
+                                if n - off < _O_DATA:
+                                    parser_error = True
+                                elif frame[off + _O_INA] == _QUERY:  # header only
+                                    ina_valid = True
+                                elif n - off < _INA_END:  # state parse_ina_data
                                     parser_error = True
                                 else:
                                     ina_valid = True
@@ -294,7 +299,11 @@ class InaPipeline:
         # 3. (chains) INA of a job this switch only carries: IPv4 LPM forwarding (table ina_transit).
         if job_id in self._transit:
             return self._ipv4_lpm(ingress_port, frame)
-        if total_len != wire.INA_IPV4_LEN or udp_len != wire.INA_UDP_LEN:
+        if msg_type == _QUERY:
+            if total_len != wire.INA_QUERY_IPV4_LEN or udp_len != wire.INA_QUERY_UDP_LEN:
+                ina_drops[DropReason.MALFORMED] += 1
+                return []
+        elif total_len != wire.INA_IPV4_LEN or udp_len != wire.INA_UDP_LEN:
             ina_drops[DropReason.MALFORMED] += 1
             return []
         shadow = last & 1
@@ -325,7 +334,8 @@ class InaPipeline:
         drop_reason = 0
         wbit = (1 << worker_id) & 0xFFFFFFFF  # (bit<32>)1 << worker_id: 0 for worker_id >= 32
         slot_abs = base_slot + slot
-        if msg_type != _GRADIENT and msg_type != _BROADCAST and not (msg_type == _RESULT and chain):
+        if msg_type != _GRADIENT and msg_type != _BROADCAST and not (msg_type == _RESULT and chain) and \
+                not (msg_type == _QUERY and not chain):
             drop_reason = DropReason.BAD_MSG_TYPE
         elif generation != job_generation:
             drop_reason = DropReason.STALE_GENERATION
@@ -340,7 +350,7 @@ class InaPipeline:
             drop_reason = DropReason.FOREIGN_WORKER
         elif not bound:
             drop_reason = DropReason.SPOOFED
-        elif msg_type == _GRADIENT and (slot >= num_slots or slot_abs >= wire.NUM_SLOTS):
+        elif (msg_type == _GRADIENT or msg_type == _QUERY) and (slot >= num_slots or slot_abs >= wire.NUM_SLOTS):
             drop_reason = DropReason.SLOT_OUT_OF_RANGE
         if drop_reason:
             ina_drops[drop_reason] += 1
@@ -358,6 +368,25 @@ class InaPipeline:
         other_cell = (slot_abs << 1) + (shadow ^ 1)
         owner = (owner_epoch << 32) | (job_id << 16) | generation  # owner_epoch ++ job_id ++ generation
         ina_bitmap, ina_count, ina_overflow, ina_seq = self.ina_bitmap, self.ina_count, self.ina_overflow, self.ina_seq
+
+        # 6q. Query: the stored sum if the sender's contribution is in a complete copy, a status with HELD if in an
+        # incomplete one, else a status without it; only to the sender, no state changes.
+        if msg_type == _QUERY:
+            out = bytearray(frame)
+            out[_O_INA] = _STATUS
+            out[_O_FLAGS] = 0
+            if self.ina_owner[slot_abs] == owner and ina_seq[cell] == seq and ina_bitmap[cell] & wbit:
+                if ina_count[cell] == 0:
+                    o = cell * _CELL_BYTES
+                    out[_O_DATA:_O_DATA] = self._lanes_buf[o : o + _CELL_BYTES]  # setValid, READ_LANE x LANES
+                    out[_O_INA] = _RESULT
+                    out[_O_FLAGS] = _OVERFLOW if ina_overflow[cell] else 0
+                    out[_O_IP + 2 : _O_IP + 4] = _U16.pack(wire.INA_IPV4_LEN)
+                    out[_O_UDP + 4 : _O_UDP + 6] = _U16.pack(wire.INA_UDP_LEN)
+                else:
+                    out[_O_FLAGS] = _HELD
+            self._reply_to_sender(out)
+            return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 
         # 6c. Chains: the final sum reaching this switch, kept in a complete copy of the same chunk that holds the
         # partial this switch sent onward, then sent to final_grp; anything else is a duplicate.

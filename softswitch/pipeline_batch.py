@@ -226,7 +226,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
         # --- MyParser and MyVerifyChecksum for every whole INA-sized frame at once
         lengths = list(map(len, frames))
         sized = range(n) if lengths.count(_LEN) == n else [i for i, m in enumerate(lengths) if m == _LEN]
-        if len(sized) < vector_min:
+        if len(sized) < vector_min or (len(sized) < n and wire.INA_QUERY_FRAME_LEN in lengths):  # a query reads a slot
             return _one_by_one(pipeline, ingress_port, frames)
         if len(sized) == n:
             rec = np.frombuffer(b"".join(frames), dtype=FRAME_DTYPE)

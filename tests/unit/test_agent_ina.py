@@ -8,6 +8,7 @@ import pytest
 
 from host_agent.agent import AgentOptions
 from host_agent.fixedpoint import chunk_count
+from host_agent.flight import QueryMode
 from host_agent.stream import StreamOptions
 from softswitch.udp import Faults
 from tests.udp_switch import LocalCluster, quantised_sum
@@ -201,3 +202,16 @@ def test_lanes_skipped_behind_a_loss_stay_exact_under_heavy_loss(slots: int) -> 
         out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]], agent.stats))
         _check_exact([o[0] for o in out], inputs)
         assert cl.switch().dropped > 0 and all(o[1].early_resends > 0 for o in out)
+
+
+@pytest.mark.parametrize("mode", [QueryMode.FIRST, QueryMode.RESEND])
+def test_queries_under_loss_keep_every_sum_exact(mode: QueryMode) -> None:
+    """The switch answers QUERYs (docs/protocol.md, "Queries"): held chunks wait, missing ones are resent."""
+    rng = np.random.default_rng(5)
+    inputs = [[rng.standard_normal(3000).astype(np.float32)] for _ in range(3)]
+    opts = AgentOptions(stream=StreamOptions(op_timeout=20.0, queries=mode))
+    with LocalCluster(["s1"] * 3, slots=8, faults=Faults(drop=0.1), seed=5, options=opts) as cl:
+        out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]], agent.stats))
+        _check_exact([o[0] for o in out], inputs)
+        if mode is QueryMode.FIRST:
+            assert all(o[1].queries > 0 for o in out) and sum(o[1].queries_held for o in out) > 0

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from host_agent.congestion import CongestionWindow
-from host_agent.flight import REORDER_FLOOR, REORDER_SHARE, Flight
+from host_agent.flight import REORDER_FLOOR, REORDER_SHARE, Flight, QueryState
 from host_agent.rtt import MAX_BACKOFF, RttEstimator
 from host_agent.stream import StreamStats
 
@@ -381,3 +381,58 @@ def test_a_timeout_during_a_stall_behind_a_queue_probes_one_chunk_not_the_queue(
     assert not fl.probe_answered
     later = fl.rto_deadline(22)
     assert fl.on_timeout(got, 22, 64, later, queued) == [22]
+
+
+def _rack_hole(fl, est, got, queued) -> float:
+    """Chunks 0..7 sent at 1.0, chunk 2's result missing while 0, 1, 3, 4 came: returns when RACK finds 2."""
+    fl.sent(0, 8, 1.000)
+    for i in (0, 1, 3, 4):
+        got[i] = 1
+        fl.delivered(i, 1.010)
+    return 1.010 + fl.reorder_window()
+
+
+def test_a_held_chunk_leaves_rack_and_the_window_until_its_result() -> None:
+    """The switch holds this worker's gradient (a peer's loss): no resend, no congestion-window room taken."""
+    fl, stats, est = _flight()
+    got, queued = np.zeros(32, dtype=np.uint8), bytearray(32)
+    t = _rack_hole(fl, est, got, queued)
+    assert fl.lost(got, 2, 8, t, queued) == [2]
+    fl.queried(2, t)
+    stats.queries += 1
+    assert fl.status(2, held=True, now=t + 0.010) is False
+    assert fl.qstate[2] == QueryState.HELD and fl.held_n == 1
+    for i in (5, 6, 7):  # later results: still no resend of the held chunk, however long
+        got[i] = 1
+        fl.delivered(i, t + 0.020)
+    assert fl.lost(got, 2, 8, t + 10.0, queued) == []
+    got[2] = 1
+    fl.delivered(2, t + 0.040)  # a peer's recovery completed the copy
+    assert fl.held_n == 0 and stats.spurious_resends == 0
+
+
+def test_a_chunk_the_switch_lacks_is_resent_at_once_and_late_statuses_change_nothing() -> None:
+    fl, stats, est = _flight()
+    got, queued = np.zeros(32, dtype=np.uint8), bytearray(32)
+    t = _rack_hole(fl, est, got, queued)
+    fl.queried(2, t)
+    stats.queries += 1
+    assert fl.status(2, held=False, now=t + 0.010) is True  # this worker's own gradient was lost
+    assert fl.qstate[2] == QueryState.MISSING
+    fl.resent(2, t + 0.010, early=True)
+    assert fl.qstate[2] == QueryState.NONE and fl.payload_resent[2] == 1
+    assert fl.status(2, held=True, now=t + 0.011) is False and fl.held_n == 0  # a duplicated status, too late
+
+
+def test_a_query_is_never_a_spurious_resend_and_an_unanswered_one_waits_for_the_rto() -> None:
+    fl, stats, est = _flight()
+    got, queued = np.zeros(32, dtype=np.uint8), bytearray(32)
+    t = _rack_hole(fl, est, got, queued)
+    fl.queried(2, t)
+    fl.queried(5, t)
+    stats.queries += 2
+    assert fl.lost(got, 2, 8, t + fl.resend_timeout(), queued) == []  # no status yet: not the short timer
+    assert fl.lost(got, 2, 8, t + max(est.rto, fl.resend_timeout()), queued) == [2, 5]  # query or status lost
+    got[5] = 1
+    fl.delivered(5, t + 0.001)  # the original's result, right after the query: no payload was resent
+    assert stats.spurious_resends == 0

@@ -37,6 +37,9 @@ def test_constants_match_p4():
     assert {p4.ints[f"INA_{m.name}"] for m in wire.MsgType} == {m.value for m in wire.MsgType}
     assert all(p4.ints[f"INA_{m.name}"] == m.value for m in wire.MsgType)
     assert p4.ints["INA_FLAG_OVERFLOW"] == wire.Flags.OVERFLOW
+    assert p4.ints["INA_FLAG_HELD"] == wire.Flags.HELD
+    assert p4.ints["INA_QUERY_IPV4_LEN"] == wire.INA_QUERY_IPV4_LEN
+    assert p4.ints["INA_QUERY_UDP_LEN"] == wire.INA_QUERY_UDP_LEN
     for reason in wire.DropReason:
         assert p4.ints[f"DROP_{reason.name}"] == reason.value
     assert max(wire.DropReason) < wire.NUM_DROP_REASONS
@@ -47,6 +50,7 @@ def test_lengths():
     assert wire.INA_HEADER_LEN == 14
     assert wire.INA_PAYLOAD_LEN == 142
     assert wire.INA_UDP_LEN == 150 and wire.INA_IPV4_LEN == 170 and wire.INA_FRAME_LEN == 184
+    assert wire.INA_QUERY_UDP_LEN == 22 and wire.INA_QUERY_IPV4_LEN == 42 and wire.INA_QUERY_FRAME_LEN == 56
 
 
 def test_struct_codec_golden_bytes():

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Sequence
 
 __all__ = ["BUNDLE_FRAMES", "BUNDLE_SHARE", "INA_SHARE", "aligned_blocks", "hop_loads", "hop_share",
-           "partition_sizes"]
+           "partition_sizes", "slot_partitions"]
 
 _INA_PAYLOAD = 142  # wire.INA_PAYLOAD_LEN: 14 header + 128 data bytes
 _UDP_IP_ETH = 42  # Ethernet 14 + IPv4 20 + UDP 8
@@ -113,3 +113,18 @@ def aligned_blocks(start: int, size: int) -> list[tuple[int, int]]:
         out.append((start, 16 - (step.bit_length() - 1)))
         start, size = start + step, size - step
     return out
+
+
+def slot_partitions(sizes: Sequence[int]) -> tuple[int, ...]:
+    """The partition of every slot. Equal partitions: contiguous blocks (partition p is slots ``[p n, (p + 1) n)``,
+    one LPM entry each). Unequal ones: interleaved in proportion to their sizes (each next slot to the partition
+    furthest behind its share), so that the few consecutive chunks a worker has in flight (chunk i takes slot
+    i mod S) spread over every chain instead of queueing on the largest partition's."""
+    if len(set(sizes)) == 1:
+        return tuple(p for p, n in enumerate(sizes) for _ in range(n))
+    total, given, out = sum(sizes), [0] * len(sizes), []
+    for t in range(total):
+        p = max(range(len(sizes)), key=lambda k: (sizes[k] * (t + 1) / total - given[k], -k))
+        given[p] += 1
+        out.append(p)
+    return tuple(out)

@@ -6,7 +6,8 @@ workers by id. A switch member's id is free in the job's worker-id space, taken 
 member's is its worker id. The slots are cut into as many partitions as there are members: with every member a
 switch, each ``2^k`` slots (the largest power of two that fits the smallest rack's range R times); with host
 members, sizes from the hops' framed costs over the smallest rack's whole range (``inaproto.rina_partitions``).
-Partition p is slots ``[start(p), start(p) + size(p))``, one LPM entry per aligned block. Partition p's chain
+Equal partitions are contiguous blocks of slots, unequal ones interleaved (``slot_partitions``); one LPM entry
+per aligned block of a partition's slots. Partition p's chain
 starts after member p and ends at member p. docs/switch.md, "Chains"; docs/experiments.md, "Rina as designed".
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from inaproto.rina_partitions import aligned_blocks, partition_sizes
+from inaproto.rina_partitions import aligned_blocks, partition_sizes, slot_partitions
 
 __all__ = ["HOST_PORT", "NETWORK_PORT", "Rack", "RingMember", "Ring", "host_copy_entries", "host_copy_port",
            "ring_of", "MAX_WORKERS"]
@@ -58,13 +59,21 @@ class RingMember:
 @dataclass(frozen=True)
 class Ring:
     members: tuple[RingMember, ...]  # ring order: member i sends to member i + 1
-    sizes: tuple[int, ...]  # slots of partition p, in ring order; partition p follows partition p - 1
+    sizes: tuple[int, ...]  # slots of partition p, in ring order (which slots: slot_partitions)
+
+    @property
+    def slot_partitions(self) -> tuple[int, ...]:
+        """The partition of every slot (``inaproto.rina_partitions.slot_partitions``)."""
+        return slot_partitions(self.sizes)
 
     @property
     def partition_slots(self) -> int:
-        """The largest power of two of slots that every partition is made of: blocks of it lie in one partition
-        each (the agent's window times each block's chain on its own)."""
-        return min(s & -s for s in self.sizes)
+        """The largest power of two of slots whose aligned blocks lie in one partition each (the agent's window
+        times each block's chain on its own): a partition's size where they are equal, else 1."""
+        order, g = self.slot_partitions, 1
+        while all(len(set(order[b : b + 2 * g])) == 1 for b in range(0, len(order), 2 * g)) and 2 * g <= len(order):
+            g *= 2
+        return g
 
     @property
     def prefix_len(self) -> int:
@@ -75,18 +84,22 @@ class Ring:
         """The slots the job uses on every switch member: every partition's."""
         return sum(self.sizes)
 
-    def start(self, p: int) -> int:
-        return sum(self.sizes[:p])
-
     def blocks(self, p: int) -> list[tuple[int, int]]:
         """Partition p's slots as (prefix, prefix_len) LPM blocks."""
-        return aligned_blocks(self.start(p), self.sizes[p])
+        order, out, t = self.slot_partitions, [], 0
+        while t < len(order):
+            end = t
+            while end < len(order) and order[end] == order[t]:
+                end += 1
+            if order[t] == p:
+                out += aligned_blocks(t, end - t)
+            t = end
+        return out
 
     def partition_of(self, slot: int) -> int:
-        for p in range(len(self.sizes)):
-            if slot < self.start(p) + self.sizes[p]:
-                return p
-        raise ValueError(f"slot {slot} is beyond the ring's {self.num_slots} slots")
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is beyond the ring's {self.num_slots} slots")
+        return self.slot_partitions[slot]
 
     def index(self, member_id: int) -> int:
         return [m.member_id for m in self.members].index(member_id)

@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from inaproto.rina_partitions import (BUNDLE_SHARE, INA_SHARE, aligned_blocks, hop_loads, hop_share,
-                                      partition_sizes)
+                                      partition_sizes, slot_partitions)
 
 pytestmark = pytest.mark.unit
 
@@ -71,3 +71,16 @@ def test_aligned_blocks_cover_the_range_exactly(start, size):
         assert prefix % n == 0
         covered += range(prefix, prefix + n)
     assert covered == list(range(start, start + size))
+
+
+def test_equal_partitions_are_blocks_and_unequal_ones_interleave():
+    assert slot_partitions((4, 4)) == (0, 0, 0, 0, 1, 1, 1, 1)
+    order = slot_partitions((4, 1, 1, 1, 1))
+    assert order == (0, 1, 0, 2, 3, 0, 4, 0)
+    for sizes in [(4, 1, 1, 1, 1), (9, 7, 1, 7), (3, 2, 2)]:
+        order = slot_partitions(sizes)
+        assert [order.count(p) for p in range(len(sizes))] == list(sizes)
+        # every window of consecutive slots holds each partition within one slot of its share
+        for w in range(1, len(order) + 1):
+            for p, n in enumerate(sizes):
+                assert abs(order[:w].count(p) - n * w / sum(sizes)) < 1 + 1e-9

@@ -22,7 +22,7 @@ _UDP_IP_ETH = 42  # Ethernet 14 + IPv4 20 + UDP 8
 BUNDLE_FRAMES = (1500 - 28) // _INA_PAYLOAD  # INA payloads per datagram between host members (10: 1462-byte frames)
 INA_SHARE = 128 / (_INA_PAYLOAD + _UDP_IP_ETH)  # 0.696
 BUNDLE_SHARE = BUNDLE_FRAMES * 128 / (BUNDLE_FRAMES * _INA_PAYLOAD + _UDP_IP_ETH)  # 0.876
-_MAX_UNITS = 128  # partition sizes are multiples of a unit of slots: at most this many units in the ring
+_MAX_UNITS = 128  # partition sizes are multiples of a power-of-two unit of slots: fewer than 2 x this many units
 
 
 def hop_share(from_switch: bool, to_switch: bool) -> float:
@@ -90,7 +90,7 @@ def partition_sizes(kinds: Sequence[bool], slots: int) -> tuple[int, ...] | None
 
     Every member a switch: equal partitions of ``2^k`` slots (the largest that fits ``slots`` R times), as
     before. With host members: sizes that minimise the busiest hop's framed load, in units of a power-of-two
-    number of slots (at most 128 units), every partition at least one unit. None: fewer slots than members."""
+    number of slots (fewer than 256 units), every partition at least one unit. None: fewer slots than members."""
     kinds, r = tuple(bool(k) for k in kinds), len(kinds)
     if r == 0 or slots < r:
         return None

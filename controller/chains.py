@@ -18,9 +18,10 @@ from typing import Mapping
 from controller.store import Job
 from controller.topology import Topology, next_hops_towards
 from inaproto import wire
-from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, ChainPartition, JobEntries, TransitEntry,
-                                  WorkerAddress, chain_entries, job_entries, split_generation)
-from inaproto.rina_ring import HOST_PORT, NETWORK_PORT, Rack, RingMember, host_copy_entries, host_copy_port, ring_of
+from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, JobEntries, TransitEntry, WorkerAddress,
+                                  chain_entries, job_entries, split_generation)
+from inaproto.rina_ring import (HOST_PORT, NETWORK_PORT, Rack, Ring, RingMember, host_copy_entries, host_copy_port,
+                                ring_of)
 
 __all__ = ["HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "job_state", "plan_rina"]
 
@@ -31,13 +32,22 @@ class RinaPlan:
 
     job_id: int
     members: tuple[RingMember, ...]  # ring order: member i sends to member i + 1
-    partition_slots: int  # slots per partition (a power of two); partition p is slots [p * n, (p + 1) * n)
+    ring: Ring  # members and partition sizes (inaproto.rina_ring): the rule the agents apply too
     chains: Mapping[str, ChainEntries]  # per switch member
     transit: Mapping[str, TransitEntry]  # per INA switch that only carries the job
     hosts: Mapping[int, tuple[JobEntries, ChainEntries]]  # per host member: its copy (its agent derives the same)
 
+    @property
+    def partition_slots(self) -> int:
+        """Slots of the blocks the partitions are made of (all of a partition's where they are equal)."""
+        return self.ring.partition_slots
+
+    @property
+    def num_slots(self) -> int:
+        return self.ring.num_slots
+
     def partition_of(self, slot: int) -> int:
-        return slot // self.partition_slots
+        return self.ring.partition_of(slot)
 
     def successor(self, member_id: int) -> RingMember:
         i = [m.member_id for m in self.members].index(member_id)
@@ -67,7 +77,7 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
                    for sw in job.switches())
     if ring is None:
         return None
-    members, r, block, plen = list(ring.members), len(ring.members), ring.partition_slots, ring.prefix_len
+    members, r = list(ring.members), len(ring.members)
 
     links = {sw: [(nb, port) for port, nb in ports.items()] for sw, ports in topology.trunks.items()}
     addresses = Counter([*(s.switch_ip for s in topology.switches.values()), *(h.ip for h in topology.hosts.values())])
@@ -125,13 +135,10 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
             hosts[m.member_id] = host_copy_entries(ring, m.member_id, job.job_id, generation, (w.mac, w.ip, w.udp_port),
                                                    (_ip(nxt.ip), nxt.udp_port), owner_epoch)
             continue
-        parts = []
-        for p in range(r):
-            parts.append(ChainPartition(p * block, plen, ring.upstream(i, p), i == p,
-                                        (nxt,) if ring.passes_final_on(i, p) else ()))
+        parts = ring.chain_partitions(i, nxt)
         link = ChainLink(ingress_port(pred, m.switch), pred_udp)
         sources = {pred.member_id: link, m.member_id: link}
         chains[m.switch] = chain_entries(job_state(job, m.switch), m.member_id, nxt, parts, sources)
     transit = {sw: TransitEntry(job.job_id) for sw, info in sorted(topology.switches.items())
                if info.ina and sw not in chains}
-    return RinaPlan(job.job_id, tuple(members), block, chains, transit, hosts)
+    return RinaPlan(job.job_id, tuple(members), ring, chains, transit, hosts)

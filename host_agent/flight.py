@@ -209,7 +209,7 @@ class Flight:
             return  # Karn: a resent chunk's time says nothing of the path, nor of what was sent before it
         self.probe_answered = False  # the window's first sends flow again: the probe met a late peer
         est.sample(rtt, int(self.cwnd.cwnd) // 2)
-        self.cwnd.on_results(est.recent_min, 1, now, est.path_rtt, est.srtt, self.granted)
+        self.cwnd.on_results(est.recent_min, 1, now, self.window_path_rtt(), est.srtt, self.granted)
         self._evidence(i, t, rtt)
 
     def delivered_many(self, sel: np.ndarray, now: float) -> None:
@@ -229,7 +229,8 @@ class Flight:
             per_round = int(self.cwnd.cwnd) // (2 * step)
             for r in sample[::step]:
                 est.sample(float(r), per_round)
-            self.cwnd.on_results(est.recent_min, int(sample.size), now, est.path_rtt, est.srtt, self.granted)
+            self.cwnd.on_results(est.recent_min, int(sample.size), now, self.window_path_rtt(), est.srtt,
+                                 self.granted)
         if not once.all():
             resent = ~once
             early = rtts < est.path_rtt
@@ -369,6 +370,18 @@ class Flight:
         stalls the results as a lost chunk would."""
         est = self.rtt
         return max(2 * self.recent_min() + self.reorder_window(), est.rto_min)
+
+    def window_path_rtt(self) -> float:
+        """The round trip the congestion window's floor and queue target take: with path classes (Rina's chains
+        of different lengths) the mean of the classes' shortest recent round trips, since a window of W chunks
+        spread over every class holds W / rate x that mean in flight (the shortest class's made the floor a
+        fraction of the window, which every round cut further); else the shortest seen."""
+        base = self.rtt.path_rtt
+        if self.class_rtts:
+            mins = [min(d) for d in self.class_rtts if d]
+            if mins:
+                return max(base, sum(mins) / len(mins))
+        return base
 
     def recent_min(self) -> float:
         """The estimator's recent shortest round trip, or with path classes the longest class's."""

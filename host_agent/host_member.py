@@ -13,6 +13,12 @@ Datagrams become frames for the model: the worker's gradients enter on HOST_PORT
 answers) on NETWORK_PORT from INA_UDP_PORT, as the copy's ingress binding expects (the copy decides who may
 send: only its ring neighbours). What the model emits is sent to the frame's destination; an answer to the
 sender (a resent partial meeting a copy that holds the final sum) goes back to the datagram's real source.
+
+Between two host members the INA payloads travel bundled: up to ``BUNDLE_FRAMES`` back to back in one datagram
+(0.876 of its frame is payload against 0.696 for single INA frames; ``inaproto.rina_partitions`` sizes the
+partitions with that cost). A bundle goes when full or when the copy has nothing more to read, so it waits for
+no timer; a copy takes any datagram that is a whole number of INA payloads from a host neighbour as a bundle.
+Hops into or out of a switch stay single INA frames (the switch parses one).
 docs/agent.md, "Rina as designed".
 """
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Mapping
 
 from host_agent.grant import Grant, Worker, chain_ring
 from inaproto import wire
+from inaproto.rina_partitions import BUNDLE_FRAMES
 from inaproto.rina_ring import HOST_PORT, NETWORK_PORT, Ring, host_copy_entries, host_copy_port
 
 __all__ = ["HostCopy", "is_host_member"]
@@ -82,9 +89,13 @@ class HostCopy:
         self._pipe = None  # softswitch.pipeline.InaPipeline of the current generation, or None
         self._local = 0  # the copy's id for this worker's gradients
         self._neighbours: set[str] = set()  # IPs chain packets may come from
+        self._hosts: frozenset[tuple[str, int]] = frozenset()  # neighbours' copies: bundles go there
+        self._bundles: dict[tuple[str, int], list[bytes]] = {}  # payloads waiting for their bundle, per copy
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.frames = 0  # datagrams processed (diagnostics)
+        self.frames = 0  # INA payloads processed (diagnostics)
+        self.bundles_sent = 0  # datagrams to neighbours' copies (diagnostics)
+        self.bundled = 0  # INA payloads in them
         self._thread = threading.Thread(target=self._serve, name=f"host-copy-w{me.worker_id}", daemon=True)
         self._thread.start()
 
@@ -96,11 +107,11 @@ class HostCopy:
         key = None if member is None else (grant.job_id, grant.generation, ring)
         if key == self._key:
             return
-        pipe = None
+        pipe, hosts = None, frozenset()
         if member is not None:
-            pipe = self._pipeline(grant, ring)
+            pipe, hosts = self._pipeline(grant, ring)
         with self._lock:
-            self._key, self._pipe = key, pipe
+            self._key, self._pipe, self._hosts = key, pipe, hosts
         log.info("worker %d: host-member copy %s", self.me.worker_id,
                  f"for generation {grant.generation}" if pipe is not None else "off")
 
@@ -124,7 +135,9 @@ class HostCopy:
         chain.insert_into(pipe)
         self._local = own.workers[0].worker_id
         self._neighbours = {nxt[0], prv[0]}
-        return pipe
+        r = len(ring.members)
+        hosts = frozenset(a for a, k in ((nxt, i + 1), (prv, i - 1)) if not ring.members[k % r].is_switch)
+        return pipe, hosts
 
     def _serve(self) -> None:
         self.sock.setblocking(False)
@@ -144,31 +157,59 @@ class HostCopy:
                         return
                     break
                 self._handle(bytes(buf[:n]), src)
+            self._flush()
 
     def _handle(self, payload: bytes, src: tuple[str, int]) -> None:
         with self._lock:
             pipe = self._pipe
-        if pipe is None or len(payload) != wire.INA_PAYLOAD_LEN:
+        n = len(payload)
+        if pipe is None or n == 0 or n % wire.INA_PAYLOAD_LEN:
             return
         if src == self._own:
+            if n != wire.INA_PAYLOAD_LEN:
+                return
             p = bytearray(payload)
             p[_O_WORKER] = self._local
-            frame = _frame(self._me_mac, self._me_ip, self._me_ip, src[1].to_bytes(2, "big"), bytes(p))
-            port = HOST_PORT
+            self._process(pipe, HOST_PORT, _frame(self._me_mac, self._me_ip, self._me_ip, src[1].to_bytes(2, "big"),
+                                                  bytes(p)), src)
         elif src[0] in self._neighbours:
-            frame = _frame(b"\0" * 6, ipaddress.IPv4Address(src[0]).packed, self._me_ip, _INA_PORT, payload)
-            port = NETWORK_PORT
-        else:
-            return
+            if n > wire.INA_PAYLOAD_LEN and src not in self._hosts:
+                return  # bundles only from a neighbour's copy
+            ip = ipaddress.IPv4Address(src[0]).packed
+            for off in range(0, n, wire.INA_PAYLOAD_LEN):
+                self._process(pipe, NETWORK_PORT,
+                              _frame(b"\0" * 6, ip, self._me_ip, _INA_PORT, payload[off : off + wire.INA_PAYLOAD_LEN]), src)
+
+    def _process(self, pipe, port: int, frame: bytes, src: tuple[str, int]) -> None:
         self.frames += 1
         for _out_port, out in pipe.process(port, frame):
             dst = (str(ipaddress.IPv4Address(out[30:34])), int.from_bytes(out[36:38], "big"))
             if port == NETWORK_PORT and dst == (src[0], wire.INA_UDP_PORT):
                 dst = src  # an answer to the sender: back to the datagram's real source
-            try:
-                self.sock.sendto(out[wire.INA_OFFSET:], dst)
-            except (BlockingIOError, ConnectionRefusedError, OSError):
-                pass  # lost like a dropped frame; recovered end to end
+            if dst in self._hosts:
+                bundle = self._bundles.setdefault(dst, [])
+                bundle.append(out[wire.INA_OFFSET:])
+                if len(bundle) >= BUNDLE_FRAMES:
+                    self._send(b"".join(bundle), dst)
+                    bundle.clear()
+            else:
+                self._send(out[wire.INA_OFFSET:], dst)
+
+    def _flush(self) -> None:
+        """Send every bundle waiting: the copy has read everything there was."""
+        for dst, bundle in self._bundles.items():
+            if bundle:
+                self._send(b"".join(bundle), dst)
+                bundle.clear()
+
+    def _send(self, datagram: bytes, dst: tuple[str, int]) -> None:
+        if dst in self._hosts:
+            self.bundles_sent += 1
+            self.bundled += len(datagram) // wire.INA_PAYLOAD_LEN
+        try:
+            self.sock.sendto(datagram, dst)
+        except (BlockingIOError, ConnectionRefusedError, OSError):
+            pass  # lost like dropped frames; recovered end to end
 
     def close(self) -> None:
         self._stop.set()

@@ -3,14 +3,19 @@
 Members are the racks whose switch runs INA and holds slots for the job (one member each, with the rack's
 workers local to it) and every worker of any other rack (a host member), in switch-name order, a rack's
 workers by id. A switch member's id is free in the job's worker-id space, taken from 31 down; a host
-member's is its worker id. The slots are cut into as many partitions as there are members, each ``2^k``
-slots (the largest power of two that fits the smallest rack's range R times), so a partition is a prefix of
-the slot index. Partition p's chain starts after member p and ends at member p. docs/switch.md, "Chains".
+member's is its worker id. The slots are cut into as many partitions as there are members: with every member a
+switch, each ``2^k`` slots (the largest power of two that fits the smallest rack's range R times); with host
+members, sizes from the hops' framed costs over the smallest rack's whole range (``inaproto.rina_partitions``).
+Equal partitions are contiguous blocks of slots, unequal ones interleaved (``slot_partitions``); one LPM entry
+per aligned block of a partition's slots. Partition p's chain
+starts after member p and ends at member p. docs/switch.md, "Chains"; docs/experiments.md, "Rina as designed".
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterable
+
+from inaproto.rina_partitions import aligned_blocks, partition_sizes, slot_partitions
 
 __all__ = ["HOST_PORT", "NETWORK_PORT", "Rack", "RingMember", "Ring", "host_copy_entries", "host_copy_port",
            "ring_of", "MAX_WORKERS"]
@@ -54,7 +59,21 @@ class RingMember:
 @dataclass(frozen=True)
 class Ring:
     members: tuple[RingMember, ...]  # ring order: member i sends to member i + 1
-    partition_slots: int  # 2^k; partition p is slots [p * 2^k, (p + 1) * 2^k)
+    sizes: tuple[int, ...]  # slots of partition p, in ring order (which slots: slot_partitions)
+
+    @property
+    def slot_partitions(self) -> tuple[int, ...]:
+        """The partition of every slot (``inaproto.rina_partitions.slot_partitions``)."""
+        return slot_partitions(self.sizes)
+
+    @property
+    def partition_slots(self) -> int:
+        """The largest power of two of slots whose aligned blocks lie in one partition each (the agent's window
+        times each block's chain on its own): a partition's size where they are equal, else 1."""
+        order, g = self.slot_partitions, 1
+        while all(len(set(order[b : b + 2 * g])) == 1 for b in range(0, len(order), 2 * g)) and 2 * g <= len(order):
+            g *= 2
+        return g
 
     @property
     def prefix_len(self) -> int:
@@ -62,8 +81,25 @@ class Ring:
 
     @property
     def num_slots(self) -> int:
-        """The slots the job uses on every switch member: one block per partition."""
-        return self.partition_slots * len(self.members)
+        """The slots the job uses on every switch member: every partition's."""
+        return sum(self.sizes)
+
+    def blocks(self, p: int) -> list[tuple[int, int]]:
+        """Partition p's slots as (prefix, prefix_len) LPM blocks."""
+        order, out, t = self.slot_partitions, [], 0
+        while t < len(order):
+            end = t
+            while end < len(order) and order[end] == order[t]:
+                end += 1
+            if order[t] == p:
+                out += aligned_blocks(t, end - t)
+            t = end
+        return out
+
+    def partition_of(self, slot: int) -> int:
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is beyond the ring's {self.num_slots} slots")
+        return self.slot_partitions[slot]
 
     def index(self, member_id: int) -> int:
         return [m.member_id for m in self.members].index(member_id)
@@ -76,6 +112,14 @@ class Ring:
     def passes_final_on(self, i: int, p: int) -> bool:
         """Whether member i passes partition p's final sum to its successor (all but the one before p)."""
         return i != (p - 1) % len(self.members)
+
+    def chain_partitions(self, i: int, nxt):
+        """Member i's ChainPartitions (``inaproto.job_entries``), one per block of every partition; ``nxt`` the
+        ChainHop of its successor."""
+        from inaproto.job_entries import ChainPartition
+
+        return [ChainPartition(prefix, plen, self.upstream(i, p), i == p, (nxt,) if self.passes_final_on(i, p) else ())
+                for p in range(len(self.members)) for prefix, plen in self.blocks(p)]
 
 
 def ring_of(racks: Iterable[Rack]) -> Ring | None:
@@ -96,10 +140,8 @@ def ring_of(racks: Iterable[Rack]) -> Ring | None:
     switch_slots = [r.num_slots for r in racks if r.ina and r.num_slots > 0]
     if len(members) < 2 or not switch_slots:
         return None
-    per = min(switch_slots) // len(members)
-    if per == 0:
-        return None
-    return Ring(tuple(members), 1 << (per.bit_length() - 1))
+    sizes = partition_sizes([m.is_switch for m in members], min(switch_slots))
+    return None if sizes is None else Ring(tuple(members), sizes)
 
 
 def host_copy_entries(ring: Ring, member_id: int, job_id: int, generation: int, worker: tuple[str, str, int],
@@ -108,8 +150,7 @@ def host_copy_entries(ring: Ring, member_id: int, job_id: int, generation: int, 
     HOST_PORT under an id of no member, slots ``[0, ring.num_slots)``, partials and passed-on final sums to
     ``next_hop`` (ip, udp port) on NETWORK_PORT. Chain packets come in on NETWORK_PORT from INA_UDP_PORT:
     the agent's copy hands them over so (host_agent/host_member.py) and checks who sent them itself."""
-    from inaproto.job_entries import (ChainHop, ChainLink, ChainPartition, WorkerAddress, chain_entries,
-                                      job_entries)
+    from inaproto.job_entries import ChainHop, ChainLink, WorkerAddress, chain_entries, job_entries
 
     i, r = ring.index(member_id), len(ring.members)
     local = min(set(range(MAX_WORKERS)) - {m.member_id for m in ring.members})
@@ -117,8 +158,7 @@ def host_copy_entries(ring: Ring, member_id: int, job_id: int, generation: int, 
     own = job_entries(job_id, [WorkerAddress(local, HOST_PORT, mac or 0, ip, udp)], base_slot=0,
                       num_slots=ring.num_slots, generation=generation, owner_epoch=owner_epoch)
     nxt = ChainHop(ring.members[(i + 1) % r].member_id, NETWORK_PORT, 0, next_hop[0], next_hop[1])
-    parts = [ChainPartition(p * ring.partition_slots, ring.prefix_len, ring.upstream(i, p), i == p,
-                            (nxt,) if ring.passes_final_on(i, p) else ()) for p in range(r)]
+    parts = ring.chain_partitions(i, nxt)
     link = ChainLink(NETWORK_PORT, INA_UDP_PORT)
     pred = ring.members[(i - 1) % r].member_id
     return own, chain_entries(own, member_id, nxt, parts, {pred: link, member_id: link})

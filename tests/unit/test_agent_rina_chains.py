@@ -10,7 +10,7 @@ import pytest
 
 from host_agent.agent import AgentOptions
 from host_agent.stream import StreamOptions
-from inaproto.job_entries import ChainHop, ChainLink, ChainPartition, WorkerAddress, chain_entries, job_entries
+from inaproto.job_entries import ChainHop, ChainLink, WorkerAddress, chain_entries, job_entries
 from inaproto.rina_ring import Rack, host_copy_port, ring_of
 from softswitch.udp import Faults, _mac_bytes
 from tests.udp_switch import LocalCluster, quantised_sum
@@ -53,8 +53,7 @@ def _install_chains(cl: LocalCluster, slots: dict[str, int] | None = None) -> No
         job = job_entries(JOB_ID, [WorkerAddress(w.worker_id, sw.attach(w.ip, w.udp_port), _mac_bytes(w.worker_id),
                                                  w.ip, w.udp_port) for w in workers[m.switch]],
                           base_slot=0, num_slots=slots[m.switch], generation=0)
-        parts = [ChainPartition(p * ring.partition_slots, ring.prefix_len, ring.upstream(i, p), i == p,
-                                (nxt,) if ring.passes_final_on(i, p) else ()) for p in range(n)]
+        parts = ring.chain_partitions(i, nxt)
         link = ChainLink(sw.attach(*address(prv)), address(prv)[1])  # the predecessor's socket
         entries = chain_entries(job, m.member_id, nxt, parts, {prv.member_id: link, m.member_id: link})
         for g in entries.groups:
@@ -145,9 +144,24 @@ def test_rack_compares_chunks_of_one_chain_only() -> None:
 @pytest.mark.parametrize("racks,ina", [(["r1", "r1", "r2", "r2"], {"r1"}), (["r1", "r2", "r2", "r3", "r3"], {"r2"})],
                          ids=["2x2-half", "3-racks-one"])
 @pytest.mark.parametrize("faults", [None, Faults(drop=0.02, duplicate=0.01)], ids=["clean", "lossy"])
-def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks, ina, faults):
+def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks, ina, faults, monkeypatch):
     """Racks without INA: each worker there is a ring member keeping its copy of the chain in its agent; every
-    worker is plain INA (towards its switch or its copy) and gets the exact sum, also under loss."""
+    worker is plain INA (towards its switch or its copy) and gets the exact sum, also under loss (on the switches
+    and, lossy, on what the copies send: single frames and bundles between host members alike)."""
+    from host_agent.host_member import HostCopy
+
+    if faults is not None:
+        send, fault_rng = HostCopy._send, np.random.default_rng(11)
+
+        def faulty_send(self, datagram: bytes, dst) -> None:
+            x = fault_rng.random()
+            if x < faults.drop:
+                return
+            send(self, datagram, dst)
+            if x > 1 - faults.duplicate:
+                send(self, datagram, dst)
+
+        monkeypatch.setattr(HostCopy, "_send", faulty_send)
     rng = np.random.default_rng(len(racks) + 1)
     inputs = [(rng.standard_normal(2000) * 3).astype(np.float32) for _ in racks]
     with LocalCluster(racks, ina_racks=ina, slots=SLOTS, backend="rina", options=OPTIONS, faults=faults,
@@ -157,14 +171,18 @@ def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks
         def work(agent):
             results = [agent.allreduce(inputs[agent.rank]) for _ in range(2)]
             copy = agent.host_copy
-            return results, agent.stats, agent.plan.kind, copy is not None and copy.frames > 0
+            return (results, agent.stats, agent.plan.kind, copy is not None and copy.frames > 0,
+                    (copy.bundles_sent, copy.bundled) if copy is not None else (0, 0))
 
         out = cl.run(work)
         partials = sum(sw.counter("MyIngress.ina_partials", JOB_ID) for sw in cl.switches.values() if sw)
     expected = quantised_sum(inputs)
-    for i, (results, stats, kind, copied) in enumerate(out):
+    for i, (results, stats, kind, copied, _) in enumerate(out):
         for r in results:
             np.testing.assert_array_equal(r, expected)
         assert kind == "ina" and stats.broadcasts_sent == 0 and stats.ring_ops == 0
         assert copied == (racks[i] not in ina)
     assert partials > 0
+    # host members next to each other exchange bundles: fewer datagrams than the payloads they carry
+    bundles, payloads = (sum(o[4][k] for o in out) for k in (0, 1))
+    assert 0 < bundles < payloads

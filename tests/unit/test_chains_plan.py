@@ -64,7 +64,11 @@ def test_a_rack_without_ina_joins_as_host_members_and_none_without_any_switch_me
     topo = _leaf_spine(2, 2, {"tor1": False})
     plan = plan_rina(topo, _job(topo, {"tor0": 8}))
     assert [(m.is_switch, m.workers) for m in plan.members] == [(True, (0, 1)), (False, (2,)), (False, (3,))]
-    assert plan.partition_slots == 2
+    # sizes from the hops' framed costs: the switch member, next to both INA-frame hops, gets the most
+    # (unequal partitions interleave: a worker's consecutive chunks spread over every chain; one entry per slot)
+    assert plan.ring.sizes == (4, 2, 2) and plan.num_slots == 8 and plan.partition_slots == 1
+    assert plan.ring.slot_partitions == (0, 1, 2, 0, 0, 1, 2, 0)
+    assert [c.match for c in plan.chains["tor0"].chains] == [(JOB, (s, 16)) for s in (0, 3, 4, 7, 1, 5, 2, 6)]
     assert plan_rina(topo, _job(topo, {})) is None
     assert plan_rina(topo, _job(topo, {"tor0": 2})) is None  # fewer slots than partitions: the plain ring
 
@@ -132,7 +136,7 @@ def test_rina_over_every_ina_rack_gives_exact_sums(racks, per_rack, own_ips):
     plan = plan_rina(topo, job)
     pipes = _install(topo, job, plan)
     rng = np.random.default_rng(racks)
-    slots = range(plan.partition_slots * len(plan.members))
+    slots = range(plan.num_slots)
     totals = {s: np.zeros(wire.LANES, np.int64) for s in slots}
     sends = []
     for wid, sw, port in job.placement:
@@ -199,7 +203,7 @@ def test_rina_with_racks_without_ina_hosts_keep_their_own_copy(racks, per_rack, 
         sw, port = next((s, pt) for w, s, pt in job.placement if w == wid)
         links[(sw, port)] = (f"host{wid}", NETWORK_PORT)
     rng = np.random.default_rng(7)
-    slots = range(plan.partition_slots * len(plan.members))
+    slots = range(plan.num_slots)
     totals = {s: np.zeros(wire.LANES, np.int64) for s in slots}
     sends, where = [], {}
     for wid, sw, port in job.placement:
@@ -225,7 +229,10 @@ def test_ring_rule_from_grant_facts_alone():
     ring = ring_of([Rack("b", (4, 5), 0, True), Rack("a", (0, 1, 2), 24, True), Rack("c", (3,), 9, False)])
     assert [(m.member_id, m.is_switch, m.workers) for m in ring.members] == \
         [(31, True, (0, 1, 2)), (4, False, (4,)), (5, False, (5,)), (3, False, (3,))]
-    assert (ring.partition_slots, ring.prefix_len, ring.num_slots) == (4, 14, 16)
+    assert ring.sizes == (9, 7, 1, 7) and (ring.partition_slots, ring.prefix_len, ring.num_slots) == (1, 16, 24)
+    assert ring.blocks(2) == [(10, 16)] and ring.partition_of(10) == 2 and ring.partition_of(8) == 3
+    assert ring.blocks(0) == [(s, 16) for s in (0, 3, 6, 9, 11, 14, 17, 20, 23)]
+    assert ring_of([Rack("a", (0, 1), 24, True), Rack("b", (2,), 8, True)]).sizes == (4, 4)  # all switches: 2^k each
     assert ring.upstream(0, 3) == () and ring.upstream(1, 3) == (31,)
     assert not ring.passes_final_on(2, 3) and ring.passes_final_on(3, 3)
     assert ring_of([Rack("a", (0, 1), 8, True)]) is None  # one member: single-switch INA

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inaproto import wire
+from inaproto.rina_partitions import hop_loads, partition_sizes
 from topologies.experiments import register
 from topologies.experiments.aggregate import TCP_PAYLOAD, allreduce_row, group_by, median, spread
 from topologies.experiments.base import Experiment
@@ -26,20 +27,30 @@ INA_SHARE = wire.INA_DATA_LEN / wire.INA_FRAME_LEN  # 128 / 184
 TCP_SHARE = TCP_PAYLOAD / 1514
 
 
-def framed_ideal_ratio(racks: int, per_rack: int, ina_racks: int, uplink_ratio: float = 1.0) -> float:
+def framed_ideal_ratio(racks: int, per_rack: int, ina_racks: int, uplink_ratio: float = 1.0, slots: int = 8) -> float:
     """Rina's ideal time over the flat ring's: each one's busiest link in framed bytes per tensor, per direction.
 
-    Ring: 2(n-1)/n on every host link and uplink (a rack's workers are adjacent in the ring). Rina with R
-    members: a worker of an INA rack carries the tensor once, a host member and every uplink 2(R-1)/R, all
-    in INA frames. Uplinks are ``uplink_ratio`` times the host links' bandwidth."""
+    Ring: 2(n-1)/n on every host link and uplink (a rack's workers are adjacent in the ring). Rina: a worker of
+    an INA rack carries the tensor once (INA frames); every ring hop i -> i+1 carries 2T - s_i - s_{i+1} for the
+    partition sizes the ring takes from ``slots`` per rack (``inaproto.rina_partitions``), in INA frames into or
+    out of a switch member and in bundles between host members; a hop between racks crosses their uplinks,
+    ``uplink_ratio`` times the host links' bandwidth."""
     n = racks * per_rack
     ring = 2 * (n - 1) / n / TCP_SHARE * max(1.0, 1 / uplink_ratio)
     if ina_racks == 0:
         return 1.0
-    r = ina_racks + (racks - ina_racks) * per_rack
-    member = 2 * (r - 1) / r / INA_SHARE
-    worker = 1 / INA_SHARE if ina_racks == racks else max(1 / INA_SHARE, member)
-    return max(worker, member / uplink_ratio) / ring
+    kinds, rack_of = [], []
+    for r in range(racks):  # the first racks are the INA-capable ones; ring order is rack order
+        members = 1 if r < ina_racks else per_rack
+        kinds += [r < ina_racks] * members
+        rack_of += [r] * members
+    sizes = partition_sizes(kinds, slots)
+    if sizes is None:
+        return 1.0  # too few slots for the members: the plain ring
+    loads = hop_loads(kinds, sizes)
+    busiest = max(load / (uplink_ratio if rack_of[i] != rack_of[(i + 1) % len(kinds)] else 1.0)
+                  for i, load in enumerate(loads))
+    return max(1 / INA_SHARE, busiest) / ring
 
 
 def framed_ideal_ina_ratio(n: int) -> float:
@@ -56,7 +67,8 @@ class RinaConfig:
         ina_fractions: fractions of racks that are INA-capable (the first ones).
         elements: float32 elements per all-reduce; iterations timed calls after warmup untimed ones.
         bw_mbps: host links, Mbit/s (htb); uplink_ratio: uplinks' share of that (0.5: 2:1 oversubscribed).
-        slots: slots each job asks for per rack (the ring uses the largest R * 2^k of them).
+        slots: slots each job asks for per rack (every member a switch: the ring uses the largest R * 2^k of
+            them; with host members all of them, sized by hop costs: inaproto.rina_partitions).
         reference: also run single-switch INA on a star of all workers.
         repetitions: runs of every point (each a fresh testbed; one repetition runs every point once).
     """
@@ -205,7 +217,7 @@ class RinaExperiment(Experiment):
                     "ratio_to_ring": seconds / ring_s if ring_s else None,
                     "ratio_to_ring_spread": spread(ratios),
                     "ratio_to_ina": seconds / ina_s if ina_s else None,
-                    "framed_ideal_ratio": framed_ideal_ratio(racks, per, k, config.uplink_ratio),
+                    "framed_ideal_ratio": framed_ideal_ratio(racks, per, k, config.uplink_ratio, config.slots),
                 })
             points.append(point)
         return {"points": points, "errors": sum(1 for r in rows if r.get("error"))}

@@ -577,7 +577,9 @@ class Simulation:
                 jobs.append((rng.size, other.counts.get(rack, 0)))
                 paths.append(other.path_rtt.get(rack))
             elif not other.ready:  # its agents are starting on the switch's cores (startup_load)
-                starting += shared_switch.startup_load(self.cal, other.counts.get(rack, 0), other.spec.startup_s)
+                m = other.counts.get(rack, 0)
+                warmup = m * math.ceil(other.spec.grad_bytes / self.cal.payload_bytes) * other.spec.startup_iterations
+                starting += shared_switch.startup_load(self.cal, m, other.spec.startup_s, warmup)
         if not jobs:
             return 1.0
         host = self.cluster.host_Bps

@@ -9,7 +9,8 @@ import pytest
 
 from simulator import model, shared_switch
 from simulator.calibration import Calibration
-from topologies.experiments.calibrate import calibration_from, run_startup_probe
+from topologies.experiments.calibrate import calibration_from, overlapping_calls, run_startup_probe
+from topologies.experiments.conditions import Conditions, busy_jiffies
 from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
 
 
@@ -107,3 +108,28 @@ def test_simulated_trace_starts_each_job_after_its_start_up(tmp_path):
     shared.write_text(json.dumps({**json.loads(cal.read_text()), "switch_shared_pps": 5000.0}))
     slow = simulate_trace(TRACE, out=tmp_path / "slow", startup=startup, **{**kw, "calibration": shared})
     assert all(slow[tj.job]["busy_s"] > now[tj.job]["busy_s"] for tj in TRACE)
+
+
+def test_the_shared_probe_counts_the_calls_run_while_every_job_ran():
+    """Job A's calls end at 10 s (exit), job B's at 11 s: A runs [4, 10], B [6, 11]; the window where both ran is
+    [6, 10]: A's calls from 6 s on, B's calls up to 10 s."""
+    a = [1.0, 1.0, 2.0, 2.0]  # [4, 5], [5, 6], [6, 8], [8, 10]
+    b = [2.0, 2.0, 1.0]  # [6, 8], [8, 10], [10, 11]
+    assert overlapping_calls([a, b], [10.0, 11.0]) == [[2.0, 2.0], [2.0, 2.0]]
+    assert overlapping_calls([a, []], [10.0, 11.0]) == [[], []]
+
+
+def test_machine_cpu_is_read_from_proc_stat():
+    text = "cpu  100 20 30 400 50 5 15 10 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+    assert busy_jiffies(text) == (100 + 20 + 30 + 5 + 15 + 10, 630, 20)  # busy: not idle 400, not iowait 50
+    with pytest.raises(ValueError):
+        busy_jiffies("intr 1 2 3\n")
+
+
+def test_conditions_name_the_measurement_and_its_cpu():
+    with Conditions(bw_mbps=1.0, window_slots=16, jobs=4) as cond:
+        sum(range(10_000))
+    out = cond.result
+    assert (out["bw_mbps"], out["window_slots"], out["jobs"]) == (1.0, 16, 4)
+    assert out["wall_s"] > 0 and out["cores"] >= 1 and out["busy_cores"] >= 0 and out["others_cores"] >= 0
+    assert {"switch_cores", "controller_cores", "agents_cores", "runner_cores", "irq_cores", "loadavg_start"} <= set(out)

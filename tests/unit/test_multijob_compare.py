@@ -121,7 +121,7 @@ def test_the_shared_probe_counts_the_calls_run_while_every_job_ran():
 
 def test_machine_cpu_is_read_from_proc_stat():
     text = "cpu  100 20 30 400 50 5 15 10 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
-    assert busy_jiffies(text) == (100 + 20 + 30 + 5 + 15 + 10, 630, 20)  # busy: not idle 400, not iowait 50
+    assert busy_jiffies(text) == (100 + 20 + 30 + 5 + 15 + 10, 630, 20, 10)  # busy: not idle 400, not iowait 50
     with pytest.raises(ValueError):
         busy_jiffies("intr 1 2 3\n")
 
@@ -132,4 +132,14 @@ def test_conditions_name_the_measurement_and_its_cpu():
     out = cond.result
     assert (out["bw_mbps"], out["window_slots"], out["jobs"]) == (1.0, 16, 4)
     assert out["wall_s"] > 0 and out["cores"] >= 1 and out["busy_cores"] >= 0 and out["others_cores"] >= 0
-    assert {"switch_cores", "controller_cores", "agents_cores", "runner_cores", "irq_cores", "loadavg_start"} <= set(out)
+    assert {"switch_cores", "controller_cores", "agents_cores", "runner_cores", "irq_cores", "steal_cores", "loadavg_start"} <= set(out)
+
+
+def test_an_agents_measured_life_replaces_its_import_as_start_up_cpu():
+    """The lifecycle probe (start, register, grant, one tiny all-reduce, exit) measures what the import-only probe
+    bounds from below; repeated, the calibration takes its median."""
+    startup = {"probe": "agent-startup-cpu", "cpu_s_median": 0.5, "cores": 2}
+    lives = [{"probe": "agent-lifecycle-cpu", "cpu_s_per_agent": v, "cores": 2} for v in (0.7, 0.6, 0.9)]
+    assert calibration_from([startup], ring_goodput=None, source="t").agent_startup_cpu_s == 0.5
+    cal = calibration_from([startup, *lives], ring_goodput=None, source="t")
+    assert (cal.agent_startup_cpu_s, cal.shared_cores) == (0.7, 2.0)

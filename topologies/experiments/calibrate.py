@@ -3,10 +3,12 @@
 The probes run on an unshaped star of two workers, so that what they measure is the software path, not a
 link: one INA slot (the round trip, ``ina_rtt_us = payload / throughput``), many INA slots (the packet
 rate the agents and switch sustain, ``switch_pps``), and a one-chunk ring all-reduce (the latency of a
-ring step). A fourth probe (:func:`run_shared_probe`, experiment 3) runs as many concurrent INA jobs as the
-experiment's trace on its own star, unshaped, to measure the packet rate the switch and the agents sustain
-together (``switch_shared_pps``), after one of its jobs alone with half its BDP of slots, window-bound, whose
-round trip less the added delay replaces the two-worker ``ina_rtt_us`` (:func:`run_window_probe`). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
+ring step). Experiment 3's probes run on the trace's own star, before each repetition, under the trace's
+process conditions (its links, request, ``--check``, controller polling): an agent's whole life's CPU
+(:func:`run_lifecycle_probe`, ``agent_startup_cpu_s``), one job's window-bound round trip
+(:func:`run_window_probe`, ``ina_rtt_us``) and the trace's jobs all at once (:func:`run_shared_probe`,
+``switch_shared_pps``: ina-sim's model inverted on the probe's configuration); each records the machine's
+conditions (topologies.experiments.conditions). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
 measured time). :func:`calibration_from` combines whatever was measured with the simulator's defaults and
 checks the result with ``simulator.calibration``.
 """
@@ -26,7 +28,8 @@ from simulator.calibration import Calibration
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.testbed import AgentJob, Testbed
 
-__all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "run_probes", "run_shared_probe", "run_startup_probe", "calibration_from", "shared_capacity_of",
+__all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "LIFECYCLE_PROBE", "WINDOW_PROBE", "run_probes", "run_shared_probe", "run_startup_probe",
+           "run_lifecycle_probe", "run_window_probe", "overlapping_calls", "calibration_from", "shared_capacity_of",
            "ring_fraction", "write_calibration"]
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
@@ -241,6 +244,12 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
     if startup and startup.get("cpu_s_median") and startup.get("cores"):
         fields["agent_startup_cpu_s"] = float(startup["cpu_s_median"])
         fields["shared_cores"] = float(startup["cores"])
+    # An agent's whole life (start, register, grant, exit) measured on the trace's star, when taken: its median
+    # replaces the import's lower bound.
+    lives = [r for r in probes if r.get("probe") == LIFECYCLE_PROBE and r.get("cpu_s_per_agent") and r.get("cores")]
+    if lives:
+        fields["agent_startup_cpu_s"] = median([float(r["cpu_s_per_agent"]) for r in lives])
+        fields["shared_cores"] = float(lives[0]["cores"])
     sharing = Calibration(**fields)
     caps = [c for c in (shared_capacity_of(sharing, r) for r in probes if r.get("probe") == SHARED_PROBE
                         and r.get("gradients_per_s")) if c is not None]

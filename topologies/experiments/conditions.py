@@ -6,7 +6,8 @@ simulator"); to tell the probe's own conditions from the machine's, each probe a
 ``conditions``: the load average, the cores busy over its wall time (/proc/stat), and the CPU of its own
 processes (the switch's and the controller's process trees from /proc, the agents it reaped from
 ``RUSAGE_CHILDREN``, the runner itself), and the interrupt time no process is charged (``irq_cores``: mostly the
-kernel's packet path, the veths and their htb shapers); ``others_cores`` is the rest: work that is not the
+kernel's packet path, the veths and their htb shapers) and the time the hypervisor stole (``steal_cores``);
+``others_cores`` is the rest: work that is not the
 measurement's (other sessions).
 """
 from __future__ import annotations
@@ -23,15 +24,16 @@ PROC = Path("/proc")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def busy_jiffies(stat_text: str) -> tuple[int, int, int]:
-    """(busy, total, irq) jiffies of every core from /proc/stat's ``cpu`` line: busy = total less idle and iowait;
-    irq = hard and soft interrupt time (the kernel's packet path: veths, htb), which no process is charged."""
+def busy_jiffies(stat_text: str) -> tuple[int, int, int, int]:
+    """(busy, total, irq, steal) jiffies of every core from /proc/stat's ``cpu`` line: busy = total less idle and
+    iowait; irq = hard and soft interrupt time (the kernel's packet path: veths, htb), which no process is charged;
+    steal = time the hypervisor gave the virtual cores to other machines (busy for us, but nobody's work here)."""
     for line in stat_text.splitlines():
         if line.startswith("cpu "):
             fields = [int(v) for v in line.split()[1:]] + [0] * 8
             total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
             idle = fields[3] + fields[4]
-            return total - idle, total, fields[5] + fields[6]
+            return total - idle, total, fields[5] + fields[6], fields[7]
     raise ValueError("no 'cpu' line in /proc/stat")
 
 
@@ -94,11 +96,14 @@ class Conditions:
 
     def stop(self) -> dict[str, Any]:
         wall = max(1e-9, time.monotonic() - self._t)
-        busy, total, irq = busy_jiffies((PROC / "stat").read_text())
+        busy, total, irq, steal = busy_jiffies((PROC / "stat").read_text())
         cores = os.cpu_count() or 1
-        d_busy, d_total, d_irq = busy - self._cpu[0], total - self._cpu[1], irq - self._cpu[2]
-        machine = cores * d_busy / d_total if d_total > 0 else 0.0
-        interrupts = cores * d_irq / d_total if d_total > 0 else 0.0
+        d_total = total - self._cpu[1]
+
+        def share(now: int, before: int) -> float:
+            return cores * (now - before) / d_total if d_total > 0 else 0.0
+
+        machine, interrupts, stolen = share(busy, self._cpu[0]), share(irq, self._cpu[2]), share(steal, self._cpu[3])
         own = {"switch": tree_cpu_s(self.switch_pids) - self._switch,
                "controller": tree_cpu_s(self.controller_pids) - self._controller,
                "agents": _rusage_s(resource.RUSAGE_CHILDREN) - self._children,
@@ -108,8 +113,8 @@ class Conditions:
             "loadavg_start": round(self._load, 2), "loadavg_end": round(os.getloadavg()[0], 2),
             "busy_cores": round(machine, 3),
             **{f"{name}_cores": round(cpu / wall, 3) for name, cpu in own.items()},
-            "irq_cores": round(interrupts, 3),
-            "others_cores": round(max(0.0, machine - interrupts - sum(own.values()) / wall), 3),
+            "irq_cores": round(interrupts, 3), "steal_cores": round(stolen, 3),
+            "others_cores": round(max(0.0, machine - interrupts - stolen - sum(own.values()) / wall), 3),
         }
         return self.result
 

@@ -143,3 +143,19 @@ def test_an_agents_measured_life_replaces_its_import_as_start_up_cpu():
     assert calibration_from([startup], ring_goodput=None, source="t").agent_startup_cpu_s == 0.5
     cal = calibration_from([startup, *lives], ring_goodput=None, source="t")
     assert (cal.agent_startup_cpu_s, cal.shared_cores) == (0.7, 2.0)
+
+
+def test_window_probes_that_resolve_no_round_trip_count_in_the_median():
+    """Three window probes: one above the added round trip and serialization (1 ms more), two below (htb's burst):
+    their median resolves nothing, so the unshaped one-slot probe's round trip stands."""
+    def window(w_ms):
+        return {"probe": "ina-window", "slots": 12, "bytes": 65536, "seconds_median": (512 / 12 + 1) * w_ms / 1000,
+                "bw_mbps": 1.0}
+
+    one = {"probe": "ina-1slot", "bytes": 65536, "seconds_median": 512 * 300e-6}
+    frames = 2 * 184 * 8 / 1e6 * 1e3  # ms
+    low = calibration_from([one, window(20 + frames + 1.0), window(22.4), window(22.0)], ring_goodput=None, source="t", rtt_ms=20.0)
+    assert low.ina_rtt_us == pytest.approx(300.0)
+    high = calibration_from([one, window(20 + frames + 1.0), window(20 + frames + 2.0), window(22.0)], ring_goodput=None,
+                            source="t", rtt_ms=20.0)
+    assert high.ina_rtt_us == pytest.approx(1000.0, rel=1e-6)

@@ -231,8 +231,11 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
         chunks = math.ceil(float(pps["bytes"]) / wire.INA_DATA_LEN)
         fields["switch_pps"] = int(pps.get("workers", 2)) * chunks / float(pps["seconds_median"])
     # The trace's probes may be repeated (multijob: before each repetition): the median of their values.
+    # The median of every window probe's excess over the added round trip and the frames' serialization, which may
+    # be <= 0 (htb's burst lets a window that does not fill the link leave without waiting its serialization): a
+    # median <= 0 resolves no software round trip, and the unshaped one-slot probe's stands.
     rtts = [v for v in (_window_rtt_us(r, rtt_ms) for r in probes if r.get("probe") == WINDOW_PROBE) if v is not None]
-    if rtts:
+    if rtts and median(rtts) > 0:
         fields["ina_rtt_us"] = median(rtts)
     lat = by.get("ring-latency")
     if lat and lat.get("seconds_median"):
@@ -260,15 +263,13 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
 
 def _window_rtt_us(window: Mapping[str, Any], rtt_ms: float) -> float | None:
     """``ina_rtt_us`` from one ``ina-window`` row: ina-sim's INA time with s slots is chunks x W / s + W (the last
-    result's round trip), W less the added round trip and one frame's serialization each way."""
+    result's round trip), W less the added round trip and one frame's serialization each way (<= 0: none resolved)."""
     if not window.get("seconds_median") or not window.get("slots"):
         return None
     chunks = math.ceil(float(window["bytes"]) / wire.INA_DATA_LEN)
     round_trip_us = float(window["seconds_median"]) / (chunks / int(window["slots"]) + 1) * 1e6
     bw = window.get("bw_mbps")
     serialization_us = 2 * wire.INA_FRAME_LEN * 8 / (float(bw) * 1e6) * 1e6 if bw else 0.0
-    if round_trip_us <= rtt_ms * 1000 + serialization_us:
-        return None
     return round_trip_us - rtt_ms * 1000 - serialization_us
 
 

@@ -396,7 +396,13 @@ class MultijobExperiment(Experiment):
                     entry[f"{name}_mean_busy_s"] = median(busy)  # the same without agent start-up and exit
             entry["jct_s"] = {r["job"]: median(x["jct_s"] for x in rs if x["job"] == r["job"]) for r in rs}
             entry["busy_s"] = {r["job"]: median(x["busy_s"] for x in rs if x["job"] == r["job"]) for r in rs}
+            loads = [r["conditions"] for r in rows if r.get("kind") == "memory" and r.get("conditions")
+                     and r.get("supply") == supply and r.get("policy") == policy]
+            for key in ("busy_cores", "others_cores", "agents_cores", "switch_cores"):  # the machine during its runs
+                if loads:
+                    entry[key] = median(c[key] for c in loads)
             runs.append(entry)
+        probes = [r for r in rows if r.get("kind") == "probe" and r.get("conditions")]
         memory = [{"supply": r["supply"], "policy": r["policy"], "rep": r.get("rep"), "samples": r["samples"]}
                   for r in rows if r.get("kind") == "memory"]
         sims = [r for r in rows if r.get("kind") == "sim" and r.get("rel_diff") is not None]
@@ -410,6 +416,10 @@ class MultijobExperiment(Experiment):
                    "per_run": [{k: r[k] for k in ("supply", "policy", "job", "testbed_s", "sim_s", "rel_diff")} for r in sims]}
         return {"trace": [vars(tj) for tj in config.jobs], "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
                 "runs": runs, "targets": _targets(runs), "memory": memory, "simulator": sim,
+                "probes": [{"probe": r["probe"], "gradients_per_s": r.get("gradients_per_s"),
+                            "seconds_median": r.get("seconds_median"), "cpu_s_per_agent": r.get("cpu_s_per_agent"),
+                            **{k: r["conditions"].get(k) for k in ("busy_cores", "others_cores", "agents_cores",
+                                                                   "switch_cores", "loadavg_start")}} for r in probes],
                 "errors": sum(1 for r in rows if r.get("error"))}
 
     @staticmethod

@@ -159,3 +159,20 @@ def test_window_probes_that_resolve_no_round_trip_count_in_the_median():
     high = calibration_from([one, window(20 + frames + 1.0), window(20 + frames + 2.0), window(22.0)], ring_goodput=None,
                             source="t", rtt_ms=20.0)
     assert high.ina_rtt_us == pytest.approx(1000.0, rel=1e-6)
+
+
+def test_the_comparison_per_repetition_and_by_other_sessions_load():
+    """Two repetitions of one run against one prediction of 10 s: the first on a quiet machine (job exact), the
+    second with other sessions taking 0.5 cores (job 30 % slower)."""
+    from topologies.experiments.multijob import QUIET_CORES, _per_repetition
+
+    sims = [{"supply": 1.0, "policy": "equal", "job": 1, "sim_s": 10.0}]
+    rows = [{"kind": "job", "supply": 1.0, "policy": "equal", "job": 1, "rep": 1, "busy_steady_s": 10.0},
+            {"kind": "job", "supply": 1.0, "policy": "equal", "job": 1, "rep": 2, "busy_steady_s": 13.0},
+            {"kind": "memory", "supply": 1.0, "policy": "equal", "rep": 1, "conditions": {"others_cores": 0.0}},
+            {"kind": "memory", "supply": 1.0, "policy": "equal", "rep": 2, "conditions": {"others_cores": 0.5}}]
+    out = _per_repetition(rows, sims)
+    assert [(r["rep"], r["within_tolerance"], r["others_cores_median"]) for r in out["per_repetition"]] == [(1, 1, 0.0), (2, 0, 0.5)]
+    assert out["per_repetition"][1]["median_abs_rel_diff"] == pytest.approx(0.3)
+    assert out["by_background"]["quiet_cores"] == QUIET_CORES
+    assert (out["by_background"]["quiet"]["within_tolerance"], out["by_background"]["loaded"]["jobs"]) == (1, 1)

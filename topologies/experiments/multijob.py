@@ -413,7 +413,8 @@ class MultijobExperiment(Experiment):
                    "within_tolerance": sum(1 for d in diffs if d <= TOLERANCE),
                    "median_abs_rel_diff": median(diffs), "max_abs_rel_diff": max(diffs),
                    "p95_abs_rel_diff": _p95(diffs),
-                   "per_run": [{k: r[k] for k in ("supply", "policy", "job", "testbed_s", "sim_s", "rel_diff")} for r in sims]}
+                   "per_run": [{k: r[k] for k in ("supply", "policy", "job", "testbed_s", "sim_s", "rel_diff")} for r in sims],
+                   **_per_repetition(rows, sims)}
         return {"trace": [vars(tj) for tj in config.jobs], "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
                 "runs": runs, "targets": _targets(runs), "memory": memory, "simulator": sim,
                 "probes": [{"probe": r["probe"], "gradients_per_s": r.get("gradients_per_s"),
@@ -447,6 +448,15 @@ class MultijobExperiment(Experiment):
             lines.append(f"testbed vs ina-sim: {sim['within_tolerance']}/{sim['jobs_compared']} jobs within ±{sim['tolerance']:.0%} "
                          f"(median |diff| {sim['median_abs_rel_diff']:.1%}, p95 {sim.get('p95_abs_rel_diff', 0.0):.1%}, "
                          f"max {sim['max_abs_rel_diff']:.1%})")
+            for rep in sim.get("per_repetition", []):
+                lines.append(f"  repetition {rep['rep']}: {rep['within_tolerance']}/{rep['jobs']} within (median "
+                             f"{rep['median_abs_rel_diff'] or 0:.1%}), other sessions' load median {rep['others_cores_median'] or 0:.2f} cores")
+            background = sim.get("by_background") or {}
+            for name, sign in (("quiet", "<="), ("loaded", ">")):
+                b = background.get(name) or {}
+                if b.get("jobs"):
+                    lines.append(f"  {name} runs (other sessions {sign} {background['quiet_cores']:g} cores): "
+                                 f"{b['within_tolerance']}/{b['jobs']} within (median {b['median_abs_rel_diff']:.1%})")
         return lines
 
     @staticmethod
@@ -510,6 +520,41 @@ class MultijobExperiment(Experiment):
                   f"{config.bw_mbps:g} Mbit/s links, {config.rtt_ms:g} ms round trip; static: pool/J each, no reallocation; "
                   f"fcfs: whole request or ring")
         save(fig, path, "Job trace sharing switch memory")
+
+
+QUIET_CORES = 0.1  # a trace run with other sessions' work (conditions.others_cores) at most this is "quiet"
+
+
+def _per_repetition(rows: list[dict], sims: list[dict]) -> dict:
+    """Each repetition's jobs against the same predictions (the simulator's per pool, policy and job), with the
+    machine's load in its runs; and the runs split by other sessions' load (``QUIET_CORES``): what the comparison
+    shows apart from the background the testbed shares the machine with."""
+    predicted = {(r["supply"], r["policy"], r["job"]): r["sim_s"] for r in sims}
+    others = {(r["supply"], r["policy"], r.get("rep")): (r.get("conditions") or {}).get("others_cores")
+              for r in rows if r.get("kind") == "memory"}
+    by_rep: dict[Any, list[float]] = {}
+    by_load: dict[str, list[float]] = {"quiet": [], "loaded": []}
+    loads: dict[Any, list[float]] = {}
+    for r in rows:
+        key = (r.get("supply"), r.get("policy"), r.get("job"))
+        if r.get("kind") != "job" or not r.get("busy_steady_s") or key not in predicted:
+            continue
+        diff = abs(r["busy_steady_s"] - predicted[key]) / predicted[key]
+        by_rep.setdefault(r.get("rep"), []).append(diff)
+        load = others.get((r.get("supply"), r.get("policy"), r.get("rep")))
+        if load is not None:
+            by_load["quiet" if load <= QUIET_CORES else "loaded"].append(diff)
+    for (_, _, rep), load in others.items():
+        if load is not None:
+            loads.setdefault(rep, []).append(load)
+
+    def stats(diffs: list[float]) -> dict:
+        return {"jobs": len(diffs), "within_tolerance": sum(1 for d in diffs if d <= TOLERANCE),
+                "median_abs_rel_diff": median(diffs), "p95_abs_rel_diff": _p95(diffs) if diffs else None}
+
+    return {"per_repetition": [{"rep": rep, **stats(d), "others_cores_median": median(loads.get(rep, [])),
+                                "others_cores_max": max(loads.get(rep, []), default=None)} for rep, d in sorted(by_rep.items())],
+            "by_background": {"quiet_cores": QUIET_CORES, **{k: stats(v) for k, v in by_load.items()}}}
 
 
 def _p95(values: list[float]) -> float:

@@ -7,15 +7,18 @@ W(rho) = a / (1 - rho) + P the window round trip at load rho, C = switch_shared_
     processor sharing  rho = sum_j m_j R_j(W(rho)) / payload / C, a fixed point (shared_stretch)
     start-up load      a starting job takes u_j = m_j c / (startup_s_j cores) + g_j / (startup_s_j C) of C, g_j the
                        gradient packets of the all-reduces it runs within its start-up (startup_load)
-    congestion window  job j's delay target T_j = path_j + max(allowance, share x path_j), path_j the shortest
-                       round trip it has seen; where W would exceed targets, the windows settle (shared_state)
+    congestion window  job j's delay target T_j = path_j + max(allowance, share x path_j), path_j the path's
+                       unloaded round trip, or with cwnd_latecomer the shortest round trip the job has seen; where
+                       W would exceed targets, the windows settle (shared_state)
 
 The congestion window's equilibrium with per-job targets: a job whose target is below the round trip shrinks to
 its minimum window, one whose target is above it grows to its grant, and the round trip settles at the target of
 the jobs in between (at W* = T_k: rho* = 1 - a / (T_k - P), those jobs share what the others leave of rho* C,
 max-min fairly), or between two targets (no job at its target: the fixed point with the windows so fixed). A
 latecomer that first saw a loaded switch has a higher target than a job that saw it idle, and takes more: the
-unfairness of delay-based congestion control (TCP Vegas, LEDBAT), which the testbed shows too.
+unfairness of delay-based congestion control (TCP Vegas, LEDBAT). The testbed's agents do not show it (jobs started
+staggered share equally: docs/experiments.md), so the engine gives every job the unloaded path's target unless
+the calibration's cwnd_latecomer asks for per-job targets.
 """
 from __future__ import annotations
 

@@ -218,7 +218,7 @@ def test_calibration_checks_the_startup_fields():
 
 
 # --- per-job delay targets: a latecomer that first saw a loaded switch ---------------------------------------
-LATE = dataclasses.replace(CAL, switch_shared_pps=10_000.0, cwnd_min_window=1)
+LATE = dataclasses.replace(CAL, switch_shared_pps=10_000.0, cwnd_min_window=1, cwnd_latecomer=True)
 
 
 def test_a_job_with_a_lower_target_shrinks_to_its_minimum_window():
@@ -244,6 +244,22 @@ def test_the_engine_sets_a_latecomers_target_from_the_round_trip_it_first_sees()
     r0, r1 = sorted(result.jobs, key=lambda r: r.job_id)
     assert r1.jct_s == pytest.approx(2 * (B / (late * 128) + S0), rel=1e-6)
     assert r0.jct_s > 10 * (B / (alone * 128) + S0) + r1.jct_s * 0.5  # job 0 nearly stops meanwhile
+
+
+def test_without_latecomer_targets_a_late_job_shares_equally():
+    """The default (cwnd_latecomer false, as the testbed's staggered probe shows): job 1 arrives while job 0 runs,
+    yet both back off at the unloaded path's target (3 ms: rho* = 2/3), sharing it equally: each at a third of C
+    once both run, as two jobs started together."""
+    cal = dataclasses.replace(LATE, cwnd_latecomer=False)
+    alone = (2 / 3) * 10_000 / WORKERS
+    t1 = 2 * (B / (alone * 128) + S0)
+    together = run([job(0, iterations=2), job(1, iterations=2)], cal)
+    late = run([job(0), job(1, arrival=t1, iterations=2)], cal)
+    r0, r1 = sorted(late.jobs, key=lambda r: r.job_id)
+    assert r1.jct_s == pytest.approx(max(r.jct_s for r in together.jobs), rel=1e-6)
+    assert r1.jct_s == pytest.approx(2 * (B / ((1 / 3) * 10_000 / WORKERS * 128) + S0), rel=1e-6)
+    with pytest.raises(CalibrationError, match="cwnd_latecomer"):
+        Calibration(cwnd_latecomer="yes")
 
 
 def test_startup_load_counts_the_warm_up_packets_over_the_capacity():

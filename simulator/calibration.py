@@ -58,6 +58,11 @@ class Calibration:
     cwnd_allowance_share: float = 0.25
     # The least window the sender keeps (chunks; MIN_WINDOW: early loss detection needs later chunks in flight).
     cwnd_min_window: int = 4
+    # Whether a job's delay target follows the shortest round trip it saw when it started (a latecomer on a loaded
+    # switch tolerating more queueing: delay-based congestion control's latecomer advantage) or, False, the path's
+    # unloaded round trip for every job. Measure: jobs started staggered against started together on the shared
+    # switch (their shares); on the testbed they share equally (docs/experiments.md, "Testbed vs simulator").
+    cwnd_latecomer: bool = False
     # Agents starting on the cores the switch runs on (the testbed: one machine). A job in its start-up (trace
     # column startup_s) takes workers x agent_startup_cpu_s CPU-seconds over that time from the shared switch's
     # capacity: a share workers x agent_startup_cpu_s / (startup_s x shared_cores) of switch_shared_pps
@@ -117,6 +122,8 @@ class Calibration:
             raise CalibrationError(f"calibration field 'cwnd_allowance_share' must be a number >= 0, got {self.cwnd_allowance_share!r}")
         if not isinstance(self.cwnd_min_window, int) or isinstance(self.cwnd_min_window, bool) or self.cwnd_min_window < 1:
             raise CalibrationError(f"calibration field 'cwnd_min_window' must be an integer >= 1, got {self.cwnd_min_window!r}")
+        if not isinstance(self.cwnd_latecomer, bool):
+            raise CalibrationError(f"calibration field 'cwnd_latecomer' must be true or false, got {self.cwnd_latecomer!r}")
         if not _is_number(self.agent_startup_cpu_s) or self.agent_startup_cpu_s < 0:
             raise CalibrationError(f"calibration field 'agent_startup_cpu_s' must be a number >= 0, got {self.agent_startup_cpu_s!r}")
         for name in ("switch_pps", "switch_shared_pps", "shared_cores"):

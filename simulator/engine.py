@@ -577,15 +577,19 @@ class Simulation:
                 jobs.append((rng.size, other.counts.get(rack, 0)))
                 paths.append(other.path_rtt.get(rack))
             elif not other.ready:  # its agents are starting on the switch's cores (startup_load)
-                starting += shared_switch.startup_load(self.cal, other.counts.get(rack, 0), other.spec.startup_s)
+                m = other.counts.get(rack, 0)
+                warmup = m * math.ceil(other.spec.grad_bytes / self.cal.payload_bytes) * other.spec.startup_iterations
+                starting += shared_switch.startup_load(self.cal, m, other.spec.startup_s, warmup)
         if not jobs:
             return 1.0
         host = self.cluster.host_Bps
-        if job.ready and rack not in job.path_rtt:  # its first round trips: the switch as the jobs before it load it
+        if not self.cal.cwnd_latecomer:  # every job's target from the unloaded path
+            paths = [None] * len(jobs)
+        elif job.ready and rack not in job.path_rtt:  # its first round trips: the switch as the jobs before it load it
             before = shared_switch.shared_state(self.cal, host, [jobs[k] for k in earlier], starting, [paths[k] for k in earlier])
             job.path_rtt[rack] = paths[mine] = before.rtt
         state = shared_switch.shared_state(self.cal, host, jobs, starting, paths)
-        if job.ready:
+        if job.ready and self.cal.cwnd_latecomer:
             job.path_rtt[rack] = min(job.path_rtt[rack], state.rtt)
         return state.stretches[mine]
 

@@ -5,16 +5,20 @@ Formulas (docs/simulation.md, "A switch shared by its jobs"); a = ina_rtt, P = p
 W(rho) = a / (1 - rho) + P the window round trip at load rho, C = switch_shared_pps:
 
     processor sharing  rho = sum_j m_j R_j(W(rho)) / payload / C, a fixed point (shared_stretch)
-    start-up load      a starting job takes u_j = m_j c / (startup_s_j cores) of C (startup_load)
-    congestion window  job j's delay target T_j = path_j + max(allowance, share x path_j), path_j the shortest
-                       round trip it has seen; where W would exceed targets, the windows settle (shared_state)
+    start-up load      a starting job takes u_j = m_j c / (startup_s_j cores) + g_j / (startup_s_j C) of C, g_j the
+                       gradient packets of the all-reduces it runs within its start-up (startup_load)
+    congestion window  job j's delay target T_j = path_j + max(allowance, share x path_j), path_j the path's
+                       unloaded round trip, or with cwnd_latecomer the shortest round trip the job has seen; where
+                       W would exceed targets, the windows settle (shared_state)
 
 The congestion window's equilibrium with per-job targets: a job whose target is below the round trip shrinks to
 its minimum window, one whose target is above it grows to its grant, and the round trip settles at the target of
 the jobs in between (at W* = T_k: rho* = 1 - a / (T_k - P), those jobs share what the others leave of rho* C,
 max-min fairly), or between two targets (no job at its target: the fixed point with the windows so fixed). A
 latecomer that first saw a loaded switch has a higher target than a job that saw it idle, and takes more: the
-unfairness of delay-based congestion control (TCP Vegas, LEDBAT), which the testbed shows too.
+unfairness of delay-based congestion control (TCP Vegas, LEDBAT). The testbed's agents do not show it (jobs started
+staggered share equally: docs/experiments.md), so the engine gives every job the unloaded path's target unless
+the calibration's cwnd_latecomer asks for per-job targets.
 """
 from __future__ import annotations
 
@@ -50,12 +54,18 @@ class SharedState:
     rtt: float
 
 
-def startup_load(cal: Calibration, workers: int, startup_s: float) -> float:
-    """The share of a shared switch's capacity a job's `workers` agents take while they start (over
-    `startup_s`): their start-up CPU over the cores they share with the switch. 0 without shared cores."""
-    if not cal.shared_cores or not cal.agent_startup_cpu_s or startup_s <= 0:
+def startup_load(cal: Calibration, workers: int, startup_s: float, gradients: float = 0.0) -> float:
+    """The share of a shared switch's capacity a starting job takes over its start-up (`startup_s`): its `workers`
+    agents' start-up CPU over the cores they share with the switch, and the `gradients` packets it sends meanwhile
+    (a warm-up all-reduce: workers x chunks each) over the capacity. 0 without shared cores and capacity."""
+    if startup_s <= 0:
         return 0.0
-    return workers * cal.agent_startup_cpu_s / (startup_s * cal.shared_cores)
+    share = 0.0
+    if cal.shared_cores and cal.agent_startup_cpu_s:
+        share += workers * cal.agent_startup_cpu_s / (startup_s * cal.shared_cores)
+    if cal.switch_shared_pps and gradients > 0:
+        share += gradients / (startup_s * cal.switch_shared_pps)
+    return share
 
 
 def _capacity(cal: Calibration, background: float) -> float | None:

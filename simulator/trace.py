@@ -2,7 +2,8 @@
 
 Trace CSV (one header row, one job per row; docs/simulation.md has the full table):
 
-    job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,deadline_s,slots,min_slots,weight,model,startup_s
+    job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,deadline_s,slots,min_slots,weight,model,startup_s,
+    startup_iterations
 
 Required: job_id (unique int), arrival_s (seconds from trace start), num_workers, grad_bytes (gradient
 bytes all-reduced per iteration), iterations, compute_s (seconds of compute per iteration: one value
@@ -10,7 +11,9 @@ for every worker, or ``;``-separated, one per worker, for a heterogeneous job). 
 default: priority (int, 0), deadline_s (seconds after arrival by which the job should finish, none),
 slots and min_slots (INA slots asked per switch; derived from the time model when empty), weight
 (share weight for the weighted policy, 1), model (free-text label), startup_s (seconds after its start
-before the job makes progress, holding its workers and slots: process start-up; 0).
+before the job makes progress, holding its workers and slots: process start-up; 0), startup_iterations (all-reduces
+the job runs within its start-up, not counted in iterations: the testbed's warm-up call, whose packets load a
+shared switch; 0).
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ COLUMNS = (
     "weight",
     "model",
     "startup_s",
+    "startup_iterations",
 )
 REQUIRED_COLUMNS = COLUMNS[:6]
 
@@ -80,6 +84,7 @@ class JobSpec:
     weight: float = 1.0
     model: str = ""
     startup_s: float = 0.0  # after its start, no progress for this long (agents starting); holds workers and slots
+    startup_iterations: int = 0  # all-reduces run within startup_s (a warm-up call): load on a shared switch only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_s", tuple(float(c) for c in self.compute_s))  # numpy floats -> float
@@ -107,6 +112,8 @@ class JobSpec:
             raise ValueError(f"job {self.job_id}: weight must be > 0")
         if not (math.isfinite(self.startup_s) and self.startup_s >= 0):
             raise ValueError(f"job {self.job_id}: startup_s must be a finite number >= 0")
+        if self.startup_iterations < 0:
+            raise ValueError(f"job {self.job_id}: startup_iterations must be >= 0")
 
     def per_worker_compute(self) -> tuple[float, ...]:
         return self.compute_s * self.num_workers if len(self.compute_s) == 1 else self.compute_s
@@ -198,6 +205,7 @@ def _parse_row(row: dict[str, str | None]) -> JobSpec:
         weight=1.0 if weight is None else weight,
         model=get("model"),
         startup_s=opt("startup_s", float) or 0.0,
+        startup_iterations=opt("startup_iterations", int) or 0,
     )
 
 

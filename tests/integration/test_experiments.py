@@ -131,12 +131,15 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         trace_run = next((run_dir / "runs").glob("*-trace"))  # after the calibration probes' testbeds
         assert "--link-delay 1:2" in (trace_run / "logs" / "s1.log").read_text().splitlines()[0]
         probes = {r["probe"]: r for r in rows if r["kind"] == "probe"}
-        assert {"ina-window", "ina-shared-pps", "agent-startup-cpu"} <= set(probes)
-        shared = probes["ina-shared-pps"]  # on shaped links 4x the trace's (2 Mbit/s), the trace's round trip
-        assert shared["gradients_per_s"] > 0 and (shared["bw_mbps"], shared["rtt_ms"], shared["job_workers"]) == (8.0, 4.0, [2, 2])
+        assert {"ina-window", "ina-shared-pps", "agent-startup-cpu", "agent-lifecycle-cpu"} <= set(probes)
+        shared = probes["ina-shared-pps"]  # on the trace's own star: its links (2 Mbit/s), round trip and request
+        assert shared["gradients_per_s"] > 0 and (shared["bw_mbps"], shared["rtt_ms"], shared["job_workers"], shared["slots"]) == (2.0, 4.0, [2, 2], 8)
+        assert shared["exact"] is True and shared["conditions"]["jobs"] == 2 and shared["conditions"]["wall_s"] > 0
+        assert all(r.get("conditions", {}).get("busy_cores") is not None for r in memory)  # the machine during each run
         cal = load_calibration(run_dir / "calibration.json")  # the model inverted on the probe (None: links bound it)
         assert cal.switch_shared_pps is None or cal.switch_shared_pps > shared["gradients_per_s"]
-        assert cal.agent_startup_cpu_s == probes["agent-startup-cpu"]["cpu_s_median"] > 0 and cal.shared_cores >= 1
+        life = probes["agent-lifecycle-cpu"]  # an agent's whole life, on the trace's star
+        assert cal.agent_startup_cpu_s == life["cpu_s_per_agent"] > 0 and cal.shared_cores >= 1
     elif name == "loss":
         points = doc["summary"]["points"]
         assert [p["loss"] for p in points] == [0.0, 0.05]

@@ -9,7 +9,8 @@ import pytest
 
 from simulator import model, shared_switch
 from simulator.calibration import Calibration
-from topologies.experiments.calibrate import calibration_from, run_startup_probe
+from topologies.experiments.calibrate import calibration_from, overlapping_calls, run_startup_probe
+from topologies.experiments.conditions import Conditions, busy_jiffies
 from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
 
 
@@ -107,3 +108,71 @@ def test_simulated_trace_starts_each_job_after_its_start_up(tmp_path):
     shared.write_text(json.dumps({**json.loads(cal.read_text()), "switch_shared_pps": 5000.0}))
     slow = simulate_trace(TRACE, out=tmp_path / "slow", startup=startup, **{**kw, "calibration": shared})
     assert all(slow[tj.job]["busy_s"] > now[tj.job]["busy_s"] for tj in TRACE)
+
+
+def test_the_shared_probe_counts_the_calls_run_while_every_job_ran():
+    """Job A's calls end at 10 s (exit), job B's at 11 s: A runs [4, 10], B [6, 11]; the window where both ran is
+    [6, 10]: A's calls from 6 s on, B's calls up to 10 s."""
+    a = [1.0, 1.0, 2.0, 2.0]  # [4, 5], [5, 6], [6, 8], [8, 10]
+    b = [2.0, 2.0, 1.0]  # [6, 8], [8, 10], [10, 11]
+    assert overlapping_calls([a, b], [10.0, 11.0]) == [[2.0, 2.0], [2.0, 2.0]]
+    assert overlapping_calls([a, []], [10.0, 11.0]) == [[], []]
+
+
+def test_machine_cpu_is_read_from_proc_stat():
+    text = "cpu  100 20 30 400 50 5 15 10 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+    assert busy_jiffies(text) == (100 + 20 + 30 + 5 + 15 + 10, 630, 20, 10)  # busy: not idle 400, not iowait 50
+    with pytest.raises(ValueError):
+        busy_jiffies("intr 1 2 3\n")
+
+
+def test_conditions_name_the_measurement_and_its_cpu():
+    with Conditions(bw_mbps=1.0, window_slots=16, jobs=4) as cond:
+        sum(range(10_000))
+    out = cond.result
+    assert (out["bw_mbps"], out["window_slots"], out["jobs"]) == (1.0, 16, 4)
+    assert out["wall_s"] > 0 and out["cores"] >= 1 and out["busy_cores"] >= 0 and out["others_cores"] >= 0
+    assert {"switch_cores", "controller_cores", "agents_cores", "runner_cores", "irq_cores", "steal_cores", "loadavg_start"} <= set(out)
+
+
+def test_an_agents_measured_life_replaces_its_import_as_start_up_cpu():
+    """The lifecycle probe (start, register, grant, one tiny all-reduce, exit) measures what the import-only probe
+    bounds from below; repeated, the calibration takes its median."""
+    startup = {"probe": "agent-startup-cpu", "cpu_s_median": 0.5, "cores": 2}
+    lives = [{"probe": "agent-lifecycle-cpu", "cpu_s_per_agent": v, "cores": 2} for v in (0.7, 0.6, 0.9)]
+    assert calibration_from([startup], ring_goodput=None, source="t").agent_startup_cpu_s == 0.5
+    cal = calibration_from([startup, *lives], ring_goodput=None, source="t")
+    assert (cal.agent_startup_cpu_s, cal.shared_cores) == (0.7, 2.0)
+
+
+def test_window_probes_that_resolve_no_round_trip_count_in_the_median():
+    """Three window probes: one above the added round trip and serialization (1 ms more), two below (htb's burst):
+    their median resolves nothing, so the unshaped one-slot probe's round trip stands."""
+    def window(w_ms):
+        return {"probe": "ina-window", "slots": 12, "bytes": 65536, "seconds_median": (512 / 12 + 1) * w_ms / 1000,
+                "bw_mbps": 1.0}
+
+    one = {"probe": "ina-1slot", "bytes": 65536, "seconds_median": 512 * 300e-6}
+    frames = 2 * 184 * 8 / 1e6 * 1e3  # ms
+    low = calibration_from([one, window(20 + frames + 1.0), window(22.4), window(22.0)], ring_goodput=None, source="t", rtt_ms=20.0)
+    assert low.ina_rtt_us == pytest.approx(300.0)
+    high = calibration_from([one, window(20 + frames + 1.0), window(20 + frames + 2.0), window(22.0)], ring_goodput=None,
+                            source="t", rtt_ms=20.0)
+    assert high.ina_rtt_us == pytest.approx(1000.0, rel=1e-6)
+
+
+def test_the_comparison_per_repetition_and_by_other_sessions_load():
+    """Two repetitions of one run against one prediction of 10 s: the first on a quiet machine (job exact), the
+    second with other sessions taking 0.5 cores (job 30 % slower)."""
+    from topologies.experiments.multijob import QUIET_CORES, _per_repetition
+
+    sims = [{"supply": 1.0, "policy": "equal", "job": 1, "sim_s": 10.0}]
+    rows = [{"kind": "job", "supply": 1.0, "policy": "equal", "job": 1, "rep": 1, "busy_steady_s": 10.0},
+            {"kind": "job", "supply": 1.0, "policy": "equal", "job": 1, "rep": 2, "busy_steady_s": 13.0},
+            {"kind": "memory", "supply": 1.0, "policy": "equal", "rep": 1, "conditions": {"others_cores": 0.0}},
+            {"kind": "memory", "supply": 1.0, "policy": "equal", "rep": 2, "conditions": {"others_cores": 0.5}}]
+    out = _per_repetition(rows, sims)
+    assert [(r["rep"], r["within_tolerance"], r["others_cores_median"]) for r in out["per_repetition"]] == [(1, 1, 0.0), (2, 0, 0.5)]
+    assert out["per_repetition"][1]["median_abs_rel_diff"] == pytest.approx(0.3)
+    assert out["by_background"]["quiet_cores"] == QUIET_CORES
+    assert (out["by_background"]["quiet"]["within_tolerance"], out["by_background"]["loaded"]["jobs"]) == (1, 1)

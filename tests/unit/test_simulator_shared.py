@@ -218,7 +218,7 @@ def test_calibration_checks_the_startup_fields():
 
 
 # --- per-job delay targets: a latecomer that first saw a loaded switch ---------------------------------------
-LATE = dataclasses.replace(CAL, switch_shared_pps=10_000.0, cwnd_min_window=1)
+LATE = dataclasses.replace(CAL, switch_shared_pps=10_000.0, cwnd_min_window=1, cwnd_latecomer=True)
 
 
 def test_a_job_with_a_lower_target_shrinks_to_its_minimum_window():
@@ -244,3 +244,52 @@ def test_the_engine_sets_a_latecomers_target_from_the_round_trip_it_first_sees()
     r0, r1 = sorted(result.jobs, key=lambda r: r.job_id)
     assert r1.jct_s == pytest.approx(2 * (B / (late * 128) + S0), rel=1e-6)
     assert r0.jct_s > 10 * (B / (alone * 128) + S0) + r1.jct_s * 0.5  # job 0 nearly stops meanwhile
+
+
+def test_without_latecomer_targets_a_late_job_shares_equally():
+    """The default (cwnd_latecomer false, as the testbed's staggered probe shows): job 1 arrives while job 0 runs,
+    yet both back off at the unloaded path's target (3 ms: rho* = 2/3), sharing it equally: each at a third of C
+    once both run, as two jobs started together."""
+    cal = dataclasses.replace(LATE, cwnd_latecomer=False)
+    alone = (2 / 3) * 10_000 / WORKERS
+    t1 = 2 * (B / (alone * 128) + S0)
+    together = run([job(0, iterations=2), job(1, iterations=2)], cal)
+    late = run([job(0), job(1, arrival=t1, iterations=2)], cal)
+    r0, r1 = sorted(late.jobs, key=lambda r: r.job_id)
+    assert r1.jct_s == pytest.approx(max(r.jct_s for r in together.jobs), rel=1e-6)
+    assert r1.jct_s == pytest.approx(2 * (B / ((1 / 3) * 10_000 / WORKERS * 128) + S0), rel=1e-6)
+    with pytest.raises(CalibrationError, match="cwnd_latecomer"):
+        Calibration(cwnd_latecomer="yes")
+
+
+def test_startup_load_counts_the_warm_up_packets_over_the_capacity():
+    """A job that all-reduces within its start-up (the testbed's warm-up call) sends g gradient packets over
+    startup_s: g / (startup_s C) of the capacity, on top of its agents' CPU."""
+    cal = dataclasses.replace(CAL, switch_shared_pps=5000.0, shared_cores=2.0, agent_startup_cpu_s=0.5)
+    assert shared_switch.startup_load(cal, 4, 2.0, gradients=2048) == pytest.approx(4 * 0.5 / (2.0 * 2) + 2048 / (2.0 * 5000.0))
+    no_cpu = dataclasses.replace(cal, agent_startup_cpu_s=0.0)
+    assert shared_switch.startup_load(no_cpu, 4, 2.0, gradients=2048) == pytest.approx(2048 / (2.0 * 5000.0))
+    assert shared_switch.startup_load(CAL, 4, 2.0, gradients=2048) == 0.0  # no shared capacity: nothing to load
+
+
+def test_a_warm_up_within_the_start_up_slows_the_running_job():
+    """Job 1 starts for T and runs one warm-up all-reduce meanwhile (startup_iterations 1): its packets, spread over
+    T, take a share B / payload x m / (T C) of the capacity from job 0; without the warm-up job 0 runs alone."""
+    cap = WORKERS * SLOTS / S0
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap)
+    t_start = 8 * per_call(rate(1, cap))
+    quiet = run([job(0, iterations=2), job(1, iterations=1, startup_s=t_start)], cal)
+    warm = run([job(0, iterations=2), job(1, iterations=1, startup_s=t_start, startup_iterations=1)], cal)
+    share = WORKERS * -(-B // 128) / (t_start * cap)  # ceil(B / payload) chunks per worker
+    slowed = dataclasses.replace(cal, switch_shared_pps=cap * (1 - share))
+    r_quiet, r_warm = (min(r.jobs, key=lambda j: j.job_id) for r in (quiet, warm))
+    assert r_quiet.jct_s == pytest.approx(2 * per_call(rate(1, cap)), rel=1e-6)
+    assert r_warm.jct_s == pytest.approx(2 * per_call(rate(1, slowed.switch_shared_pps)), rel=1e-6)
+
+
+def test_startup_iterations_column_round_trips_and_is_checked(tmp_path):
+    path = tmp_path / "trace.csv"
+    write_trace(path, [job(0, startup_s=1.0, startup_iterations=1), job(1)])
+    assert [j.startup_iterations for j in read_trace(path)] == [1, 0]
+    with pytest.raises(ValueError, match="startup_iterations"):
+        job(2, startup_iterations=-1)

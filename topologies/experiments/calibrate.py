@@ -3,10 +3,12 @@
 The probes run on an unshaped star of two workers, so that what they measure is the software path, not a
 link: one INA slot (the round trip, ``ina_rtt_us = payload / throughput``), many INA slots (the packet
 rate the agents and switch sustain, ``switch_pps``), and a one-chunk ring all-reduce (the latency of a
-ring step). A fourth probe (:func:`run_shared_probe`, experiment 3) runs as many concurrent INA jobs as the
-experiment's trace on its own star, unshaped, to measure the packet rate the switch and the agents sustain
-together (``switch_shared_pps``), after one of its jobs alone with half its BDP of slots, window-bound, whose
-round trip less the added delay replaces the two-worker ``ina_rtt_us`` (:func:`run_window_probe`). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
+ring step). Experiment 3's probes run on the trace's own star, before each repetition, under the trace's
+process conditions (its links, request, ``--check``, controller polling): an agent's whole life's CPU
+(:func:`run_lifecycle_probe`, ``agent_startup_cpu_s``), one job's window-bound round trip
+(:func:`run_window_probe`, ``ina_rtt_us``) and the trace's jobs all at once (:func:`run_shared_probe`,
+``switch_shared_pps``: ina-sim's model inverted on the probe's configuration); each records the machine's
+conditions (topologies.experiments.conditions). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
 measured time). :func:`calibration_from` combines whatever was measured with the simulator's defaults and
 checks the result with ``simulator.calibration``.
 """
@@ -26,13 +28,15 @@ from simulator.calibration import Calibration
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.testbed import AgentJob, Testbed
 
-__all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "run_probes", "run_shared_probe", "run_startup_probe", "calibration_from", "shared_capacity_of",
+__all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "LIFECYCLE_PROBE", "WINDOW_PROBE", "run_probes", "run_shared_probe", "run_startup_probe",
+           "run_lifecycle_probe", "run_window_probe", "overlapping_calls", "calibration_from", "shared_capacity_of",
            "ring_fraction", "write_calibration"]
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
 SHARED_PROBE = "ina-shared-pps"
 WINDOW_PROBE = "ina-window"
 STARTUP_PROBE = "agent-startup-cpu"
+LIFECYCLE_PROBE = "agent-lifecycle-cpu"
 
 
 def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
@@ -57,37 +61,73 @@ def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
     return rows
 
 
-def run_shared_probe(bed: Testbed, groups: Sequence[Sequence[str]], *, elements: int, iterations: int, slots: int,
-                     udp_port: int, record: Callable[[dict], None], progress: Callable[[str], None],
-                     bw_mbps: float | None = None, rtt_ms: float = 0.0) -> dict:
-    """The shared packet-rate ceiling: one INA job per host group, all at once, ``slots`` each, on ``bed``'s
-    links (``bw_mbps`` and ``rtt_ms``, recorded for :func:`calibration_from`). The links and windows must
-    allow more than the switch and the agents' CPUs can serve, so that those are the bottleneck; shaped links
-    make the probe pay the shaper's work per packet as the experiment does.
+def run_shared_probe(bed: Testbed, jobs: Sequence[AgentJob], *, slots: int, udp_port: int,
+                     record: Callable[[dict], None], progress: Callable[[str], None],
+                     bw_mbps: float | None = None, rtt_ms: float = 0.0,
+                     on_sample: Callable[[float], None] | None = None) -> dict:
+    """The shared packet-rate ceiling: ``jobs`` (INA, ``slots`` each, one warm-up call) all at once on ``bed``,
+    whose links (``bw_mbps``, ``rtt_ms``) are recorded for :func:`calibration_from`, which inverts ina-sim's model
+    on exactly this configuration. Run as a trace whose jobs all arrive at 0 (``bed.run_trace``, with
+    ``on_sample`` polling the controller as the trace does), so that the probe is the trace's own process
+    conditions: its links, windows, ``--check``, controller polling and agent start-up.
 
-    Recorded as one row with ``gradients_per_s`` = sum over jobs of workers x chunks / median call time
-    (the jobs' calls overlap, so their rates add up); the first call of each job is a warm-up (start-up
-    skew between its agents)."""
-    progress(f"calibration probe {SHARED_PROBE} ({len(groups)} concurrent INA jobs of "
-             f"{'/'.join(str(len(g)) for g in groups)} workers, {elements} elements, {slots} slots each, "
+    Recorded as one row: ``gradients_per_s`` = sum over jobs of workers x chunks / the job's median call among
+    those run while every job ran (:func:`overlapping_calls`; all its calls if none), and ``conditions``
+    (topologies.experiments.conditions: load, cores busy, CPU of the switch, controller, agents, others)."""
+    from topologies.experiments.conditions import Conditions
+
+    groups = [job.hosts for job in jobs]
+    progress(f"calibration probe {SHARED_PROBE} ({len(jobs)} concurrent INA jobs of "
+             f"{'/'.join(str(len(g)) for g in groups)} workers, {slots} slots each, "
              f"links {f'{bw_mbps:g} Mbit/s' if bw_mbps else 'unshaped'}, {rtt_ms:g} ms round trip)")
-    jobs = [AgentJob(f"probe-shared-{k}", tuple(hosts), "allreduce", backend="ina", requested_slots=slots,
-                     args=("--elements", str(elements), "--iterations", str(iterations), "--warmup", "1"),
-                     udp_port=udp_port + k) for k, hosts in enumerate(groups)]
-    results = bed.run_jobs(jobs, register_first=True)
-    chunks = math.ceil(elements * 4 / wire.INA_DATA_LEN)
+    probe_jobs = [dataclasses.replace(job, name=f"probe-shared-{k}", backend="ina", requested_slots=slots, min_slots=slots,
+                                      udp_port=udp_port + k) for k, job in enumerate(jobs)]
+    conditions = Conditions(switch_pids=_switch_pids(bed), controller_pids=_controller_pids(bed), probe=SHARED_PROBE,
+                            bw_mbps=bw_mbps, rtt_ms=rtt_ms, window_slots=slots, jobs=len(jobs),
+                            workers=sum(len(g) for g in groups))
+    with conditions:
+        results = bed.run_trace(probe_jobs, {job.name: 0.0 for job in probe_jobs}, on_sample=on_sample)
+    rows = [allreduce_row(results[job.name], kind="probe", probe=SHARED_PROBE, workers=len(job.hosts)) for job in probe_jobs]
+    exits = [max(w["runner"]["exited_s"] for w in results[job.name]) for job in probe_jobs]
+    inside = overlapping_calls([r["seconds"] for r in rows], exits)
     rates, per_job = [], []
-    for job in jobs:
-        row = allreduce_row(results[job.name], kind="probe", probe=SHARED_PROBE, workers=len(job.hosts))
-        per_job.append(row["seconds_median"])
-        if row["seconds_median"]:
-            rates.append(len(job.hosts) * chunks / float(row["seconds_median"]))
+    for job, row, calls in zip(probe_jobs, rows, inside):
+        call = median(calls) if calls else row["seconds_median"]
+        per_job.append(call)
+        if call:
+            rates.append(len(job.hosts) * math.ceil(int(row["bytes"]) / wire.INA_DATA_LEN) / float(call))
     row = {"kind": "probe", "probe": SHARED_PROBE, "jobs": len(jobs), "workers": sum(len(g) for g in groups),
            "slots": slots, "job_workers": [len(g) for g in groups], "bw_mbps": bw_mbps, "rtt_ms": rtt_ms,
-           "elements": elements, "bytes": elements * 4, "job_seconds_median": per_job,
-           "gradients_per_s": sum(rates) if len(rates) == len(jobs) else None}
+           "elements": rows[0]["elements"], "bytes": rows[0]["bytes"], "job_seconds_median": per_job,
+           "job_calls_overlapping": [len(c) for c in inside], "retransmits": sum(r["retransmits"] for r in rows),
+           "exact": all(r["exact"] is not False for r in rows),
+           "gradients_per_s": sum(rates) if len(rates) == len(jobs) else None, "conditions": conditions.result}
     record(row)
     return row
+
+
+def overlapping_calls(calls: Sequence[Sequence[float]], exits: Sequence[float]) -> list[list[float]]:
+    """Per job, its calls that ran while every job was running its calls: a job's calls end at its exit less the
+    calls after them (the exit's own seconds taken as nil), and the window is from the latest first call's
+    start to the earliest last call's end (a call counts when it lies within the window)."""
+    spans = []
+    for job_calls, exited in zip(calls, exits):
+        ends = [exited - sum(job_calls[k + 1:]) for k in range(len(job_calls))]
+        spans.append([(end - c, end) for c, end in zip(job_calls, ends)])
+    if not spans or not all(spans):
+        return [[] for _ in calls]
+    begin = max(s[0][0] for s in spans)
+    finish = min(s[-1][1] for s in spans)
+    return [[e - b for b, e in s if b >= begin - 1e-9 and e <= finish + 1e-9] for s in spans]
+
+
+def _switch_pids(bed: Testbed) -> list[int]:
+    net = getattr(bed, "net", None)
+    return [sw.process.pid for sw in (net.switches if net is not None else []) if getattr(sw, "process", None)]
+
+
+def _controller_pids(bed: Testbed) -> list[int]:
+    return [bed.controller.pid] if getattr(bed, "controller", None) is not None else []
 
 
 def run_startup_probe(*, repeats: int, record: Callable[[dict], None], progress: Callable[[str], None]) -> dict:
@@ -108,19 +148,49 @@ def run_startup_probe(*, repeats: int, record: Callable[[dict], None], progress:
     return row
 
 
+def run_lifecycle_probe(bed: Testbed, hosts: Sequence[str], *, udp_port: int, record: Callable[[dict], None],
+                        progress: Callable[[str], None], args: Sequence[str] = ()) -> dict:
+    """The CPU an agent's whole life takes besides its gradients (``agent_startup_cpu_s``, the measured value; the
+    import-only :func:`run_startup_probe` is its lower bound): one job of ``hosts`` on ``bed`` that starts,
+    registers, gets its grant, all-reduces one chunk once and exits; the CPU its agents used (reaped children,
+    topologies.experiments.conditions) per agent. ``args``: more agent options (the trace's ``--check``)."""
+    from topologies.experiments.conditions import Conditions
+
+    progress(f"calibration probe {LIFECYCLE_PROBE} ({len(hosts)} agents: start, one one-chunk all-reduce, exit)")
+    job = AgentJob(f"probe-{LIFECYCLE_PROBE}", tuple(hosts), "allreduce", backend="ina", requested_slots=1, min_slots=1,
+                   args=("--elements", str(wire.LANES), "--iterations", "1", "--warmup", "0", *args), udp_port=udp_port)
+    conditions = Conditions(switch_pids=_switch_pids(bed), controller_pids=_controller_pids(bed), probe=LIFECYCLE_PROBE,
+                            jobs=1, workers=len(hosts))
+    with conditions:
+        bed.run_jobs([job])
+    cond = conditions.result
+    row = {"kind": "probe", "probe": LIFECYCLE_PROBE, "workers": len(hosts), "conditions": cond,
+           "cpu_s_per_agent": cond["agents_cores"] * cond["wall_s"] / len(hosts), "cores": os.cpu_count()}
+    record(row)
+    return row
+
+
 def run_window_probe(bed: Testbed, hosts: Sequence[str], *, elements: int, iterations: int, slots: int, rtt_ms: float,
                      bw_mbps: float | None, udp_port: int, record: Callable[[dict], None],
-                     progress: Callable[[str], None]) -> dict:
+                     progress: Callable[[str], None], args: Sequence[str] = ()) -> dict:
     """The software round trip of one of the experiment's jobs: its workers on the experiment's links (``bw_mbps``,
     ``rtt_ms``) with ``slots`` below the BDP, so the job is window-bound: round trip W = time / (chunks / slots
     + 1). Less the added ``rtt_ms`` and one frame's serialization each way this is ``ina_rtt_us`` as the job
-    sees it (the slowest of its workers each chunk, the agents' and the switch's CPU, the shaper)."""
+    sees it (the slowest of its workers each chunk, the agents' and the switch's CPU, the shaper). ``args``: more
+    agent options (the trace's ``--check``). The row carries ``conditions`` (topologies.experiments.conditions)."""
+    from topologies.experiments.conditions import Conditions
+
     progress(f"calibration probe {WINDOW_PROBE} ({len(hosts)} workers, {slots} slots, {rtt_ms:g} ms round trip)")
-    job = AgentJob(f"probe-{WINDOW_PROBE}", tuple(hosts), "allreduce", backend="ina", requested_slots=slots,
-                   args=("--elements", str(elements), "--iterations", str(iterations), "--warmup", "1"), udp_port=udp_port)
-    workers = bed.run_jobs([job])[job.name]
+    job = AgentJob(f"probe-{WINDOW_PROBE}", tuple(hosts), "allreduce", backend="ina", requested_slots=slots, min_slots=slots,
+                   args=("--elements", str(elements), "--iterations", str(iterations), "--warmup", "1", *args),
+                   udp_port=udp_port)
+    conditions = Conditions(switch_pids=_switch_pids(bed), controller_pids=_controller_pids(bed), probe=WINDOW_PROBE,
+                            bw_mbps=bw_mbps, rtt_ms=rtt_ms, window_slots=slots, jobs=1, workers=len(hosts))
+    with conditions:
+        workers = bed.run_jobs([job])[job.name]
     row = allreduce_row(workers, kind="probe", probe=WINDOW_PROBE, workers=len(hosts), backend="ina", slots=slots,
                         rtt_ms=rtt_ms, bw_mbps=bw_mbps)
+    row["conditions"] = conditions.result
     record(row)
     return row
 
@@ -161,8 +231,11 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
         chunks = math.ceil(float(pps["bytes"]) / wire.INA_DATA_LEN)
         fields["switch_pps"] = int(pps.get("workers", 2)) * chunks / float(pps["seconds_median"])
     # The trace's probes may be repeated (multijob: before each repetition): the median of their values.
+    # The median of every window probe's excess over the added round trip and the frames' serialization, which may
+    # be <= 0 (htb's burst lets a window that does not fill the link leave without waiting its serialization): a
+    # median <= 0 resolves no software round trip, and the unshaped one-slot probe's stands.
     rtts = [v for v in (_window_rtt_us(r, rtt_ms) for r in probes if r.get("probe") == WINDOW_PROBE) if v is not None]
-    if rtts:
+    if rtts and median(rtts) > 0:
         fields["ina_rtt_us"] = median(rtts)
     lat = by.get("ring-latency")
     if lat and lat.get("seconds_median"):
@@ -174,6 +247,12 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
     if startup and startup.get("cpu_s_median") and startup.get("cores"):
         fields["agent_startup_cpu_s"] = float(startup["cpu_s_median"])
         fields["shared_cores"] = float(startup["cores"])
+    # An agent's whole life (start, register, grant, exit) measured on the trace's star, when taken: its median
+    # replaces the import's lower bound.
+    lives = [r for r in probes if r.get("probe") == LIFECYCLE_PROBE and r.get("cpu_s_per_agent") and r.get("cores")]
+    if lives:
+        fields["agent_startup_cpu_s"] = median([float(r["cpu_s_per_agent"]) for r in lives])
+        fields["shared_cores"] = float(lives[0]["cores"])
     sharing = Calibration(**fields)
     caps = [c for c in (shared_capacity_of(sharing, r) for r in probes if r.get("probe") == SHARED_PROBE
                         and r.get("gradients_per_s")) if c is not None]
@@ -184,15 +263,13 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
 
 def _window_rtt_us(window: Mapping[str, Any], rtt_ms: float) -> float | None:
     """``ina_rtt_us`` from one ``ina-window`` row: ina-sim's INA time with s slots is chunks x W / s + W (the last
-    result's round trip), W less the added round trip and one frame's serialization each way."""
+    result's round trip), W less the added round trip and one frame's serialization each way (<= 0: none resolved)."""
     if not window.get("seconds_median") or not window.get("slots"):
         return None
     chunks = math.ceil(float(window["bytes"]) / wire.INA_DATA_LEN)
     round_trip_us = float(window["seconds_median"]) / (chunks / int(window["slots"]) + 1) * 1e6
     bw = window.get("bw_mbps")
     serialization_us = 2 * wire.INA_FRAME_LEN * 8 / (float(bw) * 1e6) * 1e6 if bw else 0.0
-    if round_trip_us <= rtt_ms * 1000 + serialization_us:
-        return None
     return round_trip_us - rtt_ms * 1000 - serialization_us
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import math
 from dataclasses import dataclass
@@ -33,17 +34,20 @@ from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, group_by, median
 from topologies.errors import ExperimentError
 from topologies.experiments.base import Experiment
+from topologies.experiments.conditions import Conditions
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
 POLICIES = ("equal", "first-fit", "weighted", "priority")
 BASELINES = ("static", "fcfs")  # static equal partition (no reallocation); first come, first served
 TOLERANCE = 0.15  # stated tolerance of the testbed vs simulator comparison (relative, per job)
 HIGH, LOW = 1, 0  # the trace's two priorities
-SHARED_SLOTS = 64  # the shared-ceiling probe's slots per job: its links' BDP, so the CPUs, not windows, bound it
-SHARED_BW_FACTOR = 4.0  # the shared-ceiling probe's links: shaped like the trace's, this many times faster (line rate
-# of its 16 workers ~4x the ceiling), so the CPUs bound it while every packet still passes the shaper
-SHARED_CALLS = 12  # timed calls per job of that probe (after one warm-up): the agents start seconds apart under
-# load, so each job's median call must fall where all four run
+SHARED_CALLS = 8  # timed calls per job of the shared-ceiling probe (after one warm-up): the agents start up to
+# seconds apart under load, so each job needs calls where all of them run
+
+
+def window_probe_slots(demand: int) -> int:
+    """The window probe's slots: 3/4 of the trace's request (its BDP), window-bound yet filling most of the link."""
+    return max(1, (3 * demand) // 4)
 
 
 @dataclass(frozen=True)
@@ -198,9 +202,9 @@ class MultijobExperiment(Experiment):
             probes = self.calibration_probes()
         numbered = list(enumerate(scenarios, start=1))
         for repetition in range(1, cfg.repetitions + 1):
-            if probes is not None and not cfg.calibration:  # the trace's probes again before each repetition
-                probes += self.trace_probes()
             with ctx.testbed(StarTopo(hosts, bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), "trace") as bed:
+                if probes is not None and not cfg.calibration:  # the trace's probes on its own star, each repetition
+                    probes += self.trace_probes(bed)
                 self._run_scenarios(bed, [(run, sc) for run, sc in numbered if sc[2] == repetition])
         if probes is not None:
             self._cal_path = self.write_calibration(probes)
@@ -225,13 +229,19 @@ class MultijobExperiment(Experiment):
                 if state:
                     memory.append((round(t, 3), sum(_granted_slots(state).values())))
 
+            conditions = Conditions(switch_pids=[sw.process.pid for sw in bed.net.switches if sw.process],
+                                    controller_pids=[bed.controller.pid] if bed.controller else [], bw_mbps=cfg.bw_mbps,
+                                    rtt_ms=cfg.rtt_ms, window_slots=job_request(policy, cfg.demand_slots, pool, len(jobs))[0],
+                                    jobs=len(jobs), workers=sum(len(j.hosts) for j in jobs))
             try:
-                results = bed.run_trace(jobs, arrivals, on_sample=sample)
+                with conditions:
+                    results = bed.run_trace(jobs, arrivals, on_sample=sample)
             except AgentFailure as exc:
                 ctx.error(f"{label}: {exc}")
                 ctx.record({"kind": "job", "supply": supply, "pool": pool, "policy": policy, "rep": rep, "error": str(exc)})
                 continue
-            ctx.record({"kind": "memory", "supply": supply, "pool": pool, "policy": policy, "rep": rep, "samples": memory})
+            ctx.record({"kind": "memory", "supply": supply, "pool": pool, "policy": policy, "rep": rep, "samples": memory,
+                        "conditions": conditions.result})
             for job, tj in zip(jobs, cfg.jobs):
                 workers = results[job.name]
                 row = allreduce_row(workers, kind="job", supply=supply, pool=pool, policy=policy, rep=rep, job=tj.job,
@@ -270,34 +280,42 @@ class MultijobExperiment(Experiment):
         probes.append(run_startup_probe(repeats=3, record=ctx.record, progress=ctx.progress))
         return probes
 
-    def trace_probes(self) -> list[dict]:
-        """The probes on the trace's own stars, taken before each repetition (the machine's load changes over a
-        run; the calibration takes their medians): one job's window round trip on the trace's links, and the
-        shared ceiling of the trace's jobs at once (as many agents) on shaped links SHARED_BW_FACTOR x faster than
-        the trace's (the shaper's work per packet is part of the ceiling; the CPUs, not the links, bound it)."""
-        from topologies.experiments.calibrate import run_shared_probe, run_window_probe
-        from topologies.topos import StarTopo
+    def trace_probes(self, bed: Any) -> list[dict]:
+        """The probes on the trace's own star (``bed``: its switch, links, round trip), before each repetition's
+        runs: the trace's process conditions, with a controller whose pool grants every probe job its slots.
+        One job's window round trip (window_probe_slots, window-bound), then the shared ceiling: the trace's jobs
+        all at once, each with the largest tensor, the trace's request (its BDP), ``--check`` and the
+        controller polled as in the trace. The calibration takes their medians over the repetitions; none of
+        it comes from the trace's own runs, which the comparison predicts."""
+        from topologies.experiments.calibrate import run_lifecycle_probe, run_shared_probe, run_window_probe
 
         ctx, cfg = self.ctx, self.config
-        groups, first = [], 1
-        for tj in cfg.jobs:
-            groups.append([f"h{first + i}" for i in range(tj.workers)])
-            first += tj.workers
         elements = max(tj.elements for tj in cfg.jobs)
-        shared_bw = cfg.bw_mbps * SHARED_BW_FACTOR
+        jobs = [dataclasses.replace(job, args=("--elements", str(elements), "--iterations", str(SHARED_CALLS),
+                                               "--warmup", "1", "--check"))
+                for job in self.jobs_for(1.0, "first-fit", 0)]
+        bed.start_controller(pool=len(jobs) * cfg.demand_slots, policy="first-fit")
+
+        def poll(t: float) -> None:  # what the trace's memory sampling costs
+            bed.controller_state()
+
         try:
-            with ctx.testbed(StarTopo(len(groups[0]), bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), "calibration-window") as bed:
-                window = run_window_probe(bed, groups[0], elements=elements, iterations=3, slots=max(1, cfg.demand_slots // 2),
-                                          rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps, udp_port=INA_UDP_BASE + 940,
-                                          record=ctx.record, progress=ctx.progress)
-            with ctx.testbed(StarTopo(first - 1, bw=shared_bw, rtt_ms=cfg.rtt_ms), "calibration-shared") as bed:
-                shared = run_shared_probe(bed, groups, elements=elements, iterations=SHARED_CALLS, slots=SHARED_SLOTS,
-                                          udp_port=INA_UDP_BASE + 950, record=ctx.record, progress=ctx.progress,
-                                          bw_mbps=shared_bw, rtt_ms=cfg.rtt_ms)
+            lifecycle = run_lifecycle_probe(bed, jobs[0].hosts, udp_port=INA_UDP_BASE + 930, record=ctx.record,
+                                            progress=ctx.progress, args=("--check",))
+            window = run_window_probe(bed, jobs[0].hosts, elements=elements, iterations=3,
+                                      slots=window_probe_slots(cfg.demand_slots), rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps,
+                                      udp_port=INA_UDP_BASE + 940, record=ctx.record, progress=ctx.progress, args=("--check",))
+            shared = run_shared_probe(bed, jobs, slots=cfg.demand_slots, udp_port=INA_UDP_BASE + 950, record=ctx.record,
+                                      progress=ctx.progress, bw_mbps=cfg.bw_mbps, rtt_ms=cfg.rtt_ms, on_sample=poll)
         except AgentFailure as exc:
-            ctx.error(f"calibration probes on the trace's stars: {exc}")
+            ctx.error(f"calibration probes on the trace's star: {exc}")
             return []
-        return [window, shared]
+        cond = shared.get("conditions") or {}
+        ctx.progress(f"  shared ceiling {shared.get('gradients_per_s') or 0:.0f} gradients/s; cores busy "
+                     f"{cond.get('busy_cores', 0):.2f} (switch {cond.get('switch_cores', 0):.2f}, agents "
+                     f"{cond.get('agents_cores', 0):.2f}, others {cond.get('others_cores', 0):.2f}), load "
+                     f"{cond.get('loadavg_start', 0):.1f}-{cond.get('loadavg_end', 0):.1f}")
+        return [lifecycle, window, shared]
 
     def write_calibration(self, probes: list[dict]) -> Path:
         """calibration.json: the given file's, or the probes' (medians of the repeated trace probes)."""
@@ -317,8 +335,8 @@ class MultijobExperiment(Experiment):
         repeats = sum(1 for r in probes if r.get("probe") == "ina-shared-pps")
         cal = calibration_from(probes, ring_goodput=None, rtt_ms=cfg.rtt_ms,
                                source=f"ina-exp multijob ({ctx.options.switch}): unshaped 2-worker probes; window probe "
-                                      f"on the trace's links; shared ceiling on {cfg.bw_mbps * SHARED_BW_FACTOR:g} Mbit/s "
-                                      f"shaped links, the model inverted; medians of {repeats} probe sets, one before each "
+                                      f"({window_probe_slots(cfg.demand_slots)} slots) and shared ceiling on the trace's own star "
+                                      f"({cfg.bw_mbps:g} Mbit/s, {cfg.demand_slots} slots, --check, controller polled), the model inverted; medians of {repeats} probe sets, one before each "
                                       f"repetition; {cfg.rtt_ms:g} ms round trip carried; {ctx.out_dir.name}")
         write_calibration(cal, path)
         return path
@@ -378,7 +396,13 @@ class MultijobExperiment(Experiment):
                     entry[f"{name}_mean_busy_s"] = median(busy)  # the same without agent start-up and exit
             entry["jct_s"] = {r["job"]: median(x["jct_s"] for x in rs if x["job"] == r["job"]) for r in rs}
             entry["busy_s"] = {r["job"]: median(x["busy_s"] for x in rs if x["job"] == r["job"]) for r in rs}
+            loads = [r["conditions"] for r in rows if r.get("kind") == "memory" and r.get("conditions")
+                     and r.get("supply") == supply and r.get("policy") == policy]
+            for key in ("busy_cores", "others_cores", "agents_cores", "switch_cores"):  # the machine during its runs
+                if loads:
+                    entry[key] = median(c[key] for c in loads)
             runs.append(entry)
+        probes = [r for r in rows if r.get("kind") == "probe" and r.get("conditions")]
         memory = [{"supply": r["supply"], "policy": r["policy"], "rep": r.get("rep"), "samples": r["samples"]}
                   for r in rows if r.get("kind") == "memory"]
         sims = [r for r in rows if r.get("kind") == "sim" and r.get("rel_diff") is not None]
@@ -389,9 +413,14 @@ class MultijobExperiment(Experiment):
                    "within_tolerance": sum(1 for d in diffs if d <= TOLERANCE),
                    "median_abs_rel_diff": median(diffs), "max_abs_rel_diff": max(diffs),
                    "p95_abs_rel_diff": _p95(diffs),
-                   "per_run": [{k: r[k] for k in ("supply", "policy", "job", "testbed_s", "sim_s", "rel_diff")} for r in sims]}
+                   "per_run": [{k: r[k] for k in ("supply", "policy", "job", "testbed_s", "sim_s", "rel_diff")} for r in sims],
+                   **_per_repetition(rows, sims)}
         return {"trace": [vars(tj) for tj in config.jobs], "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
                 "runs": runs, "targets": _targets(runs), "memory": memory, "simulator": sim,
+                "probes": [{"probe": r["probe"], "gradients_per_s": r.get("gradients_per_s"),
+                            "seconds_median": r.get("seconds_median"), "cpu_s_per_agent": r.get("cpu_s_per_agent"),
+                            **{k: r["conditions"].get(k) for k in ("busy_cores", "others_cores", "agents_cores",
+                                                                   "switch_cores", "loadavg_start")}} for r in probes],
                 "errors": sum(1 for r in rows if r.get("error"))}
 
     @staticmethod
@@ -419,6 +448,15 @@ class MultijobExperiment(Experiment):
             lines.append(f"testbed vs ina-sim: {sim['within_tolerance']}/{sim['jobs_compared']} jobs within ±{sim['tolerance']:.0%} "
                          f"(median |diff| {sim['median_abs_rel_diff']:.1%}, p95 {sim.get('p95_abs_rel_diff', 0.0):.1%}, "
                          f"max {sim['max_abs_rel_diff']:.1%})")
+            for rep in sim.get("per_repetition", []):
+                lines.append(f"  repetition {rep['rep']}: {rep['within_tolerance']}/{rep['jobs']} within (median "
+                             f"{rep['median_abs_rel_diff'] or 0:.1%}), other sessions' load median {rep['others_cores_median'] or 0:.2f} cores")
+            background = sim.get("by_background") or {}
+            for name, sign in (("quiet", "<="), ("loaded", ">")):
+                b = background.get(name) or {}
+                if b.get("jobs"):
+                    lines.append(f"  {name} runs (other sessions {sign} {background['quiet_cores']:g} cores): "
+                                 f"{b['within_tolerance']}/{b['jobs']} within (median {b['median_abs_rel_diff']:.1%})")
         return lines
 
     @staticmethod
@@ -482,6 +520,41 @@ class MultijobExperiment(Experiment):
                   f"{config.bw_mbps:g} Mbit/s links, {config.rtt_ms:g} ms round trip; static: pool/J each, no reallocation; "
                   f"fcfs: whole request or ring")
         save(fig, path, "Job trace sharing switch memory")
+
+
+QUIET_CORES = 0.1  # a trace run with other sessions' work (conditions.others_cores) at most this is "quiet"
+
+
+def _per_repetition(rows: list[dict], sims: list[dict]) -> dict:
+    """Each repetition's jobs against the same predictions (the simulator's per pool, policy and job), with the
+    machine's load in its runs; and the runs split by other sessions' load (``QUIET_CORES``): what the comparison
+    shows apart from the background the testbed shares the machine with."""
+    predicted = {(r["supply"], r["policy"], r["job"]): r["sim_s"] for r in sims}
+    others = {(r["supply"], r["policy"], r.get("rep")): (r.get("conditions") or {}).get("others_cores")
+              for r in rows if r.get("kind") == "memory"}
+    by_rep: dict[Any, list[float]] = {}
+    by_load: dict[str, list[float]] = {"quiet": [], "loaded": []}
+    loads: dict[Any, list[float]] = {}
+    for r in rows:
+        key = (r.get("supply"), r.get("policy"), r.get("job"))
+        if r.get("kind") != "job" or not r.get("busy_steady_s") or key not in predicted:
+            continue
+        diff = abs(r["busy_steady_s"] - predicted[key]) / predicted[key]
+        by_rep.setdefault(r.get("rep"), []).append(diff)
+        load = others.get((r.get("supply"), r.get("policy"), r.get("rep")))
+        if load is not None:
+            by_load["quiet" if load <= QUIET_CORES else "loaded"].append(diff)
+    for (_, _, rep), load in others.items():
+        if load is not None:
+            loads.setdefault(rep, []).append(load)
+
+    def stats(diffs: list[float]) -> dict:
+        return {"jobs": len(diffs), "within_tolerance": sum(1 for d in diffs if d <= TOLERANCE),
+                "median_abs_rel_diff": median(diffs), "p95_abs_rel_diff": _p95(diffs) if diffs else None}
+
+    return {"per_repetition": [{"rep": rep, **stats(d), "others_cores_median": median(loads.get(rep, [])),
+                                "others_cores_max": max(loads.get(rep, []), default=None)} for rep, d in sorted(by_rep.items())],
+            "by_background": {"quiet_cores": QUIET_CORES, **{k: stats(v) for k, v in by_load.items()}}}
 
 
 def _p95(values: list[float]) -> float:
@@ -566,17 +639,20 @@ def simulate_trace(jobs: tuple[TraceJob, ...], *, requested: int, min_slots: int
     ``startup``: per job number, how long after its arrival its workers had all joined on the testbed (the
     trace's ``startup_s``: the job holds its slots but makes no progress). Agent start-up is the testbed's,
     not something ina-sim predicts; given it, the jobs overlap in the simulator as they did on the testbed.
-    ``skip_first``: each job runs one all-reduce fewer (its first is the testbed's warm-up, ``_steady``)."""
+    ``skip_first``: each job runs one all-reduce fewer (its first is the testbed's warm-up, ``_steady``), which runs
+    within its start-up instead (trace column startup_iterations: its packets load the shared switch meanwhile)."""
     startup = startup or {}
     from simulator.cli import main as sim_main
 
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "trace.csv"
-    lines = ["job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,slots,min_slots,weight,startup_s"]
+    lines = ["job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,slots,min_slots,weight,startup_s,"
+             "startup_iterations"]
     for tj in jobs:
-        iterations = tj.iterations - 1 if skip_first and tj.iterations > 1 else tj.iterations
-        lines.append(f"{tj.job},{tj.arrival_s},{tj.workers},{tj.elements * 4},{iterations},0,{tj.priority},{requested},"
-                     f"{min_slots},{2.0 if tj.priority == HIGH else 1.0},{round(startup.get(tj.job, 0.0), 6)}")
+        warmup = 1 if skip_first and tj.iterations > 1 else 0
+        lines.append(f"{tj.job},{tj.arrival_s},{tj.workers},{tj.elements * 4},{tj.iterations - warmup},0,{tj.priority},"
+                     f"{requested},{min_slots},{2.0 if tj.priority == HIGH else 1.0},{round(startup.get(tj.job, 0.0), 6)},"
+                     f"{warmup}")
     trace.write_text("\n".join(lines) + "\n")
     argv = ["run", "--trace", str(trace), "--policy", policy, "--placement", "pack", "--racks", "1", "--follow-grant",
             "--workers-per-rack", str(sum(tj.workers for tj in jobs)), "--slots", str(pool), "--host-gbps", str(bw_mbps / 1000),

@@ -126,6 +126,22 @@ def dissect(frame: bytes) -> Ether:
     return Ether(frame)
 
 
+def register_state(target: Target):
+    """The target's registers, where it can show them (the model can; BMv2 through P4Runtime is not read here)."""
+    snap = getattr(target, "register_snapshot", None)
+    return snap() if snap else None
+
+
+def assert_same_registers(before, after) -> None:
+    """Malformed, foreign and query frames must leave every register as it was."""
+    if before is None:
+        return
+    *scalars_before, lanes_before = before
+    *scalars_after, lanes_after = after
+    assert scalars_before == scalars_after
+    assert (lanes_before == lanes_after).all()
+
+
 def process_target(kind: str, request) -> Target:
     """A switch process target (``--target ina-switch`` or ``--target bmv2``) for one test.
 

@@ -11,7 +11,8 @@ from scapy.packet import Raw, raw
 from inaproto import wire
 from inaproto.scapy_layer import INA
 from inaproto.wire import DropReason
-from tests.targets import SWITCH_IP, SWITCH_MAC, dissect, gradient, install_job, make_workers
+from tests.targets import (SWITCH_IP, SWITCH_MAC, assert_same_registers, dissect, gradient, install_job,
+                           make_workers, register_state)
 
 
 @pytest.fixture
@@ -22,20 +23,6 @@ def job(target):
     target.send(1, gradient(workers[0], 2, 0, [1] * wire.LANES, generation=4))
     assert target.receive(expect=0, timeout=0.05) == []
     return workers
-
-
-def _state(target):
-    snap = getattr(target, "register_snapshot", None)
-    return snap() if snap else None
-
-
-def _assert_same_state(before, after):
-    if before is None:
-        return
-    *scalars_before, lanes_before = before
-    *scalars_after, lanes_after = after
-    assert scalars_before == scalars_after
-    assert (lanes_before == lanes_after).all()
 
 
 def _finish_slot(target, workers):
@@ -68,10 +55,10 @@ BAD = {
 @pytest.mark.parametrize("case", BAD)
 def test_invalid_ina_packets_dropped_counted_no_state_change(target, job, case):
     build, reason, per_job = BAD[case]
-    before = _state(target)
+    before = register_state(target)
     target.send(2, build(job))
     assert target.receive(expect=0, timeout=0.05) == []
-    _assert_same_state(before, _state(target))
+    assert_same_registers(before, register_state(target))
     assert target.read_counter("MyIngress.ina_drops", reason) == 1
     if per_job:
         assert target.read_counter("MyIngress.ina_job_drops", 2 * wire.NUM_DROP_REASONS + reason) == 1
@@ -116,16 +103,16 @@ MALFORMED = {
 
 @pytest.mark.parametrize("case", MALFORMED)
 def test_malformed_frames_dropped_no_state_change(target, job, case):
-    before = _state(target)
+    before = register_state(target)
     target.send(2, MALFORMED[case](job))
     assert target.receive(expect=0, timeout=0.05) == []
-    _assert_same_state(before, _state(target))
+    assert_same_registers(before, register_state(target))
     _finish_slot(target, job)
 
 
-def test_random_bytes_never_change_state(target, job):
+def test_random_bytes_never_changeregister_state(target, job):
     rng = random.Random(3)
-    before = _state(target)
+    before = register_state(target)
     valid = _valid(job)
     for _ in range(300):
         n = rng.randrange(0, 200)
@@ -140,7 +127,7 @@ def test_random_bytes_never_change_state(target, job):
                 continue  # the flip left the IPv4 header intact: possibly a valid packet
         target.send(2, frame)
     target.receive(expect=None, timeout=0.2)
-    _assert_same_state(before, _state(target))
+    assert_same_registers(before, register_state(target))
     _finish_slot(target, job)
 
 

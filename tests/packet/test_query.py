@@ -6,7 +6,8 @@ from scapy.all import IP, UDP, Ether, Raw, raw
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from tests.targets import SWITCH_IP, SWITCH_MAC, dissect, gradient, install_job, make_workers
+from tests.targets import (SWITCH_IP, SWITCH_MAC, assert_same_registers, dissect, gradient, install_job,
+                           make_workers, register_state)
 
 JOB, GEN = 3, 2
 
@@ -16,20 +17,6 @@ def query(worker, slot: int, seq: int, shadow: int = 0, job_id: int = JOB, gener
     h = wire.InaHeader(wire.MsgType.QUERY, 0, job_id, generation, slot, seq, worker.wid, shadow)
     return raw(Ether(src=worker.mac, dst=SWITCH_MAC) / IP(src=worker.ip, dst=SWITCH_IP)
                / UDP(sport=worker.udp_port, dport=wire.INA_UDP_PORT) / Raw(wire.pack_header(h)))
-
-
-def _state(target):
-    snap = getattr(target, "register_snapshot", None)
-    return snap() if snap else None
-
-
-def _assert_same_state(before, after):
-    if before is None:
-        return
-    *scalars_before, lanes_before = before
-    *scalars_after, lanes_after = after
-    assert scalars_before == scalars_after
-    assert (lanes_before == lanes_after).all()
 
 
 def _setup(target, contributed: int):
@@ -58,12 +45,12 @@ def _same_ip_fields(got: bytes, want: bytes) -> None:
 def test_query_of_contribution_in_incomplete_copy_answers_held(target):
     workers = _setup(target, 2)
     assert target.receive(expect=0, timeout=0.05) == []
-    before = _state(target)
+    before = register_state(target)
     target.send(2, query(workers[1], 1, 9, shadow=1))
     out = target.receive(expect=1)
     assert [p for p, _ in out] == [2]
     _same_ip_fields(out[0][1], _status_frame(workers[1], 9, wire.Flags.HELD))
-    _assert_same_state(before, _state(target))
+    assert_same_registers(before, register_state(target))
     assert target.read_counter("MyIngress.ina_duplicates", JOB) == 0
     # the slot still completes exactly with the third worker's gradient
     target.send(3, gradient(workers[2], JOB, 1, [3] * wire.LANES, seq=9, shadow=1, generation=GEN))
@@ -75,7 +62,7 @@ def test_query_of_contribution_in_incomplete_copy_answers_held(target):
 def test_query_without_contribution_answers_not_held(target):
     workers = _setup(target, 2)
     assert target.receive(expect=0, timeout=0.05) == []
-    before = _state(target)
+    before = register_state(target)
     target.send(3, query(workers[2], 1, 9, shadow=1))  # its gradient was lost
     out = target.receive(expect=1)
     assert [p for p, _ in out] == [3]
@@ -84,7 +71,7 @@ def test_query_without_contribution_answers_not_held(target):
     out = target.receive(expect=1)
     assert [p for p, _ in out] == [1]
     _same_ip_fields(out[0][1], _status_frame(workers[0], 10, 0))
-    _assert_same_state(before, _state(target))
+    assert_same_registers(before, register_state(target))
     target.send(3, gradient(workers[2], JOB, 1, [3] * wire.LANES, seq=9, shadow=1, generation=GEN))
     res = target.receive(expect=3)
     assert all(dissect(f)[INA].lanes == [6] * wire.LANES for _, f in res)
@@ -92,11 +79,11 @@ def test_query_without_contribution_answers_not_held(target):
 
 def test_query_of_unused_slot_answers_not_held_and_changes_nothing(target):
     workers = _setup(target, 0)
-    before = _state(target)
+    before = register_state(target)
     target.send(1, query(workers[0], 1, 9, shadow=1))
     out = target.receive(expect=1)
     _same_ip_fields(out[0][1], _status_frame(workers[0], 9, 0))
-    _assert_same_state(before, _state(target))
+    assert_same_registers(before, register_state(target))
 
 
 def test_query_of_complete_copy_answers_the_sum_to_sender_only(target):
@@ -122,7 +109,7 @@ def test_query_of_complete_copy_answers_the_sum_to_sender_only(target):
 def test_foreign_and_malformed_queries_dropped(target):
     workers = _setup(target, 2)
     assert target.receive(expect=0, timeout=0.05) == []
-    before = _state(target)
+    before = register_state(target)
     stranger = make_workers(5)[4]
     target.send(stranger.port, query(stranger, 1, 9, shadow=1))  # not a member
     q = Ether(query(workers[0], 1, 9, shadow=1))
@@ -134,6 +121,6 @@ def test_foreign_and_malformed_queries_dropped(target):
     target.send(1, bytes(with_lanes))
     target.send(1, query(workers[0], 7, 9, shadow=1))  # slot out of the job's range
     assert target.receive(expect=0, timeout=0.05) == []
-    _assert_same_state(before, _state(target))
+    assert_same_registers(before, register_state(target))
     assert target.read_counter("MyIngress.ina_drops", wire.DropReason.MALFORMED) == 2
     assert target.read_counter("MyIngress.ina_drops", wire.DropReason.SLOT_OUT_OF_RANGE) == 1

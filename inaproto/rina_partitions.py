@@ -14,14 +14,16 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
+from inaproto import wire
+
 __all__ = ["BUNDLE_FRAMES", "BUNDLE_SHARE", "INA_SHARE", "aligned_blocks", "hop_loads", "hop_share",
            "partition_sizes", "slot_partitions"]
 
-_INA_PAYLOAD = 142  # wire.INA_PAYLOAD_LEN: 14 header + 128 data bytes
-_UDP_IP_ETH = 42  # Ethernet 14 + IPv4 20 + UDP 8
-BUNDLE_FRAMES = (1500 - 28) // _INA_PAYLOAD  # INA payloads per datagram between host members (10: 1462-byte frames)
-INA_SHARE = 128 / (_INA_PAYLOAD + _UDP_IP_ETH)  # 0.696
-BUNDLE_SHARE = BUNDLE_FRAMES * 128 / (BUNDLE_FRAMES * _INA_PAYLOAD + _UDP_IP_ETH)  # 0.876
+_MTU = 1500
+# INA payloads per datagram between host members (10: 1462-byte frames)
+BUNDLE_FRAMES = (_MTU - wire.IPV4_LEN - wire.UDP_LEN) // wire.INA_PAYLOAD_LEN
+INA_SHARE = wire.INA_DATA_LEN / wire.INA_FRAME_LEN  # 0.696
+BUNDLE_SHARE = BUNDLE_FRAMES * wire.INA_DATA_LEN / (BUNDLE_FRAMES * wire.INA_PAYLOAD_LEN + wire.INA_OFFSET)  # 0.876
 _MAX_UNITS = 128  # partition sizes are multiples of a power-of-two unit of slots: fewer than 2 x this many units
 
 

@@ -155,31 +155,34 @@ class TreeExperiment(Experiment):
         common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
                   "--check")
         # the path round trip's floor at the link rate (Rina on chains: paths of several lengths, none)
-        tree_floor = ("--path-rtt-floor-ms", f"{path_floor_ms(TREE_PATH_LINKS, cfg.bw_mbps):.4f}")
-        star_floor = ("--path-rtt-floor-ms", f"{path_floor_ms(2, cfg.bw_mbps):.4f}")
+        tree_floor, star_floor = path_floor_ms(TREE_PATH_LINKS, cfg.bw_mbps), path_floor_ms(2, cfg.bw_mbps)
         for racks, per in cfg.layouts:
             n = racks * per
             layout = f"{racks}x{per}"
             hosts = tuple(f"h{i}" for i in range(1, n + 1))
-            # (label, topology, backend, controller args, agent args, faults); uplink runs (pcaps) after them
-            runs: list[tuple[str, Any, str, tuple, tuple, float]] = [
+            # (label, topology, backend, controller args, agent args, path floor in ms, faults); uplink runs
+            # (pcaps) after them
+            runs: list[tuple[str, Any, str, tuple, tuple, float, float]] = [
                 ("tree", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "auto",
-                 ("--trees",), tree_floor, 0.0)]
+                 ("--trees",), (), tree_floor, 0.0)]
             if cfg.baselines:
                 runs += [
                     ("rina", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "rina",
-                     ("--rina-chains",), ("--rina-chains",), 0.0),
-                    ("ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps), "ring", (), (), 0.0),
-                    ("star", StarTopo(n, bw=cfg.bw_mbps), "ina", (), star_floor, 0.0),
+                     ("--rina-chains",), ("--rina-chains",), 0.0, 0.0),
+                    ("ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps), "ring", (), (), 0.0,
+                     0.0),
+                    ("star", StarTopo(n, bw=cfg.bw_mbps), "ina", (), (), star_floor, 0.0),
                 ]
             if not bmv2:
                 runs += [(f"tree-loss{p:g}", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps,
-                                                           spine_ina=True), "auto", ("--trees",), tree_floor, p)
+                                                           spine_ina=True), "auto", ("--trees",), (), tree_floor, p)
                          for p in cfg.loss if p > 0]
             uplink = [(f"{label}-uplink", *rest) for label, *rest in runs if label in ("tree", "rina")]
             schedule = [(rep, run) for rep in range(cfg.repetitions) for run in runs]
             schedule += [(rep, run) for rep in range(cfg.uplink_runs) for run in uplink]
-            for rep, (label, topo, backend, ctl_args, agent_args, loss) in schedule:
+            for rep, (label, topo, backend, ctl_args, agent_args, floor_ms, loss) in schedule:
+                if floor_ms:
+                    agent_args += ("--path-rtt-floor-ms", f"{floor_ms:.4f}")
                 port += 1
                 ctx.progress(f"{layout} {label} #{rep + 1}: {backend}, {cfg.warmup}+{cfg.iterations} all-reduces")
                 opts: dict[str, Any] = {"pcap": True} if label.endswith("-uplink") else {}  # lossless, untimed
@@ -203,9 +206,8 @@ class TreeExperiment(Experiment):
                                     rep=rep, backend=backend, loss=loss, bw_mbps=cfg.bw_mbps, slots=cfg.slots,
                                     tree_bdp_frames=tree_bdp_frames(cfg.bw_mbps),
                                     controller_backend=granted[0] if granted else None, pcap=bool(opts.get("pcap")),
-                                    load1=os.getloadavg()[0],
-                                    path_rtt_floor_ms=float(agent_args[agent_args.index("--path-rtt-floor-ms") + 1])
-                                    if "--path-rtt-floor-ms" in agent_args else 0.0)  # the shared machine's load as the run ends
+                                    load1=os.getloadavg()[0],  # the shared machine's load as the run ends
+                                    path_rtt_floor_ms=round(floor_ms, 4))
                 if opts.get("pcap"):
                     up = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_in.pcap") for r in range(1, racks + 1)]
                     down = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_out.pcap") for r in range(1, racks + 1)]

@@ -133,8 +133,9 @@ def render_job(j: pb.JobInfo, out: TextIO) -> None:
         slots = f"slots [{s.base_slot}, {s.base_slot + s.num_slots})" if s.num_slots else "no slots"
         addr = f" via {s.switch_ip} {s.switch_mac}" if s.switch_ip else ""
         role = "" if not tree else " tree root," if s.switch == tree[0] else " tree ToR,"
+        floor = f", path RTT floor {s.path_rtt_floor * 1e3:.3f} ms" if s.path_rtt_floor > 0 else ""
         print(f"  switch {s.switch} (rack {s.rack}):{role} {slots}, multicast group {s.mcast_grp}, "
-              f"workers {list(s.worker_ids)}{addr}", file=out)
+              f"workers {list(s.worker_ids)}{addr}{floor}", file=out)
     for w in r.workers:
         print(f"  worker {w.worker_id}: {w.host} {w.ip}:{w.udp_port} {w.mac}", file=out)
 

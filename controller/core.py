@@ -36,6 +36,7 @@ from controller.barrier import GenerationBarriers
 from controller.errors import Refusal
 from controller.memory import allocate_pools, memory_view
 from controller.p4entity import Schema
+from controller.path_floor import path_rtt_floors
 from controller.policies import POLICIES, AllocationPolicy, JobDemand, SlotRange, make_policy
 from controller.store import Job, Store
 from controller.programming import FIRST_JOB_ID, SwitchProgrammer
@@ -461,6 +462,7 @@ class Controller:
             reason=job.reason,
         )
         tree_root = [sw for sw, _ in job.ranges if sw not in job.switches()] if job.backend == Backend.TREE else []
+        floors = path_rtt_floors(self.topology, job, tree_root[0] if tree_root else None)
         for sw in job.switches() + tree_root:  # a tree's root last, with no workers
             info = self.topology.switches[sw]
             rng = job.range_on(sw)
@@ -473,7 +475,7 @@ class Controller:
                     num_slots=rng.size if rng else 0,
                     mcast_grp=job_group(job.job_id) if info.ina else 0,
                     worker_ids=[w for w, _ in job.workers_on(sw)],
-                    rack=info.rack,
+                    rack=info.rack, path_rtt_floor=floors.get(sw, 0.0),
                 )
             )
         return g

@@ -9,6 +9,10 @@
                          "switch_ip": "10.0.0.254", "switch_mac": "02:00:00:00:00:fe"}},
      "links":    [["h1", "s1-p1"], ["s1-p2", "s2-p2", "0", 0.5]]}
 
+A link's fourth item is its rate in Mbit/s (the tutorials' bandwidth; ``ina-exp`` writes its htb rate there):
+the controller sizes each grant's path round-trip floor from it (controller/path_floor.py); a link without
+one has no known rate.
+
 A switch's forwarding entries and multicast groups come from its ``runtime_json`` when it has one
 (``table_entries``, ``multicast_group_entries``), else they are derived from the links: every host gets
 an ``ipv4_lpm`` /32 route on every switch, out of the port on a shortest path to it.
@@ -86,6 +90,19 @@ class HostInfo:
     port: int
 
 
+def _link_rate(link: list) -> float | None:
+    """A topology link's rate in Mbit/s (its fourth item), or None where it gives none."""
+    if len(link) < 4 or link[3] in (None, ""):
+        return None
+    try:
+        mbps = float(link[3])
+    except (TypeError, ValueError):
+        raise TopologyError(f"link {link!r}: bandwidth {link[3]!r} is not a number of Mbit/s") from None
+    if not mbps > 0 or mbps == float("inf"):
+        raise TopologyError(f"link {link!r}: bandwidth {link[3]!r} must be a positive number of Mbit/s")
+    return mbps
+
+
 def _is_mac(text: str) -> bool:
     return bool(re.fullmatch(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}", text or ""))
 
@@ -98,6 +115,8 @@ class Topology:
     trunks: dict[str, dict[int, str]] = field(default_factory=dict)
     base_dir: Path = field(default_factory=Path)
     manages_forwarding: bool = False  # whether ipv4_lpm is the controller's (a topology was given)
+    # (switch, port) -> Mbit/s of the link on that port (host links and trunks, both ends), where the link gives one
+    link_mbps: dict[tuple[str, int], float] = field(default_factory=dict)
 
     # --- loading ------------------------------------------------------------------------------------
     @classmethod
@@ -138,6 +157,10 @@ class Topology:
                 raise TopologyError(f"bad link {link!r}")
             a, b = str(link[0]), str(link[1])
             pa, pb = _PORT_RE.match(a), _PORT_RE.match(b)
+            mbps = _link_rate(link)
+            for end in (pa, pb):
+                if mbps and end and end["switch"] in switches:
+                    topo.link_mbps[(end["switch"], int(end["port"]))] = mbps
             if pa and pb and pa["switch"] in switches and pb["switch"] in switches:
                 topo.trunks.setdefault(pa["switch"], {})[int(pa["port"])] = pb["switch"]
                 topo.trunks.setdefault(pb["switch"], {})[int(pb["port"])] = pa["switch"]
@@ -175,6 +198,10 @@ class Topology:
         return cls(switches)
 
     # --- queries ------------------------------------------------------------------------------------
+    def port_mbps(self, switch: str, port: int) -> float | None:
+        """The rate of the link on ``switch``'s ``port`` in Mbit/s, or None where the topology gives none."""
+        return self.link_mbps.get((switch, port))
+
     def locate(self, host: str) -> tuple[str, int]:
         """(switch, port) of a worker: a topology host name, or a switch port written ``s1-p3``."""
         h = self.hosts.get(host)

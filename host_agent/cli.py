@@ -89,9 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="retry controller calls this long while it is unavailable (restarting) (default 30); "
                             "the job's secret comes from the job file's 'secret' or $INA_JOB_SECRET, TLS from $INA_TLS_CA")
         p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds without progress before giving up (default 60)")
-        p.add_argument("--path-rtt-floor-ms", type=_nonneg_float, default=0.0,
-                       help="the shortest round trip the aggregation path can have at its links' rate, ms "
-                            "(the congestion window's path round trip never goes below it; default 0: none)")
+        p.add_argument("--path-rtt-floor-ms", type=_nonneg_float, default=None, metavar="MS",
+                       help="override the grant's path round-trip floor, ms (the controller sizes it from the "
+                            "link rates; the congestion window's path round trip never goes below it; 0: none)")
         p.add_argument("--reorder-guard", type=_nonneg_float, default=0.0,
                        help="seconds between a chunk's last send and its slot's reuse, for switches without "
                             "the per-copy seq check on networks that reorder (default 0: off)")
@@ -216,7 +216,8 @@ def _open_agent(args: argparse.Namespace, spec: JobSpec):
 
     opts = AgentOptions(stream=StreamOptions(op_timeout=args.timeout, reorder_guard=args.reorder_guard,
                                                io=IoMode(args.io), rina_chains=args.rina_chains,
-                                               path_rtt_floor=args.path_rtt_floor_ms / 1e3,
+                                               path_rtt_floor=None if args.path_rtt_floor_ms is None
+                                               else args.path_rtt_floor_ms / 1e3,
                                                queries=QueryMode(args.queries)),
                         rendezvous_timeout=args.timeout, controller_retry=args.controller_retry)
     return Agent(spec, args.worker_id, controller=args.controller, job_id=args.job_id, options=opts)

@@ -175,11 +175,12 @@ class SwitchGrant:
     mcast_grp: int = 0
     worker_ids: tuple[int, ...] = ()
     rack: str = ""
+    path_rtt_floor: float = 0.0  # seconds: the shortest round trip of its workers' path (controller/path_floor.py)
 
     @classmethod
     def from_proto(cls, msg: Any) -> SwitchGrant:
         return cls(msg.switch, msg.switch_ip, msg.switch_mac, int(msg.base_slot), int(msg.num_slots),
-                   int(msg.mcast_grp), tuple(int(w) for w in msg.worker_ids), msg.rack)
+                   int(msg.mcast_grp), tuple(int(w) for w in msg.worker_ids), msg.rack, float(msg.path_rtt_floor))
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,12 @@ class Grant:
                    tuple(SwitchGrant.from_proto(s) for s in msg.switches),
                    float(msg.scale) if msg.scale > 0 else float(2**16),
                    int(msg.ina_port) or wire.INA_UDP_PORT, int(msg.lanes) or wire.LANES, msg.reason)
+
+    def path_rtt_floor(self, worker_id: int) -> float:
+        """The path round-trip floor the controller sized for ``worker_id``: its switch's, where that switch holds
+        slots for the job (0: none, or the worker aggregates nowhere)."""
+        return next((sg.path_rtt_floor for sg in self.switches if sg.num_slots > 0 and worker_id in sg.worker_ids),
+                    0.0)
 
     @classmethod
     def ring_only(cls, job_id: int = 0, generation: int = 0, scale: float = float(2**16)) -> Grant:

@@ -74,9 +74,11 @@ class StreamOptions:
             at their size on the wire (Ethernet/IPv4/UDP/INA, 184 bytes) and every ring step takes at
             least its bytes (with TCP/IP/Ethernet framing) over this rate: equal links for comparing
             backends on loopback, where there is no real link to shape.
-        path_rtt_floor: the shortest round trip this worker's aggregation path can have at its links' rate
-            (one frame's serialization per link crossing: 2 to a single switch, 4 through a two-level tree);
-            0: none. The RTT estimator's path round trip never goes below it (``RttEstimator.path_floor``).
+        path_rtt_floor: an explicit override of the shortest round trip this worker's aggregation path can
+            have (seconds; 0: none). None (the default): the grant's, sized by the controller from the link
+            rates for this worker's switch (``SwitchGrant.path_rtt_floor``, controller/path_floor.py) and
+            taken again from every new grant. The RTT estimator's path round trip never goes below it
+            (``RttEstimator.path_floor``); ``StreamStats.path_rtt_floor_s`` reports the one in use.
         rina_chains: the controller installs Rina jobs as chains across their racks' switches
             (``SwitchProgrammer(chains=True)``); where every ring member is an INA rack the worker is plain
             INA towards its rack's switch (docs/agent.md, "Rina as designed").
@@ -94,7 +96,7 @@ class StreamOptions:
     link_bps: float = 0.0
     io: IoMode = IoMode.PER_PACKET  # batched is opt-in until it helps the experiments (docs/agent.md, I/O)
     rina_chains: bool = False  # Rina jobs run as chains across switches (host_agent.grant.plan_for)
-    path_rtt_floor: float = 0.0
+    path_rtt_floor: float | None = None
     queries: QueryMode = QueryMode.OFF  # measured no gain yet (experiment 4, session 6); when RACK asks the switch instead of resending (docs/agent.md, "Queries")
 
     def __post_init__(self) -> None:
@@ -107,7 +109,7 @@ class StreamOptions:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.reorder_guard >= 0:
             raise ValueError(f"reorder_guard must be >= 0, got {self.reorder_guard!r}")
-        if not self.path_rtt_floor >= 0:
+        if self.path_rtt_floor is not None and not self.path_rtt_floor >= 0:
             raise ValueError(f"path_rtt_floor must be >= 0, got {self.path_rtt_floor!r}")
         if not self.link_bps >= 0:
             raise ValueError(f"link_bps must be >= 0, got {self.link_bps!r}")
@@ -138,6 +140,7 @@ class StreamStats:
     slot_wait_s: float = 0.0
     cwnd_wait_s: float = 0.0
     tail_wait_s: float = 0.0
+    path_rtt_floor_s: float = 0.0  # the RTT estimator's path floor under the current generation (grant or override)
     window_cuts: int = 0  # congestion-window decreases (host_agent/congestion.py)
     loss_cuts: int = 0  # of those, the ones made on a loss
     results: int = 0
@@ -242,7 +245,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._bstore: dict[int, bytes] = {}
         self._acks: dict[int, int] = {}
         self._rtt = RttEstimator(options.rto_initial, options.rto_min, options.rto_max,
-                                 path_floor=options.path_rtt_floor)
+                                 path_floor=self._path_floor(grant))
         self._cwnd = CongestionWindow(options.initial_window)
         self._reorder_mult = 1  # widening of the reorder window after spurious early resends (host_agent/flight.py)
         self._chain_rtts: list = []  # Rina on chains: recent round trips per chain (Flight's class_rtts)
@@ -252,6 +255,12 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._pace_next = 0.0  # link emulation: when the next INA packet may leave
         self._pace_gap = (wire.INA_FRAME_LEN * 8 / options.link_bps) if options.link_bps else 0.0
         self._closed = False
+
+    def _path_floor(self, grant: Grant) -> float:
+        """The path round-trip floor under ``grant``: the option's override, else the grant's for this worker."""
+        floor = self.options.path_rtt_floor
+        self.stats.path_rtt_floor_s = grant.path_rtt_floor(self.worker_id) if floor is None else floor
+        return self.stats.path_rtt_floor_s
 
     # ------------------------------------------------------------------ control (any thread)
 
@@ -535,6 +544,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._base = resume
         self._acks = {w: resume for w in self.ids}
         self._rtt.reset()  # the new plan may aggregate in another switch
+        self._rtt.path_floor = self._path_floor(grant)
         self._chain_rtts.clear()
         notice, self._notice_at = self._notice_at, None
         if notice is not None and self.stats.resyncs:

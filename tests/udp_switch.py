@@ -63,6 +63,7 @@ class FakeAdmission(pb_grpc.AdmissionServicer):
         self.scale = scale
         self.sync_timeout = sync_timeout
         self.jobs: dict[int, _Job] = {}
+        self.path_rtt_floors: dict[str, float] = {}  # rack -> the SwitchGrant's path_rtt_floor (seconds)
         self.cond = threading.Condition()
         self._next_job = 1
         self._next_base: dict[str, int] = {name: 0 for name in switches}
@@ -114,7 +115,8 @@ class FakeAdmission(pb_grpc.AdmissionServicer):
             grants.append(pb.SwitchGrant(
                 switch=rack, switch_ip=switch.address[0] if switch else "", switch_mac="02:00:00:00:00:fe",
                 base_slot=base, num_slots=n, mcast_grp=job.job_id + 1 if n else 0,
-                worker_ids=[w.worker_id for w in members], rack=rack))
+                worker_ids=[w.worker_id for w in members], rack=rack,
+                path_rtt_floor=self.path_rtt_floors.get(rack, 0.0)))
         with_slots = [g for g in grants if g.num_slots > 0]
         if len(with_slots) == 1 and len(with_slots[0].worker_ids) == len(job.workers):
             backend = "ina"

@@ -1,7 +1,8 @@
 """Aggregation trees end to end (root): `ina-exp run tree --tiny` builds a leaf-spine of ina-switch processes
 in namespaces, `ina-controller --trees` installs a 2 x 2 job's tree on both ToRs and the spine, the agents
 all-reduce through it, every result is exact, and the spine's pcaps show one framed partial sum per rack and
-all-reduce going up in the run that writes them (docs/experiments.md, "Aggregation trees")."""
+all-reduce going up in the run that writes them, and the agents, started without ``--path-rtt-floor-ms``, take
+the tree path's round-trip floor from the grant (docs/experiments.md, "Aggregation trees")."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from inaproto import wire
 from inaproto.commands import Command, command_argv
+from topologies.experiments.tree import path_floor_ms
 
 INA_EXP = command_argv(Command.EXP)
 
@@ -24,6 +26,9 @@ def test_tiny_tree_is_exact_and_an_uplink_carries_one_partial_per_rack(tmp_path)
     assert sorted(rows) == ["tree", "tree-uplink"]  # timed without pcaps; the uplink bytes from a pcap run
     for row in rows.values():
         assert row["controller_backend"] == "tree" and row["granted_backend"] == "ina" and row["exact"] is True
+        # no --path-rtt-floor-ms: the agents took the tree path's floor (4 link crossings) from the grant
+        assert row["path_rtt_floor_ms"] == row["expected_path_rtt_floor_ms"] == round(
+            path_floor_ms(4, row["bw_mbps"]), 4) > 0
     assert not rows["tree"]["pcap"] and "uplink_up_bytes" not in rows["tree"]
     row = rows["tree-uplink"]
     calls, racks = row["calls"], row["racks"]

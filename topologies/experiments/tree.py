@@ -15,7 +15,9 @@ gives every link ``rtt_ms / 2`` each way, so a tree's worker would see twice the
 
 Windows: a job asks for ``slots`` slots on every switch of its tree, which must cover the tree path's
 bandwidth-delay product (worker -> ToR -> spine -> ToR -> worker: four link crossings of ``bw_mbps`` per round trip);
-:func:`tree_bdp_frames` is written beside every result.
+:func:`tree_bdp_frames` is written beside every result. The agents' path round-trip floor comes from the grant
+(the controller sizes it from the links' rates in the plan's ``topology.json``, controller/path_floor.py); each
+row records the floor the agents used (``path_rtt_floor_ms``) beside :func:`path_floor_ms` of its path.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ from topologies.experiments.base import Experiment
 from topologies.experiments.rina import checked_layouts, parse_layouts
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
-__all__ = ["TreeConfig", "TreeExperiment", "framed_partial_bytes", "ina_bytes", "path_floor_ms", "tree_bdp_frames"]
+__all__ = ["TreeConfig", "TreeExperiment", "framed_partial_bytes", "granted_floor_ms", "ina_bytes", "path_floor_ms",
+           "tree_bdp_frames"]
 
 TREE_PATH_LINKS = 4  # link crossings of a chunk's round trip through a two-level tree (a star's: 2)
 LINK_LATENCY_S = 50e-6  # a veth hop and a switch's packet path, one way, besides serialization (estimate)
@@ -56,10 +59,15 @@ def tree_bdp_frames(bw_mbps: float) -> float:
 
 def path_floor_ms(links: int, bw_mbps: float) -> float:
     """The shortest round trip of an INA chunk over ``links`` link crossings of ``bw_mbps``: one frame's
-    serialization each (2 to a single switch, TREE_PATH_LINKS through a tree). The agents get it as
-    ``--path-rtt-floor-ms`` (their htb links pass short bursts unshaped, so the measured minimum is shorter;
-    docs/experiments.md, "Aggregation trees", session 6)."""
+    serialization each (2 to a single switch, TREE_PATH_LINKS through a tree): what the grant should carry
+    (the agents take it from there; until session 7 this experiment handed it to them as ``--path-rtt-floor-ms``)."""
     return links * wire.INA_FRAME_LEN * 8 / (bw_mbps * 1e6) * 1e3
+
+
+def granted_floor_ms(workers: list[dict]) -> float | None:
+    """The largest path round-trip floor the agents used (their ``stats``, taken from the grant), ms."""
+    floors = [float((w.get("stats") or {}).get("path_rtt_floor_s", 0.0)) for w in workers]
+    return round(max(floors) * 1e3, 4) if floors else None
 
 
 def ina_bytes(pcap: Path) -> tuple[int, int]:
@@ -154,13 +162,13 @@ class TreeExperiment(Experiment):
         bmv2 = ctx.options.switch == "bmv2"
         common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
                   "--check")
-        # the path round trip's floor at the link rate (Rina on chains: paths of several lengths, none)
+        # the path round trip's floor the grant should carry (Rina: its rack switch path; chains are not sized)
         tree_floor, star_floor = path_floor_ms(TREE_PATH_LINKS, cfg.bw_mbps), path_floor_ms(2, cfg.bw_mbps)
         for racks, per in cfg.layouts:
             n = racks * per
             layout = f"{racks}x{per}"
             hosts = tuple(f"h{i}" for i in range(1, n + 1))
-            # (label, topology, backend, controller args, agent args, path floor in ms, faults); uplink runs
+            # (label, topology, backend, controller args, agent args, expected path floor in ms, faults); uplink runs
             # (pcaps) after them
             runs: list[tuple[str, Any, str, tuple, tuple, float, float]] = [
                 ("tree", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "auto",
@@ -168,7 +176,7 @@ class TreeExperiment(Experiment):
             if cfg.baselines:
                 runs += [
                     ("rina", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "rina",
-                     ("--rina-chains",), ("--rina-chains",), 0.0, 0.0),
+                     ("--rina-chains",), ("--rina-chains",), star_floor, 0.0),
                     ("ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps), "ring", (), (), 0.0,
                      0.0),
                     ("star", StarTopo(n, bw=cfg.bw_mbps), "ina", (), (), star_floor, 0.0),
@@ -181,8 +189,6 @@ class TreeExperiment(Experiment):
             schedule = [(rep, run) for rep in range(cfg.repetitions) for run in runs]
             schedule += [(rep, run) for rep in range(cfg.uplink_runs) for run in uplink]
             for rep, (label, topo, backend, ctl_args, agent_args, floor_ms, loss) in schedule:
-                if floor_ms:
-                    agent_args += ("--path-rtt-floor-ms", f"{floor_ms:.4f}")
                 port += 1
                 ctx.progress(f"{layout} {label} #{rep + 1}: {backend}, {cfg.warmup}+{cfg.iterations} all-reduces")
                 opts: dict[str, Any] = {"pcap": True} if label.endswith("-uplink") else {}  # lossless, untimed
@@ -207,7 +213,8 @@ class TreeExperiment(Experiment):
                                     tree_bdp_frames=tree_bdp_frames(cfg.bw_mbps),
                                     controller_backend=granted[0] if granted else None, pcap=bool(opts.get("pcap")),
                                     load1=os.getloadavg()[0],  # the shared machine's load as the run ends
-                                    path_rtt_floor_ms=round(floor_ms, 4))
+                                    path_rtt_floor_ms=granted_floor_ms(workers),
+                                    expected_path_rtt_floor_ms=round(floor_ms, 4))
                 if opts.get("pcap"):
                     up = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_in.pcap") for r in range(1, racks + 1)]
                     down = [ina_bytes(run_dir / "pcaps" / f"ina-spine1-p{r}_out.pcap") for r in range(1, racks + 1)]
@@ -242,6 +249,8 @@ class TreeExperiment(Experiment):
                                           ([r["granted_backend"]] if isinstance(r["granted_backend"], str)
                                            else r["granted_backend"])}),
                     "retransmits_median": statistics.median(r["retransmits"] for r in rs),
+                    "path_rtt_floor_ms": sorted({r["path_rtt_floor_ms"] for r in rs
+                                                 if r.get("path_rtt_floor_ms") is not None}),
                 }
                 loads = [r["load1"] for r in rs if "load1" in r]
                 if loads:
@@ -274,7 +283,8 @@ class TreeExperiment(Experiment):
             for label, r in p["runs"].items():
                 line = (f"  {label:14s} {r['seconds_median'] * 1e3:6.0f} ms [{r['seconds_min'] * 1e3:.0f}, "
                         f"{r['seconds_max'] * 1e3:.0f}] over {r['repetitions']} runs, exact {r['exact']}, "
-                        f"granted {'/'.join(r['granted_backend'])}, retransmits {r['retransmits_median']:g}"
+                        f"granted {'/'.join(r['granted_backend'])}, retransmits {r['retransmits_median']:g}, "
+                        f"path floor {'/'.join(f'{f:g}' for f in r.get('path_rtt_floor_ms', [])) or '-'} ms"
                         + (f", load {r['load1_min']:.1f}-{r['load1_max']:.1f}" if "load1_min" in r else ""))
                 if "uplink_up_over_framed_partial" in r:
                     line += (f", uplink per all-reduce and rack: up {r['uplink_up_over_framed_partial']:.3f}, "

@@ -257,10 +257,13 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._closed = False
 
     def _path_floor(self, grant: Grant) -> float:
-        """The path round-trip floor under ``grant``: the option's override, else the grant's for this worker."""
+        """The path round-trip floor under ``grant`` (its plan adopted): the option's override, else the grant's for
+        this worker's switch (0 where the plan has it aggregate in none: the ring)."""
         floor = self.options.path_rtt_floor
-        self.stats.path_rtt_floor_s = grant.path_rtt_floor(self.worker_id) if floor is None else floor
-        return self.stats.path_rtt_floor_s
+        if floor is None:
+            floor = grant.path_rtt_floor(self.worker_id) if self._plan.rack_of(self.worker_id) else 0.0
+        self.stats.path_rtt_floor_s = floor
+        return floor
 
     # ------------------------------------------------------------------ control (any thread)
 

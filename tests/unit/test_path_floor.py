@@ -168,3 +168,11 @@ def test_an_explicit_floor_overrides_the_grants() -> None:
         out = cl.run(lambda agent: (agent.allreduce(inputs[agent.rank]), agent.stats.path_rtt_floor_s,
                                     agent.stream._rtt.path_floor))
         assert all(o[0].tobytes() == quantised_sum(inputs).tobytes() and o[1:] == (0.0005, 0.0005) for o in out)
+
+
+def test_a_worker_on_the_ring_uses_no_floor() -> None:
+    inputs = [np.ones(100, np.float32)] * 2
+    with LocalCluster(["s1", "s1"], slots=16, backend="ring") as cl:
+        cl.fake.path_rtt_floors = {"s1": 0.003}  # granted, but the workers asked for the ring
+        out = cl.run(lambda agent: (agent.allreduce(inputs[agent.rank]), agent.stats.path_rtt_floor_s))
+        assert all(o[0].tobytes() == quantised_sum(inputs).tobytes() and o[1] == 0.0 for o in out)

@@ -443,9 +443,13 @@ def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, sl
     regs.scatter("ina_count", cell_r, np.where(complete, 0, count))
     cur = np.where(first[:, None], 0, pipeline.ina_lanes[cell_r].astype(np.int64))
     exact = sums + (cur if order is None else np.repeat(cur, length, axis=0))  # the running sums, unwrapped
-    before = _wrap32(exact - value)  # what each addition found in the slot (int32 wraps, as bit<32> does)
-    step_overflow = ((before + value < _I32_LOW) | (before + value >= _I32_HIGH)).any(axis=1)
-    lane_overflow = step_overflow if order is None else np.logical_or.reduceat(step_overflow, last - length + 1)
+    if exact.min() >= _I32_LOW and exact.max() < _I32_HIGH:
+        # every running sum within int32 (the common case): nothing wrapped, no step overflowed
+        lane_overflow = np.zeros(len(last), bool)
+    else:
+        before = _wrap32(exact - value)  # what each addition found in the slot (int32 wraps, as bit<32> does)
+        step_overflow = ((before + value < _I32_LOW) | (before + value >= _I32_HIGH)).any(axis=1)
+        lane_overflow = step_overflow if order is None else np.logical_or.reduceat(step_overflow, last - length + 1)
     total = _wrap32(exact[last]).astype(np.int32)
     overflow = np.where(lane_overflow, 1, np.where(first, 0, overflow))
     pipeline.ina_lanes[cell_r] = total

@@ -6,7 +6,13 @@ Needs root. For each worker count N it builds, inside network namespaces it crea
 one switch namespace with ports 1..N and N worker namespaces, each joined to the switch by a veth pair.
 Every worker is a process in its own namespace that keeps ``--window`` chunks in flight (SwitchML's
 scheme: chunk c in slot c mod W, shadow copy (c div W) mod 2, next chunk sent when a result comes back,
-everything in flight resent after a 20 ms silence) and checks each result is the exact sum.
+everything in flight resent after a 20 ms silence) and checks each result is the exact sum. By default
+(``--sender rings``) a worker does its own I/O on PACKET_MMAP rings: every result ready is read as one
+array, checked with one comparison, and the next chunks are written as rows of a prebuilt frame and handed
+to the kernel with one send(); when fewer than 16 results are ready it waits 0.2 ms once for more. So the
+workers can offer and absorb more than the switch's rate without eating the CPU the switch needs (one
+recv()/send() per frame, ``--sender socket``, cost them 7-11 us of CPU per frame, more than the bare loop
+they measure). The table gives the workers' CPU per frame beside the ratios.
 
 Three runs per N and round, alternated, on the same machine, in the same process:
 
@@ -44,6 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+
 from inaproto import wire  # noqa: E402
 from inaproto.job_entries import JobEntries, WorkerAddress, job_entries  # noqa: E402
 
@@ -70,17 +78,24 @@ def worker_lanes(i: int) -> list[int]:
 
 
 # --- roles run inside the namespaces -------------------------------------------------------------------
-def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, seconds: float, echo: bool, generation: int) -> dict:
-    """One worker: windowed sender and result checker on a raw socket; returns its counts as a dict.
+SENDERS = ("rings", "socket")  # the workers' own I/O: PACKET_MMAP rings with prebuilt frames, or one send() per frame
+# A whole INA frame as a numpy record (the fields the workers write or read), so a run of chunks is built in one pass.
+FRAME_DTYPE = np.dtype({"names": list(wire.PAYLOAD_DTYPE.names),
+                        "formats": [wire.PAYLOAD_DTYPE.fields[f][0] for f in wire.PAYLOAD_DTYPE.names],
+                        "offsets": [O_INA + wire.PAYLOAD_DTYPE.fields[f][1] for f in wire.PAYLOAD_DTYPE.names],
+                        "itemsize": wire.INA_FRAME_LEN})
 
-    Prints ``ready`` once set up, then reads the wall-clock start time from stdin (all workers start together).
-    """
-    import numpy as np
 
+def _worker_socket(iface: str) -> socket.socket:
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
     sock.setsockopt(263, 23, 1)  # PACKET_IGNORE_OUTGOING
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.bind((iface, 0x0003))
+    return sock
+
+
+def _worker_template(wid: int, workers: int, generation: int, echo: bool) -> tuple[bytearray, bytes]:
+    """A worker's gradient frame (seq 0) and the lanes every result must carry."""
     lanes = np.array(worker_lanes(wid), dtype=np.int32)
     header = wire.InaHeader(wire.MsgType.GRADIENT, 0, JOB_ID, generation, 0, 0, wid, 0)
     template = bytearray(
@@ -88,10 +103,36 @@ def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, s
                        wire.encode_payload(header, lanes))
     )
     if echo:
-        expected = bytes(template[O_DATA:])
-    else:
-        total = sum(np.array(worker_lanes(i), dtype=np.int64) for i in range(workers))
-        expected = total.astype(">i4").tobytes()
+        return template, bytes(template[O_DATA:])
+    total = sum(np.array(worker_lanes(i), dtype=np.int64) for i in range(workers))
+    return template, total.astype(">i4").tobytes()
+
+
+def _wait_for_start() -> float:
+    print("ready", flush=True)
+    start_at = float(sys.stdin.readline())
+    while time.time() < start_at:
+        time.sleep(0.001)
+    return start_at
+
+
+def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, seconds: float, echo: bool, generation: int,
+               sender: str = "rings") -> dict:
+    """One worker: windowed sender and result checker on a raw socket; returns its counts as a dict.
+
+    ``sender`` rings: the worker's own PACKET_MMAP rings (softswitch/ring_io.py): every result ready is read in
+    one batch, checked with one comparison, and the next chunks are written as rows of prebuilt frames and
+    handed to the kernel with one send(), so a worker costs far less CPU per frame than the switch it drives.
+    socket: one recv() and one send() per frame. Prints ``ready`` once set up, then reads the wall-clock
+    start time from stdin (all workers start together).
+    """
+    if sender == "rings":
+        try:
+            return _run_ring_worker(iface, wid, workers, window, warmup, seconds, echo, generation)
+        except OSError as e:  # RingUnavailable: the kernel refuses rings; one frame per syscall instead
+            print(f"worker {wid}: rings unavailable ({e}); one send() per frame", file=sys.stderr, flush=True)
+    sock = _worker_socket(iface)
+    template, expected = _worker_template(wid, workers, generation, echo)
     send, pack_into = sock.send, wire.HEADER.pack_into
     gradient = int(wire.MsgType.GRADIENT)
 
@@ -105,10 +146,7 @@ def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, s
     view = memoryview(buf)
     recv_into, unpack_from = sock.recv_into, wire.HEADER.unpack_from
     in_flight = {}  # slot -> chunk
-    print("ready", flush=True)
-    start_at = float(sys.stdin.readline())
-    while time.time() < start_at:
-        time.sleep(0.001)
+    start_at = _wait_for_start()
     t_begin, t_end = start_at + warmup, start_at + warmup + seconds
     base = None  # results when the measured window began
     results = bad = resent = 0
@@ -147,7 +185,106 @@ def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, s
             base = results
     measured = results - base if base is not None else 0
     sock.close()
-    return {"worker": wid, "results": results, "measured": measured, "bad": bad, "resent": resent, "stalls": stalls[:10]}
+    return {"worker": wid, "results": results, "measured": measured, "bad": bad, "resent": resent, "stalls": stalls[:10],
+            "sender": "socket"}
+
+
+RX_BATCH = 4096  # results a ring worker reads at once
+COALESCE_FRAMES = 16  # fewer results ready than this: the ring worker waits COALESCE_S once for more
+COALESCE_S = 0.0002
+
+
+def _joined(a: np.ndarray | list, b: np.ndarray | list) -> np.ndarray | list:
+    """Two receive batches as one (an array if both are arrays of one width, else a list)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape[1:] == b.shape[1:]:
+        return np.concatenate([a, b]) if len(a) else b
+    return [*(rows_list(a)), *(rows_list(b))]
+
+
+def rows_list(frames: np.ndarray | list) -> list:
+    return [r.tobytes() for r in frames] if isinstance(frames, np.ndarray) else list(frames)
+
+
+def _run_ring_worker(iface: str, wid: int, workers: int, window: int, warmup: float, seconds: float, echo: bool,
+                     generation: int) -> dict:
+    """``run_worker`` on PACKET_MMAP rings: batches of results in, batches of prebuilt chunks out."""
+    from softswitch.ring_io import PacketRing
+
+    sock = _worker_socket(iface)
+    ring = PacketRing(sock, rx_frames=max(256, 4 * window), tx_frames=max(256, 2 * window))
+    template, expected = _worker_template(wid, workers, generation, echo)
+    row = np.frombuffer(bytes(template), np.uint8)
+    want = np.frombuffer(expected, np.uint8)
+    gradient = int(wire.MsgType.GRADIENT)
+
+    def send_chunks(chunks: np.ndarray, flags: int = 0) -> None:
+        rows = np.repeat(row[None, :], len(chunks), axis=0)
+        rec = rows.reshape(-1).view(FRAME_DTYPE)
+        rec["msg_type"], rec["flags"] = gradient, flags
+        rec["slot"] = chunks % window
+        rec["seq"] = chunks
+        rec["reserved_shadow"] = (chunks // window) & 1
+        ring.send_rows(rows)
+        ring.flush()
+
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    in_flight = np.arange(window, dtype=np.int64)  # slot -> the chunk in it
+    mark, positions = np.zeros(window, np.int64), np.arange(RX_BATCH, dtype=np.int64)  # scratch: repeated slots
+    start_at = _wait_for_start()
+    t_begin, t_end = start_at + warmup, start_at + warmup + seconds
+    base = None
+    results = bad = resent = batches = 0
+    stalls = []
+    send_chunks(in_flight.copy())
+    now = time.time()
+    while now < t_end:
+        frames = ring.receive_batch(RX_BATCH)
+        if len(frames) < COALESCE_FRAMES:  # let results gather: fewer, larger batches (the switch gets the CPU meanwhile)
+            time.sleep(COALESCE_S)
+            more = ring.receive_batch(RX_BATCH - len(frames))
+            if len(more):
+                frames = _joined(frames, more)
+        if not len(frames):
+            if not poller.poll(RTO * 1000):
+                send_chunks(in_flight.copy(), int(wire.Flags.RETRANSMIT))
+                resent += window
+                now = time.time()
+                stalls.append(round(now - start_at, 3))
+            continue
+        if isinstance(frames, list):
+            kept = [bytes(f) for f in frames if len(f) == wire.INA_FRAME_LEN]
+            if not kept:
+                continue
+            frames = np.frombuffer(b"".join(kept), np.uint8).reshape(len(kept), wire.INA_FRAME_LEN)
+        elif frames.shape[1] != wire.INA_FRAME_LEN:
+            continue
+        batches += 1
+        seq = frames.reshape(-1).view(FRAME_DTYPE)["seq"].astype(np.int64)
+        slot = seq % window
+        fresh = in_flight[slot] == seq
+        if not fresh.all():  # late duplicates
+            frames, seq, slot = frames[fresh], seq[fresh], slot[fresh]
+        order = positions[: len(slot)]
+        mark[slot] = order
+        if (mark[slot] != order).any():  # one result twice in this batch: keep the first
+            slot, first = np.unique(slot, return_index=True)
+            frames, seq = frames[first], seq[first]
+        if not len(seq):
+            continue
+        results += len(seq)
+        bad += int((frames[:, O_DATA:] != want).any(axis=1).sum())
+        nxt = seq + window
+        in_flight[slot] = nxt
+        send_chunks(nxt)
+        now = time.time()
+        if base is None and now >= t_begin:
+            base = results
+    measured = results - base if base is not None else 0
+    ring.close()
+    sock.close()
+    return {"worker": wid, "results": results, "measured": measured, "bad": bad, "resent": resent, "stalls": stalls[:10],
+            "sender": "rings", "batches": batches}
 
 
 def run_echo(ifaces: list[str], stop_after: float) -> dict:
@@ -282,7 +419,7 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
         for i, p in enumerate(net.ports):
             ns, iface = net.hosts[p]
             argv = [sys.executable, __file__, "--role-worker", iface, str(i), str(n), str(args.window), str(args.warmup),
-                    str(args.seconds), mode, str(generation)]
+                    str(args.seconds), mode, str(generation), args.sender]
             workers.append(subprocess.Popen(ns.exec_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         for w in workers:
             if w.stdout.readline().strip() != "ready":
@@ -294,9 +431,11 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
             w.stdin = None
         time.sleep(max(0.0, start_at + args.warmup - time.time()))
         cpu0, (busy0, total0) = _cpu_split(pid), _machine_jiffies()
+        wsys0 = sum(_cpu_split(w.pid)[1] for w in workers)
         wcpu0 = sum(_cpu_seconds(w.pid) for w in workers)
         time.sleep(max(0.0, start_at + args.warmup + args.seconds - time.time()))
         cpu1, (busy1, total1) = _cpu_split(pid), _machine_jiffies()
+        wsys1 = sum(_cpu_split(w.pid)[1] for w in workers)
         wcpu1 = sum(_cpu_seconds(w.pid) for w in workers)
         outs = [json.loads(w.communicate(timeout=budget)[0]) for w in workers]
         aggregated = None
@@ -320,6 +459,10 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
         "middle_sys_cpu": (cpu1[1] - cpu0[1]) / args.seconds,
         "workers_cpu": (wcpu1 - wcpu0) / args.seconds, "machine_cpu": (busy1 - busy0) / max(1, total1 - total0) * os.cpu_count(),
         "switch_counter_aggregated": aggregated,
+        "workers_us_per_frame": (wcpu1 - wcpu0) / max(1.0, frames * args.seconds) * 1e6,
+        "workers_sys_us_per_frame": (wsys1 - wsys0) / max(1.0, frames * args.seconds) * 1e6,
+        "senders": sorted({o.get("sender", "socket") for o in outs}),
+        "worker_batches": sum(o.get("batches", 0) for o in outs),
     }
 
 
@@ -330,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds before measuring (default 0.5)")
     parser.add_argument("--window", type=int, default=128, help="chunks in flight per worker = slots of the job (default 128)")
     parser.add_argument("--rounds", type=int, default=3, help="echo/switch pairs per worker count, alternated (default 3)")
+    parser.add_argument("--sender", choices=SENDERS, default="rings",
+                        help="the workers' I/O: their own packet rings, prebuilt frames in batches (default), or one "
+                             "send()/recv() per frame")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -364,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
                         runs.append(res)
                         print(f"  N={n} round {r + 1} {mode:6s}: {res['frames_per_s']:9,.0f} frames/s  (process CPU "
                               f"{res['middle_cpu']:.0%} of it kernel {res['middle_sys_cpu']:.0%}, workers {res['workers_cpu']:.0%}, machine {res['machine_cpu']:.0%} of {os.cpu_count()} CPUs, "
+                              f"{res['frames_per_s'] * args.seconds / max(1, res['worker_batches']):.0f} per worker batch, "
+                              f"workers {res['workers_us_per_frame']:.1f} us CPU per frame, kernel {res['workers_sys_us_per_frame']:.1f} ({'/'.join(res['senders'])}), "
                               f"resent {res['resent']}, bad {res['bad_results']})", flush=True)
             row = {"workers": n}
             for mode in MODES:
@@ -372,7 +520,10 @@ def main(argv: list[str] | None = None) -> int:
                            if x["workers"] == n and x["mode"] == mode and x["middle_cpu"] > 0]
                 row[mode] = {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
                              "per_cpu_second": statistics.median(per_cpu) if per_cpu else 0.0,
-                             "cpu": statistics.median(x["middle_cpu"] for x in runs if x["workers"] == n and x["mode"] == mode)}
+                             "cpu": statistics.median(x["middle_cpu"] for x in runs if x["workers"] == n and x["mode"] == mode),
+                             "workers_cpu": statistics.median(x["workers_cpu"] for x in runs if x["workers"] == n and x["mode"] == mode),
+                             "workers_us_per_frame": statistics.median(x["workers_us_per_frame"] for x in runs
+                                                                       if x["workers"] == n and x["mode"] == mode)}
             echo = row["echo"]
             for mode in MODES[1:]:
                 row[mode]["ratio"] = row[mode]["median"] / echo["median"] if echo["median"] else 0.0
@@ -382,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     print()
     print(f"{'workers':>7}  {'path':<22}  {'frames/s median (min-max)':>27}  {'ratio':>5}  {'CPU':>5}  "
-          f"{'frames/CPU-s':>12}  {'ratio':>5}")
+          f"{'frames/CPU-s':>12}  {'ratio':>5}  {'workers CPU':>11}  {'us/frame':>8}")
     for x in summary:
         for mode in MODES:
             m = x[mode]
@@ -390,10 +541,11 @@ def main(argv: list[str] | None = None) -> int:
             cpu_ratio = f"{m['cpu_ratio']:5.2f}" if mode != "echo" else "    1"
             spread = f"{m['median']:,.0f} ({m['min']:,.0f}-{m['max']:,.0f})"
             print(f"{x['workers']:>7}  {MODE_LABELS[mode]:<22}  {spread:>27}  {ratio}  {m['cpu']:5.0%}  "
-                  f"{m['per_cpu_second']:>12,.0f}  {cpu_ratio}")
+                  f"{m['per_cpu_second']:>12,.0f}  {cpu_ratio}  {m['workers_cpu']:>11.0%}  {m['workers_us_per_frame']:>8.1f}")
     print(f"(medians over {args.rounds} rounds, alternated; switch rows count aggregated gradient packets per second, the\n"
           f" echo row frames echoed per second; ratio = rate / echo rate; CPU = the middle process's CPU share; frames/CPU-s\n"
-          f" = rate per CPU-second of the middle process. Load average before {load_before[0]:.2f}, after "
+          f" = rate per CPU-second of the middle process; workers CPU = all workers' CPU share, us/frame = their CPU per\n"
+          f" frame returned; workers' I/O: {args.sender}. Load average before {load_before[0]:.2f}, after "
           f"{load_after[0]:.2f}, on {os.cpu_count()} CPUs)")
     bad = sum(x["bad_results"] for x in runs)
     if bad:
@@ -407,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in ("--role-worker", "--role-echo"):
     if sys.argv[1] == "--role-worker":
         a = sys.argv[2:]
-        out = run_worker(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4]), float(a[5]), a[6] == "echo", int(a[7]))
+        out = run_worker(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4]), float(a[5]), a[6] == "echo", int(a[7]), a[8])
     else:
         out = run_echo(sys.argv[3:], float(sys.argv[2]))
     print(json.dumps(out), flush=True)

@@ -3,10 +3,11 @@
 One I/O thread polls every port socket (epoll). Two ways to move frames (``IoMode``, ``ina-switch --io``):
 
 - ``rings`` (on request, where the kernel allows it): each socket has PACKET_MMAP rings
-  (softswitch/ring_io.py). Per readable port, every frame ready in its receive ring is one batch (one
-  numpy array when the frames share a length) for ``pipeline.process_batch(port, frames, as_block=True)``;
-  a ``FrameBlock`` it returns goes into the egress ports' transmit rings with one copy per port, other
-  outputs frame by frame, and each ring is flushed with one send() when the wake-up's batches are done.
+  (softswitch/ring_io.py). Per wake-up, every frame ready in every port's receive ring is one batch: the
+  ports' arrays joined, with a port per frame, for ``pipeline.process_batch(ports, frames, as_block=True)``
+  (same-slot gradients of several workers are summed in one pass; ports whose frames differ in length go
+  one port at a time); a ``FrameBlock`` it returns goes into the egress ports' transmit rings with one copy
+  per port, other outputs frame by frame, and each ring is flushed with one send() when the wake-up is done.
 - ``frames`` (the default): per readable socket, up to ``BATCH`` frames are read with one recv() each, each runs
   through ``pipeline.process(port, frame)`` and every frame it returns (multicast replicas included) is
   sent with one send() on the egress port's socket. Used where rings cannot be set up (logged once). The CPU port is bridged to the P4Runtime server: frames the
@@ -323,12 +324,13 @@ class DataPlane:
             self._flush_pcaps()
 
     def _loop_rings(self) -> None:
-        """The I/O loop on packet rings: per readable port one batch, then one flush per transmit ring."""
+        """The I/O loop on packet rings: per wake-up every port's ready frames as one batch, then one flush per
+        transmit ring."""
         ep = select.epoll()
-        rings = {}
+        receivers = []
         for port, sock in self._sockets.items():
             ep.register(sock.fileno(), select.EPOLLIN)
-            rings[sock.fileno()] = (port, self._rings[port].receive_batch)
+            receivers.append((port, self._rings[port].receive_batch))
         ep.register(self._wake, select.EPOLLIN)
         wake_fd = self._wake
         timer_fd = self._open_timer(ep)
@@ -342,15 +344,10 @@ class DataPlane:
             process_batch = lambda port, frames: [out for f in frames for out in process(port, f)]  # noqa: E731
         self._process_batch = process_batch
         self._block_out = block_out
-        port_stats = self.stats.ports
-        monotonic = time.monotonic
         pcaps = bool(self._pcap_in)
         dirty = False
-        ring_batch = RING_BATCH
-        delay = self.delay
         fast = not (pcaps or self.faults is not None or log.isEnabledFor(logging.DEBUG)
                     or (self.dump_packet_data and log.isEnabledFor(logging.INFO)))
-        live = self.live
         outq: list[tuple[int, bytes]] = []
         try:
             while not self._stopping:
@@ -362,6 +359,7 @@ class DataPlane:
                     self._release_held(outq, fast)
                     self._flush_rings()
                     continue
+                ring_event = False
                 for fd, _ev in events:
                     if fd == wake_fd:
                         try:
@@ -374,43 +372,56 @@ class DataPlane:
                     if fd == timer_fd:
                         self._timer.clear()
                         continue
-                    port, receive = rings[fd]
-                    frames = receive(ring_batch)
-                    if not len(frames):
-                        continue
-                    port_stats[port].rx += len(frames)
-                    self.stats.batches += 1
-                    if not live:
-                        live = self.live
-                        if not live:
-                            self.stats.not_live += len(frames)
-                            continue
-                    if fast and block_out:
-                        # with delay, the batch is held as one entry (processed in _release_held)
-                        if delay is None or not delay.hold_in_batch(port, frames, monotonic()):
-                            self._emit(process_batch(port, frames, as_block=True), outq)
-                        continue
-                    if isinstance(frames, np.ndarray):
-                        frames = _rows_as_bytes(frames)
-                    if not fast:
-                        for frame in frames:
-                            self._ingress(port, frame)
-                        dirty = pcaps
-                    elif delay is None:
-                        outq += process_batch(port, frames)
-                    else:
-                        now = monotonic()
-                        if delay.seconds(port) > 0:
-                            for frame in frames:
-                                delay.hold_in(port, frame, now)
-                        else:
-                            outq += process_batch(port, frames)
+                    ring_event = True
+                if ring_event:
+                    dirty = self._rings_wake_up(receivers, outq, fast, pcaps) or dirty
                 self._release_held(outq, fast)
                 self._flush_rings()
         finally:
             ep.close()
             self._close_timer()
             self._flush_pcaps()
+
+    def _rings_wake_up(self, receivers: list, outq: list[tuple[int, bytes]], fast: bool, pcaps: bool) -> bool:
+        """Every port's receive ring, once per wake-up (a ring with nothing ready costs one status read), through
+        the pipeline: as one union batch on the fast path (``_process_union``), else port by port. Returns
+        whether pcap data was written."""
+        batches = []
+        port_stats = self.stats.ports
+        for port, receive in receivers:
+            frames = receive(RING_BATCH)
+            if not len(frames):
+                continue
+            port_stats[port].rx += len(frames)
+            if not self.live:
+                self.stats.not_live += len(frames)
+                continue
+            batches.append((port, frames))
+        delay = self.delay
+        if fast and self._block_out:
+            if delay is not None:  # each port's batch is held as one entry (processed in _release_held)
+                now = time.monotonic()
+                batches = [(port, frames) for port, frames in batches if not delay.hold_in_batch(port, frames, now)]
+            self._process_union(batches, outq)
+            return False
+        process_batch = self._process_batch
+        for port, frames in batches:
+            self.stats.batches += 1
+            if isinstance(frames, np.ndarray):
+                frames = _rows_as_bytes(frames)
+            if not fast:
+                for frame in frames:
+                    self._ingress(port, frame)
+            elif delay is None:
+                outq += process_batch(port, frames)
+            else:
+                now = time.monotonic()
+                if delay.seconds(port) > 0:
+                    for frame in frames:
+                        delay.hold_in(port, frame, now)
+                else:
+                    outq += process_batch(port, frames)
+        return pcaps and bool(batches) and not fast
 
     # --- held frames: link delay and fault reordering ---------------------------------------------
     def _open_timer(self, ep: select.epoll) -> int:
@@ -451,10 +462,8 @@ class DataPlane:
             self._send_all(outq)
         else:
             now = time.monotonic()
-            if fast and self._block_out:  # rings: each port's due batches as one, output blocks held per port
-                process_batch = self._process_batch
-                for port, frames in delay.due_in_batches(now).items():
-                    self._emit(process_batch(port, frames, as_block=True), outq)
+            if fast and self._block_out:  # rings: every port's due batches as one, output blocks held per port
+                self._process_union(list(delay.due_in_batches(now).items()), outq)
                 self._hold_out(outq)
                 self._send_all(delay.due_out(time.monotonic()))
             elif fast:
@@ -481,6 +490,27 @@ class DataPlane:
             now, hold_out = time.monotonic(), self.delay.hold_out
             outq[:] = [(eport, out) for eport, out in outq if not hold_out(eport, out, now)]
             self._send_all(outq)
+
+    def _process_union(self, batches: list[tuple[int, np.ndarray | list[bytes]]], outq: list[tuple[int, bytes]]) -> None:
+        """The batches of one wake-up (port, frames), in that order, through the pipeline as one batch with a
+        port per frame when they are all arrays of one frame length (the rings' common case): same-slot
+        gradients of several workers are then summed in one pass (softswitch/pipeline_batch.py); else port by port."""
+        if not batches:
+            return
+        self.stats.batches += 1
+        process_batch = self._process_batch
+        if len(batches) == 1:
+            port, frames = batches[0]
+            self._emit(process_batch(port, frames, as_block=True), outq)
+            return
+        width = batches[0][1].shape[1] if isinstance(batches[0][1], np.ndarray) else -1
+        if width < 0 or any(not isinstance(f, np.ndarray) or f.shape[1] != width for _, f in batches):
+            for port, frames in batches:
+                self._emit(process_batch(port, frames, as_block=True), outq)
+            return
+        frames = np.concatenate([f for _, f in batches])
+        ports = np.repeat(np.array([p for p, _ in batches], np.int64), [len(f) for _, f in batches])
+        self._emit(process_batch(ports, frames, as_block=True), outq)
 
     def _emit(self, out: list[tuple[int, bytes]] | FrameBlock, outq: list[tuple[int, bytes]]) -> None:
         """A batch's outputs (rings): a list joins ``outq``; a FrameBlock's rows go out per egress port, or are

@@ -212,7 +212,7 @@ class InaPipeline:
         with self.lock:
             return self._process(ingress_port, frame)
 
-    def process_batch(self, ingress_port: int, frames: list[bytes] | np.ndarray, *, as_block: bool = False
+    def process_batch(self, ingress_port: int | np.ndarray, frames: list[bytes] | np.ndarray, *, as_block: bool = False
                       ) -> list[tuple[int, bytes]] | pipeline_batch.FrameBlock:
         """``process`` for each frame in turn, outputs concatenated; numpy across the batch (softswitch/pipeline_batch.py)."""
         with self.lock:

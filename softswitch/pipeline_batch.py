@@ -1,18 +1,21 @@
-"""The pipeline model on a batch of frames from one port: numpy across the batch, state in arrival order.
+"""The pipeline model on a batch of frames: numpy across the batch, state in arrival order.
 
 ``process_batch(pipeline, port, frames)`` returns exactly what ``pipeline.process(port, f)`` for each frame in
 turn would return, concatenated, and leaves the registers and counters exactly as that would (the
-equivalence tests in tests/unit/test_pipeline_batch.py check both on random sequences).
+equivalence tests in tests/unit/test_pipeline_batch.py check both on random sequences). ``port`` may be one
+port per frame: the packet rings hand over every port's frames of one wake-up as one batch.
 
 Only the common case is vectorised: whole INA gradients from a data port that pass every check of
-``MyIngress.apply`` step 4 (parser states, checksum, lengths, job, generation, worker, binding, slot) into a slot
-no other such gradient of the batch touches, and that the slot accepts (step 6a). A slot's state (its two
-copies and its owner) is touched by no other frame of the batch then, so those frames can be parsed,
-checked, summed (AGGREGATE_LANE on every lane of every frame at once) and written back in one go, in any
-order. Every other frame (a second gradient into the same slot, a retransmission or late duplicate, a
-drop, a broadcast, anything not INA, packet-outs) goes through ``pipeline._process`` one at a time, in
-arrival order; those never read a vectorised frame's slot, and the counters they share are sums, so the
-two groups commute. Outputs are put back in arrival order.
+``MyIngress.apply`` step 4 (parser states, checksum, lengths, job, generation, worker, binding, slot). The
+gradients into one slot form a run in arrival order; the leading part of each run that the per-frame path
+would accept one after the other into the same copy (one seq, one owner, distinct workers, no completion
+before its last gradient) is aggregated at once: the slot's state read once per run, the lanes summed as a
+segmented sum with the int32 overflow test at every step, the state written once. With one worker's window
+(distinct slots) every run is one gradient. Every other frame (the rest of a run, a retransmission or late
+duplicate, a drop, a broadcast, anything not INA, packet-outs) goes through ``pipeline._process`` one at a
+time, in arrival order, afterwards: it follows its own slot's aggregated part and touches no other
+aggregated slot, and the counters the two groups share are sums, so the two groups commute. Outputs are put
+back in arrival order.
 """
 from __future__ import annotations
 
@@ -194,40 +197,61 @@ def _registers(pipeline: InaPipeline) -> _Registers:
     return regs
 
 
+_M32 = 0xFFFFFFFF
+_I32_LOW, _I32_HIGH = -(2**31), 2**31
+
+
+def _wrap32(x: np.ndarray) -> np.ndarray:
+    """int64 values wrapped to int32's range (bit<32> arithmetic), still as int64."""
+    return ((x + _I32_HIGH) & _M32) - _I32_HIGH
+
+
 _SLOT_MARK = np.zeros(wire.NUM_SLOTS, np.int64)  # scratch for finding slots used twice in a batch (one I/O thread)
+_POSITIONS = np.arange(1 << 16)
 
 
-def _used_once(slots: np.ndarray) -> np.ndarray:
-    """For each element, whether its value occurs once in ``slots`` (values in 0..NUM_SLOTS-1)."""
-    index = np.arange(len(slots))
+def _distinct(slots: np.ndarray) -> bool:
+    """Whether no value occurs twice in ``slots`` (values in 0..NUM_SLOTS-1)."""
+    index = _POSITIONS[: len(slots)] if len(slots) <= len(_POSITIONS) else np.arange(len(slots))
     _SLOT_MARK[slots] = index  # the last occurrence of each value wins
-    last = _SLOT_MARK[slots]
-    _SLOT_MARK[slots[::-1]] = index[::-1]  # now the first
-    return _SLOT_MARK[slots] == last
+    return bool((_SLOT_MARK[slots] == index).all())
 
 
-def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] | np.ndarray, *,
+def _port_of(ingress_port: int | np.ndarray):
+    """A function from a frame's position to its ingress port."""
+    if isinstance(ingress_port, np.ndarray):
+        ports = ingress_port.tolist()
+        return ports.__getitem__
+    return lambda _pos: ingress_port
+
+
+def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames: list[bytes] | np.ndarray, *,
                   vector_min: int = VECTOR_MIN, as_block: bool = False) -> list[tuple[int, bytes]] | FrameBlock:
-    """Every frame of ``frames`` (received on ``ingress_port``, in that order) through the pipeline; the caller
-    holds ``pipeline.lock``. The outputs are those of ``process`` frame after frame, in the same order.
+    """Every frame of ``frames`` (in that order) through the pipeline; the caller holds ``pipeline.lock``. The
+    outputs are those of ``process`` frame after frame, in the same order.
 
-    ``frames`` is a list of bytes or an (n, length) uint8 array of equal-length frames (what the packet rings
-    gather). With ``as_block`` the outputs may come back as a ``FrameBlock`` (when every frame was vectorised
-    and the results are one job's), else as [(port, frame)]."""
+    ``ingress_port`` is the port all frames came in on, or an int64 array of one port per frame (the union of
+    several ports' batches: the packet rings' one batch per wake-up). ``frames`` is a list of bytes or an
+    (n, length) uint8 array of equal-length frames (what the packet rings gather). With ``as_block`` the
+    outputs may come back as a ``FrameBlock`` (when every frame was vectorised and the results are one job's),
+    else as [(port, frame)]."""
     n = len(frames)
+    per_frame = isinstance(ingress_port, np.ndarray)
+    port_of = _port_of(ingress_port)
+    cpu = (ingress_port == wire.CPU_PORT).any() if per_frame else ingress_port == wire.CPU_PORT
     if isinstance(frames, np.ndarray):
-        if n < vector_min or ingress_port == wire.CPU_PORT or frames.shape[1] != _LEN:
-            return _one_by_one(pipeline, ingress_port, rows_as_bytes(frames))
+        if n < vector_min or cpu or frames.shape[1] != _LEN:
+            return _one_by_one(pipeline, port_of, rows_as_bytes(frames))
         rec = frames.reshape(-1).view(FRAME_DTYPE)
         where = None  # every frame: positions are indices
     else:
-        if n < vector_min or ingress_port == wire.CPU_PORT:
-            return _one_by_one(pipeline, ingress_port, frames)
+        if n < vector_min or cpu:
+            return _one_by_one(pipeline, port_of, frames)
         # --- MyParser and MyVerifyChecksum for every whole INA-sized frame at once
         lengths = list(map(len, frames))
         sized = range(n) if lengths.count(_LEN) == n else [i for i, m in enumerate(lengths) if m == _LEN]
         if len(sized) < vector_min or (len(sized) < n and wire.INA_QUERY_FRAME_LEN in lengths):  # a query reads a slot
-            return _one_by_one(pipeline, ingress_port, frames)
+            return _one_by_one(pipeline, port_of, frames)
         if len(sized) == n:
             rec = np.frombuffer(b"".join(frames), dtype=FRAME_DTYPE)
             where = None
@@ -243,7 +267,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
     jobs = _job_arrays(pipeline)
     slot = rec["slot"].astype(np.int64)
     checksum_ok = checksum == (0xFFFF - rest % 0xFFFF) % 0xFFFF
-    if (raw[:, _IDENTITY_COLUMNS] == raw[0, _IDENTITY_COLUMNS]).all():
+    if not per_frame and (raw[:, _IDENTITY_COLUMNS] == raw[0, _IDENTITY_COLUMNS]).all():
         # one sender's frames (one worker's window): the checks of its identity on the first frame only
         first = raw[0]
         job, worker = int(rec["job_id"][0]), int(rec["worker_id"][0])
@@ -252,7 +276,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
                 and jobs.known[job] and int(rec["generation"][0]) == jobs.generation[job]
                 and (int(jobs.worker_mask[job]) >> min(worker, 63)) & 1 and jobs.bound_port[job, worker] == ingress_port
                 and (jobs.bound_bytes[job, worker] == first[_BOUND_COLUMNS]).all()):
-            return _one_by_one(pipeline, ingress_port, _listed(frames))
+            return _one_by_one(pipeline, port_of, _listed(frames))
         slot_abs = int(jobs.base_slot[job]) + slot
         ok = checksum_ok & (slot < jobs.num_slots[job]) & (slot_abs < wire.NUM_SLOTS)
     else:
@@ -260,79 +284,24 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
         j = np.minimum(job_id, wire.MAX_JOBS - 1)
         worker_id = rec["worker_id"].astype(np.int64)
         slot_abs = jobs.base_slot[j] + slot
+        ports = ingress_port if where is None or not per_frame else ingress_port[where]
         # --- MyIngress.apply steps 2-4: a valid gradient of a known job, bound worker and slot
         ok = (((raw[:, _FIXED_COLUMNS] & _FIXED_MASK) == _FIXED_VALUE).all(axis=1) & checksum_ok
               & (job_id < wire.MAX_JOBS) & jobs.known[j] & (rec["generation"] == jobs.generation[j])
               & ((jobs.worker_mask[j] >> np.minimum(worker_id, 63)) & 1 == 1)
-              & (jobs.bound_port[j, worker_id] == ingress_port)
+              & (jobs.bound_port[j, worker_id] == ports)
               & (jobs.bound_bytes[j, worker_id] == raw[:, _BOUND_COLUMNS]).all(axis=1)
               & (slot < jobs.num_slots[j]) & (slot_abs < wire.NUM_SLOTS))
-    # ... into a slot no other such gradient of the batch touches
     cand = np.flatnonzero(ok)
-    if len(cand):
-        cand = cand[_used_once(slot_abs[cand])]
     if len(cand) == 0:
-        return _one_by_one(pipeline, ingress_port, _listed(frames))
-    # --- step 6: the slot's state, as the per-frame path would find it (owner reset included)
-    seq = rec["seq"][cand].astype(np.int64)
-    shadow = rec["reserved_shadow"][cand].astype(np.int64) & 1
-    sa = slot_abs[cand]
-    cell = (sa << 1) + shadow
-    other = cell ^ 1
-    jc = job_id[cand]
-    # owner_epoch ++ job_id ++ generation, as uint64 (the epoch may use all 32 bits)
-    owner = ((jobs.owner_epoch[jc] << np.uint64(32)) | (jc.astype(np.uint64) << np.uint64(16))
-             | rec["generation"][cand].astype(np.uint64))
-    regs = _registers(pipeline)
-    reset = regs.gather("ina_owner", sa, np.uint64) != owner
-    bitmap = np.where(reset, 0, regs.gather("ina_bitmap", cell))
-    count = np.where(reset, 0, regs.gather("ina_count", cell))
-    overflow = np.where(reset, 0, regs.gather("ina_overflow", cell))
-    stored_seq = np.where(reset, (seq - 1) & 0xFFFFFFFF, regs.gather("ina_seq", cell))
-    wb = np.left_shift(1, worker_id[cand])  # < 32: the worker is in the job's mask
-    age = (seq - stored_seq) & 0xFFFFFFFF
-    accept = (bitmap & wb == 0) & np.where(count == 0, (age != 0) & (age < 0x80000000), age == 0)
-    if not accept.all():  # duplicates: the per-frame path (their state is untouched so far; reset implies accept)
-        keep = np.flatnonzero(accept)
-        cand, seq, sa, cell, other, jc, owner, reset, bitmap, count, overflow, wb = (
-            a[keep] for a in (cand, seq, sa, cell, other, jc, owner, reset, bitmap, count, overflow, wb))
-        if len(cand) == 0:
-            return _one_by_one(pipeline, ingress_port, _listed(frames))
-    # --- 6a for every accepted gradient at once
-    if reset.any():
-        r = np.flatnonzero(reset)
-        regs.scatter("ina_owner", sa[r], owner[r])
-        zero = np.zeros(len(r), np.int64)
-        regs.scatter("ina_count", other[r], zero)
-        regs.scatter("ina_overflow", other[r], zero)
-        regs.scatter("ina_seq", other[r], (seq[r] - 1) & 0xFFFFFFFF)
-    other_bitmap = np.where(reset, 0, regs.gather("ina_bitmap", other))
-    regs.scatter("ina_bitmap", cell, bitmap | wb)
-    regs.scatter("ina_bitmap", other, other_bitmap & ~wb & 0xFFFFFFFF)
-    first = count == 0
-    regs.scatter("ina_seq", cell, seq)  # a new round stores seq; an accepted later packet has age 0
-    count = (count + 1) & 0xFF
-    num_workers = jobs.num_workers[jc]
-    complete = count == num_workers
-    regs.scatter("ina_count", cell, np.where(complete, 0, count))
-    value = rec["lanes"][cand].astype(np.int32)
-    cur = pipeline.ina_lanes[cell].astype(np.int32)
-    total = cur + value  # int32 wraps, as bit<32> does
-    lane_overflow = (((cur ^ total) & (value ^ total)) < 0).any(axis=1)
-    total[first] = value[first]
-    overflow = np.where(first, 0, np.where(lane_overflow, 1, overflow))
-    pipeline.ina_lanes[cell] = total
-    regs.scatter("ina_overflow", cell, overflow)
-    aggregated = pipeline.counters["MyIngress.ina_aggregated"]
-    if jc[0] == jc[-1] and (jc == jc[0]).all():
-        aggregated[int(jc[0])] += len(jc)
-    else:
-        for job, k in zip(*np.unique(jc, return_counts=True)):
-            aggregated[int(job)] += int(k)
+        return _one_by_one(pipeline, port_of, _listed(frames))
+    agg = _aggregate_runs(pipeline, rec, cand, slot_abs, job_id, worker_id, jobs)
+    if agg is None:
+        return _one_by_one(pipeline, port_of, _listed(frames))
+    vec, done, total, overflow, jc_done = agg
     # --- outputs, in arrival order: the completed slots' results and every frame of the per-frame path
-    vector_pos = cand if where is None else where[cand]
-    done = np.flatnonzero(complete)
-    blocks = _replica_blocks(pipeline, rec, cand, done, jc, total, overflow, jobs) if len(done) else {}
+    vector_pos = vec if where is None else where[vec]
+    blocks = _replica_blocks(pipeline, raw[done], total, overflow, jc_done, jobs) if len(done) else {}
     if len(vector_pos) == n and sum(len(b[0]) for b in blocks.values()) == len(done):
         # the common case: nothing else to interleave
         if as_block and len(blocks) <= 1:
@@ -341,13 +310,12 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
             (mine, ports, out, period), = blocks.values()
             return FrameBlock(_tiled(ports, len(mine)), out, period)
         replicas = _replica_lists(blocks)
-        return [out for i in done.tolist() for out in replicas[i]]
+        return [out for i in range(len(done)) for out in replicas[i]]
     replicas = _replica_lists(blocks)
     frames = _listed(frames)
     results: dict[int, tuple[int, bytes] | list[tuple[int, bytes]]] = {}
-    positions = vector_pos.tolist()
-    for i in done.tolist():
-        pos = positions[i]
+    done_pos = (done if where is None else where[done]).tolist()
+    for i, pos in enumerate(done_pos):
         results[pos] = replicas.get(i) or (i, frames[pos])
     rest_pos = np.ones(n, bool)
     rest_pos[vector_pos] = False
@@ -356,13 +324,13 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
         return []
     out: list[tuple[int, bytes]] = []
     total_be = total.astype(wire.LANES_DTYPE)
-    mcast = jobs.mcast_grp[jc]
+    mcast = jobs.mcast_grp[jc_done]
     for pos in pending:
         hit = results.get(pos)
         if hit is None:
-            out += pipeline._process(ingress_port, frames[pos])
+            out += pipeline._process(port_of(pos), frames[pos])
             continue
-        if isinstance(hit, list):  # replicas built by _replicate_results
+        if isinstance(hit, list):  # replicas built by _replica_blocks
             out += hit
             continue
         i, frame = hit
@@ -371,8 +339,136 @@ def process_batch(pipeline: InaPipeline, ingress_port: int, frames: list[bytes] 
         res[_O_INA] = int(wire.MsgType.RESULT)
         res[_OFF["flags"]] = int(wire.Flags.OVERFLOW) if overflow[i] else 0
         pipeline._multicast_to_job(res)
-        out += pipeline._replicate(int(mcast[i]), res, ingress_port)
+        out += pipeline._replicate(int(mcast[i]), res, port_of(pos))
     return out
+
+
+def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, slot_abs: np.ndarray, job_id: np.ndarray,
+                    worker_id: np.ndarray, jobs: _JobArrays):
+    """MyIngress.apply step 6 for the valid gradients ``cand`` (indices into ``rec``, arrival order), a run per slot.
+
+    The gradients into one slot form a run in arrival order. The leading part of each run that the per-frame
+    path would accept one after the other into one copy (same copy, seq and owner, distinct workers, the first
+    accepted by the slot's state, no completion before its last) is aggregated at once: the slot's state is read
+    once per run, the lanes are a segmented sum (int64, wrapped to int32, overflow tested at every step as
+    the per-frame addition does) and written once. The rest of a run, and every other frame, goes through the
+    per-frame path afterwards in arrival order; since it follows the aggregated part of its own slot's run and
+    touches no other slot, the state it reads is the state the per-frame path would have read.
+
+    Returns (the indices into ``rec`` aggregated, arrival order; the indices of the gradients that completed a
+    slot, arrival order; their totals (int32); their overflow flags; their jobs), or None if nothing is
+    aggregated."""
+    m = len(cand)
+    sa = slot_abs[cand]
+    if _distinct(sa):
+        order = None  # every run is one gradient (one worker's window): arrival order as it is
+        starts = np.arange(m)
+    else:
+        order = np.argsort(sa, kind="stable")
+        cand, sa = cand[order], sa[order]
+        new_run = np.empty(m, bool)
+        new_run[0] = True
+        np.not_equal(sa[1:], sa[:-1], out=new_run[1:])
+        starts = np.flatnonzero(new_run)
+    runs = len(starts)
+    seq = rec["seq"][cand].astype(np.int64)
+    cell = (sa << 1) + (rec["reserved_shadow"][cand] & 1)
+    jc, wid = job_id[cand], worker_id[cand]
+    # owner_epoch ++ job_id ++ generation, as uint64 (the epoch may use all 32 bits)
+    owner = ((jobs.owner_epoch[jc] << np.uint64(32)) | (jc.astype(np.uint64) << np.uint64(16))
+             | rec["generation"][cand].astype(np.uint64))
+    wb = np.left_shift(1, wid)  # < 32: the worker is in the job's mask
+    # the slot's state as the run's first gradient finds it (owner reset included)
+    sa_r, cell_r, seq_r, owner_r, wb_r, jc_r = (a[starts] for a in (sa, cell, seq, owner, wb, jc)) if order is not None \
+        else (sa, cell, seq, owner, wb, jc)
+    regs = _registers(pipeline)
+    reset = regs.gather("ina_owner", sa_r, np.uint64) != owner_r
+    bitmap = np.where(reset, 0, regs.gather("ina_bitmap", cell_r))
+    count = np.where(reset, 0, regs.gather("ina_count", cell_r))
+    overflow = np.where(reset, 0, regs.gather("ina_overflow", cell_r))
+    stored_seq = np.where(reset, (seq_r - 1) & _M32, regs.gather("ina_seq", cell_r))
+    age = (seq_r - stored_seq) & _M32
+    num_workers = jobs.num_workers[jc_r]
+    accept = (bitmap & wb_r == 0) & np.where(count == 0, (age != 0) & (age < 0x80000000), age == 0)
+    if order is None:
+        length = accept.astype(np.int64)  # gradients aggregated per run: 1 or 0
+        vec_sorted = accept
+    else:
+        # the leading part of each run that joins its first gradient's round
+        run_of = np.cumsum(new_run) - 1
+        rank = np.arange(m) - starts[run_of]
+        key = (sa << 8) | wid  # a worker twice in one run: a resend, never joined
+        by_key = np.argsort(key, kind="stable")
+        repeat = np.zeros(m, bool)
+        repeat[by_key[1:]] = key[by_key[1:]] == key[by_key[:-1]]
+        joins = ((cell == cell_r[run_of]) & (seq == seq_r[run_of]) & (owner == owner_r[run_of]) & ~repeat
+                 & (bitmap[run_of] & wb == 0) & (count[run_of] + rank < num_workers[run_of]) & accept[run_of])
+        length = np.minimum.reduceat(np.where(joins, m, rank), starts)  # the first rank that does not join
+        length = np.minimum(length, np.diff(starts, append=m))
+        vec_sorted = rank < length[run_of]
+    active = np.flatnonzero(length)
+    if not len(active):
+        return None
+    if len(active) < runs:
+        sa_r, cell_r, seq_r, owner_r, jc_r, reset, bitmap, count, overflow, num_workers, length = (
+            a[active] for a in (sa_r, cell_r, seq_r, owner_r, jc_r, reset, bitmap, count, overflow, num_workers, length))
+    vec = cand[vec_sorted]  # rec indices aggregated, sorted by slot
+    value = rec["lanes"][vec].astype(np.int64)
+    wb_v = wb[vec_sorted]
+    if order is None:
+        bits, last, sums = wb_v, np.arange(len(vec)), value
+    else:
+        first_v = np.flatnonzero(rank[vec_sorted] == 0)  # each active run's start in the aggregated gradients
+        last = np.append(first_v[1:], len(vec)) - 1
+        bits = np.add.reduceat(wb_v, first_v)  # distinct workers' bits: the sum is the OR
+        sums = np.cumsum(value, axis=0)
+        sums -= np.repeat(sums[first_v] - value[first_v], length, axis=0)  # each run's running sum
+    # --- 6a for every run's aggregated part at once
+    if reset.any():
+        r = np.flatnonzero(reset)
+        other_r = cell_r[r] ^ 1
+        regs.scatter("ina_owner", sa_r[r], owner_r[r])
+        zero = np.zeros(len(r), np.int64)
+        regs.scatter("ina_count", other_r, zero)
+        regs.scatter("ina_overflow", other_r, zero)
+        regs.scatter("ina_seq", other_r, (seq_r[r] - 1) & _M32)
+    other = cell_r ^ 1
+    other_bitmap = np.where(reset, 0, regs.gather("ina_bitmap", other))
+    regs.scatter("ina_bitmap", cell_r, bitmap | bits)
+    regs.scatter("ina_bitmap", other, other_bitmap & ~bits & _M32)
+    first = count == 0
+    regs.scatter("ina_seq", cell_r, seq_r)  # a new round stores seq; an accepted later packet has age 0
+    count = count + length
+    complete = count == num_workers
+    regs.scatter("ina_count", cell_r, np.where(complete, 0, count))
+    cur = np.where(first[:, None], 0, pipeline.ina_lanes[cell_r].astype(np.int64))
+    exact = sums + (cur if order is None else np.repeat(cur, length, axis=0))  # the running sums, unwrapped
+    if exact.min() >= _I32_LOW and exact.max() < _I32_HIGH:
+        # every running sum within int32 (the common case): nothing wrapped, no step overflowed
+        lane_overflow = np.zeros(len(last), bool)
+    else:
+        before = _wrap32(exact - value)  # what each addition found in the slot (int32 wraps, as bit<32> does)
+        step_overflow = ((before + value < _I32_LOW) | (before + value >= _I32_HIGH)).any(axis=1)
+        lane_overflow = step_overflow if order is None else np.logical_or.reduceat(step_overflow, last - length + 1)
+    total = _wrap32(exact[last]).astype(np.int32)
+    overflow = np.where(lane_overflow, 1, np.where(first, 0, overflow))
+    pipeline.ina_lanes[cell_r] = total
+    regs.scatter("ina_overflow", cell_r, overflow)
+    aggregated = pipeline.counters["MyIngress.ina_aggregated"]
+    if jc_r[0] == jc_r[-1] and (jc_r == jc_r[0]).all():
+        aggregated[int(jc_r[0])] += len(vec)
+    else:
+        for job, k in zip(*np.unique(jc_r, return_counts=True)):
+            aggregated[int(job)] += int(length[jc_r == job].sum())
+    # the completing gradient of each complete run, in arrival order
+    done_runs = np.flatnonzero(complete)
+    done = vec[last[done_runs]]
+    if order is not None:
+        vec = np.sort(vec)
+        if len(done) > 1:
+            arrival = np.argsort(done)
+            done, done_runs = done[arrival], done_runs[arrival]
+    return vec, done, total[done_runs], overflow[done_runs], jc_r[done_runs]
 
 
 class _GroupReplicas:
@@ -406,24 +502,23 @@ def _group_replicas(pipeline: InaPipeline, job: int, group: int) -> _GroupReplic
     return cached
 
 
-def _replica_blocks(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, done: np.ndarray, jc: np.ndarray,
-                    total: np.ndarray, overflow: np.ndarray, jobs: _JobArrays
-                    ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+def _replica_blocks(pipeline: InaPipeline, done_rows: np.ndarray, total: np.ndarray, overflow: np.ndarray,
+                    jobs_done: np.ndarray, jobs: _JobArrays) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
     """The replicas of every completed slot whose job's group has only set_worker_addr workers on data ports
     (the common case), built at once: the steps of ``InaPipeline._replicate`` on a (results x replicas)
-    array: per job, (its completed indices into ``done``'s values, the replicas' ports, the (k * r, length) frames,
-    result after result, the ports' period). Completed slots of any other job are left out (the caller builds
-    those one at a time)."""
+    array. ``done_rows`` are the completing gradients' frames (a copy), ``total``, ``overflow`` and ``jobs_done``
+    their sums, flags and jobs. Per job: (its indices into the completed results, the replicas' ports, the
+    (k * r, length) frames, result after result, the ports' period). Completed slots of any other job are left
+    out (the caller builds those one at a time)."""
     built: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]] = {}
-    raw = rec.view(np.uint8).reshape(len(rec), _LEN)
-    jobs_done = jc[done]
+    done = np.arange(len(jobs_done))
     for job in ([int(jobs_done[0])] if (jobs_done == jobs_done[0]).all() else np.unique(jobs_done).tolist()):
         g = _group_replicas(pipeline, job, int(jobs.mcast_grp[job]))
         if g is None:
             continue
         mine = done if len(built) == 0 and (jobs_done == job).all() else done[jobs_done == job]
         k, r = len(mine), len(g.ports)
-        res = raw[cand[mine]]  # a copy
+        res = done_rows[mine] if len(mine) < len(done) else done_rows
         res[:, _O_DATA:_LEN] = total[mine].astype(wire.LANES_DTYPE).view(np.uint8).reshape(k, wire.INA_DATA_LEN)
         res[:, _O_INA] = int(wire.MsgType.RESULT)
         res[:, _OFF["flags"]] = np.where(overflow[mine] != 0, int(wire.Flags.OVERFLOW), 0)
@@ -477,9 +572,9 @@ def _listed(frames: list[bytes] | np.ndarray) -> list[bytes]:
     return rows_as_bytes(frames) if isinstance(frames, np.ndarray) else frames
 
 
-def _one_by_one(pipeline: InaPipeline, ingress_port: int, frames: list[bytes]) -> list[tuple[int, bytes]]:
+def _one_by_one(pipeline: InaPipeline, port_of, frames: list[bytes]) -> list[tuple[int, bytes]]:
     out: list[tuple[int, bytes]] = []
     process = pipeline._process
-    for frame in frames:
-        out += process(ingress_port, frame)
+    for pos, frame in enumerate(frames):
+        out += process(port_of(pos), frame)
     return out

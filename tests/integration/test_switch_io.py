@@ -136,3 +136,40 @@ def test_packet_suite_passes_on_both_io_paths(io) -> None:
                              "--target", "ina-switch"], cwd=REPO, env={**os.environ, "INA_SWITCH_IO": io},
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("io", ["rings", "frames"])
+def test_interleaved_rounds_of_every_worker_give_the_models_frames(net, tmp_path, io):
+    """Every worker's gradient into each slot, interleaved slot by slot across the ports in one burst: with rings
+    the frames of several ports ready in one wake-up are one batch, and same-slot gradients are summed as runs
+    (softswitch/pipeline_batch.py); whatever the batching, the switch emits exactly the model's frames per port."""
+    rounds = _rounds()
+    interleaved = [r[s] for s in range(SLOTS) for r in rounds]
+    model = ModelTarget()
+    install_job(model, JOB, make_workers(K), base=0, num_slots=SLOTS)
+    expected = _by_port([out for port, f in interleaved for out in model.pipeline.process(port, f)])
+
+    sw = SwitchProcess(net, tmp_path, core_args=["--io", io])
+    hosts = HostPorts(net.hosts)
+    client = P4RuntimeTestClient(sw.address, sw.device_id, 1, device_config=b"")
+    try:
+        if io == "rings":
+            _rings_or_skip(sw)
+        install_job(client, JOB, make_workers(K), base=0, num_slots=SLOTS)
+        for port, f in interleaved:
+            hosts.send(port, f)
+        got: list[tuple[int, bytes]] = []
+
+        def all_results() -> bool:
+            got.extend((p, f) for p, f in hosts.poll(0.05) if len(f) == wire.INA_FRAME_LEN)
+            return len(got) >= K * SLOTS
+
+        wait_until(all_results, 10, message="every result")
+        hosts.drain()
+        got += [(p, f) for p, f in hosts.pending if len(f) == wire.INA_FRAME_LEN]
+        assert _by_port(got) == expected
+        assert client.read_counter("MyIngress.ina_aggregated", JOB) == K * SLOTS
+    finally:
+        client.close()
+        hosts.close()
+        assert sw.stop() in (0, -15, 143)

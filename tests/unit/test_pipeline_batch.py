@@ -203,3 +203,47 @@ def test_chain_and_transit_jobs_go_one_frame_at_a_time_with_the_same_outputs():
     assert [out for port, frames in batches for out in batch.process_batch(port, frames)] == expected
     assert _state(batch) == _state(one) and batch.ina_final == one.ina_final
     assert one.counter("MyIngress.ina_partials")[1] >= 2
+
+
+# Whole rounds of job 1 (workers 0-3 on ports 1-4, copy = seq's parity) mixed with anything else: runs of several
+# workers' gradients into one slot in one batch, completed within it or not, with resends and overflows.
+_ROUND_FRAME = st.builds(
+    lambda wid, slot, seq, lanes: (wid + 1, _frame(wid, 1, slot, seq, seq & 1, lanes)),
+    wid=st.integers(0, 3), slot=st.integers(0, 1), seq=st.integers(0, 2),
+    lanes=st.lists(_LANE, min_size=wire.LANES, max_size=wire.LANES),
+)
+_PORTED = st.one_of(_ROUND_FRAME, _ROUND_FRAME, st.tuples(st.integers(0, 4), _FRAME))
+_UNION_BATCHES = st.lists(st.lists(_PORTED, min_size=1, max_size=32), min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batches=_UNION_BATCHES, vector_min=st.sampled_from([1, 4]), rows=st.booleans())
+def test_union_of_ports_equals_one_frame_at_a_time(batches, vector_min, rows):
+    """One batch of several ports' frames (a port per frame, what the rings gather per wake-up): same-slot gradients
+    of several workers are summed in one pass, and outputs, registers and counters are those of ``process``."""
+    one, batch = _pipeline(), _pipeline()
+    for ported in batches:
+        ports = np.array([p for p, _ in ported], np.int64)
+        frames = [f for _, f in ported]
+        expected = [out for p, f in ported for out in one.process(p, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, ports, _as_rows(frames) if rows else frames,
+                                               vector_min=vector_min, as_block=rows)
+        assert _listed(got) == expected
+        assert _state(batch) == _state(one)
+
+
+def test_a_round_of_every_worker_in_one_union_batch_is_summed_at_once(monkeypatch):
+    """Four workers' gradients into the same slots, interleaved, in one batch: aggregated as runs (no frame
+    through the per-frame path), one result per slot, the exact sums."""
+    one, batch = _pipeline(), _pipeline()
+    ported = [(wid + 1, _frame(wid, 1, slot, 1, 1, [wid * 10 + slot] * wire.LANES)) for slot in range(4) for wid in range(4)]
+    expected = [out for p, f in ported for out in one.process(p, f)]
+    monkeypatch.setattr(batch, "_process", lambda *a: pytest.fail("a frame took the per-frame path"))
+    with batch.lock:
+        got = pipeline_batch.process_batch(batch, np.array([p for p, _ in ported]), _as_rows([f for _, f in ported]),
+                                           vector_min=1, as_block=True)
+    assert isinstance(got, pipeline_batch.FrameBlock)
+    assert got.as_list() == expected
+    assert len(expected) == 4 * 4  # a result per slot, to each of the 4 workers
+    assert _state(batch) == _state(one)

@@ -42,6 +42,9 @@ __all__ = [
 
 log = logging.getLogger("host_agent.agent")
 
+IDLE_TICK = 0.01  # s: the idle service's period while the stream has idle work (a pending generation, Rina)
+IDLE_CHECK = 1.0  # s: its longest sleep otherwise (a safety net; grants, releases and returned calls wake it)
+
 
 @dataclass(frozen=True)
 class AgentOptions:
@@ -136,6 +139,7 @@ class Agent:
         self.client: AdmissionClient | None = None
         self.watcher: JobWatcher | None = None
         self._threads_stop = threading.Event()
+        self._idle_work = threading.Event()  # wakes the idle service: a grant or release arrived, a call returned
         self._service: threading.Thread | None = None
         self._closed = False
         self.host_copy: HostCopy | None = None  # Rina on chains: this worker's copy where it is a host member
@@ -188,6 +192,7 @@ class Agent:
                 log.warning("job %d: generation %d has scale %g; keeping the job's scale %g",
                             job_id, grant.generation, grant.scale, self.scale)
             stream.notify_grant(grant)
+            self._idle_work.set()
 
         def on_released() -> None:
             with lock:
@@ -196,6 +201,7 @@ class Agent:
                 ready.set()
             if stream is not None:
                 stream.notify_released()
+            self._idle_work.set()
 
         self.watcher = JobWatcher(self.client, job_id, self.worker_id, on_grant=on_grant, on_released=on_released,
                                   heartbeat_interval=opts.heartbeat_interval).start()
@@ -243,8 +249,19 @@ class Agent:
                                 timeout=self.options.stream.op_timeout)
 
     def _start_service(self) -> None:
+        """The idle service thread: it ticks every ``IDLE_TICK`` only while the stream has idle work (a pending
+        generation, Rina's repairs), and otherwise sleeps until a grant, a release or a returned call wakes it
+        (``IDLE_CHECK`` at most): a job's agents waiting on the wire no longer wake 100 times a second."""
         def serve() -> None:
-            while not self._threads_stop.wait(0.01):
+            stop, work = self._threads_stop, self._idle_work
+            while not stop.is_set():
+                if self.stream.wants_idle_service():
+                    stop.wait(IDLE_TICK)
+                else:
+                    work.wait(IDLE_CHECK)
+                    work.clear()
+                if stop.is_set():
+                    return
                 self.stream.service_idle()
 
         self._service = threading.Thread(target=serve, name=f"agent-idle-job{self.job_id}-w{self.worker_id}", daemon=True)
@@ -285,7 +302,10 @@ class Agent:
         flat = arr.reshape(-1)
         if flat.size == 0:
             return np.zeros(arr.shape, dtype=np.float32)
-        sums = self.stream.reduce(quantize_chunks(flat, s)).reshape(-1)[: flat.size]
+        try:
+            sums = self.stream.reduce(quantize_chunks(flat, s)).reshape(-1)[: flat.size]
+        finally:
+            self._idle_work.set()  # a grant that came during the call may be left to the idle service
         return dequantize(sums, s).reshape(arr.shape)
 
     def allreduce_fixed(self, q: np.ndarray) -> np.ndarray:
@@ -296,7 +316,11 @@ class Agent:
         flat = arr.reshape(-1)
         if flat.size == 0:
             return np.zeros(arr.shape, dtype=np.int64)
-        return self.stream.reduce(to_chunks(flat)).reshape(-1)[: flat.size].astype(np.int64).reshape(arr.shape)
+        try:
+            sums = self.stream.reduce(to_chunks(flat))
+        finally:
+            self._idle_work.set()  # a grant that came during the call may be left to the idle service
+        return sums.reshape(-1)[: flat.size].astype(np.int64).reshape(arr.shape)
 
     def allgather(self, array: np.ndarray) -> np.ndarray:
         """Every worker's ``array`` stacked in worker-id order, shape (n, *array.shape), bit for bit.
@@ -350,13 +374,14 @@ class Agent:
         deadline = time.monotonic() + self.options.close_timeout
         next_beat = time.monotonic() + 0.2
         while not watcher.released.is_set() and time.monotonic() < deadline:
-            watcher.released.wait(0.02)
+            watcher.released.wait(max(0.0, min(next_beat, deadline) - time.monotonic()))  # woken by the release
             if time.monotonic() >= next_beat:  # in case the controller sends no released event
                 watcher.beat_now()
                 next_beat = time.monotonic() + 0.2
 
     def _shutdown(self) -> None:
         self._threads_stop.set()
+        self._idle_work.set()
         if self._service is not None:
             self._service.join(timeout=10)
         if self.watcher is not None:

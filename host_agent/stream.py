@@ -356,6 +356,12 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
             self._prune()
             return out
 
+    def wants_idle_service(self) -> bool:
+        """Whether ``service_idle`` has work now: a pending generation to resync, or Rina's repair traffic."""
+        if self._broken is not None or self._closed:
+            return False
+        return (self._pending and not self._released) or self._plan.kind == Backend.RINA
+
     def service_idle(self) -> None:
         """From a background thread: resync and replay if a generation is pending and no call runs."""
         if self._broken is not None or self._closed or not self._lock.acquire(blocking=False):

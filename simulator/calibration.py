@@ -58,6 +58,10 @@ class Calibration:
     cwnd_allowance_share: float = 0.25
     # The least window the sender keeps (chunks; MIN_WINDOW: early loss detection needs later chunks in flight).
     cwnd_min_window: int = 4
+    # Whether the sender's window also stops at the path's bandwidth-delay product (host_agent/congestion.py since
+    # commit bf8a787: no cut goes below its highest recent delivery rate x the path's round trip), so a job whose
+    # grant is at most its BDP never backs off (False: only cwnd_min_window; session 6's model).
+    cwnd_floor_bdp: bool = True
     # Whether a job's delay target follows the shortest round trip it saw when it started (a latecomer on a loaded
     # switch tolerating more queueing: delay-based congestion control's latecomer advantage) or, False, the path's
     # unloaded round trip for every job. Measure: jobs started staggered against started together on the shared
@@ -122,6 +126,8 @@ class Calibration:
             raise CalibrationError(f"calibration field 'cwnd_allowance_share' must be a number >= 0, got {self.cwnd_allowance_share!r}")
         if not isinstance(self.cwnd_min_window, int) or isinstance(self.cwnd_min_window, bool) or self.cwnd_min_window < 1:
             raise CalibrationError(f"calibration field 'cwnd_min_window' must be an integer >= 1, got {self.cwnd_min_window!r}")
+        if not isinstance(self.cwnd_floor_bdp, bool):
+            raise CalibrationError(f"calibration field 'cwnd_floor_bdp' must be true or false, got {self.cwnd_floor_bdp!r}")
         if not isinstance(self.cwnd_latecomer, bool):
             raise CalibrationError(f"calibration field 'cwnd_latecomer' must be true or false, got {self.cwnd_latecomer!r}")
         if not _is_number(self.agent_startup_cpu_s) or self.agent_startup_cpu_s < 0:

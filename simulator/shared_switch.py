@@ -119,6 +119,18 @@ def cwnd_target(cal: Calibration, host_Bps: float | None = None, path: float | N
     return path + max(allowance, cal.cwnd_allowance_share * path)
 
 
+def least_window(cal: Calibration, host_Bps: float, slots: int, base: float) -> float:
+    """The smallest window (chunks) a job's senders keep under a congestion cut: ``cwnd_min_window``, and with
+    ``cwnd_floor_bdp`` the host link's bandwidth-delay product over the unloaded round trip ``base`` (the agent's
+    floor, its highest recent delivery rate x the path's round trip, host_agent/congestion.py, is that BDP once
+    a round has filled the link; a CPU-bound rate lowers the agent's floor with the rate, so no floor beyond
+    cwnd_min_window without a host link); never more than the grant."""
+    least = float(cal.cwnd_min_window)
+    if cal.cwnd_floor_bdp and math.isfinite(host_Bps):
+        least = max(least, host_Bps * cal.ina_efficiency * base / cal.payload_bytes)
+    return min(float(slots), least)
+
+
 def shared_state(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[int, int]], background: float = 0.0,
                  paths: Sequence[float | None] | None = None) -> SharedState:
     """The steady state of `jobs` ((slots, workers) each) on one shared switch (module docstring).
@@ -139,7 +151,7 @@ def shared_state(cal: Calibration, host_Bps: float | None, jobs: Sequence[tuple[
     if targets[0] is None or rtt <= min(targets):
         return SharedState((stretch,) * len(jobs), rtt)
     host = host_Bps or math.inf
-    least = [min(cal.cwnd_min_window, s) for s, _ in jobs]
+    least = [least_window(cal, host, s, base) for s, _ in jobs]
     weights = [m / cal.payload_bytes for _, m in jobs]
 
     def held(rates: Sequence[float], level: float) -> SharedState:

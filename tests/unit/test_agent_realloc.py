@@ -208,3 +208,38 @@ def test_release_stops_every_worker() -> None:
         elapsed = cl.run(work)
         t.join()
     assert max(elapsed) < 5.0
+
+
+def test_idle_workers_resync_when_woken_by_the_grant() -> None:
+    """Between calls the idle service has no work (it sleeps instead of ticking); a new grant wakes it and every
+    idle worker resyncs on the new generation without a call; the next call is exact."""
+    n = 3
+    inputs = [np.full(200, float(i + 1), dtype=np.float32) for i in range(n)]
+    with LocalCluster(["s1"] * n, slots=8, options=QUICK) as cl:
+        first_done = threading.Barrier(n + 1)
+        resynced = threading.Barrier(n + 1)
+
+        def work(agent):
+            out = [agent.allreduce(inputs[agent.rank])]
+            idle_before = agent.stream.wants_idle_service()
+            first_done.wait(20)
+            resynced.wait(20)  # the controller thread moved the job and saw every worker sync, no call made
+            out.append(agent.allreduce(inputs[agent.rank]))
+            return out, agent.stats, idle_before
+
+        result: list = []
+
+        def controller() -> None:
+            first_done.wait(20)
+            job_id = cl.fake.job_id("job")
+            generation = cl.fake.reallocate(job_id, 4, bases=100)
+            result.append(cl.fake.wait_sync(job_id, generation, timeout=20))
+            resynced.wait(20)
+
+        t = threading.Thread(target=controller)
+        t.start()
+        out = cl.run(work)
+        t.join(30)
+    assert result, "the idle workers did not resync on the new grant"
+    assert not any(o[2] for o in out)  # no idle work between calls
+    _assert_exact([(o[0], o[1]) for o in out], inputs)

@@ -176,3 +176,18 @@ def test_the_comparison_per_repetition_and_by_other_sessions_load():
     assert out["per_repetition"][1]["median_abs_rel_diff"] == pytest.approx(0.3)
     assert out["by_background"]["quiet_cores"] == QUIET_CORES
     assert (out["by_background"]["quiet"]["within_tolerance"], out["by_background"]["loaded"]["jobs"]) == (1, 1)
+
+
+def test_the_trace_keeps_its_bdp_in_slots_at_its_scale():
+    """Session 7 halved the trace's links to 0.5 Mbit/s and doubled its round trip to 40 ms (CPU-bound at 1 Mbit/s,
+    docs/experiments.md): a job's BDP stays 15.6 slots and its request 16; the CI preset keeps its own scale."""
+    from topologies.experiments.aggregate import bdp_slots
+    from topologies.experiments.multijob import MultijobConfig, MultijobExperiment
+
+    for preset in ("small", "full"):
+        cfg = MultijobExperiment.presets()[preset]
+        assert (cfg.bw_mbps, cfg.rtt_ms, cfg.demand_slots) == (0.5, 40.0, 16)
+        assert bdp_slots(cfg.rtt_ms, cfg.bw_mbps) == pytest.approx(bdp_slots(20.0, 1.0)) == pytest.approx(15.6, abs=0.05)
+    tiny = MultijobExperiment.presets()["tiny"]
+    assert (tiny.bw_mbps, tiny.rtt_ms, tiny.demand_slots) == (2.0, 4.0, 8)
+    assert MultijobConfig().bw_mbps == 0.5

@@ -14,9 +14,10 @@ from simulator.placement import make_placement
 from simulator.trace import JobSpec, read_trace, write_trace
 
 # A window-bound job on a switch with a processor-sharing software path: closed forms. Hosts are so fast that
-# serialization and the line rate play no part; no propagation; a software round trip of S0.
+# serialization and the line rate play no part; no propagation; a software round trip of S0. No BDP floor on the
+# congestion window (on such hosts the BDP is far above every grant: tests of the floor below).
 S0 = 1e-3
-CAL = Calibration(ina_rtt_us=S0 * 1e6)
+CAL = Calibration(ina_rtt_us=S0 * 1e6, cwnd_floor_bdp=False)
 SLOTS, WORKERS = 10, 4
 B = 1_000_000
 
@@ -293,3 +294,41 @@ def test_startup_iterations_column_round_trips_and_is_checked(tmp_path):
     assert [j.startup_iterations for j in read_trace(path)] == [1, 0]
     with pytest.raises(ValueError, match="startup_iterations"):
         job(2, startup_iterations=-1)
+
+
+# --- the congestion window's floor at the link's BDP (host_agent/congestion.py) --------------------------------
+# 1 Mbit/s hosts, 20 ms of propagation: a frame of 184 bytes takes 1.472 ms, the window round trip is
+# S0 + 20 ms + 2 x 1.472 ms, and the link's BDP is (125,000 x efficiency) B/s x that round trip / 128 B.
+SLOW_HOST = 125_000.0
+
+
+def test_the_least_window_is_the_links_bdp_capped_by_the_grant():
+    cal = dataclasses.replace(CAL, propagation_rtt_us=20_000.0, cwnd_floor_bdp=True)
+    base = model.window_rtt(cal, SLOW_HOST)
+    bdp = SLOW_HOST * cal.ina_efficiency * base / cal.payload_bytes
+    assert 10 < bdp < 32
+    assert shared_switch.least_window(cal, SLOW_HOST, 64, base) == pytest.approx(bdp)
+    assert shared_switch.least_window(cal, SLOW_HOST, 8, base) == 8  # a grant below the BDP: the grant
+    assert shared_switch.least_window(cal, float("inf"), 64, base) == cal.cwnd_min_window  # no link: no BDP
+    off = dataclasses.replace(cal, cwnd_floor_bdp=False)
+    assert shared_switch.least_window(off, SLOW_HOST, 64, base) == cal.cwnd_min_window
+
+
+def test_with_the_floor_a_grant_at_the_bdp_never_backs_off():
+    """Four jobs granted at most their BDP on a loaded switch: with the floor they keep their grants (the plain
+    processor-sharing fixed point); without it they back off to the delay target."""
+    cal = dataclasses.replace(CAL, propagation_rtt_us=20_000.0, cwnd_floor_bdp=True)
+    base = model.window_rtt(cal, SLOW_HOST)
+    grant = int(SLOW_HOST * cal.ina_efficiency * base / cal.payload_bytes)  # just under the BDP
+    jobs = [(grant, WORKERS)] * 4
+    loaded = dataclasses.replace(cal, switch_shared_pps=4 * WORKERS * grant / (base * 20.0))  # 20x overloaded
+    stretch = shared_switch.shared_stretch(loaded, SLOW_HOST, jobs)  # every job at its grant
+    assert model.window_rtt(loaded, SLOW_HOST, stretch) > shared_switch.cwnd_target(loaded, SLOW_HOST)
+    assert shared_switch.shared_stretches(loaded, SLOW_HOST, jobs) == pytest.approx([stretch] * 4, rel=1e-9)
+    backed = shared_switch.shared_state(dataclasses.replace(loaded, cwnd_floor_bdp=False), SLOW_HOST, jobs)
+    assert backed.rtt < model.window_rtt(loaded, SLOW_HOST, stretch)  # without the floor the windows back off
+
+
+def test_calibration_checks_cwnd_floor_bdp():
+    with pytest.raises(CalibrationError, match="cwnd_floor_bdp"):
+        Calibration(cwnd_floor_bdp="yes")

@@ -63,9 +63,10 @@ class TraceJob:
 
 
 # The fixed trace (ESA/INAlloc style: sizes differ, two priorities, arrivals over time, later jobs overlap
-# earlier ones). 16 hosts at 1 Mbit/s: at most 16 x 680 = 10.9k gradients/s reach the switch, under the
-# measured ceiling of the Python data path (docs/experiments.md); one all-reduce of 64 KiB takes ~0.75 s at
-# line rate. Every job has 4 workers: with 2 or 3, ring moves fewer bytes than INA's framed stream.
+# earlier ones). 16 hosts at 0.5 Mbit/s with a 40 ms round trip (BDP 15.6 slots, as 1 Mbit/s and 20 ms gave):
+# at most 16 x 340 = 5.4k gradients/s reach the switch; one all-reduce of 64 KiB takes ~1.5 s at line rate. At
+# 1 Mbit/s the trace was CPU-bound (session 7: every agent costs ~0.58 CPU-s to start and ~120 us per chunk,
+# so 16 agents at line rate need 1.3 cores for their chunks alone; docs/experiments.md). Every job has 4 workers: with 2 or 3, ring moves fewer bytes than INA's framed stream.
 TRACE = (
     TraceJob(1, workers=4, elements=16384, iterations=8, arrival_s=0.0, priority=LOW),
     TraceJob(2, workers=4, elements=16384, iterations=5, arrival_s=1.5, priority=LOW),
@@ -97,8 +98,8 @@ class MultijobConfig:
     supply: tuple[float, ...] = (1.0, 0.5, 0.25)
     policies: tuple[str, ...] = POLICIES + BASELINES
     demand_slots: int = 16
-    bw_mbps: float = 1.0
-    rtt_ms: float = 20.0
+    bw_mbps: float = 0.5
+    rtt_ms: float = 40.0
     repetitions: int = 3
     simulate: bool = True
     calibration: str | None = None

@@ -41,6 +41,7 @@ from controller.store import Job, Store
 from controller.programming import FIRST_JOB_ID, SwitchProgrammer
 from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import Topology
+from controller.chains import chain_slots
 from controller.trees import TreeLayout, tree_layout, tree_ranges
 from controller.validation import validate_registration
 from inaproto import wire
@@ -338,13 +339,18 @@ class Controller:
     def _pool(self, switch: str) -> int:
         return self.topology.switches[switch].pool_size
 
-    def _demand(self, job: Job, switch: str) -> JobDemand | None:
+    def _demand(self, job: Job, switch: str, chain_slots: int | None = None) -> JobDemand | None:
+        """What ``job`` asks of ``switch``'s pool: its request, or on Rina's chains at least the slots its chains'
+        round trip needs (``chain_slots``: ``controller.chains.chain_slots``; a request counts for one switch's
+        round trip, a chain's is several times longer), within the pool."""
         req = job.request
         pool = self._pool(switch)
         if req.requested_slots:
             requested = req.requested_slots
         else:
             requested = max(1, math.ceil(req.tensor_elements / wire.LANES))
+        if chain_slots:
+            requested = max(requested, chain_slots)
         requested = min(requested, pool)
         min_slots = max(1, req.min_slots)
         if pool == 0 or min_slots > requested:
@@ -369,10 +375,13 @@ class Controller:
             return job.switches() + ([tree.root] if tree else [])
 
         for job in order:
+            sized = None
+            if self.options.rina_chains and job.job_id not in trees and len(job.switches()) > 1:
+                sized = chain_slots(self.topology, job)
             for sw in switches_of(job):
                 if sw not in demands:
                     continue
-                d = self._demand(job, sw)
+                d = self._demand(job, sw, sized)
                 if d is not None:
                     demands[sw].append(d)
                 rng = job.range_on(sw)

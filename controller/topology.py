@@ -41,6 +41,7 @@ __all__ = [
     "next_hops_towards",
     "DEFAULT_SWITCH_IP",
     "DEFAULT_SWITCH_MAC",
+    "LinkRate",
 ]
 
 DEFAULT_SWITCH_IP = "10.0.0.254"
@@ -90,6 +91,27 @@ def _is_mac(text: str) -> bool:
     return bool(re.fullmatch(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}", text or ""))
 
 
+@dataclass(frozen=True)
+class LinkRate:
+    """A link's rate and one-way delay as the topology gives them (``[a, b, "2ms", 2.0]``: delay, Mbit/s)."""
+
+    mbps: float | None  # None: not given (unshaped)
+    delay_s: float = 0.0
+
+
+def _link_rate(link: list) -> LinkRate:
+    delay, mbps = (link + [None, None])[2:4]
+    text = str(delay or "0").strip().removesuffix("ms")
+    try:
+        delay_s = float(text or 0) / 1e3
+        rate = float(mbps) if mbps is not None else None
+    except (TypeError, ValueError):
+        raise TopologyError(f"link {link!r}: delay and bandwidth must be numbers ('2ms', 2.0)") from None
+    if delay_s < 0 or (rate is not None and not rate > 0):
+        raise TopologyError(f"link {link!r}: delay must be >= 0 and bandwidth > 0")
+    return LinkRate(rate, delay_s)
+
+
 @dataclass
 class Topology:
     switches: dict[str, SwitchInfo]
@@ -98,6 +120,8 @@ class Topology:
     trunks: dict[str, dict[int, str]] = field(default_factory=dict)
     base_dir: Path = field(default_factory=Path)
     manages_forwarding: bool = False  # whether ipv4_lpm is the controller's (a topology was given)
+    # {node, node} (switch or host names) -> rate and delay, where the topology gives them (Rina's chain round trip)
+    link_rates: dict[frozenset, LinkRate] = field(default_factory=dict)
 
     # --- loading ------------------------------------------------------------------------------------
     @classmethod
@@ -141,10 +165,12 @@ class Topology:
             if pa and pb and pa["switch"] in switches and pb["switch"] in switches:
                 topo.trunks.setdefault(pa["switch"], {})[int(pa["port"])] = pb["switch"]
                 topo.trunks.setdefault(pb["switch"], {})[int(pb["port"])] = pa["switch"]
+                topo.link_rates[frozenset((pa["switch"], pb["switch"]))] = _link_rate(link)
                 continue
             for host, port in ((a, pb), (b, pa)):
                 if host in host_docs and port and port["switch"] in switches:
                     attach[host] = (port["switch"], int(port["port"]))
+                    topo.link_rates[frozenset((host, port["switch"]))] = _link_rate(link)
                     break
             else:
                 raise TopologyError(f"link {link!r}: expected host-switch ('h1', 's1-p1') or switch-switch ports")

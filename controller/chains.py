@@ -24,7 +24,7 @@ from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, JobEntries,
 from inaproto.rina_ring import (HOST_PORT, NETWORK_PORT, Rack, Ring, RingMember, host_copy_entries, host_copy_port,
                                 ring_of)
 
-__all__ = ["CHAIN_HEADROOM", "HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "chain_round_trip", "chain_slots",
+__all__ = ["CHAIN_HEADROOM", "HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "chain_grant", "chain_round_trip", "chain_slots",
            "job_state", "plan_rina"]
 
 
@@ -224,3 +224,13 @@ def chain_slots(topology: Topology, job: Job) -> int | None:
         r = len(ring.members)
         slots = r * (1 << max(0, math.ceil(slots / r) - 1).bit_length())
     return min(slots, wire.NUM_SLOTS)
+
+
+def chain_grant(topology: Topology, job: Job) -> tuple[bool, float]:
+    """What a Rina job's grant says of its chains: whether the controller lays it out on chains (a ring with a
+    switch member under its current slots: ``plan_rina``) and, if so, its chains' mean round-trip floor (0 where
+    the topology gives no link rates), the agents' window floor (``JobGrant.chains``, ``chain_rtt_floor``)."""
+    if plan_rina(topology, job) is None:
+        return False, 0.0
+    got = chain_round_trip(topology, job)
+    return True, (got[0] if got else 0.0)

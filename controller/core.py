@@ -41,7 +41,7 @@ from controller.store import Job, Store
 from controller.programming import FIRST_JOB_ID, SwitchProgrammer
 from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import Topology
-from controller.chains import chain_slots
+from controller.chains import chain_grant, chain_slots
 from controller.trees import TreeLayout, tree_layout, tree_ranges
 from controller.validation import validate_registration
 from inaproto import wire
@@ -86,7 +86,7 @@ class ControllerOptions:
     force_push: bool = False  # push the pipeline even when the switch already runs this P4Info
     connect_timeout: float = 10.0
     monitor_interval: float = 0.5  # heartbeat reaping and switch health checks
-    rina_chains: bool = False  # Rina jobs run as chains across the switches (hosts of racks without INA: copies in their agents)
+    rina_chains: bool = True  # Rina jobs run as chains across the switches (hosts of racks without INA: copies in their agents); False: the relay Rina
     trees: bool = False  # multi-rack jobs aggregate in a two-level tree (ToRs + root) where every switch of it has slots
     admin_credential: Path | None = None  # the admin credential file; None: beside the database (<db>.admin)
     switch_tls: SwitchTls | None = None  # P4Runtime over TLS
@@ -469,6 +469,8 @@ class Controller:
             lanes=wire.LANES,
             reason=job.reason,
         )
+        if job.backend == Backend.RINA and self.options.rina_chains:
+            g.chains, g.chain_rtt_floor = chain_grant(self.topology, job)
         tree_root = [sw for sw, _ in job.ranges if sw not in job.switches()] if job.backend == Backend.TREE else []
         for sw in job.switches() + tree_root:  # a tree's root last, with no workers
             info = self.topology.switches[sw]

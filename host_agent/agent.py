@@ -222,14 +222,14 @@ class Agent:
     def _addresses(self) -> dict[str, tuple[str, int]]:
         """Where INA packets go per "rack": the options' overrides, and this worker's own copy (host member)."""
         out = dict(self.options.switch_addresses)
-        if self.options.stream.rina_chains:
+        if 0 < self.me.udp_port < 65535:  # this worker's copy, where a grant on chains makes it a host member
             out[host_rack_name(self.worker_id)] = (self.me.ip, host_copy_port(self.me.udp_port))
         return out
 
     def _follow_host_copy(self, grant: Grant) -> None:
         """Rina on chains: the copy this worker keeps while a grant makes it a host member (started the first
         time one does; host_agent/host_member.py)."""
-        if not self.options.stream.rina_chains:
+        if not (grant.chains or self.options.stream.rina_chains):
             return
         if self.host_copy is None:
             if not is_host_member(grant, self.worker_id):

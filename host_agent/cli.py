@@ -103,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="when loss found early is asked of the switch (QUERY) instead of resending the gradient: "
                             f"never, after a resend, or first (default: ${QUERIES_ENV}, else off; docs/agent.md, 'Queries')")
         p.add_argument("--rina-chains", action="store_true",
-                       help="the controller runs Rina as chains across switches (ina-controller --rina-chains): "
-                            "where every rack has slots, plain INA towards the rack's switch (docs/agent.md)")
+                       help="follow Rina grants as chains across switches even where the grant does not say so "
+                            "(the controller's grant says so by default: docs/agent.md, \"Rina as designed\")")
         p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
         p.add_argument("--quiet", action="store_true", help="no progress display")
         p.add_argument("-v", "--verbose", action="store_true", help="log protocol events (generations, resyncs)")

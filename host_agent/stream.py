@@ -77,9 +77,10 @@ class StreamOptions:
         path_rtt_floor: the shortest round trip this worker's aggregation path can have at its links' rate
             (one frame's serialization per link crossing: 2 to a single switch, 4 through a two-level tree);
             0: none. The RTT estimator's path round trip never goes below it (``RttEstimator.path_floor``).
-        rina_chains: the controller installs Rina jobs as chains across their racks' switches
-            (``SwitchProgrammer(chains=True)``); where every ring member is an INA rack the worker is plain
-            INA towards its rack's switch (docs/agent.md, "Rina as designed").
+        rina_chains: follow Rina grants as chains across their racks' switches even where the grant does not
+            say so (``Grant.chains``: the controller's layout, which the agent follows anyway); on chains each
+            worker is plain INA towards its rack's switch or its own copy (docs/agent.md, "Rina as designed"),
+            and its path round trip never goes below the grant's ``chain_rtt_floor``.
     """
 
     op_timeout: float = 60.0
@@ -242,7 +243,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._bstore: dict[int, bytes] = {}
         self._acks: dict[int, int] = {}
         self._rtt = RttEstimator(options.rto_initial, options.rto_min, options.rto_max,
-                                 path_floor=options.path_rtt_floor)
+                                 path_floor=self._path_floor(grant))
         self._cwnd = CongestionWindow(options.initial_window)
         self._reorder_mult = 1  # widening of the reorder window after spurious early resends (host_agent/flight.py)
         self._chain_rtts: list = []  # Rina on chains: recent round trips per chain (Flight's class_rtts)
@@ -254,6 +255,12 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._closed = False
 
     # ------------------------------------------------------------------ control (any thread)
+
+    def _path_floor(self, grant: Grant) -> float:
+        """The path round trip's floor: the option's, or on Rina's chains the grant's chain round trip (the
+        measured minimum crosses idle htb links unshaped: docs/agent.md, "Rina as designed")."""
+        chains = grant.chains or self.options.rina_chains
+        return max(self.options.path_rtt_floor, grant.chain_rtt_floor if chains else 0.0)
 
     @property
     def _rto(self) -> float:
@@ -535,6 +542,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._base = resume
         self._acks = {w: resume for w in self.ids}
         self._rtt.reset()  # the new plan may aggregate in another switch
+        self._rtt.path_floor = self._path_floor(grant)
         self._chain_rtts.clear()
         notice, self._notice_at = self._notice_at, None
         if notice is not None and self.stats.resyncs:

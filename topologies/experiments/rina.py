@@ -3,7 +3,8 @@
 For each layout (racks x workers per rack) a leaf-spine (every host link ``bw_mbps``, uplinks ``bw_mbps *
 uplink_ratio``; the spine runs the program and routes the chains' packets, ``ina_transit``) runs a ring job
 and a Rina job for each fraction of INA-capable racks; a star of all workers runs single-switch INA as the
-reference. The controller and the agents run with ``--rina-chains``: where every ring member is an INA
+reference. The controller lays Rina jobs out on chains (its default; the grant says so and the agents follow
+it) and sizes each rack's grant to the chains' round trip: where every ring member is an INA
 rack the racks' switches carry the ring (docs/switch.md, "Chains"), and the workers of racks without INA
 join it as host members, each keeping its copy of the chain in its agent (docs/agent.md, "Rina as
 designed"); with no INA rack it is the ring. Every worker checks its result (``--check``). Each point runs
@@ -140,7 +141,7 @@ class RinaExperiment(Experiment):
         cfg, ctx = self.config, self.ctx
         port = INA_UDP_BASE + 200
         common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
-                  "--check", "--rina-chains")
+                  "--check")
         for racks, per in cfg.layouts:
             n = racks * per
             layout = f"{racks}x{per}"
@@ -161,7 +162,7 @@ class RinaExperiment(Experiment):
                     ctx.progress(f"{layout} {label} (repetition {rep + 1}/{cfg.repetitions}): {backend}, "
                                  f"{cfg.warmup}+{cfg.iterations} all-reduces")
                     name = f"{layout}-{label}" + (f"-rep{rep + 1}" if cfg.repetitions > 1 else "")
-                    with ctx.testbed(topo, name, controller_args=("--rina-chains",)) as bed:
+                    with ctx.testbed(topo, name) as bed:
                         job = AgentJob(f"rina-{layout}-{label}", hosts, "allreduce", backend=backend, args=common,
                                        requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
                         try:

@@ -29,6 +29,7 @@ from host_agent.host_member import HostCopy, is_host_member
 from host_agent.stream import ChunkStream, StreamOptions, StreamStats
 from inaproto import wire
 from inaproto.backends import BackendChoice
+from inaproto.rina_partitions import BUNDLE_FRAMES
 from inaproto.rina_ring import host_copy_port
 
 __all__ = [
@@ -58,6 +59,8 @@ class AgentOptions:
         scale: fixed-point scale when there is no controller (otherwise the grant's).
         switch_addresses: switch name -> (ip, port) to send its INA packets to instead of the grant's
             (switch_ip, ina_port): a relay, or a switch model on loopback in tests.
+        rina_bundle_frames: INA payloads per datagram a host member's copy sends to a neighbouring host member's
+            (1: no bundles, for the A/B of docs/experiments.md; host_agent/host_member.py).
     """
 
     stream: StreamOptions = field(default_factory=StreamOptions)
@@ -68,6 +71,7 @@ class AgentOptions:
     controller_retry: float = 30.0
     scale: float = float(2**16)
     switch_addresses: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    rina_bundle_frames: int = BUNDLE_FRAMES
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "rpc_timeout", "rendezvous_timeout", "close_timeout", "scale", "controller_retry"):
@@ -234,7 +238,8 @@ class Agent:
         if self.host_copy is None:
             if not is_host_member(grant, self.worker_id):
                 return
-            self.host_copy = HostCopy(self.me, self.spec.workers, self.options.switch_addresses)
+            self.host_copy = HostCopy(self.me, self.spec.workers, self.options.switch_addresses,
+                                      bundle_frames=self.options.rina_bundle_frames)
         self.host_copy.follow(grant)
 
     def _sync(self, generation: int, first_missing: int) -> int:

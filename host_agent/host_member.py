@@ -66,8 +66,12 @@ class HostCopy:
     """
 
     def __init__(self, me: Worker, workers: tuple[Worker, ...],
-                 switch_addresses: Mapping[str, tuple[str, int]] | None = None) -> None:
+                 switch_addresses: Mapping[str, tuple[str, int]] | None = None, *,
+                 bundle_frames: int = BUNDLE_FRAMES) -> None:
+        if not 1 <= bundle_frames <= BUNDLE_FRAMES:
+            raise ValueError(f"bundle_frames must be in 1..{BUNDLE_FRAMES}, got {bundle_frames}")
         self.me = me
+        self.bundle_frames = bundle_frames  # INA payloads per datagram to a neighbour's copy (1: no bundles)
         self.workers = {w.worker_id: w for w in workers}
         self.switch_addresses = dict(switch_addresses or {})
         self.address = (me.ip, host_copy_port(me.udp_port))
@@ -189,7 +193,7 @@ class HostCopy:
             if dst in self._hosts:
                 bundle = self._bundles.setdefault(dst, [])
                 bundle.append(out[wire.INA_OFFSET:])
-                if len(bundle) >= BUNDLE_FRAMES:
+                if len(bundle) >= self.bundle_frames:
                     self._send(b"".join(bundle), dst)
                     bundle.clear()
             else:

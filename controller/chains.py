@@ -161,7 +161,8 @@ def _frame_time(rate: LinkRate | None) -> float:
 
 
 def chain_round_trip(topology: Topology, job: Job) -> tuple[float, float] | None:
-    """(the floor of a worker's mean chain round trip, the frame time of the fastest worker's link), in seconds,
+    """(the floor of a worker's mean chain round trip, one frame's serialization on the fastest worker's link), in
+    seconds,
     for the ring the job's racks make when every INA rack holds slots; None where there is no ring, or the
     topology gives no link rates (a chunk to partition p: up to the worker's switch, p's partial from member p+1
     round to member p, p's final sum from there on to the worker's member, down to the worker; the mean over the
@@ -198,15 +199,16 @@ def chain_round_trip(topology: Topology, job: Job) -> tuple[float, float] | None
         return t
 
     hops = [hop(i) for i in range(r)]
-    access = [link(host_of[w], sw) for w, sw, _ in job.placement]
-    if not any(hops) or not any(access):
+    rates = [topology.link_rates.get(frozenset((host_of[w], sw))) for w, sw, _ in job.placement]
+    access = [wire.INA_FRAME_LEN * 8 / (x.mbps * 1e6) for x in rates if x is not None and x.mbps]
+    if not any(hops) or not access:
         return None
     worst = 0.0
     for m, member in enumerate(members):
         up = max(link(host_of[w], member.switch) for w in member.workers) if member.is_switch else 0.0
         chains = [sum(hops) - hops[p] + sum(hops[(p + k) % r] for k in range((m - p) % r)) for p in range(r)]
         worst = max(worst, 2 * up + sum(chains) / r)
-    return worst, min(a for a in access if a > 0)
+    return worst, min(access)
 
 
 def chain_slots(topology: Topology, job: Job) -> int | None:

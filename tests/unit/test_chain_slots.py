@@ -63,3 +63,16 @@ def test_mixed_ring_needs_more_slots_than_the_all_ina_one_and_none_without_rates
 def test_no_ring_no_sizing():
     topo = _rated_leaf_spine(2, 4, 0)
     assert chain_slots(topo, _job(topo, {})) is None
+
+
+def test_link_delays_lengthen_the_round_trip_not_the_frame_time():
+    topo = Topology.from_dict({
+        "switches": {"s1": {"switch_ip": "10.0.1.254"}, "s2": {"switch_ip": "10.0.2.254"}, "spine": {"ina": False}},
+        "hosts": {f"h{i}": {"ip": f"10.0.{(i + 1) // 2}.{i}/16", "mac": f"02:00:00:00:00:0{i}"} for i in (1, 2, 3, 4)},
+        "links": [["h1", "s1-p1", "5ms", 2.0], ["h2", "s1-p2", "5ms", 2.0], ["s1-p3", "spine-p1", "5ms", 2.0],
+                  ["h3", "s2-p1", "5ms", 2.0], ["h4", "s2-p2", "5ms", 2.0], ["s2-p3", "spine-p2", "5ms", 2.0]]})
+    job = _job(topo, {"s1": 16, "s2": 16})
+    rtt, frame = chain_round_trip(topo, job)
+    assert frame == pytest.approx(FRAME_2M)
+    assert rtt == pytest.approx(5 * (FRAME_2M + 0.005))  # five link crossings on the mean chain, each 5 ms longer
+    assert chain_slots(topo, job) == 2 * 64  # 2 x 28.7 ms / 0.74 ms = 78 -> R x 2^k

@@ -11,19 +11,22 @@ Pure computation: :class:`controller.programming.SwitchProgrammer` writes what i
 from __future__ import annotations
 
 import ipaddress
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping
 
+from controller.path_floor import frame_seconds
 from controller.store import Job
-from controller.topology import Topology, next_hops_towards
+from controller.topology import LinkRate, Topology, next_hops_towards
 from inaproto import wire
 from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, JobEntries, TransitEntry, WorkerAddress,
                                   chain_entries, job_entries, split_generation)
 from inaproto.rina_ring import (HOST_PORT, NETWORK_PORT, Rack, Ring, RingMember, host_copy_entries, host_copy_port,
                                 ring_of)
 
-__all__ = ["HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "job_state", "plan_rina"]
+__all__ = ["CHAIN_HEADROOM", "HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "chain_grant", "chain_round_trip", "chain_slots",
+           "job_state", "plan_rina"]
 
 
 @dataclass(frozen=True)
@@ -142,3 +145,95 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
     transit = {sw: TransitEntry(job.job_id) for sw, info in sorted(topology.switches.items())
                if info.ina and sw not in chains}
     return RinaPlan(job.job_id, tuple(members), ring, chains, transit, hosts)
+
+
+# A Rina job's grant covers its chains' round trip (docs/controller.md, "Rina's grant"): every chunk a worker
+# has in flight holds a slot until its final sum has come round, so the worker's window (its slots) must hold a
+# chain's round trip at its link's rate. The floor counts each link a chunk's frame crosses (store and forward
+# at the link's rate, plus its delay); the real round trip adds every member's processing and some queue, so
+# the grant is CHAIN_HEADROOM times the floor's bandwidth-delay product.
+CHAIN_HEADROOM = 2.0
+
+
+def _frame_time(rate: LinkRate | None) -> float:
+    if rate is None or rate.mbps is None:
+        return 0.0
+    return frame_seconds(rate.mbps) + rate.delay_s
+
+
+def chain_round_trip(topology: Topology, job: Job) -> tuple[float, float] | None:
+    """(the floor of a worker's mean chain round trip, one frame's serialization on the fastest worker's link), in
+    seconds,
+    for the ring the job's racks make when every INA rack holds slots; None where there is no ring, or the
+    topology gives no link rates (a chunk to partition p: up to the worker's switch, p's partial from member p+1
+    round to member p, p's final sum from there on to the worker's member, down to the worker; the mean over the
+    partitions, the largest over the members)."""
+    at = {(h.switch, h.port): name for name, h in topology.hosts.items()}
+    ring = ring_of(Rack(sw, tuple(w for w, _ in job.workers_on(sw)), wire.NUM_SLOTS, topology.switches[sw].ina)
+                   for sw in job.switches())
+    if ring is None:
+        return None
+    host_of = {w: at.get((sw, port)) for w, sw, port in job.placement}
+    links = {sw: [(nb, port) for port, nb in ports.items()] for sw, ports in topology.trunks.items()}
+
+    def link(a: str | None, b: str | None) -> float:
+        return _frame_time(topology.link_rates.get(frozenset((a, b)))) if a and b else 0.0
+
+    def switch_path(frm: str, to: str) -> float:
+        hops, at_sw, t = next_hops_towards(links, to), frm, 0.0
+        while at_sw != to:
+            if at_sw not in hops:
+                raise ValueError(f"job {job.job_id}: no path from {frm} to {to}")
+            nxt = hops[at_sw][1]
+            t, at_sw = t + link(at_sw, nxt), nxt
+        return t
+
+    members, r = ring.members, len(ring.members)
+
+    def hop(i: int) -> float:
+        a, b = members[i], members[(i + 1) % r]
+        t = switch_path(a.switch, b.switch)
+        if not a.is_switch:
+            t += link(host_of[a.member_id], a.switch)
+        if not b.is_switch:
+            t += link(b.switch, host_of[b.member_id])
+        return t
+
+    hops = [hop(i) for i in range(r)]
+    rates = [topology.link_rates.get(frozenset((host_of[w], sw))) for w, sw, _ in job.placement]
+    access = [frame_seconds(x.mbps) for x in rates if x is not None and x.mbps]
+    if not any(hops) or not access:
+        return None
+    worst = 0.0
+    for m, member in enumerate(members):
+        up = max(link(host_of[w], member.switch) for w in member.workers) if member.is_switch else 0.0
+        chains = [sum(hops) - hops[p] + sum(hops[(p + k) % r] for k in range((m - p) % r)) for p in range(r)]
+        worst = max(worst, 2 * up + sum(chains) / r)
+    return worst, min(access)
+
+
+def chain_slots(topology: Topology, job: Job) -> int | None:
+    """Slots per rack a Rina job on chains needs (CHAIN_HEADROOM x its chains' bandwidth-delay product, in chunks
+    at its fastest worker's link rate), rounded up to what the ring uses (``R x 2^k`` where every member is a
+    switch); None where the topology cannot tell (no ring, no link rates)."""
+    got = chain_round_trip(topology, job)
+    if got is None:
+        return None
+    rtt, frame = got
+    slots = max(1, math.ceil(CHAIN_HEADROOM * rtt / frame))
+    ring = ring_of(Rack(sw, tuple(w for w, _ in job.workers_on(sw)), wire.NUM_SLOTS, topology.switches[sw].ina)
+                   for sw in job.switches())
+    if ring is not None and all(m.is_switch for m in ring.members):
+        r = len(ring.members)
+        slots = r * (1 << max(0, math.ceil(slots / r) - 1).bit_length())
+    return min(slots, wire.NUM_SLOTS)
+
+
+def chain_grant(topology: Topology, job: Job) -> tuple[bool, float]:
+    """What a Rina job's grant says of its chains: whether the controller lays it out on chains (a ring with a
+    switch member under its current slots: ``plan_rina``) and, if so, its chains' mean round-trip floor (0 where
+    the topology gives no link rates), the agents' window floor (``JobGrant.chains``, ``chain_rtt_floor``)."""
+    if plan_rina(topology, job) is None:
+        return False, 0.0
+    got = chain_round_trip(topology, job)
+    return True, (got[0] if got else 0.0)

@@ -42,6 +42,7 @@ from controller.store import Job, Store
 from controller.programming import FIRST_JOB_ID, SwitchProgrammer
 from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import Topology
+from controller.chains import chain_grant, chain_slots
 from controller.trees import TreeLayout, tree_layout, tree_ranges
 from controller.validation import validate_registration
 from inaproto import wire
@@ -86,7 +87,7 @@ class ControllerOptions:
     force_push: bool = False  # push the pipeline even when the switch already runs this P4Info
     connect_timeout: float = 10.0
     monitor_interval: float = 0.5  # heartbeat reaping and switch health checks
-    rina_chains: bool = False  # Rina jobs run as chains across the switches (hosts of racks without INA: copies in their agents)
+    rina_chains: bool = True  # Rina jobs run as chains across the switches (hosts of racks without INA: copies in their agents); False: the relay Rina
     trees: bool = False  # multi-rack jobs aggregate in a two-level tree (ToRs + root) where every switch of it has slots
     admin_credential: Path | None = None  # the admin credential file; None: beside the database (<db>.admin)
     switch_tls: SwitchTls | None = None  # P4Runtime over TLS
@@ -339,13 +340,18 @@ class Controller:
     def _pool(self, switch: str) -> int:
         return self.topology.switches[switch].pool_size
 
-    def _demand(self, job: Job, switch: str) -> JobDemand | None:
+    def _demand(self, job: Job, switch: str, chain_slots: int | None = None) -> JobDemand | None:
+        """What ``job`` asks of ``switch``'s pool: its request, or on Rina's chains at least the slots its chains'
+        round trip needs (``chain_slots``: ``controller.chains.chain_slots``; a request counts for one switch's
+        round trip, a chain's is several times longer), within the pool."""
         req = job.request
         pool = self._pool(switch)
         if req.requested_slots:
             requested = req.requested_slots
         else:
             requested = max(1, math.ceil(req.tensor_elements / wire.LANES))
+        if chain_slots:
+            requested = max(requested, chain_slots)
         requested = min(requested, pool)
         min_slots = max(1, req.min_slots)
         if pool == 0 or min_slots > requested:
@@ -370,10 +376,13 @@ class Controller:
             return job.switches() + ([tree.root] if tree else [])
 
         for job in order:
+            sized = None
+            if self.options.rina_chains and job.job_id not in trees and len(job.switches()) > 1:
+                sized = chain_slots(self.topology, job)
             for sw in switches_of(job):
                 if sw not in demands:
                     continue
-                d = self._demand(job, sw)
+                d = self._demand(job, sw, sized)
                 if d is not None:
                     demands[sw].append(d)
                 rng = job.range_on(sw)
@@ -461,6 +470,8 @@ class Controller:
             lanes=wire.LANES,
             reason=job.reason,
         )
+        if job.backend == Backend.RINA and self.options.rina_chains:
+            g.chains, g.chain_rtt_floor = chain_grant(self.topology, job)
         tree_root = [sw for sw, _ in job.ranges if sw not in job.switches()] if job.backend == Backend.TREE else []
         floors = path_rtt_floors(self.topology, job, tree_root[0] if tree_root else None)
         for sw in job.switches() + tree_root:  # a tree's root last, with no workers

@@ -86,8 +86,11 @@ def build_parser() -> Parser:
     svc.add_argument("--tls-client-ca", metavar="PEM", help="require client certificates signed by this CA")
     svc.add_argument("--heartbeat-timeout", type=float, default=15.0, metavar="S", help="release jobs silent this long; 0: never (default: 15)")
     svc.add_argument("--sync-timeout", type=_positive, default=30.0, metavar="S", help="longest SyncGeneration wait (default: 30)")
-    svc.add_argument("--rina-chains", action="store_true",
-                     help="run Rina jobs as chains across their switches, workers of racks without INA as host members (agents need --rina-chains)")
+    svc.add_argument("--rina-layout", choices=("chains", "relay"), default="chains",
+                     help="Rina jobs as chains across their racks' switches, workers of racks without INA as host members "
+                          "(the grant says so: agents follow it), or the relay Rina (a representative per rack) (default: %(default)s)")
+    svc.add_argument("--rina-chains", dest="rina_layout", action="store_const", const="chains",
+                     help="the same as --rina-layout chains (the default)")
     svc.add_argument("--trees", action="store_true",
                      help="jobs spanning racks aggregate in a two-level tree (ToRs + a switch linked to all of them) "
                           "where every switch of it has slots; else Rina or the ring")
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             scale=args.scale,
             force_push=args.force_push,
             connect_timeout=args.connect_timeout,
-            rina_chains=args.rina_chains,
+            rina_chains=args.rina_layout == "chains",
             trees=args.trees,
             admin_credential=Path(args.admin_credential) if args.admin_credential else None,
             switch_tls=switch_tls,

@@ -45,6 +45,7 @@ __all__ = [
     "next_hops_towards",
     "DEFAULT_SWITCH_IP",
     "DEFAULT_SWITCH_MAC",
+    "LinkRate",
 ]
 
 DEFAULT_SWITCH_IP = "10.0.0.254"
@@ -90,21 +91,37 @@ class HostInfo:
     port: int
 
 
-def _link_rate(link: list) -> float | None:
-    """A topology link's rate in Mbit/s (its fourth item), or None where it gives none."""
-    if len(link) < 4 or link[3] in (None, ""):
-        return None
-    try:
-        mbps = float(link[3])
-    except (TypeError, ValueError):
-        raise TopologyError(f"link {link!r}: bandwidth {link[3]!r} is not a number of Mbit/s") from None
-    if not mbps > 0 or mbps == float("inf"):
-        raise TopologyError(f"link {link!r}: bandwidth {link[3]!r} must be a positive number of Mbit/s")
-    return mbps
-
-
 def _is_mac(text: str) -> bool:
     return bool(re.fullmatch(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}", text or ""))
+
+
+@dataclass(frozen=True)
+class LinkRate:
+    """A link's rate and one-way delay as the topology gives them (``[a, b, "2ms", 2.0]``: delay, Mbit/s)."""
+
+    mbps: float | None  # None: not given (unshaped)
+    delay_s: float = 0.0
+
+
+def _link_rate(link: list) -> LinkRate:
+    """A topology link's one-way delay (third item, "2ms") and rate (fourth item, Mbit/s; None where not given)."""
+    delay, mbps = (list(link) + [None, None])[2:4]
+    text = str(delay or "0").strip().removesuffix("ms")
+    try:
+        delay_s = float(text or 0) / 1e3
+    except (TypeError, ValueError):
+        raise TopologyError(f"link {link!r}: delay {delay!r} is not a number of ms ('2ms')") from None
+    if not delay_s >= 0:
+        raise TopologyError(f"link {link!r}: delay {delay!r} must be >= 0")
+    if mbps in (None, ""):
+        return LinkRate(None, delay_s)
+    try:
+        rate = float(mbps)
+    except (TypeError, ValueError):
+        raise TopologyError(f"link {link!r}: bandwidth {mbps!r} is not a number of Mbit/s") from None
+    if not rate > 0 or rate == float("inf"):
+        raise TopologyError(f"link {link!r}: bandwidth {mbps!r} must be a positive number of Mbit/s")
+    return LinkRate(rate, delay_s)
 
 
 @dataclass
@@ -115,7 +132,10 @@ class Topology:
     trunks: dict[str, dict[int, str]] = field(default_factory=dict)
     base_dir: Path = field(default_factory=Path)
     manages_forwarding: bool = False  # whether ipv4_lpm is the controller's (a topology was given)
-    # (switch, port) -> Mbit/s of the link on that port (host links and trunks, both ends), where the link gives one
+    # {node, node} (switch or host names) -> rate and delay, where the topology gives them (Rina's chain round trip)
+    link_rates: dict[frozenset, LinkRate] = field(default_factory=dict)
+    # (switch, port) -> Mbit/s of the link on that port (host links and trunks, both ends): the same links' rates by
+    # port, for the path round-trip floor (controller/path_floor.py)
     link_mbps: dict[tuple[str, int], float] = field(default_factory=dict)
 
     # --- loading ------------------------------------------------------------------------------------
@@ -157,17 +177,19 @@ class Topology:
                 raise TopologyError(f"bad link {link!r}")
             a, b = str(link[0]), str(link[1])
             pa, pb = _PORT_RE.match(a), _PORT_RE.match(b)
-            mbps = _link_rate(link)
+            rate = _link_rate(link)
             for end in (pa, pb):
-                if mbps and end and end["switch"] in switches:
-                    topo.link_mbps[(end["switch"], int(end["port"]))] = mbps
+                if rate.mbps and end and end["switch"] in switches:
+                    topo.link_mbps[(end["switch"], int(end["port"]))] = rate.mbps
             if pa and pb and pa["switch"] in switches and pb["switch"] in switches:
                 topo.trunks.setdefault(pa["switch"], {})[int(pa["port"])] = pb["switch"]
                 topo.trunks.setdefault(pb["switch"], {})[int(pb["port"])] = pa["switch"]
+                topo.link_rates[frozenset((pa["switch"], pb["switch"]))] = rate
                 continue
             for host, port in ((a, pb), (b, pa)):
                 if host in host_docs and port and port["switch"] in switches:
                     attach[host] = (port["switch"], int(port["port"]))
+                    topo.link_rates[frozenset((host, port["switch"]))] = rate
                     break
             else:
                 raise TopologyError(f"link {link!r}: expected host-switch ('h1', 's1-p1') or switch-switch ports")

@@ -29,6 +29,7 @@ from host_agent.host_member import HostCopy, is_host_member
 from host_agent.stream import ChunkStream, StreamOptions, StreamStats
 from inaproto import wire
 from inaproto.backends import BackendChoice
+from inaproto.rina_partitions import BUNDLE_FRAMES
 from inaproto.rina_ring import host_copy_port
 
 __all__ = [
@@ -61,6 +62,8 @@ class AgentOptions:
         scale: fixed-point scale when there is no controller (otherwise the grant's).
         switch_addresses: switch name -> (ip, port) to send its INA packets to instead of the grant's
             (switch_ip, ina_port): a relay, or a switch model on loopback in tests.
+        rina_bundle_frames: INA payloads per datagram a host member's copy sends to a neighbouring host member's
+            (1: no bundles, for the A/B of docs/experiments.md; host_agent/host_member.py).
     """
 
     stream: StreamOptions = field(default_factory=StreamOptions)
@@ -71,6 +74,7 @@ class AgentOptions:
     controller_retry: float = 30.0
     scale: float = float(2**16)
     switch_addresses: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    rina_bundle_frames: int = BUNDLE_FRAMES
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "rpc_timeout", "rendezvous_timeout", "close_timeout", "scale", "controller_retry"):
@@ -228,19 +232,20 @@ class Agent:
     def _addresses(self) -> dict[str, tuple[str, int]]:
         """Where INA packets go per "rack": the options' overrides, and this worker's own copy (host member)."""
         out = dict(self.options.switch_addresses)
-        if self.options.stream.rina_chains:
+        if 0 < self.me.udp_port < 65535:  # this worker's copy, where a grant on chains makes it a host member
             out[host_rack_name(self.worker_id)] = (self.me.ip, host_copy_port(self.me.udp_port))
         return out
 
     def _follow_host_copy(self, grant: Grant) -> None:
         """Rina on chains: the copy this worker keeps while a grant makes it a host member (started the first
         time one does; host_agent/host_member.py)."""
-        if not self.options.stream.rina_chains:
+        if not (grant.chains or self.options.stream.rina_chains):
             return
         if self.host_copy is None:
             if not is_host_member(grant, self.worker_id):
                 return
-            self.host_copy = HostCopy(self.me, self.spec.workers, self.options.switch_addresses)
+            self.host_copy = HostCopy(self.me, self.spec.workers, self.options.switch_addresses,
+                                      bundle_frames=self.options.rina_bundle_frames)
         self.host_copy.follow(grant)
 
     def _sync(self, generation: int, first_missing: int) -> int:

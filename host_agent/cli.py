@@ -59,6 +59,18 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _bundle_frames(text: str) -> int:
+    from inaproto.rina_partitions import BUNDLE_FRAMES
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= BUNDLE_FRAMES:
+        raise argparse.ArgumentTypeError(f"must be in 1..{BUNDLE_FRAMES}, got {value}")
+    return value
+
+
 def _nonneg_float(text: str) -> float:
     try:
         value = float(text)
@@ -103,8 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="when loss found early is asked of the switch (QUERY) instead of resending the gradient: "
                             f"never, after a resend, or first (default: ${QUERIES_ENV}, else off; docs/agent.md, 'Queries')")
         p.add_argument("--rina-chains", action="store_true",
-                       help="the controller runs Rina as chains across switches (ina-controller --rina-chains): "
-                            "where every rack has slots, plain INA towards the rack's switch (docs/agent.md)")
+                       help="follow Rina grants as chains across switches even where the grant does not say so "
+                            "(the controller's grant says so by default: docs/agent.md, \"Rina as designed\")")
+        p.add_argument("--rina-bundle-frames", type=_bundle_frames, default=None, metavar="N",
+                       help="INA payloads per datagram between Rina host members' copies (1: no bundles; default 10)")
         p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
         p.add_argument("--quiet", action="store_true", help="no progress display")
         p.add_argument("-v", "--verbose", action="store_true", help="log protocol events (generations, resyncs)")
@@ -219,7 +233,8 @@ def _open_agent(args: argparse.Namespace, spec: JobSpec):
                                                path_rtt_floor=None if args.path_rtt_floor_ms is None
                                                else args.path_rtt_floor_ms / 1e3,
                                                queries=QueryMode(args.queries)),
-                        rendezvous_timeout=args.timeout, controller_retry=args.controller_retry)
+                        rendezvous_timeout=args.timeout, controller_retry=args.controller_retry,
+                        **({"rina_bundle_frames": args.rina_bundle_frames} if args.rina_bundle_frames else {}))
     return Agent(spec, args.worker_id, controller=args.controller, job_id=args.job_id, options=opts)
 
 

@@ -195,13 +195,16 @@ class Grant:
     ina_port: int = wire.INA_UDP_PORT
     lanes: int = wire.LANES
     reason: str = ""
+    chains: bool = False  # Rina on chains across the racks' switches (the controller's layout, docs/agent.md)
+    chain_rtt_floor: float = 0.0  # with chains: the chains' mean round trip at the links' rates, seconds (0: unknown)
 
     @classmethod
     def from_proto(cls, msg: Any) -> Grant:
         return cls(int(msg.job_id), int(msg.generation), Backend(msg.backend or Backend.RING),
                    tuple(SwitchGrant.from_proto(s) for s in msg.switches),
                    float(msg.scale) if msg.scale > 0 else float(2**16),
-                   int(msg.ina_port) or wire.INA_UDP_PORT, int(msg.lanes) or wire.LANES, msg.reason)
+                   int(msg.ina_port) or wire.INA_UDP_PORT, int(msg.lanes) or wire.LANES, msg.reason,
+                   bool(msg.chains), max(0.0, float(msg.chain_rtt_floor)))
 
     def path_rtt_floor(self, worker_id: int) -> float:
         """The path round-trip floor the controller sized for ``worker_id``: its switch's, where that switch holds
@@ -289,7 +292,8 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
     the rest join the ring); ``ring`` never uses a switch. ``addresses`` overrides where a switch's INA
     packets go (switch name -> (ip, port)), e.g. for a relay; by default ``(switch_ip, ina_port)``.
 
-    ``chains``: the controller runs Rina jobs as chains across their racks' switches (docs/switch.md, "Chains");
+    ``chains`` (or the grant's ``chains``): the controller runs Rina jobs as chains across their racks' switches
+    (docs/switch.md, "Chains");
     each worker of an INA rack is plain INA towards its own rack's switch over the ring's partitioned slots, its
     results final (kind ``Backend.INA``), and each worker of a rack without INA (a host member) plain INA
     towards its own copy (a rack of its own named ``host-copy-<id>``, at ``addresses`` under that name).
@@ -320,7 +324,7 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
             racks, kind = [], Backend.RING
     if kind == Backend.RING:
         return Plan(Backend.RING, grant.generation, (), ids, grant.reason)
-    if chains:
+    if chains or grant.chains:
         ring = chain_ring(grant, hosts=True)
         if ring is not None:
             racks = [replace(r, num_slots=ring.num_slots, partition_slots=ring.partition_slots) for r in racks]

@@ -18,7 +18,10 @@ Between two host members the INA payloads travel bundled: up to ``BUNDLE_FRAMES`
 (0.876 of its frame is payload against 0.696 for single INA frames; ``inaproto.rina_partitions`` sizes the
 partitions with that cost). A bundle goes when full or when the copy has nothing more to read, so it waits for
 no timer; a copy takes any datagram that is a whole number of INA payloads from a host neighbour as a bundle.
-Hops into or out of a switch stay single INA frames (the switch parses one).
+Hops into or out of a switch stay single INA frames (the switch parses one). The frames of consecutive
+datagrams from one source (a bundle's, or the worker's gradients read in one wake-up) go through the model
+in one ``process_batch`` (the outputs and state of one frame after the other, numpy across the batch): a
+host member's copy was most of its agent's CPU time, and the 50 % deployment is CPU-bound on the testbed.
 docs/agent.md, "Rina as designed".
 """
 from __future__ import annotations
@@ -66,8 +69,12 @@ class HostCopy:
     """
 
     def __init__(self, me: Worker, workers: tuple[Worker, ...],
-                 switch_addresses: Mapping[str, tuple[str, int]] | None = None) -> None:
+                 switch_addresses: Mapping[str, tuple[str, int]] | None = None, *,
+                 bundle_frames: int = BUNDLE_FRAMES) -> None:
+        if not 1 <= bundle_frames <= BUNDLE_FRAMES:
+            raise ValueError(f"bundle_frames must be in 1..{BUNDLE_FRAMES}, got {bundle_frames}")
         self.me = me
+        self.bundle_frames = bundle_frames  # INA payloads per datagram to a neighbour's copy (1: no bundles)
         self.workers = {w.worker_id: w for w in workers}
         self.switch_addresses = dict(switch_addresses or {})
         self.address = (me.ip, host_copy_port(me.udp_port))
@@ -147,6 +154,8 @@ class HostCopy:
         while not self._stop.is_set():
             if not poll.poll(50):
                 continue
+            run: list[bytes] = []  # frames of consecutive datagrams from one source, for one batch
+            run_key: tuple | None = None
             while True:
                 try:
                     n, src = self.sock.recvfrom_into(buf)
@@ -156,40 +165,60 @@ class HostCopy:
                     if self._stop.is_set():
                         return
                     break
-                self._handle(bytes(buf[:n]), src)
+                got = self._frames(bytes(buf[:n]), src)
+                if got is None:
+                    continue
+                key = (got[0], src)
+                if key != run_key and run:
+                    self._process(run_key[0], run, run_key[1])
+                    run = []
+                run_key = key
+                run += got[1]
+                if len(run) >= 4 * BUNDLE_FRAMES:
+                    self._process(key[0], run, src)
+                    run = []
+            if run:
+                self._process(run_key[0], run, run_key[1])
             self._flush()
 
-    def _handle(self, payload: bytes, src: tuple[str, int]) -> None:
+    def _frames(self, payload: bytes, src: tuple[str, int]) -> tuple[int, list[bytes]] | None:
+        """The port and the model's frames of one datagram (a bundle: several), or None if the copy drops it."""
         with self._lock:
             pipe = self._pipe
         n = len(payload)
         if pipe is None or n == 0 or n % wire.INA_PAYLOAD_LEN:
-            return
+            return None
         if src == self._own:
             if n != wire.INA_PAYLOAD_LEN:
-                return
+                return None
             p = bytearray(payload)
             p[_O_WORKER] = self._local
-            self._process(pipe, HOST_PORT, _frame(self._me_mac, self._me_ip, self._me_ip, src[1].to_bytes(2, "big"),
-                                                  bytes(p)), src)
-        elif src[0] in self._neighbours:
+            return HOST_PORT, [_frame(self._me_mac, self._me_ip, self._me_ip, src[1].to_bytes(2, "big"), bytes(p))]
+        if src[0] in self._neighbours:
             if n > wire.INA_PAYLOAD_LEN and src not in self._hosts:
-                return  # bundles only from a neighbour's copy
+                return None  # bundles only from a neighbour's copy
             ip = ipaddress.IPv4Address(src[0]).packed
-            for off in range(0, n, wire.INA_PAYLOAD_LEN):
-                self._process(pipe, NETWORK_PORT,
-                              _frame(b"\0" * 6, ip, self._me_ip, _INA_PORT, payload[off : off + wire.INA_PAYLOAD_LEN]), src)
+            return NETWORK_PORT, [_frame(b"\0" * 6, ip, self._me_ip, _INA_PORT, payload[off : off + wire.INA_PAYLOAD_LEN])
+                                  for off in range(0, n, wire.INA_PAYLOAD_LEN)]
+        return None
 
-    def _process(self, pipe, port: int, frame: bytes, src: tuple[str, int]) -> None:
-        self.frames += 1
-        for _out_port, out in pipe.process(port, frame):
+    def _process(self, port: int, frames: list[bytes], src: tuple[str, int]) -> None:
+        """Frames of datagrams from ``src`` through the model in one batch (``process_batch``: the outputs and
+        state of processing them one by one), what it emits to its destinations."""
+        with self._lock:
+            pipe = self._pipe
+        if pipe is None:
+            return
+        self.frames += len(frames)
+        outs = pipe.process_batch(port, frames) if len(frames) > 1 else pipe.process(port, frames[0])
+        for _out_port, out in outs:
             dst = (str(ipaddress.IPv4Address(out[30:34])), int.from_bytes(out[36:38], "big"))
             if port == NETWORK_PORT and dst == (src[0], wire.INA_UDP_PORT):
                 dst = src  # an answer to the sender: back to the datagram's real source
             if dst in self._hosts:
                 bundle = self._bundles.setdefault(dst, [])
                 bundle.append(out[wire.INA_OFFSET:])
-                if len(bundle) >= BUNDLE_FRAMES:
+                if len(bundle) >= self.bundle_frames:
                     self._send(b"".join(bundle), dst)
                     bundle.clear()
             else:

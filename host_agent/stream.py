@@ -79,9 +79,10 @@ class StreamOptions:
             rates for this worker's switch (``SwitchGrant.path_rtt_floor``, controller/path_floor.py) and
             taken again from every new grant. The RTT estimator's path round trip never goes below it
             (``RttEstimator.path_floor``); ``StreamStats.path_rtt_floor_s`` reports the one in use.
-        rina_chains: the controller installs Rina jobs as chains across their racks' switches
-            (``SwitchProgrammer(chains=True)``); where every ring member is an INA rack the worker is plain
-            INA towards its rack's switch (docs/agent.md, "Rina as designed").
+        rina_chains: follow Rina grants as chains across their racks' switches even where the grant does not
+            say so (``Grant.chains``: the controller's layout, which the agent follows anyway); on chains each
+            worker is plain INA towards its rack's switch or its own copy (docs/agent.md, "Rina as designed"),
+            and its path round trip never goes below the grant's ``chain_rtt_floor``.
     """
 
     op_timeout: float = 60.0
@@ -256,16 +257,20 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._pace_gap = (wire.INA_FRAME_LEN * 8 / options.link_bps) if options.link_bps else 0.0
         self._closed = False
 
+    # ------------------------------------------------------------------ control (any thread)
+
     def _path_floor(self, grant: Grant) -> float:
         """The path round-trip floor under ``grant`` (its plan adopted): the option's override, else the grant's for
-        this worker's switch (0 where the plan has it aggregate in none: the ring)."""
+        this worker's switch (0 where the plan has it aggregate in none: the ring); on Rina's chains at least the
+        chains' round trip (the measured minimum crosses idle htb links unshaped: docs/agent.md, "Rina as
+        designed")."""
         floor = self.options.path_rtt_floor
         if floor is None:
             floor = grant.path_rtt_floor(self.worker_id) if self._plan.rack_of(self.worker_id) else 0.0
+        if grant.chains or self.options.rina_chains:
+            floor = max(floor, grant.chain_rtt_floor)
         self.stats.path_rtt_floor_s = floor
         return floor
-
-    # ------------------------------------------------------------------ control (any thread)
 
     @property
     def _rto(self) -> float:

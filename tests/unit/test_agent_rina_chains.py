@@ -143,8 +143,10 @@ def test_rack_compares_chunks_of_one_chain_only() -> None:
 
 @pytest.mark.parametrize("racks,ina", [(["r1", "r1", "r2", "r2"], {"r1"}), (["r1", "r2", "r2", "r3", "r3"], {"r2"})],
                          ids=["2x2-half", "3-racks-one"])
-@pytest.mark.parametrize("faults", [None, Faults(drop=0.02, duplicate=0.01)], ids=["clean", "lossy"])
-def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks, ina, faults, monkeypatch):
+@pytest.mark.parametrize("faults,bundle_frames", [(None, 10), (Faults(drop=0.02, duplicate=0.01), 10), (None, 1)],
+                         ids=["clean", "lossy", "no-bundles"])
+def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks, ina, faults, bundle_frames,
+                                                                          monkeypatch):
     """Racks without INA: each worker there is a ring member keeping its copy of the chain in its agent; every
     worker is plain INA (towards its switch or its copy) and gets the exact sum, also under loss (on the switches
     and, lossy, on what the copies send: single frames and bundles between host members alike)."""
@@ -164,8 +166,8 @@ def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks
         monkeypatch.setattr(HostCopy, "_send", faulty_send)
     rng = np.random.default_rng(len(racks) + 1)
     inputs = [(rng.standard_normal(2000) * 3).astype(np.float32) for _ in racks]
-    with LocalCluster(racks, ina_racks=ina, slots=SLOTS, backend="rina", options=OPTIONS, faults=faults,
-                      seed=5) as cl:
+    with LocalCluster(racks, ina_racks=ina, slots=SLOTS, backend="rina", faults=faults, seed=5,
+                      options=dataclasses.replace(OPTIONS, rina_bundle_frames=bundle_frames)) as cl:
         _install_chains(cl)
 
         def work(agent):
@@ -185,4 +187,4 @@ def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks
     assert partials > 0
     # host members next to each other exchange bundles: fewer datagrams than the payloads they carry
     bundles, payloads = (sum(o[4][k] for o in out) for k in (0, 1))
-    assert 0 < bundles < payloads
+    assert 0 < bundles < payloads if bundle_frames > 1 else 0 < bundles == payloads

@@ -3,7 +3,8 @@
 For each layout (racks x workers per rack) a leaf-spine (every host link ``bw_mbps``, uplinks ``bw_mbps *
 uplink_ratio``; the spine runs the program and routes the chains' packets, ``ina_transit``) runs a ring job
 and a Rina job for each fraction of INA-capable racks; a star of all workers runs single-switch INA as the
-reference. The controller and the agents run with ``--rina-chains``: where every ring member is an INA
+reference. The controller lays Rina jobs out on chains (its default; the grant says so and the agents follow
+it) and sizes each rack's grant to the chains' round trip: where every ring member is an INA
 rack the racks' switches carry the ring (docs/switch.md, "Chains"), and the workers of racks without INA
 join it as host members, each keeping its copy of the chain in its agent (docs/agent.md, "Rina as
 designed"); with no INA rack it is the ring. Every worker checks its result (``--check``). Each point runs
@@ -12,6 +13,7 @@ medians with their spread, and the framed ideal ratios (docs/experiments.md, "Ri
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,10 @@ class RinaConfig:
             them; with host members all of them, sized by hop costs: inaproto.rina_partitions).
         reference: also run single-switch INA on a star of all workers.
         repetitions: runs of every point (each a fresh testbed; one repetition runs every point once).
+        loss: drop probabilities of extra Rina runs (every fraction with an INA rack), injected on every
+            ina-switch (``Faults``); every result still checked exact, resends counted.
+        bundles_ab: also run each mixed fraction (some racks without INA) with bundles off (``ina-agent
+            --rina-bundle-frames 1``: one INA payload per datagram between host members).
     """
 
     layouts: tuple[tuple[int, int], ...] = ((2, 4), (4, 2))
@@ -83,10 +89,15 @@ class RinaConfig:
     slots: int = 8
     reference: bool = True
     repetitions: int = 3
+    loss: tuple[float, ...] = ()
+    bundles_ab: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layouts", checked_layouts(self.layouts))
         object.__setattr__(self, "ina_fractions", tuple(float(f) for f in self.ina_fractions))
+        object.__setattr__(self, "loss", tuple(float(p) for p in self.loss))
+        if any(not 0 < p < 1 for p in self.loss):
+            raise ValueError("loss probabilities must be in (0, 1)")
         if any(not 0 <= f <= 1 for f in self.ina_fractions):
             raise ValueError("ina_fractions must be between 0 and 1")
         if self.elements < 1 or self.iterations < 1 or self.warmup < 0 or self.slots < 1 or self.repetitions < 1:
@@ -124,6 +135,8 @@ class RinaExperiment(Experiment):
         ("--slots", "slots", int, "slots per rack each job asks for"),
         ("--no-reference", "reference", "false", "skip single-switch INA"),
         ("--repetitions", "repetitions", int, "runs of every point (medians with spread)"),
+        ("--loss", "loss", "floats", "drop probabilities of extra Rina runs (ina-switch), e.g. 0.01"),
+        ("--bundles-ab", "bundles_ab", "true", "also run mixed fractions with bundles off (A/B)"),
     )
 
     @classmethod
@@ -140,29 +153,42 @@ class RinaExperiment(Experiment):
         cfg, ctx = self.config, self.ctx
         port = INA_UDP_BASE + 200
         common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
-                  "--check", "--rina-chains")
+                  "--check")
         for racks, per in cfg.layouts:
             n = racks * per
             layout = f"{racks}x{per}"
             hosts = tuple(f"h{i}" for i in range(1, n + 1))
-            runs: list[tuple[str, Any, str, float | None]] = []
+            # (label, topology, backend, INA fraction, injected loss, bundles)
+            runs: list[tuple[str, Any, str, float | None, float, bool]] = []
+
+            def leaf_spine(k: int):
+                return LeafSpineTopo(racks, per, ina_racks=list(range(1, k + 1)), bw=cfg.bw_mbps,
+                                     uplink_bw=cfg.bw_mbps * cfg.uplink_ratio, spine_ina=True)
+
             for frac in cfg.ina_fractions:
                 k = round(frac * racks)
-                topo = LeafSpineTopo(racks, per, ina_racks=list(range(1, k + 1)), bw=cfg.bw_mbps,
-                                     uplink_bw=cfg.bw_mbps * cfg.uplink_ratio, spine_ina=True)
-                runs.append((f"leafspine-{k}ina", topo, "rina", k / racks))
+                runs.append((f"leafspine-{k}ina", leaf_spine(k), "rina", k / racks, 0.0, True))
+                if cfg.bundles_ab and 0 < k < racks:
+                    runs.append((f"leafspine-{k}ina-nobundles", leaf_spine(k), "rina", k / racks, 0.0, False))
             runs.append(("leafspine-ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps,
-                                                         uplink_bw=cfg.bw_mbps * cfg.uplink_ratio), "ring", None))
+                                                         uplink_bw=cfg.bw_mbps * cfg.uplink_ratio), "ring", None, 0.0,
+                         True))
             if cfg.reference:
-                runs.append(("star", StarTopo(n, bw=cfg.bw_mbps), "ina", None))
+                runs.append(("star", StarTopo(n, bw=cfg.bw_mbps), "ina", None, 0.0, True))
+            if ctx.options.switch == "ina-switch":  # BMv2 cannot drop on purpose
+                runs += [(f"leafspine-{round(f * racks)}ina-loss{p:g}", leaf_spine(round(f * racks)), "rina",
+                          round(f * racks) / racks, p, True) for p in cfg.loss for f in cfg.ina_fractions
+                         if round(f * racks) > 0]
             for rep in range(cfg.repetitions):
-                for label, topo, backend, frac in runs:
+                for label, topo, backend, frac, loss, bundles in runs:
                     port += 1
                     ctx.progress(f"{layout} {label} (repetition {rep + 1}/{cfg.repetitions}): {backend}, "
                                  f"{cfg.warmup}+{cfg.iterations} all-reduces")
                     name = f"{layout}-{label}" + (f"-rep{rep + 1}" if cfg.repetitions > 1 else "")
-                    with ctx.testbed(topo, name, controller_args=("--rina-chains",)) as bed:
-                        job = AgentJob(f"rina-{layout}-{label}", hosts, "allreduce", backend=backend, args=common,
+                    opts: dict[str, Any] = {"faults": {"drop": loss, "seed": 23 + rep}} if loss else {}
+                    args = common + (() if bundles else ("--rina-bundle-frames", "1"))
+                    with ctx.testbed(topo, name, switch_opts=opts) as bed:
+                        job = AgentJob(f"rina-{layout}-{label}", hosts, "allreduce", backend=backend, args=args,
                                        requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
                         try:
                             workers = bed.run_jobs([job])[job.name]
@@ -173,7 +199,8 @@ class RinaExperiment(Experiment):
                             continue
                     row = allreduce_row(workers, kind="rina", layout=layout, racks=racks, per_rack=per, run=label,
                                         repetition=rep, backend=backend, ina_fraction=frac, bw_mbps=cfg.bw_mbps,
-                                        uplink_ratio=cfg.uplink_ratio)
+                                        uplink_ratio=cfg.uplink_ratio, loss=loss, bundles=bundles,
+                                        load1=os.getloadavg()[0])
                     ctx.record(row)
                     ctx.progress(f"{layout} {label}: median {row['seconds_median'] * 1e3:.0f} ms, "
                                  f"retransmits {row['retransmits']}, exact {row.get('exact')}")
@@ -198,7 +225,8 @@ class RinaExperiment(Experiment):
                                      "ina_s": ina_s, "ina_spread_s": spread(times(layout, "star")),
                                      "framed_ideal_ina_ratio": framed_ideal_ina_ratio(racks * per), "rina": []}
             for run in sorted({r["run"] for r in ok if r["layout"] == layout and r["backend"] == "rina"},
-                              key=lambda run: -by[(layout, run)][0]["ina_fraction"]):
+                              key=lambda run: (-by[(layout, run)][0]["ina_fraction"], by[(layout, run)][0].get("loss") or 0.0,
+                                 not by[(layout, run)][0].get("bundles", True))):
                 reps = by[(layout, run)]
                 frac = reps[0]["ina_fraction"]
                 k = round(frac * racks)
@@ -209,6 +237,7 @@ class RinaExperiment(Experiment):
                 ratios = [r["seconds_median"] / ring_by_rep[r.get("repetition", 0)] for r in reps
                           if ring_by_rep.get(r.get("repetition", 0))]
                 point["rina"].append({
+                    "run": run, "loss": reps[0].get("loss") or 0.0, "bundles": reps[0].get("bundles", True),
                     "ina_fraction": frac, "seconds": seconds, "spread_s": spread(times(layout, run)),
                     "repetitions": len(reps),
                     "granted_backend": granted[0] if len(granted) == 1 else granted,
@@ -237,7 +266,9 @@ class RinaExperiment(Experiment):
                 lo, hi = r.get("ratio_to_ring_spread") or (None, None)
                 if lo is not None and r.get("repetitions", 1) > 1:
                     ratio += f" ({lo:.2f}-{hi:.2f})"
-                lines.append(f"  Rina {r['ina_fraction']:.0%} INA racks ({granted}): "
+                what = (f", {r['loss']:.0%} loss" if r.get("loss") else "") + ("" if r.get("bundles", True) else
+                                                                                ", no bundles")
+                lines.append(f"  Rina {r['ina_fraction']:.0%} INA racks{what} ({granted}): "
                              f"{r['seconds'] * 1e3:.0f} ms, /ring {ratio} (framed ideal {r['framed_ideal_ratio']:.2f}), "
                              f"retransmits/chunk {r['retransmits_per_chunk']:.3f}, exact {r['exact']}")
         return lines
@@ -257,7 +288,9 @@ class RinaExperiment(Experiment):
                     if lo is not None:  # each repetition's ratio to its own ring run
                         ax.plot([x, x], [lo, hi], color="k", lw=1)
                 ax.plot([x - 0.3, x + 0.3], [r["framed_ideal_ratio"]] * 2, "k--")
-                labels.append(f"{p['layout']}\n{r['ina_fraction']:.0%} INA")
+                labels.append(f"{p['layout']}\n{r['ina_fraction']:.0%} INA" + (f"\n{r['loss']:.0%} loss" if r.get("loss")
+                                                                                else "" if r.get("bundles", True)
+                                                                                else "\nno bundles"))
                 x += 1
             if p.get("ina_s") and p.get("ring_s"):
                 ax.bar(x, p["ina_s"] / p["ring_s"], color=COLORS["ina"], width=0.6)

@@ -1,0 +1,78 @@
+"""controller/chains.py: a Rina job's grant sized to its chains' round trip from the topology's link rates."""
+from __future__ import annotations
+
+import pytest
+
+from controller.chains import CHAIN_HEADROOM, chain_round_trip, chain_slots
+from controller.topology import LinkRate, Topology, TopologyError
+from inaproto import wire
+from tests.unit.test_chains_plan import _job
+
+pytestmark = pytest.mark.unit
+
+FRAME_2M = wire.INA_FRAME_LEN * 8 / 2e6  # one INA frame on a 2 Mbit/s link
+
+
+def _rated_leaf_spine(racks: int, per_rack: int, ina_racks: int, mbps: float = 2.0, uplink: float = 2.0) -> Topology:
+    switches = {"spine": {}}
+    hosts, links = {}, []
+    for r in range(racks):
+        tor = f"tor{r}"
+        switches[tor] = {"ina": r < ina_racks, "switch_ip": f"10.0.{r}.253", "switch_mac": f"02:00:00:00:{r:02x}:fe"}
+        links.append([f"{tor}-p{per_rack + 1}", f"spine-p{r + 1}", "0ms", uplink])
+        for k in range(per_rack):
+            h = f"h{r}{k}"
+            hosts[h] = {"ip": f"10.0.{r}.{k + 1}/16", "mac": f"02:00:00:00:{r:02x}:{k + 1:02x}"}
+            links.append([h, f"{tor}-p{k + 1}", "0ms", mbps])
+    return Topology.from_dict({"switches": switches, "hosts": hosts, "links": links})
+
+
+def test_link_rates_come_from_the_topology_and_bad_ones_are_refused():
+    topo = _rated_leaf_spine(2, 1, 2, uplink=1.0)
+    assert topo.link_rates[frozenset(("tor0", "spine"))] == LinkRate(1.0, 0.0)
+    assert topo.link_rates[frozenset(("h00", "tor0"))] == LinkRate(2.0, 0.0)
+    with pytest.raises(TopologyError, match="bandwidth"):
+        Topology.from_dict({"switches": {"s1": {}}, "hosts": {"h1": {"ip": "10.0.0.1/24", "mac": "02:00:00:00:00:01"}},
+                            "links": [["h1", "s1-p1", "0ms", "fast"]]})
+
+
+def test_two_ina_racks_round_trip_counts_every_link_of_the_chains():
+    topo = _rated_leaf_spine(2, 4, 2)
+    rtt, frame = chain_round_trip(topo, _job(topo, {"tor0": 8, "tor1": 8}))
+    # up and down (2 links), partition of the own rack: its partial round (2 links) and back (2): 4; the other's:
+    # round (2 links), final sum here: 2 ; mean 3 ring links + 2 access links
+    assert frame == pytest.approx(FRAME_2M)
+    assert rtt == pytest.approx(5 * FRAME_2M)
+    need = CHAIN_HEADROOM * 5
+    assert chain_slots(topo, _job(topo, {"tor0": 8, "tor1": 8})) == 16 >= need  # R x 2^k
+
+
+def test_mixed_ring_needs_more_slots_than_the_all_ina_one_and_none_without_rates():
+    topo = _rated_leaf_spine(2, 4, 1)
+    job = _job(topo, {"tor0": 8})
+    rtt, _ = chain_round_trip(topo, job)
+    assert rtt > 10 * FRAME_2M  # 5 members, 12 links a loop
+    assert chain_slots(topo, job) >= CHAIN_HEADROOM * rtt / FRAME_2M
+    bare = Topology.from_dict({"switches": {"tor0": {}, "tor1": {"ina": False}, "spine": {}},
+                               "hosts": {h.name: {"ip": h.ip, "mac": h.mac} for h in topo.hosts.values()},
+                               "links": [[a, b] for a, b in (("tor0-p5", "spine-p1"), ("tor1-p5", "spine-p2"))]
+                               + [[h.name, f"{h.switch}-p{h.port}"] for h in topo.hosts.values()]})
+    assert chain_slots(bare, _job(bare, {"tor0": 8})) is None  # no rates: the request stands
+
+
+def test_no_ring_no_sizing():
+    topo = _rated_leaf_spine(2, 4, 0)
+    assert chain_slots(topo, _job(topo, {})) is None
+
+
+def test_link_delays_lengthen_the_round_trip_not_the_frame_time():
+    topo = Topology.from_dict({
+        "switches": {"s1": {"switch_ip": "10.0.1.254"}, "s2": {"switch_ip": "10.0.2.254"}, "spine": {"ina": False}},
+        "hosts": {f"h{i}": {"ip": f"10.0.{(i + 1) // 2}.{i}/16", "mac": f"02:00:00:00:00:0{i}"} for i in (1, 2, 3, 4)},
+        "links": [["h1", "s1-p1", "5ms", 2.0], ["h2", "s1-p2", "5ms", 2.0], ["s1-p3", "spine-p1", "5ms", 2.0],
+                  ["h3", "s2-p1", "5ms", 2.0], ["h4", "s2-p2", "5ms", 2.0], ["s2-p3", "spine-p2", "5ms", 2.0]]})
+    job = _job(topo, {"s1": 16, "s2": 16})
+    rtt, frame = chain_round_trip(topo, job)
+    assert frame == pytest.approx(FRAME_2M)
+    assert rtt == pytest.approx(5 * (FRAME_2M + 0.005))  # five link crossings on the mean chain, each 5 ms longer
+    assert chain_slots(topo, job) == 2 * 64  # 2 x 28.7 ms / 0.74 ms = 78 -> R x 2^k

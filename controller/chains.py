@@ -14,7 +14,7 @@ import ipaddress
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from controller.path_floor import frame_seconds
 from controller.store import Job
@@ -71,9 +71,21 @@ def job_state(job: Job, switch: str) -> JobEntries:
                        owner_epoch=owner_epoch)
 
 
+def switches_connected(topology: Topology, switches: Iterable[str]) -> bool:
+    """Whether the topology's trunks join every one of ``switches`` (chains need a path between them)."""
+    switches = list(switches)
+    if len(switches) < 2:
+        return True
+    links = {sw: [(nb, port) for port, nb in ports.items()] for sw, ports in topology.trunks.items()}
+    reach = next_hops_towards(links, switches[0])
+    return all(sw in reach for sw in switches[1:])
+
+
 def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
     """The job's Rina ring over ``topology``, or None where no chain is needed or possible (fewer than two
     members, or no INA rack with slots: the plain ring; too few slots for one per partition: the ring too)."""
+    if not switches_connected(topology, job.switches()):
+        return None  # no switch-to-switch path (``--switch`` specs, no trunks): the relay Rina or the ring
     by_id = {w.worker_id: w for w in job.request.workers}
     ring = ring_of(Rack(sw, tuple(w for w, _ in job.workers_on(sw)),
                         (job.range_on(sw).size if job.range_on(sw) else 0), topology.switches[sw].ina)
@@ -163,11 +175,12 @@ def _frame_time(rate: LinkRate | None) -> float:
 
 def chain_round_trip(topology: Topology, job: Job) -> tuple[float, float] | None:
     """(the floor of a worker's mean chain round trip, one frame's serialization on the fastest worker's link), in
-    seconds,
-    for the ring the job's racks make when every INA rack holds slots; None where there is no ring, or the
+    seconds, for the ring the job's racks make when every INA rack holds slots; None where there is no ring, or the
     topology gives no link rates (a chunk to partition p: up to the worker's switch, p's partial from member p+1
     round to member p, p's final sum from there on to the worker's member, down to the worker; the mean over the
-    partitions, the largest over the members)."""
+    partitions, the largest over the members; None too where no trunks join the job's switches)."""
+    if not topology.link_rates or not switches_connected(topology, job.switches()):
+        return None
     at = {(h.switch, h.port): name for name, h in topology.hosts.items()}
     ring = ring_of(Rack(sw, tuple(w for w, _ in job.workers_on(sw)), wire.NUM_SLOTS, topology.switches[sw].ina)
                    for sw in job.switches())

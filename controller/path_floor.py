@@ -41,12 +41,6 @@ def slowest_frame_seconds(rates: Iterable[float | None]) -> float | None:
     return frame_seconds(min(rates))
 
 
-def _uplink_port(topology: Topology, tor: str, root: str) -> int | None:
-    """The ToR's lowest port to the root (the one a tree's partials take, controller/trees.py)."""
-    ports = [p for p, nb in topology.trunks.get(tor, {}).items() if nb == root]
-    return min(ports) if ports else None
-
-
 def path_rtt_floors(topology: Topology, job: Job, root: str | None = None) -> dict[str, float]:
     """Switch -> the path round-trip floor (seconds) of ``job``'s workers aggregated on it: each switch the
     job's workers sit under (``root``: the job aggregates in a tree of those switches under ``root``; None:
@@ -59,8 +53,9 @@ def path_rtt_floors(topology: Topology, job: Job, root: str | None = None) -> di
             if host is not None and topology.switches[sw].ina:
                 floors[sw] = 2 * host
         return floors
+    to_root = {sw: nbs.get(root) for sw, nbs in topology.neighbour_ports().items()}
     uplinks = {sw: slowest_frame_seconds([topology.port_mbps(sw, port)] if port is not None else [None])
-               for sw in hosts for port in [_uplink_port(topology, sw, root)]}
+               for sw in hosts for port in [to_root.get(sw)]}
     every_host, every_uplink = list(hosts.values()), list(uplinks.values())
     if None in every_host or None in every_uplink:
         return floors

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import re
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -103,16 +104,20 @@ class LinkRate:
     delay_s: float = 0.0
 
 
+_DELAY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
 def _link_rate(link: list) -> LinkRate:
-    """A topology link's one-way delay (third item, "2ms") and rate (fourth item, Mbit/s; None where not given)."""
+    """A topology link's one-way delay (third item: "2ms", "100us", "1s" as Mininet's TCLink takes it, or a number of
+    ms) and rate (fourth item, Mbit/s; None where not given)."""
     delay, mbps = (list(link) + [None, None])[2:4]
-    text = str(delay or "0").strip().removesuffix("ms")
+    match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(us|ms|s)?\s*", str(delay or "0"))
     try:
-        delay_s = float(text or 0) / 1e3
-    except (TypeError, ValueError):
-        raise TopologyError(f"link {link!r}: delay {delay!r} is not a number of ms ('2ms')") from None
-    if not delay_s >= 0:
-        raise TopologyError(f"link {link!r}: delay {delay!r} must be >= 0")
+        delay_s = float(match[1]) * _DELAY_UNITS[match[2] or "ms"] if match else float("nan")
+    except ValueError:
+        delay_s = float("nan")
+    if not (math.isfinite(delay_s) and delay_s >= 0):
+        raise TopologyError(f"link {link!r}: delay {delay!r} must be a finite time >= 0 ('2ms', '100us', '1s')")
     if mbps in (None, ""):
         return LinkRate(None, delay_s)
     try:
@@ -220,6 +225,14 @@ class Topology:
         return cls(switches)
 
     # --- queries ------------------------------------------------------------------------------------
+    def neighbour_ports(self) -> dict[str, dict[str, int]]:
+        """switch -> neighbour switch -> the lowest local port to it (the port trees' partials take)."""
+        out: dict[str, dict[str, int]] = {}
+        for sw, ports in self.trunks.items():
+            for port, nb in sorted(ports.items()):
+                out.setdefault(sw, {}).setdefault(nb, port)
+        return out
+
     def port_mbps(self, switch: str, port: int) -> float | None:
         """The rate of the link on ``switch``'s ``port`` in Mbit/s, or None where the topology gives none."""
         return self.link_mbps.get((switch, port))

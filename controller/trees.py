@@ -65,15 +65,6 @@ class TreePlan:
         return next(m for m in self.members if m.switch == switch)
 
 
-def _links(topology: Topology) -> dict[str, dict[str, int]]:
-    """switch -> neighbour -> the lowest local port to it."""
-    out: dict[str, dict[str, int]] = {}
-    for sw, ports in topology.trunks.items():
-        for port, nb in sorted(ports.items()):
-            out.setdefault(sw, {}).setdefault(nb, port)
-    return out
-
-
 def tree_layout(topology: Topology, job: Job) -> TreeLayout | None:
     """The tree a job would aggregate in, or None: fewer than two ToRs, a ToR without the program, or no
     switch with the program and a pool that is linked to every ToR and has none of the job's workers.
@@ -81,7 +72,7 @@ def tree_layout(topology: Topology, job: Job) -> TreeLayout | None:
     tors = tuple(sorted(job.switches()))
     if len(tors) < 2 or not all(topology.switches[t].ina for t in tors):
         return None
-    links = _links(topology)
+    links = topology.neighbour_ports()
     for name in sorted(topology.switches):
         info = topology.switches[name]
         if name in tors or not info.ina or info.pool_size == 0:
@@ -121,7 +112,7 @@ def plan_tree(topology: Topology, job: Job) -> TreePlan | None:
     if len(free) < len(layout.switches):
         return None
     ids = dict(zip(layout.switches, free))
-    links = _links(topology)
+    links = topology.neighbour_ports()
     root_info = topology.switches[layout.root]
     members: list[TreeMember] = []
     states: dict[str, JobEntries] = {}

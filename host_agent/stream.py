@@ -260,15 +260,17 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
     # ------------------------------------------------------------------ control (any thread)
 
     def _path_floor(self, grant: Grant) -> float:
-        """The path round-trip floor under ``grant`` (its plan adopted): the option's override, else the grant's for
-        this worker's switch (0 where the plan has it aggregate in none: the ring); on Rina's chains at least the
-        chains' round trip (the measured minimum crosses idle htb links unshaped: docs/agent.md, "Rina as
-        designed")."""
+        """The path round-trip floor under ``grant`` (its plan adopted): the option's override, else the grant's
+        (0 where the plan has the worker aggregate in no switch: the ring): the floor of this worker's switch, on
+        Rina's chains at least the chains' round trip (the measured minimum crosses idle htb links unshaped:
+        docs/agent.md, "Rina as designed")."""
         floor = self.options.path_rtt_floor
         if floor is None:
-            floor = grant.path_rtt_floor(self.worker_id) if self._plan.rack_of(self.worker_id) else 0.0
-        if grant.chains or self.options.rina_chains:
-            floor = max(floor, grant.chain_rtt_floor)
+            floor = 0.0
+            if self._plan.rack_of(self.worker_id):
+                floor = grant.path_rtt_floor(self.worker_id)
+                if grant.chains or self.options.rina_chains:
+                    floor = max(floor, grant.chain_rtt_floor)
         self.stats.path_rtt_floor_s = floor
         return floor
 

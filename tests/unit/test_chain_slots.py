@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from controller.chains import CHAIN_HEADROOM, chain_round_trip, chain_slots
+from controller.chains import CHAIN_HEADROOM, chain_grant, chain_round_trip, chain_slots, plan_rina, switches_connected
+from controller.memory import SlotRange
+from controller.store import Job
 from controller.topology import LinkRate, Topology, TopologyError
+from inaproto import admission_pb2 as pb
 from inaproto import wire
 from tests.unit.test_chains_plan import _job
 
@@ -76,3 +79,33 @@ def test_link_delays_lengthen_the_round_trip_not_the_frame_time():
     assert frame == pytest.approx(FRAME_2M)
     assert rtt == pytest.approx(5 * (FRAME_2M + 0.005))  # five link crossings on the mean chain, each 5 ms longer
     assert chain_slots(topo, job) == 2 * 64  # 2 x 28.7 ms / 0.74 ms = 78 -> R x 2^k
+
+
+def test_switches_without_trunks_get_no_chains_and_keep_the_relay_rina():
+    """``--switch`` specs give no switch-to-switch links: a Rina job across them has no chains (no crash)."""
+    topo = Topology.from_specs(["name=s1,addr=127.0.0.1:1,device_id=1,rack=r1",
+                                "name=s2,addr=127.0.0.1:2,device_id=2,rack=r2"])
+    req = pb.RegisterJobRequest(name="j")
+    placement = []
+    for wid, (sw, port) in enumerate([("s1", 1), ("s1", 2), ("s2", 1), ("s2", 2)]):
+        req.workers.append(pb.Worker(worker_id=wid, ip=f"10.0.0.{wid + 1}", udp_port=40000 + wid,
+                                     mac=f"02:00:00:00:00:{wid + 1:02x}", host=f"{sw}-p{port}"))
+        placement.append((wid, sw, port))
+    job = Job(1, 1, req, tuple(placement), 0.0, 1, "rina", "", (("s1", SlotRange(0, 8)), ("s2", SlotRange(0, 8))))
+    assert not switches_connected(topo, job.switches())
+    assert plan_rina(topo, job) is None and chain_round_trip(topo, job) is None and chain_slots(topo, job) is None
+    assert chain_grant(topo, job) == (False, 0.0)
+
+
+@pytest.mark.parametrize("delay,seconds", [("2ms", 2e-3), ("100us", 1e-4), ("1s", 1.0), (3, 3e-3), ("", 0.0)])
+def test_link_delays_take_mininets_units(delay, seconds):
+    topo = Topology.from_dict({"switches": {"s1": {}}, "hosts": {"h1": {"ip": "10.0.0.1/24", "mac": "02:00:00:00:00:01"}},
+                               "links": [["h1", "s1-p1", delay, 2.0]]})
+    assert topo.link_rates[frozenset(("h1", "s1"))].delay_s == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("delay", ["inf", "-1ms", "soon", "nan"])
+def test_a_link_delay_that_is_not_a_finite_time_is_refused(delay):
+    with pytest.raises(TopologyError, match="delay"):
+        Topology.from_dict({"switches": {"s1": {}}, "hosts": {"h1": {"ip": "10.0.0.1/24", "mac": "02:00:00:00:00:01"}},
+                            "links": [["h1", "s1-p1", delay, 2.0]]})

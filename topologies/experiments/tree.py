@@ -162,7 +162,8 @@ class TreeExperiment(Experiment):
         bmv2 = ctx.options.switch == "bmv2"
         common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
                   "--check")
-        # the path round trip's floor the grant should carry (Rina: its rack switch path; chains are not sized)
+        # the path round trip's floor the grant should carry (Rina on chains: at least its racks' 2 crossings; the
+        # grant's chain round trip, controller.chains, lies above it)
         tree_floor, star_floor = path_floor_ms(TREE_PATH_LINKS, cfg.bw_mbps), path_floor_ms(2, cfg.bw_mbps)
         for racks, per in cfg.layouts:
             n = racks * per

@@ -33,6 +33,7 @@ import grpc
 from inaproto import admission_pb2 as pb
 from controller.auth import TRUSTED, Authority, Caller, SwitchTls, admin_credential_path, hash_secret
 from controller.barrier import GenerationBarriers
+from controller.chains import chain_grant, chain_slots
 from controller.errors import Refusal
 from controller.memory import allocate_pools, memory_view
 from controller.p4entity import Schema
@@ -42,7 +43,6 @@ from controller.store import Job, Store
 from controller.programming import FIRST_JOB_ID, SwitchProgrammer
 from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import Topology
-from controller.chains import chain_grant, chain_slots
 from controller.trees import TreeLayout, tree_layout, tree_ranges
 from controller.validation import validate_registration
 from inaproto import wire

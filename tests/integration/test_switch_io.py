@@ -45,6 +45,19 @@ def _by_port(frames: list[tuple[int, bytes]]) -> dict[int, list[bytes]]:
     return out
 
 
+def _results(hosts: HostPorts, count: int) -> list[tuple[int, bytes]]:
+    """Every INA result the hosts receive, waiting until at least ``count`` came (then the rest in flight)."""
+    got: list[tuple[int, bytes]] = []
+
+    def enough() -> bool:
+        got.extend((p, f) for p, f in hosts.poll(0.05) if len(f) == wire.INA_FRAME_LEN)
+        return len(got) >= count
+
+    wait_until(enough, 10, message="every result")
+    hosts.drain()
+    return got + [(p, f) for p, f in hosts.pending if len(f) == wire.INA_FRAME_LEN]
+
+
 def _rings_or_skip(sw: SwitchProcess) -> None:
     log = sw.process.log_path.read_text(errors="replace")
     if "packet rings unavailable" in log:
@@ -79,16 +92,7 @@ def test_bursts_give_the_models_frames_on_both_io_paths(net, tmp_path, io):
                    message="the first workers' gradients aggregated")
         for port, f in rounds[-1]:  # one burst: the last worker completes every slot
             hosts.send(port, f)
-        got: list[tuple[int, bytes]] = []
-
-        def all_results() -> bool:
-            got.extend((p, f) for p, f in hosts.poll(0.05) if len(f) == wire.INA_FRAME_LEN)
-            return len(got) >= K * SLOTS
-
-        wait_until(all_results, 10, message="every result")
-        hosts.drain()
-        got += [(p, f) for p, f in hosts.pending if len(f) == wire.INA_FRAME_LEN]
-        assert _by_port(got) == expected
+        assert _by_port(_results(hosts, K * SLOTS)) == expected
         assert client.read_counter("MyEgress.ina_results", JOB) == K * SLOTS
     finally:
         client.close()
@@ -158,16 +162,7 @@ def test_interleaved_rounds_of_every_worker_give_the_models_frames(net, tmp_path
         install_job(client, JOB, make_workers(K), base=0, num_slots=SLOTS)
         for port, f in interleaved:
             hosts.send(port, f)
-        got: list[tuple[int, bytes]] = []
-
-        def all_results() -> bool:
-            got.extend((p, f) for p, f in hosts.poll(0.05) if len(f) == wire.INA_FRAME_LEN)
-            return len(got) >= K * SLOTS
-
-        wait_until(all_results, 10, message="every result")
-        hosts.drain()
-        got += [(p, f) for p, f in hosts.pending if len(f) == wire.INA_FRAME_LEN]
-        assert _by_port(got) == expected
+        assert _by_port(_results(hosts, K * SLOTS)) == expected
         assert client.read_counter("MyIngress.ina_aggregated", JOB) == K * SLOTS
     finally:
         client.close()

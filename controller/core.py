@@ -33,11 +33,10 @@ import grpc
 from inaproto import admission_pb2 as pb
 from controller.auth import TRUSTED, Authority, Caller, SwitchTls, admin_credential_path, hash_secret
 from controller.barrier import GenerationBarriers
-from controller.chains import chain_grant, chain_slots
+from controller.chains import chain_slots
 from controller.errors import Refusal
-from controller.memory import allocate_pools, memory_view
+from controller.memory import allocate_pools
 from controller.p4entity import Schema
-from controller.path_floor import path_rtt_floors
 from controller.policies import POLICIES, AllocationPolicy, JobDemand, SlotRange, make_policy
 from controller.store import Job, Store
 from controller.programming import FIRST_JOB_ID, SwitchProgrammer
@@ -45,33 +44,20 @@ from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import Topology
 from controller.trees import TreeLayout, tree_layout, tree_ranges
 from controller.validation import validate_registration
+from controller.views import job_grant, job_info, memory_map, switch_stats, wire_generation
 from inaproto import wire
-from inaproto.backends import Backend, JobState
-from inaproto.job_entries import (BindingEntry, ChainEntry, JobEntry, TransitEntry, WorkerEntry, job_group,
-                                  split_generation)
+from inaproto.backends import Backend
+from inaproto.job_entries import BindingEntry, ChainEntry, JobEntry, TransitEntry, WorkerEntry
 
 __all__ = ["ControllerOptions", "Refusal", "Controller", "Subscription", "DEFAULT_SCALE"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SCALE = 2.0**16  # fixed point: int32 = round(float32 * scale)
-# Job.generation is a serial (1, 2, ... never reused); agents and packets see its wire generation (bit<16>, cycling
-# 1..65535, 0 never handed out) and the switch's owner tags its epoch too (inaproto.job_entries.split_generation).
-DROP_NAMES = {r.value: r.name.lower() for r in wire.DropReason}
-# Reasons counted per job in ina_job_drops (the others happen before a job is known).
-JOB_DROPS = (wire.DropReason.SLOT_OUT_OF_RANGE, wire.DropReason.FOREIGN_WORKER,
-             wire.DropReason.STALE_GENERATION, wire.DropReason.BAD_MSG_TYPE, wire.DropReason.SPOOFED,
-             wire.DropReason.NOT_RECIPIENT)
-
 
 # Tables whose entries are keyed by job id first: a repair in any of them means the job's state there was not what
 # the database says (controller/programming.py writes them).
 JOB_TABLES = (JobEntry.table, ChainEntry.table, TransitEntry.table, BindingEntry.table, WorkerEntry.table)
-
-
-def wire_generation(job: Job) -> int:
-    """The 16-bit generation of ``job`` that its agents and packets carry."""
-    return split_generation(job.generation)[0]
 
 
 @dataclass(frozen=True)
@@ -461,46 +447,10 @@ class Controller:
     # grants
     # ================================================================================================
     def _grant(self, job: Job) -> pb.JobGrant:
-        g = pb.JobGrant(
-            job_id=job.job_id,
-            generation=wire_generation(job),
-            backend=str(job.backend),
-            scale=self.options.scale,
-            ina_port=wire.INA_UDP_PORT,
-            lanes=wire.LANES,
-            reason=job.reason,
-        )
-        if job.backend == Backend.RINA and self.options.rina_chains:
-            g.chains, g.chain_rtt_floor = chain_grant(self.topology, job)
-        tree_root = [sw for sw, _ in job.ranges if sw not in job.switches()] if job.backend == Backend.TREE else []
-        floors = path_rtt_floors(self.topology, job, tree_root[0] if tree_root else None)
-        for sw in job.switches() + tree_root:  # a tree's root last, with no workers
-            info = self.topology.switches[sw]
-            rng = job.range_on(sw)
-            g.switches.append(
-                pb.SwitchGrant(
-                    switch=sw,
-                    switch_ip=info.switch_ip if info.ina else "",
-                    switch_mac=info.switch_mac if info.ina else "",
-                    base_slot=rng.base if rng else 0,
-                    num_slots=rng.size if rng else 0,
-                    mcast_grp=job_group(job.job_id) if info.ina else 0,
-                    worker_ids=[w for w, _ in job.workers_on(sw)],
-                    rack=info.rack, path_rtt_floor=floors.get(sw, 0.0),
-                )
-            )
-        return g
+        return job_grant(self.topology, job, scale=self.options.scale, rina_chains=self.options.rina_chains)
 
     def _info(self, job: Job) -> pb.JobInfo:
-        return pb.JobInfo(
-            job_id=job.job_id,
-            name=job.request.name,
-            state=str(JobState.RUNNING if job.backend != Backend.RING else JobState.WAITING),
-            grant=self._grant(job),
-            request=job.request,
-            registered_at=job.registered_at,
-            last_heartbeat=self._heartbeats.get(job.job_id, 0.0),
-        )
+        return job_info(job, self._grant(job), self._heartbeats.get(job.job_id, 0.0))
 
     def _job(self, job_id: int) -> Job:
         job = self._jobs.get(job_id)
@@ -643,17 +593,7 @@ class Controller:
 
     def memory(self) -> pb.MemoryMap:
         with self._lock:
-            out = pb.MemoryMap()
-            for sw in self.ina_switches:
-                holdings = {j.job_id: j.range_on(sw) for j in self._jobs.values() if j.range_on(sw) is not None}
-                v = memory_view(self._pool(sw), holdings)
-                m = out.switches.add(
-                    switch=sw, pool_size=v.pool_size, used=v.used, free=v.free, largest_free=v.largest_free,
-                    fragmentation=v.fragmentation,
-                )
-                for base, size, job_id in v.ranges:
-                    m.ranges.add(base=base, size=size, job_id=job_id or 0, free=job_id is None)
-            return out
+            return memory_map({sw: self._pool(sw) for sw in self.ina_switches}, self._jobs.values())
 
     def stats(self, job_id: int = 0, caller: Caller = TRUSTED) -> pb.StatsResponse:
         if not job_id:
@@ -661,32 +601,10 @@ class Controller:
         with self._lock:
             jobs = [self._owned_job(job_id, caller)] if job_id else sorted(self._jobs.values(), key=lambda j: j.job_id)
             switches = dict(self.switches)
-        out = pb.StatsResponse()
         try:
-            for name, sw in switches.items():
-                c = {
-                    n: sw.read_counter(n)
-                    for n in ("MyIngress.ina_aggregated", "MyIngress.ina_duplicates", "MyEgress.ina_results",
-                              "MyIngress.ina_job_drops", "MyIngress.ina_drops")
-                }
-                for reason, value in sorted(c["MyIngress.ina_drops"].items()):
-                    if reason in DROP_NAMES:
-                        out.switch_drops[f"{name}/{DROP_NAMES[reason]}"] = value
-                for job in jobs:
-                    if name not in job.switches():
-                        continue
-                    j = job.job_id
-                    s = out.stats.add(
-                        job_id=j, switch=name,
-                        aggregated=c["MyIngress.ina_aggregated"].get(j, 0),
-                        duplicates=c["MyIngress.ina_duplicates"].get(j, 0),
-                        results=c["MyEgress.ina_results"].get(j, 0),
-                    )
-                    for reason in JOB_DROPS:
-                        s.drops[DROP_NAMES[reason]] = c["MyIngress.ina_job_drops"].get(j * wire.NUM_DROP_REASONS + reason, 0)
+            return switch_stats(switches, jobs)
         except SwitchError as exc:
             raise Refusal(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
-        return out
 
     def policy_info(self) -> pb.PolicyInfo:
         return pb.PolicyInfo(policy=self._policy_name, available=sorted(POLICIES))

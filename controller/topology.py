@@ -137,7 +137,8 @@ class Topology:
     trunks: dict[str, dict[int, str]] = field(default_factory=dict)
     base_dir: Path = field(default_factory=Path)
     manages_forwarding: bool = False  # whether ipv4_lpm is the controller's (a topology was given)
-    # {node, node} (switch or host names) -> rate and delay, where the topology gives them (Rina's chain round trip)
+    # {node, node} (switch or host names) -> rate and delay, where the topology gives them (Rina's chain round trip);
+    # between two switches joined by parallel trunks, the link on the lowest port (the one routes and partials take)
     link_rates: dict[frozenset, LinkRate] = field(default_factory=dict)
     # (switch, port) -> Mbit/s of the link on that port (host links and trunks, both ends): the same links' rates by
     # port, for the path round-trip floor (controller/path_floor.py)
@@ -177,6 +178,7 @@ class Topology:
         topo = cls(switches, base_dir=Path(base_dir), manages_forwarding=True)
         host_docs = doc.get("hosts", {}) or {}
         attach: dict[str, tuple[str, int]] = {}
+        trunk_port: dict[frozenset, int] = {}  # {switch, switch} -> the port (on the lower-named one) of its rate
         for link in doc.get("links", []) or []:
             if not isinstance(link, list) or len(link) < 2:
                 raise TopologyError(f"bad link {link!r}")
@@ -189,7 +191,11 @@ class Topology:
             if pa and pb and pa["switch"] in switches and pb["switch"] in switches:
                 topo.trunks.setdefault(pa["switch"], {})[int(pa["port"])] = pb["switch"]
                 topo.trunks.setdefault(pb["switch"], {})[int(pb["port"])] = pa["switch"]
-                topo.link_rates[frozenset((pa["switch"], pb["switch"]))] = rate
+                key = frozenset((pa["switch"], pb["switch"]))
+                port = int(min((pa, pb), key=lambda m: m["switch"])["port"])
+                if port < trunk_port.get(key, port + 1):  # parallel trunks: the lowest port's (the one routes take)
+                    trunk_port[key] = port
+                    topo.link_rates[key] = rate
                 continue
             for host, port in ((a, pb), (b, pa)):
                 if host in host_docs and port and port["switch"] in switches:

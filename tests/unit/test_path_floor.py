@@ -13,7 +13,7 @@ import pytest
 from controller import cli
 from controller.path_floor import frame_seconds, path_rtt_floors
 from controller.store import Job
-from controller.topology import Topology, TopologyError
+from controller.topology import LinkRate, Topology, TopologyError
 from host_agent.agent import AgentOptions
 from host_agent.grant import Grant
 from host_agent.stream import StreamOptions
@@ -176,3 +176,11 @@ def test_a_worker_on_the_ring_uses_no_floor() -> None:
         cl.fake.path_rtt_floors = {"s1": 0.003}  # granted, but the workers asked for the ring
         out = cl.run(lambda agent: (agent.allreduce(inputs[agent.rank]), agent.stats.path_rtt_floor_s))
         assert all(o[0].tobytes() == quantised_sum(inputs).tobytes() and o[1] == 0.0 for o in out)
+
+
+def test_parallel_trunks_keep_the_rate_of_the_lowest_port_whatever_their_order():
+    for order in (1, -1):
+        links = [["s1-p2", "s2-p2", "1ms", 5.0], ["s1-p1", "s2-p1", "0ms", 1.0]][::order]
+        topo = Topology.from_dict({"switches": {"s1": {}, "s2": {}}, "links": links})
+        assert topo.link_rates[frozenset(("s1", "s2"))] == LinkRate(1.0, 0.0)
+        assert topo.neighbour_ports()["s1"]["s2"] == 1

@@ -50,7 +50,6 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
 from host_agent.agent import Agent, AgentOptions, bind_worker_sockets  # noqa: E402
-from host_agent.fixedpoint import dequantize, quantize  # noqa: E402
 from host_agent.grant import JobSpec, Worker  # noqa: E402
 from host_agent.stream import StreamOptions  # noqa: E402
 from inaproto import admission_pb2 as pb  # noqa: E402

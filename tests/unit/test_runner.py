@@ -365,3 +365,28 @@ def test_list_and_run_help_show_every_experiment_and_its_options():
     out = io.StringIO()
     assert runner.main(["run", "multijob", "--help"], out=out) == 0
     assert "--supply" in out.getvalue() and "--switch" in out.getvalue()
+
+
+def test_run_job_records_a_failed_agent_as_an_error_row_and_goes_on(tmp_path):
+    from topologies.experiments.base import RunContext
+    from topologies.experiments.testbed import AgentFailure
+
+    class Bed:
+        def __init__(self, fail):
+            self.fail, self.kwargs = fail, None
+
+        def run_jobs(self, jobs, **kwargs):
+            self.kwargs = kwargs
+            if self.fail:
+                raise AgentFailure("job-a", "worker 1 exited with status 3")
+            return {job.name: [{"worker": 0}] for job in jobs}
+
+    job = dataclasses.make_dataclass("Job", ["name"])("job-a")
+    ctx = RunContext(FakeExperiment, FakeConfig(), RunOptions(out=str(tmp_path), quiet=True), tmp_path)
+    ok = Bed(False)
+    assert ctx.run_job(ok, job, {"kind": "x"}, register_first=True) == [{"worker": 0}]
+    assert ok.kwargs == {"register_first": True} and not ctx.rows
+    assert ctx.run_job(Bed(True), job, {"kind": "x", "n": 2}, label="n=2") is None
+    [row] = ctx.rows
+    assert set(row) == {"kind", "n", "error"} and row["n"] == 2 and "exited with status 3" in row["error"]
+    assert ctx.store.doc["errors"][0].startswith("n=2: ") and "exited with status 3" in ctx.store.doc["errors"][0]

@@ -145,12 +145,9 @@ class AllreduceExperiment(Experiment):
                                      f"{cfg.elements} float32")
                         job = AgentJob(f"ar-n{n}-{backend}", hosts, "allreduce", backend=backend, args=common,
                                        requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
-                        try:
-                            workers = bed.run_jobs([job])[job.name]
-                        except AgentFailure as exc:
-                            ctx.error(str(exc))
-                            ctx.record({"kind": "allreduce", "workers": n, "backend": backend, "topology": topo_name,
-                                        "error": str(exc)})
+                        workers = ctx.run_job(bed, job, {"kind": "allreduce", "workers": n, "backend": backend,
+                                                         "topology": topo_name})
+                        if workers is None:
                             continue
                         row = allreduce_row(workers, kind="allreduce", workers=n, backend=backend, topology=topo_name,
                                             bw_mbps=cfg.bw_mbps, slots=cfg.slots if backend != "ring" else None)
@@ -177,11 +174,8 @@ class AllreduceExperiment(Experiment):
             for k, slots in enumerate(cfg.slot_sweep):
                 job = AgentJob(f"sweep-s{slots}", hosts, "allreduce", backend="ina", args=args, requested_slots=slots,
                                udp_port=port + k)
-                try:
-                    workers = bed.run_jobs([job])[job.name]
-                except AgentFailure as exc:
-                    ctx.error(str(exc))
-                    ctx.record({"kind": "slots", "workers": n, "slots": slots, "error": str(exc)})
+                workers = ctx.run_job(bed, job, {"kind": "slots", "workers": n, "slots": slots})
+                if workers is None:
                     continue
                 row = allreduce_row(workers, kind="slots", workers=n, backend="ina", topology="star", bw_mbps=cfg.bw_mbps,
                                     slots=slots, rtt_ms=cfg.rtt_ms)

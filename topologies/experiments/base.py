@@ -240,6 +240,19 @@ class RunContext:
         self.store.save()
         self.progress(f"FAILED: {text}")
 
+    def run_job(self, bed: Any, job: Any, failed: Mapping[str, Any], *, label: str = "", **kwargs: Any) -> list[dict] | None:
+        """The results of ``job``'s workers on ``bed`` (``Testbed.run_jobs``, ``kwargs`` passed on), or None when an
+        agent failed: the error is then noted (after ``label``) and ``failed`` recorded with it, and the experiment
+        goes on with its next run."""
+        from topologies.experiments.testbed import AgentFailure
+
+        try:
+            return bed.run_jobs([job], **kwargs)[job.name]
+        except AgentFailure as exc:
+            self.error(f"{label}: {exc}" if label else str(exc))
+            self.record({**failed, "error": str(exc)})
+            return None
+
     def lingered(self, worker: str) -> None:
         """Note an agent that wrote its results but had to be stopped (the runner's fallback fired)."""
         self.store.doc["stopped_after_results"].append(worker)

@@ -25,7 +25,7 @@ from typing import Any
 from topologies.experiments import register
 from topologies.experiments.base import Experiment
 from topologies.experiments.hetero_summary import MODES, report, summarize, train_row
-from topologies.experiments.testbed import AgentFailure, AgentJob
+from topologies.experiments.testbed import AgentJob
 
 __all__ = ["HeteroConfig", "HeteroExperiment", "Scenario", "scenarios", "straggler_schedule", "train_row"]
 
@@ -229,11 +229,8 @@ class HeteroExperiment(Experiment):
                  "seed": seed, "ratio": sc.ratio, "speeds": list(sc.speeds)}
         if sc.compute == "torch":
             ident["device_slowdown"] = cfg.torch_device_slowdown
-        try:
-            results = bed.run_jobs([job])[job.name]
-        except AgentFailure as exc:
-            ctx.error(f"{sc.name} {sc.backend} {mode} seed {seed}: {exc}")
-            ctx.record({"kind": "train", **ident, "error": str(exc)})
+        results = ctx.run_job(bed, job, {"kind": "train", **ident}, label=f"{sc.name} {sc.backend} {mode} seed {seed}")
+        if results is None:
             return
         row = train_row(results, global_batch=cfg.global_batch, per_sample_s=cfg.per_sample_ms / 1e3, **ident)
         ctx.record(row)

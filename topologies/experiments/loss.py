@@ -15,7 +15,7 @@ from pathlib import Path
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots
 from topologies.experiments.base import Experiment
-from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
+from topologies.experiments.testbed import INA_UDP_BASE, AgentJob
 
 
 GOODPUT_TARGETS = ((0.01, 0.90), (0.05, 0.70))  # (loss, share of lossless goodput), every result exact
@@ -103,11 +103,9 @@ class LossExperiment(Experiment):
             with ctx.testbed(StarTopo(cfg.workers, bw=cfg.bw_mbps, rtt_ms=cfg.rtt_ms), f"loss{p * 100:g}-{backend}", switch_opts=opts) as bed:
                 job = AgentJob(f"loss-{k}", hosts, "allreduce", backend=backend, args=args,
                                requested_slots=cfg.slots if backend == "ina" else None, udp_port=INA_UDP_BASE + k)
-                try:
-                    workers = bed.run_jobs([job])[job.name]
-                except AgentFailure as exc:
-                    ctx.error(f"loss {p:.1%} {backend}: {exc}")
-                    ctx.record({"kind": "loss", "loss": p, "backend": backend, "error": str(exc)})
+                workers = ctx.run_job(bed, job, {"kind": "loss", "loss": p, "backend": backend},
+                                      label=f"loss {p:.1%} {backend}")
+                if workers is None:
                     continue
             row = allreduce_row(workers, kind="loss", loss=p, backend=backend, workers=cfg.workers, bw_mbps=cfg.bw_mbps,
                                 slots=cfg.slots if backend == "ina" else None)

@@ -23,7 +23,7 @@ from inaproto.rina_partitions import hop_loads, partition_sizes
 from topologies.experiments import register
 from topologies.experiments.aggregate import TCP_PAYLOAD, allreduce_row, group_by, median, spread
 from topologies.experiments.base import Experiment
-from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
+from topologies.experiments.testbed import INA_UDP_BASE, AgentJob
 
 INA_SHARE = wire.INA_DATA_LEN / wire.INA_FRAME_LEN  # 128 / 184
 TCP_SHARE = TCP_PAYLOAD / 1514
@@ -190,12 +190,9 @@ class RinaExperiment(Experiment):
                     with ctx.testbed(topo, name, switch_opts=opts) as bed:
                         job = AgentJob(f"rina-{layout}-{label}", hosts, "allreduce", backend=backend, args=args,
                                        requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
-                        try:
-                            workers = bed.run_jobs([job])[job.name]
-                        except AgentFailure as exc:
-                            ctx.error(str(exc))
-                            ctx.record({"kind": "rina", "layout": layout, "run": label, "repetition": rep,
-                                        "error": str(exc)})
+                        workers = ctx.run_job(bed, job, {"kind": "rina", "layout": layout, "run": label,
+                                                         "repetition": rep})
+                        if workers is None:
                             continue
                     row = allreduce_row(workers, kind="rina", layout=layout, racks=racks, per_rack=per, run=label,
                                         repetition=rep, backend=backend, ina_fraction=frac, bw_mbps=cfg.bw_mbps,

@@ -34,7 +34,7 @@ from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.base import Experiment
 from topologies.experiments.rina import checked_layouts, parse_layouts
-from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
+from topologies.experiments.testbed import INA_UDP_BASE, AgentJob
 
 __all__ = ["TreeConfig", "TreeExperiment", "framed_partial_bytes", "granted_floor_ms", "ina_bytes", "path_floor_ms",
            "tree_bdp_frames"]
@@ -201,12 +201,10 @@ class TreeExperiment(Experiment):
                                    args=common + agent_args,
                                    requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
                     granted: list[str] = []  # the controller's grant (agents report their plan: ina for a tree)
-                    try:
-                        workers = bed.run_jobs([job], register_first=True, on_admitted=lambda: granted.extend(
-                            j["grant"]["backend"] for j in bed.controller_state().get("jobs", [])))[job.name]
-                    except AgentFailure as exc:
-                        ctx.error(str(exc))
-                        ctx.record({"kind": "tree", "layout": layout, "run": label, "rep": rep, "error": str(exc)})
+                    workers = ctx.run_job(bed, job, {"kind": "tree", "layout": layout, "run": label, "rep": rep},
+                                          register_first=True, on_admitted=lambda: granted.extend(
+                                              j["grant"]["backend"] for j in bed.controller_state().get("jobs", [])))
+                    if workers is None:
                         continue
                     run_dir = bed.run_dir
                 row = allreduce_row(workers, kind="tree", layout=layout, racks=racks, per_rack=per, run=label,

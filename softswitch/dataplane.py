@@ -242,7 +242,6 @@ class DataPlane(RingsLoop):
             ep.register(sock.fileno(), select.EPOLLIN)
             recvs[sock.fileno()] = (port, sock.recv, self._ignores_outgoing[port], sock)
         ep.register(self._wake, select.EPOLLIN)
-        wake_fd = self._wake
         timer_fd = self._open_timer(ep)
         sends = {port: sock.send for port, sock in self._sockets.items()}
         self._sends = sends
@@ -269,16 +268,7 @@ class DataPlane(RingsLoop):
                     self._release_held(outq, fast)
                     continue
                 for fd, _ev in events:
-                    if fd == wake_fd:
-                        try:
-                            os.eventfd_read(wake_fd)
-                        except BlockingIOError:
-                            pass
-                        while self._packet_outs:
-                            self._packet_out(self._packet_outs.popleft())
-                        continue
-                    if fd == timer_fd:
-                        self._timer.clear()
+                    if self._control_event(fd, timer_fd):
                         continue
                     port, recv, ignores_outgoing, sock = recvs[fd]
                     stats = port_stats[port]
@@ -321,6 +311,22 @@ class DataPlane(RingsLoop):
             ep.close()
             self._close_timer()
             self._flush_pcaps()
+
+    def _control_event(self, fd: int, timer_fd: int) -> bool:
+        """Serve a wake-up that is not a port's: packet-outs queued (the eventfd) or the link-delay timer.
+        False for a port's socket."""
+        if fd == self._wake:
+            try:
+                os.eventfd_read(fd)
+            except BlockingIOError:
+                pass
+            while self._packet_outs:
+                self._packet_out(self._packet_outs.popleft())
+            return True
+        if fd == timer_fd:
+            self._timer.clear()
+            return True
+        return False
 
     # --- held frames: link delay and fault reordering ---------------------------------------------
     def _open_timer(self, ep: select.epoll) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import select
 import time
 
@@ -37,7 +36,6 @@ class RingsLoop:
             ep.register(sock.fileno(), select.EPOLLIN)
             receivers.append((port, self._rings[port].receive_batch))
         ep.register(self._wake, select.EPOLLIN)
-        wake_fd = self._wake
         timer_fd = self._open_timer(ep)
         sends = {port: ring.send for port, ring in self._rings.items()}
         self._sends = sends
@@ -66,16 +64,7 @@ class RingsLoop:
                     continue
                 ring_event = False
                 for fd, _ev in events:
-                    if fd == wake_fd:
-                        try:
-                            os.eventfd_read(wake_fd)
-                        except BlockingIOError:
-                            pass
-                        while self._packet_outs:
-                            self._packet_out(self._packet_outs.popleft())
-                        continue
-                    if fd == timer_fd:
-                        self._timer.clear()
+                    if self._control_event(fd, timer_fd):
                         continue
                     ring_event = True
                 if ring_event:

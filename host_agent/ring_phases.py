@@ -15,6 +15,7 @@ import numpy as np
 from host_agent.chunks import LANES, Segment
 from host_agent.errors import AgentError, Interrupted, JobReleased
 from host_agent.ring import RingAllReduce, RingError, RingStep, TcpRingLink
+from host_agent.ring_pieces import WHOLE_CHUNKS
 
 __all__ = ["RingPhases"]
 
@@ -62,7 +63,8 @@ class RingPhases:
         try:
             self._check_interrupt()
             link = TcpRingLink(rank, peers, self._listener.dup(), timeout=self.options.op_timeout,
-                               connect_timeout=self.options.connect_timeout)
+                               connect_timeout=self.options.connect_timeout,
+                               piece_bytes=self.options.ring_piece_bytes or WHOLE_CHUNKS)
             ring = RingAllReduce.over(_PacedLink(link, self.options.link_bps) if self.options.link_bps else link)
         except (RingError, OSError) as exc:
             failed = exc

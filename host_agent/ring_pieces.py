@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MAX_PIECES", "PIECE_BYTES", "PieceStream", "RingStep", "chunk_bounds", "describe_tag", "frame_mismatch",
+__all__ = ["MAX_PIECES", "PIECE_BYTES", "WHOLE_CHUNKS", "PieceStream", "RingStep", "chunk_bounds", "describe_tag", "frame_mismatch",
            "piece_bounds", "step_tag"]
 
 # Every chunk message: magic, 16-byte tag (call, step, dtype, length), payload bytes.
@@ -28,6 +28,7 @@ _TAG = struct.Struct("!IH2sQ")  # a step's tag: call, step, dtype code, length
 # behind the rest of the step, large enough that Python handles few of them at high rates.
 PIECE_BYTES = 4096
 MAX_PIECES = 64
+WHOLE_CHUNKS = 1 << 62  # a piece size no chunk reaches: one piece per chunk, each step waits for the last
 
 
 @dataclass(frozen=True)

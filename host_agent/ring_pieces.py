@@ -76,36 +76,39 @@ class PieceStream:
 
     Sends: per step a header and the ``send`` pieces; piece j of step s becomes ready when received
     piece j of step s-1 is complete (and added), and ready bytes queue in stream order (``pending``).
-    Receives: per step a header and the ``recv`` pieces, filled in order (``receive_buffer``); a
-    completed piece is added into the step's ``reduce`` before the sends it releases.
+    Receives: per step a header, then the step's ``recv`` chunk, filled in order (``receive_buffer``
+    spans the rest of the chunk, so a transport reads as much as it has at once); each piece it
+    completes is added into the step's ``reduce`` before the sends it releases.
     """
 
     def __init__(self, steps: Sequence[RingStep], piece_bytes: int) -> None:
         self._steps = steps
-        self._sends: list[tuple[int, memoryview]] = []  # (receive items needed first, bytes), stream order
-        self._recvs: list[tuple[int, tuple[int, int] | None, memoryview]] = []  # (step, piece or None: header, bytes)
-        prev: list[int] = []  # receive item of each piece of the step before
+        self._sends: list[tuple[int, memoryview]] = []  # (received pieces needed first, bytes), stream order
+        self._piece_ends: list[list[tuple[int, int]]] = []  # per step: the recv chunk's pieces (elements)
+        first = 0  # index, over the whole op, of the step before's first received piece
         for s, step in enumerate(steps):
             if s and step.send.size != steps[s - 1].recv.size:
                 raise ValueError(f"ring step {s} sends {step.send.size} elements, step {s - 1} received {steps[s - 1].recv.size}")
             self._sends.append((-1, memoryview(_FRAME.pack(_FRAME_MAGIC, step.tag, step.send.nbytes))))
             for j, (lo, hi) in enumerate(_pieces(step.send, piece_bytes)):
                 if hi > lo:
-                    self._sends.append((prev[j] if s else -1, _as_bytes(step.send[lo:hi])))
-            self._recvs.append((s, None, memoryview(bytearray(_FRAME.size))))
-            prev = []
-            for lo, hi in _pieces(step.recv, piece_bytes):
-                prev.append(len(self._recvs))
-                self._recvs.append((s, (lo, hi), _as_bytes(step.recv[lo:hi])))
+                    self._sends.append((first + j if s else -1, _as_bytes(step.send[lo:hi])))
+            if s:
+                first += len(self._piece_ends[-1])
+            self._piece_ends.append(_pieces(step.recv, piece_bytes))
         self.pending: deque[memoryview] = deque()
         self._next_send = 0
-        self._done = 0  # receive items complete
-        self._offset = 0  # bytes of the current receive item filled
+        self._step = 0  # the step being received
+        self._header: memoryview | None = memoryview(bytearray(_FRAME.size))  # None: in the step's chunk
+        self._chunk = _as_bytes(steps[0].recv) if steps else memoryview(b"")
+        self._offset = 0  # bytes of the header or chunk filled
+        self._piece = 0  # the step's next piece to complete
+        self._done = 0  # pieces complete over the whole op
         self._release()
 
     @property
     def receiving(self) -> bool:
-        return self._done < len(self._recvs)
+        return self._step < len(self._steps)
 
     @property
     def finished(self) -> bool:
@@ -113,8 +116,8 @@ class PieceStream:
 
     @property
     def receive_buffer(self) -> memoryview:
-        """Where the next received bytes go: the rest of the current item."""
-        return self._recvs[self._done][2][self._offset :]
+        """Where the next received bytes go: the rest of the step's header, or of its chunk."""
+        return (self._header if self._header is not None else self._chunk)[self._offset :]
 
     def sent(self, nbytes: int) -> None:
         """``nbytes`` of ``pending`` went to the transport."""
@@ -129,28 +132,34 @@ class PieceStream:
     def received(self, nbytes: int) -> tuple[bytes, bytes, int] | None:
         """``nbytes`` were written into ``receive_buffer``; a completed header comes back as (header, tag, length) to check."""
         self._offset += nbytes
-        step, piece, view = self._recvs[self._done]
-        if self._offset < view.nbytes:
-            return None
-        self._complete()
-        if piece is None:
-            return bytes(view), self._steps[step].tag, self._steps[step].recv.nbytes
+        if self._header is not None:
+            if self._offset < self._header.nbytes:
+                return None
+            step = self._steps[self._step]
+            checked = bytes(self._header), step.tag, step.recv.nbytes
+            self._header, self._offset = None, 0
+            self._complete_pieces()  # an empty chunk is complete at once
+            return checked
+        self._complete_pieces()
         return None
 
-    def _complete(self) -> None:
-        step, piece, _ = self._recvs[self._done]
-        into = self._steps[step].reduce
-        if piece is not None and into is not None:
-            lo, hi = piece
-            np.add(self._steps[step].recv[lo:hi], into[lo:hi], out=into[lo:hi])
-        self._done += 1
-        self._offset = 0
+    def _complete_pieces(self) -> None:
+        step, pieces = self._steps[self._step], self._piece_ends[self._step]
+        filled = self._offset // step.recv.itemsize
+        while self._piece < len(pieces) and pieces[self._piece][1] <= filled:
+            lo, hi = pieces[self._piece]
+            if step.reduce is not None:
+                np.add(step.recv[lo:hi], step.reduce[lo:hi], out=step.reduce[lo:hi])
+            self._piece += 1
+            self._done += 1
+        if self._piece == len(pieces):
+            self._step += 1
+            self._header, self._offset, self._piece = memoryview(bytearray(_FRAME.size)), 0, 0
+            if self.receiving:
+                self._chunk = _as_bytes(self._steps[self._step].recv)
         self._release()
 
     def _release(self) -> None:
-        if self.receiving and self._recvs[self._done][1] is not None and not self._recvs[self._done][2].nbytes:
-            self._complete()  # an empty piece (an empty chunk) is complete at once; that call releases
-            return
         while self._next_send < len(self._sends) and self._sends[self._next_send][0] < self._done:
             self.pending.append(self._sends[self._next_send][1])
             self._next_send += 1

@@ -36,7 +36,6 @@ from host_agent.ring_pieces import (
     PieceStream,
     RingStep,
     chunk_bounds,
-    describe_tag,
     frame_mismatch,
     piece_bounds,
     step_tag,

@@ -27,6 +27,7 @@ import numpy as np
 
 from host_agent.grant import JobSpec, parse_workers
 from host_agent.flight import QueryMode
+from host_agent.ring_pieces import PIECE_BYTES
 from host_agent.stream import StreamOptions
 from host_agent.compute import SpeedSchedule
 from host_agent.train import ALLOCATIONS, ComputeMode, CostModel, TrainConfig
@@ -37,6 +38,17 @@ from inaproto.cli import Parser, UsageError
 PROG = "ina-agent"
 QUERIES_ENV = "INA_AGENT_QUERIES"  # default of --queries: lets ina-exp runs compare the loss recovery
 IO_ENV = "INA_AGENT_IO"  # default of --io: lets a launcher (ina-exp) force per-packet I/O on every agent
+RING_PIECES_ENV = "INA_RING_PIECE_BYTES"  # default of --ring-piece-bytes: lets ina-exp runs compare the ring's pipelining
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -114,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                        default=os.environ.get(QUERIES_ENV, QueryMode.OFF.value),
                        help="when loss found early is asked of the switch (QUERY) instead of resending the gradient: "
                             f"never, after a resend, or first (default: ${QUERIES_ENV}, else off; docs/agent.md, 'Queries')")
+        p.add_argument("--ring-piece-bytes", type=_nonneg_int, default=os.environ.get(RING_PIECES_ENV, str(PIECE_BYTES)),
+                       metavar="B", help="pieces ring steps are pipelined by, bytes (0: whole chunks, unpipelined; "
+                                         f"default: ${RING_PIECES_ENV}, else {PIECE_BYTES}; docs/agent.md, 'Ring')")
         p.add_argument("--rina-chains", action="store_true",
                        help="follow Rina grants as chains across switches even where the grant does not say so "
                             "(the controller's grant says so by default: docs/agent.md, \"Rina as designed\")")
@@ -232,7 +247,8 @@ def _open_agent(args: argparse.Namespace, spec: JobSpec):
                                                io=IoMode(args.io), rina_chains=args.rina_chains,
                                                path_rtt_floor=None if args.path_rtt_floor_ms is None
                                                else args.path_rtt_floor_ms / 1e3,
-                                               queries=QueryMode(args.queries)),
+                                               queries=QueryMode(args.queries),
+                                               ring_piece_bytes=args.ring_piece_bytes),
                         rendezvous_timeout=args.timeout, controller_retry=args.controller_retry,
                         **({"rina_bundle_frames": args.rina_bundle_frames} if args.rina_bundle_frames else {}))
     return Agent(spec, args.worker_id, controller=args.controller, job_id=args.job_id, options=opts)

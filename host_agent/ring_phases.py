@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 from host_agent.chunks import LANES, Segment
 from host_agent.errors import AgentError, Interrupted, JobReleased
-from host_agent.ring import RingAllReduce, RingError, TcpRingLink
+from host_agent.ring import RingAllReduce, RingError, RingStep, TcpRingLink
+from host_agent.ring_pieces import WHOLE_CHUNKS
 
 __all__ = ["RingPhases"]
 
@@ -22,7 +24,9 @@ _BOUND_LIMIT = 1 << (31 - _BOUND_SHIFT)
 
 
 class _PacedLink:
-    """A ring link whose every step lasts at least its bytes on the wire over ``bps`` (link emulation)."""
+    """A ring link whose every op lasts at least its bytes on the wire over ``bps`` (link emulation).
+
+    Steps are pipelined, so the op (not each step) is paced: its steps' larger side each, plus a header."""
 
     FRAMING = 1514 / 1448  # Ethernet + IPv4 + TCP (timestamps) headers per full segment
 
@@ -30,10 +34,11 @@ class _PacedLink:
         self.link, self.bps = link, bps
         self.rank, self.size = link.rank, link.size
 
-    def exchange(self, send: memoryview, recv: memoryview, tag: bytes) -> None:
+    def run(self, steps: Sequence[RingStep]) -> None:
         start = time.monotonic()
-        self.link.exchange(send, recv, tag)
-        left = start + (max(send.nbytes, recv.nbytes) + 40) * self.FRAMING * 8 / self.bps - time.monotonic()
+        self.link.run(steps)
+        nbytes = sum(max(s.send.nbytes, s.recv.nbytes) + 40 for s in steps)
+        left = start + nbytes * self.FRAMING * 8 / self.bps - time.monotonic()
         if left > 0:
             time.sleep(left)
 
@@ -58,7 +63,8 @@ class RingPhases:
         try:
             self._check_interrupt()
             link = TcpRingLink(rank, peers, self._listener.dup(), timeout=self.options.op_timeout,
-                               connect_timeout=self.options.connect_timeout)
+                               connect_timeout=self.options.connect_timeout,
+                               piece_bytes=self.options.ring_piece_bytes or WHOLE_CHUNKS)
             ring = RingAllReduce.over(_PacedLink(link, self.options.link_bps) if self.options.link_bps else link)
         except (RingError, OSError) as exc:
             failed = exc

@@ -39,6 +39,7 @@ from host_agent.grant import Grant, Plan, Worker, plan_for
 from host_agent.ina_window import InaPhase, WindowMode
 from host_agent.rina import RinaPhases
 from host_agent.ring import RingAllReduce
+from host_agent.ring_pieces import PIECE_BYTES
 from host_agent.ring_phases import RingPhases
 from host_agent.rtt import RttEstimator
 from host_agent.udp_io import DatagramIo, IoMode
@@ -83,6 +84,8 @@ class StreamOptions:
             say so (``Grant.chains``: the controller's layout, which the agent follows anyway); on chains each
             worker is plain INA towards its rack's switch or its own copy (docs/agent.md, "Rina as designed"),
             and its path round trip never goes below the grant's ``chain_rtt_floor``.
+        ring_piece_bytes: the pieces ring steps are pipelined by (``host_agent.ring_pieces``; 0: whole
+            chunks, every step waiting for the whole step before it, as before session 8).
     """
 
     op_timeout: float = 60.0
@@ -98,6 +101,7 @@ class StreamOptions:
     io: IoMode = IoMode.PER_PACKET  # batched is opt-in until it helps the experiments (docs/agent.md, I/O)
     rina_chains: bool = False  # Rina jobs run as chains across switches (host_agent.grant.plan_for)
     path_rtt_floor: float | None = None
+    ring_piece_bytes: int = PIECE_BYTES
     queries: QueryMode = QueryMode.OFF  # measured no gain yet (experiment 4, session 6); when RACK asks the switch instead of resending (docs/agent.md, "Queries")
 
     def __post_init__(self) -> None:
@@ -114,6 +118,8 @@ class StreamOptions:
             raise ValueError(f"path_rtt_floor must be >= 0, got {self.path_rtt_floor!r}")
         if not self.link_bps >= 0:
             raise ValueError(f"link_bps must be >= 0, got {self.link_bps!r}")
+        if self.ring_piece_bytes < 0:
+            raise ValueError(f"ring_piece_bytes must be >= 0, got {self.ring_piece_bytes!r}")
         if not self.rto_min <= self.rto_initial <= self.rto_max:
             raise ValueError("need rto_min <= rto_initial <= rto_max")
         if self.initial_window < 1:

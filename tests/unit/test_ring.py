@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import threading
 import time
@@ -11,12 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from host_agent.ring_pieces import PieceStream
 from host_agent.ring import (
+    MAX_PIECES,
+    QueueRingLink,
     RingAllReduce,
     RingError,
     RingTimeoutError,
     chunk_bounds,
     local_queue_links,
+    piece_bounds,
+    ring_allreduce,
     ring_time_model,
     run_local_ring,
 )
@@ -313,3 +319,113 @@ def test_ring_time_model() -> None:
     assert ring_time_model(4, 1e6, 1e6, 1e-3) == pytest.approx(1.5 + 0.006)
     with pytest.raises(ValueError):
         ring_time_model(2, 1.0, 0.0, 0.0)
+
+
+# --------------------------------------------------------------------------- pipelined steps (pieces)
+
+
+def test_piece_bounds_cut_chunks_into_pieces_of_about_piece_bytes() -> None:
+    assert piece_bounds(0, 4) == (0, 0)
+    assert piece_bounds(1000, 4) == (0, 1000)  # under PIECE_BYTES: one piece
+    assert piece_bounds(8192, 4) == chunk_bounds(8192, 8)
+    assert len(piece_bounds(10**7, 4)) == MAX_PIECES + 1
+    assert piece_bounds(7, 4, piece_bytes=4) == tuple(range(8))
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+@pytest.mark.parametrize("piece_bytes", [4, 12])
+def test_tcp_ring_with_small_pieces_is_exact_for_odd_sizes(n: int, piece_bytes: int, no_leaks) -> None:
+    """Pieces of one to three elements: the pipelining's bookkeeping on every chunk and step boundary."""
+    cases = [inputs(n, length, seed=2) for length in (0, 1, n - 1, n + 1, 97, 1001)]
+
+    def work(ring: RingAllReduce) -> list[np.ndarray]:
+        return [x for ints, floats in cases for x in (ring.allreduce(ints[ring.rank]), ring.allreduce(floats[ring.rank]))]
+
+    results = run_local_ring(n, work, timeout=10, piece_bytes=piece_bytes)
+    for i, (ints, floats) in enumerate(cases):
+        for rank in range(n):
+            np.testing.assert_array_equal(results[rank][2 * i], exact_int32_sum(ints))
+            assert results[rank][2 * i + 1].tobytes() == ring_order_sum(floats).tobytes()
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 8), length=st.integers(0, 60), piece_bytes=st.sampled_from([4, 8, 20, 4096]),
+       seed=st.integers(0, 2**16))
+def test_queue_transport_with_pieces_matches_reference(n: int, length: int, piece_bytes: int, seed: int) -> None:
+    ints, floats = inputs(n, length, seed)
+    rings = [RingAllReduce.over(link) for link in local_queue_links(n, timeout=5, piece_bytes=piece_bytes)]
+    results: list = [None] * n
+
+    def member(rank: int) -> None:
+        results[rank] = (rings[rank].allreduce(ints[rank]), rings[rank].allreduce(floats[rank]))
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for got_int, got_float in results:
+        np.testing.assert_array_equal(got_int, exact_int32_sum(ints))
+        assert got_float.tobytes() == ring_order_sum(floats).tobytes()
+
+
+def test_members_may_cut_pieces_differently() -> None:
+    """Pieces are local: the wire carries each step's header and chunk bytes whatever the pieces."""
+    n, length = 4, 1003
+    ints, _ = inputs(n, length, seed=3)
+    links = [QueueRingLink(r, inboxes, 5, piece_bytes=4 * (r + 1) ** 3)
+             for inboxes in [[queue.Queue() for _ in range(n)]] for r in range(n)]
+    results: list = [None] * n
+
+    def member(rank: int) -> None:
+        results[rank] = RingAllReduce.over(links[rank]).allreduce(ints[rank])
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for got in results:
+        np.testing.assert_array_equal(got, exact_int32_sum(ints))
+
+
+def test_piece_j_of_a_step_waits_for_piece_j_of_the_step_before() -> None:
+    """A member sends the next step's piece as soon as the matching piece arrived, not the whole step."""
+    recorded: list[tuple[str, int]] = []
+
+    class Recorder:
+        rank, size = 0, 2
+
+        def run(self, steps):
+            stream = PieceStream(steps, piece_bytes=4)
+            # step 0's header and 3 pieces, and step 1's header, are ready at once; step 1's pieces wait
+            assert [b.nbytes for b in stream.pending] == [28, 4, 4, 4, 28]
+            stream.sent(40 + 28)
+            stream.received(28)  # step 0's header
+            stream.receive_buffer[:4] = np.int32(5).tobytes()
+            stream.received(4)  # step 0, piece 0 arrives (and is added): step 1's piece 0 may leave
+            assert [bytes(b) for b in stream.pending] == [np.int32(5 + 3).tobytes()]
+            recorded.append(("after one piece", sum(b.nbytes for b in stream.pending)))
+            raise RingError("stop here")
+
+        def close(self):
+            pass
+
+    with pytest.raises(RingError, match="stop here"):
+        ring_allreduce(np.arange(6, dtype=np.int32), Recorder())
+    assert recorded == [("after one piece", 4)]
+
+
+def test_agent_option_ring_piece_bytes(monkeypatch) -> None:
+    """``--ring-piece-bytes`` (default from $INA_RING_PIECE_BYTES) reaches the stream's options; 0 is whole chunks."""
+    from host_agent.cli import RING_PIECES_ENV, build_parser
+    from inaproto.cli import UsageError
+    from host_agent.ring_pieces import PIECE_BYTES
+
+    base = ["allreduce", "--workers", "127.0.0.1:5000,127.0.0.1:5001", "--worker-id", "0"]
+    monkeypatch.delenv(RING_PIECES_ENV, raising=False)
+    assert build_parser().parse_args(base).ring_piece_bytes == PIECE_BYTES
+    monkeypatch.setenv(RING_PIECES_ENV, "0")
+    assert build_parser().parse_args(base).ring_piece_bytes == 0
+    with pytest.raises(UsageError, match="ring-piece-bytes"):
+        build_parser().parse_args([*base, "--ring-piece-bytes", "-1"])

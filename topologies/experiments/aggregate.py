@@ -13,7 +13,10 @@ from inaproto import wire
 
 __all__ = [
     "ETH_TCP_FRAME",
+    "RING_WIRE_PER_SEGMENT",
+    "TCP_ACK_FRAME",
     "TCP_PAYLOAD",
+    "TCP_SEGMENTS_PER_ACK",
     "allreduce_row",
     "per_call_max",
     "median",
@@ -31,6 +34,13 @@ __all__ = [
 # A full TCP segment on the wire: 1500-byte MTU + 14 Ethernet; 1448 bytes of payload with timestamps.
 ETH_TCP_FRAME = 1514
 TCP_PAYLOAD = 1448
+# Every ring link carries data one way per direction *and* the ACKs of the other direction's data: a pure
+# ACK is 66 bytes (Ethernet 14, IPv4 20, TCP 20 + timestamps 12) and Linux acknowledges every second full
+# segment. So a ring link's direction spends RING_WIRE_PER_SEGMENT bytes of wire per 1448 payload bytes
+# (measured on a 2 Mbit/s htb veth: 181 data frames and 90 ACKs per 256 KiB each way; docs/experiments.md, "The ring's wire time"); INA frames need no ACKs.
+TCP_ACK_FRAME = 66
+TCP_SEGMENTS_PER_ACK = 2
+RING_WIRE_PER_SEGMENT = ETH_TCP_FRAME + TCP_ACK_FRAME / TCP_SEGMENTS_PER_ACK
 
 
 def median(values: Iterable[float]) -> float | None:
@@ -109,10 +119,10 @@ def ideal_ina_ring_ratio(n: int) -> float:
 
 def framed_ina_ring_ratio(n: int, frame: int = wire.INA_FRAME_LEN, payload: int = wire.INA_DATA_LEN) -> float:
     """The same ratio counting frames on the wire: INA carries ``payload`` bytes per ``frame`` (128 in
-    184), ring full TCP segments (1448 in 1514)."""
+    184), ring full TCP segments (1448 in 1514) plus half an ACK each (``RING_WIRE_PER_SEGMENT``)."""
     if n <= 1:
         return float("nan")
-    return (frame / payload) / (2 * (n - 1) / n * ETH_TCP_FRAME / TCP_PAYLOAD)
+    return (frame / payload) / (2 * (n - 1) / n * RING_WIRE_PER_SEGMENT / TCP_PAYLOAD)
 
 
 def ina_wire_seconds(nbytes: int, link_mbps: float, frame: int = wire.INA_FRAME_LEN, payload: int = wire.INA_DATA_LEN) -> float:
@@ -122,10 +132,11 @@ def ina_wire_seconds(nbytes: int, link_mbps: float, frame: int = wire.INA_FRAME_
 
 
 def ring_wire_seconds(nbytes: int, n: int, link_mbps: float) -> float:
-    """Time a ring all-reduce of ``nbytes`` over ``n`` workers needs on links of ``link_mbps``."""
+    """Time a ring all-reduce of ``nbytes`` over ``n`` workers needs on links of ``link_mbps``: 2(n-1)/n of the
+    tensor each way per link in full TCP segments, with the ACKs of the other way's data (``RING_WIRE_PER_SEGMENT``)."""
     if n <= 1:
         return 0.0
-    return 2 * (n - 1) / n * nbytes * ETH_TCP_FRAME / TCP_PAYLOAD * 8 / (link_mbps * 1e6)
+    return 2 * (n - 1) / n * nbytes * RING_WIRE_PER_SEGMENT / TCP_PAYLOAD * 8 / (link_mbps * 1e6)
 
 
 def window_rtt_seconds(rtt_ms: float, link_mbps: float, frame: int = wire.INA_FRAME_LEN) -> float:

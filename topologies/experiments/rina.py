@@ -21,12 +21,12 @@ from typing import Any
 from inaproto import wire
 from inaproto.rina_partitions import hop_loads, partition_sizes
 from topologies.experiments import register
-from topologies.experiments.aggregate import TCP_PAYLOAD, allreduce_row, group_by, median, spread
+from topologies.experiments.aggregate import RING_WIRE_PER_SEGMENT, TCP_PAYLOAD, allreduce_row, group_by, median, spread
 from topologies.experiments.base import Experiment
 from topologies.experiments.testbed import INA_UDP_BASE, AgentJob
 
 INA_SHARE = wire.INA_DATA_LEN / wire.INA_FRAME_LEN  # 128 / 184
-TCP_SHARE = TCP_PAYLOAD / 1514
+TCP_SHARE = TCP_PAYLOAD / RING_WIRE_PER_SEGMENT  # full segments and half an ACK each (aggregate.py)
 
 
 def framed_ideal_ratio(racks: int, per_rack: int, ina_racks: int, uplink_ratio: float = 1.0, slots: int = 8) -> float:

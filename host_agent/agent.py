@@ -401,6 +401,15 @@ class Agent:
         self.sock.close()
         self.listener.close()
 
+    def cpu_report(self) -> dict[str, float | int]:
+        """CPU seconds this agent's process used (all its threads), and its host-member copy's part of them
+        (Rina on chains; a copy in its own process adds its CPU) with the INA payloads the copy processed."""
+        out: dict[str, float | int] = {"cpu_seconds": time.process_time()}
+        if self.host_copy is not None:
+            out.update(self.host_copy.cpu_report())
+            out["cpu_seconds"] += out.pop("host_copy_child_cpu_seconds", 0.0)
+        return out
+
     def __enter__(self) -> Agent:
         return self
 

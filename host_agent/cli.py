@@ -302,13 +302,14 @@ def _cmd_allreduce(args: argparse.Namespace) -> int:
         n = agent.size
     finally:
         agent.close()
+    cpu = agent.cpu_report()
     nbytes = args.elements * 4
     best, mean = min(times), sum(times) / len(times)
     results = {
         "command": "allreduce", "worker_id": args.worker_id, "workers": n, "backend": backend,
         "generation": generation, "elements": args.elements, "bytes": nbytes, "iterations": args.iterations,
         "seconds": times, "seconds_mean": mean, "seconds_best": best,
-        "goodput_gbps": nbytes * 8 / mean / 1e9, "stats": stats, "check": ok,
+        "goodput_gbps": nbytes * 8 / mean / 1e9, "stats": stats, "check": ok, **cpu,
     }
     print(f"worker {args.worker_id}: {backend} all-reduce of {args.elements} float32 ({nbytes / 1e6:.1f} MB) "
           f"over {n} workers: mean {mean * 1e3:.2f} ms, best {best * 1e3:.2f} ms, "

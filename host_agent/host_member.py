@@ -32,9 +32,13 @@ import select
 import socket
 import struct
 import threading
+import time
 from typing import Mapping
 
+import numpy as np
+
 from host_agent.grant import Grant, Worker, chain_ring
+from host_agent.udp_io import DatagramIo
 from inaproto import wire
 from inaproto.rina_partitions import BUNDLE_FRAMES
 from inaproto.rina_ring import HOST_PORT, NETWORK_PORT, Ring, host_copy_entries, host_copy_port
@@ -46,6 +50,8 @@ log = logging.getLogger("host_agent.host_member")
 _ETH_IP = bytes.fromhex("0800")
 _O_WORKER = wire.INA_FIELD_OFFSETS["worker_id"]
 _INA_PORT = wire.INA_UDP_PORT.to_bytes(2, "big")
+PAYLOAD = wire.INA_PAYLOAD_LEN
+_READ_BUFFER = 1 << 20  # one wake-up's reads at most (GRO: 16 reads of up to 64 KiB)
 
 
 def is_host_member(grant: Grant, worker_id: int) -> bool:
@@ -97,12 +103,17 @@ class HostCopy:
         self._local = 0  # the copy's id for this worker's gradients
         self._neighbours: set[str] = set()  # IPs chain packets may come from
         self._hosts: frozenset[tuple[str, int]] = frozenset()  # neighbours' copies: bundles go there
-        self._bundles: dict[tuple[str, int], list[bytes]] = {}  # payloads waiting for their bundle, per copy
+        self._io = DatagramIo(self.sock, name=f"worker {me.worker_id}'s host-member copy")
+        self._rbuf = bytearray(_READ_BUFFER)
+        self._routes: dict[bytes, tuple[str, int]] = {}  # a frame's destination IPv4 address and UDP port
+        self._headers: dict[tuple[str, int], np.ndarray] = {}  # the model's frame headers per source
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.frames = 0  # INA payloads processed (diagnostics)
         self.bundles_sent = 0  # datagrams to neighbours' copies (diagnostics)
         self.bundled = 0  # INA payloads in them
+        self.cpu_seconds = 0.0  # CPU time of the copy's thread so far
+        self._cpu0 = 0.0
         self._thread = threading.Thread(target=self._serve, name=f"host-copy-w{me.worker_id}", daemon=True)
         self._thread.start()
 
@@ -147,98 +158,113 @@ class HostCopy:
         return pipe, hosts
 
     def _serve(self) -> None:
+        self._cpu0 = time.thread_time()
         self.sock.setblocking(False)
         poll = select.poll()
         poll.register(self.sock, select.POLLIN)
-        buf = bytearray(2048)
+        view = memoryview(self._rbuf)
+        full = len(view) - self._io.read_room
         while not self._stop.is_set():
             if not poll.poll(50):
                 continue
-            run: list[bytes] = []  # frames of consecutive datagrams from one source, for one batch
-            run_key: tuple | None = None
-            while True:
-                try:
-                    n, src = self.sock.recvfrom_into(buf)
-                except (BlockingIOError, InterruptedError):
+            while True:  # until the socket is empty: a drain that filled the buffer leaves more to read
+                reads: dict[tuple[str, int], list[tuple[int, int, int]]] = {}  # per source, in order of arrival
+                got = self._io.drain_sources(view, lambda off, n, seg, src: reads.setdefault(src, []).append((off, n, seg)))
+                if reads:
+                    self._wake(reads)
+                if got <= full or self._stop.is_set():
                     break
-                except OSError:
-                    if self._stop.is_set():
-                        return
-                    break
-                got = self._frames(bytes(buf[:n]), src)
-                if got is None:
-                    continue
-                key = (got[0], src)
-                if key != run_key and run:
-                    self._process(run_key[0], run, run_key[1])
-                    run = []
-                run_key = key
-                run += got[1]
-                if len(run) >= 4 * BUNDLE_FRAMES:
-                    self._process(key[0], run, src)
-                    run = []
-            if run:
-                self._process(run_key[0], run, run_key[1])
-            self._flush()
+            self.cpu_seconds = time.thread_time() - self._cpu0
 
-    def _frames(self, payload: bytes, src: tuple[str, int]) -> tuple[int, list[bytes]] | None:
-        """The port and the model's frames of one datagram (a bundle: several), or None if the copy drops it."""
+    def _wake(self, reads: dict[tuple[str, int], list[tuple[int, int, int]]]) -> None:
+        """One wake-up's datagrams, one batch per source, through the model; what it emits sent per destination
+        (runs of INA frames in GSO sends, bundles towards a neighbour's copy)."""
         with self._lock:
-            pipe = self._pipe
-        n = len(payload)
-        if pipe is None or n == 0 or n % wire.INA_PAYLOAD_LEN:
-            return None
-        if src == self._own:
-            if n != wire.INA_PAYLOAD_LEN:
-                return None
-            p = bytearray(payload)
-            p[_O_WORKER] = self._local
-            return HOST_PORT, [_frame(self._me_mac, self._me_ip, self._me_ip, src[1].to_bytes(2, "big"), bytes(p))]
-        if src[0] in self._neighbours:
-            if n > wire.INA_PAYLOAD_LEN and src not in self._hosts:
-                return None  # bundles only from a neighbour's copy
-            ip = ipaddress.IPv4Address(src[0]).packed
-            return NETWORK_PORT, [_frame(b"\0" * 6, ip, self._me_ip, _INA_PORT, payload[off : off + wire.INA_PAYLOAD_LEN])
-                                  for off in range(0, n, wire.INA_PAYLOAD_LEN)]
-        return None
-
-    def _process(self, port: int, frames: list[bytes], src: tuple[str, int]) -> None:
-        """Frames of datagrams from ``src`` through the model in one batch (``process_batch``: the outputs and
-        state of processing them one by one), what it emits to its destinations."""
-        with self._lock:
-            pipe = self._pipe
+            pipe, hosts = self._pipe, self._hosts
         if pipe is None:
             return
-        self.frames += len(frames)
-        outs = pipe.process_batch(port, frames) if len(frames) > 1 else pipe.process(port, frames[0])
-        for _out_port, out in outs:
-            dst = (str(ipaddress.IPv4Address(out[30:34])), int.from_bytes(out[36:38], "big"))
-            if port == NETWORK_PORT and dst == (src[0], wire.INA_UDP_PORT):
-                dst = src  # an answer to the sender: back to the datagram's real source
-            if dst in self._hosts:
-                bundle = self._bundles.setdefault(dst, [])
-                bundle.append(out[wire.INA_OFFSET:])
-                if len(bundle) >= self.bundle_frames:
-                    self._send(b"".join(bundle), dst)
-                    bundle.clear()
+        out: dict[tuple[str, int], list[bytes]] = {}  # INA payloads per destination, in emission order
+        for src, runs in reads.items():
+            batch = self._rows(src, runs, hosts)
+            if batch is None:
+                continue
+            port, rows = batch
+            self.frames += len(rows)
+            emitted = pipe.process_batch(port, rows) if len(rows) > 1 else pipe.process(port, rows[0].tobytes())
+            for _out_port, frame in emitted:
+                dst = self._routes.get(frame[30:38])
+                if dst is None:
+                    dst = self._routes[frame[30:38]] = (str(ipaddress.IPv4Address(frame[30:34])),
+                                                        int.from_bytes(frame[36:38], "big"))
+                if port == NETWORK_PORT and dst[1] == wire.INA_UDP_PORT and dst[0] == src[0]:
+                    dst = src  # an answer to the sender: back to the datagram's real source
+                out.setdefault(dst, []).append(frame[wire.INA_OFFSET:])
+        for dst, payloads in out.items():
+            data, k = memoryview(b"".join(payloads)), len(payloads)
+            if dst in hosts:  # bundles: ``bundle_frames`` payloads per datagram, the rest in one more
+                per = self.bundle_frames
+                whole, rest = divmod(k, per)
+                self._send_run(data, per * PAYLOAD, whole, dst)
+                if rest:
+                    self._send_run(data[whole * per * PAYLOAD :], rest * PAYLOAD, 1, dst)
+                self.bundles_sent += whole + (rest > 0)
+                self.bundled += k
             else:
-                self._send(out[wire.INA_OFFSET:], dst)
+                self._send_run(data, PAYLOAD, k, dst)
 
-    def _flush(self) -> None:
-        """Send every bundle waiting: the copy has read everything there was."""
-        for dst, bundle in self._bundles.items():
-            if bundle:
-                self._send(b"".join(bundle), dst)
-                bundle.clear()
+    def _rows(self, src: tuple[str, int], runs: list[tuple[int, int, int]], hosts: frozenset
+              ) -> tuple[int, np.ndarray] | None:
+        """The port and the model's frames (rows) of one source's reads, or None if the copy drops them all.
 
-    def _send(self, datagram: bytes, dst: tuple[str, int]) -> None:
-        if dst in self._hosts:
-            self.bundles_sent += 1
-            self.bundled += len(datagram) // wire.INA_PAYLOAD_LEN
+        The worker's gradients and frames from a switch are single INA payloads per datagram; a neighbour's
+        copy may send bundles (any whole number of payloads per datagram). Other datagrams are dropped."""
+        if src == self._own:
+            port, bundles = HOST_PORT, False
+        elif src[0] in self._neighbours:
+            port, bundles = NETWORK_PORT, src in hosts
+        else:
+            return None
+        keep: list[memoryview] = []
+        view = memoryview(self._rbuf)
+        for off, n, seg in runs:
+            tail = n % seg
+            if seg % PAYLOAD or (not bundles and seg != PAYLOAD):
+                continue  # every datagram of the read has the segment's size but the last
+            good = n if tail % PAYLOAD == 0 and (bundles or tail in (0, PAYLOAD)) else n - tail
+            if good:
+                keep.append(view[off : off + good])
+        if not keep:
+            return None
+        payloads = np.frombuffer(keep[0] if len(keep) == 1 else b"".join(keep), np.uint8).reshape(-1, PAYLOAD)
+        rows = np.empty((len(payloads), wire.INA_FRAME_LEN), np.uint8)
+        rows[:, : wire.INA_OFFSET] = self._header(src, port)
+        rows[:, wire.INA_OFFSET :] = payloads
+        if port == HOST_PORT:
+            rows[:, wire.INA_OFFSET + _O_WORKER] = self._local
+        return port, rows
+
+    def _header(self, src: tuple[str, int], port: int) -> np.ndarray:
+        """The Ethernet, IPv4 and UDP headers the model sees on frames from ``src`` (the same on all of them)."""
+        h = self._headers.get(src)
+        if h is None:
+            if port == HOST_PORT:
+                raw = _frame(self._me_mac, self._me_ip, self._me_ip, src[1].to_bytes(2, "big"), b"")
+            else:
+                raw = _frame(b"\0" * 6, ipaddress.IPv4Address(src[0]).packed, self._me_ip, _INA_PORT, b"")
+            h = self._headers[src] = np.frombuffer(raw, np.uint8)
+        return h
+
+    def _send_run(self, data: memoryview, size: int, count: int, dst: tuple[str, int]) -> None:
+        """``count`` datagrams of ``size`` bytes to ``dst`` (GSO where the kernel has it); one the socket cannot
+        take is lost like a dropped frame and recovered end to end."""
         try:
-            self.sock.sendto(datagram, dst)
-        except (BlockingIOError, ConnectionRefusedError, OSError):
-            pass  # lost like dropped frames; recovered end to end
+            self._io.send_run(data, size, count, dst)
+        except OSError:
+            pass
+
+    def cpu_report(self) -> dict[str, float | int]:
+        """The copy's CPU seconds and INA payloads so far (``Agent.cpu_report``)."""
+        return {"host_copy_cpu_seconds": self.cpu_seconds, "host_copy_frames": self.frames}
 
     def close(self) -> None:
         self._stop.set()

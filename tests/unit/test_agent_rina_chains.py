@@ -153,17 +153,17 @@ def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks
     from host_agent.host_member import HostCopy
 
     if faults is not None:
-        send, fault_rng = HostCopy._send, np.random.default_rng(11)
+        send_run, fault_rng = HostCopy._send_run, np.random.default_rng(11)
 
-        def faulty_send(self, datagram: bytes, dst) -> None:
-            x = fault_rng.random()
-            if x < faults.drop:
-                return
-            send(self, datagram, dst)
-            if x > 1 - faults.duplicate:
-                send(self, datagram, dst)
+        def faulty_send_run(self, data, size: int, count: int, dst) -> None:
+            for j in range(count):  # each datagram of the run dropped or duplicated on its own
+                x = fault_rng.random()
+                if x < faults.drop:
+                    continue
+                for _ in range(2 if x > 1 - faults.duplicate else 1):
+                    send_run(self, data[j * size : (j + 1) * size], size, 1, dst)
 
-        monkeypatch.setattr(HostCopy, "_send", faulty_send)
+        monkeypatch.setattr(HostCopy, "_send_run", faulty_send_run)
     rng = np.random.default_rng(len(racks) + 1)
     inputs = [(rng.standard_normal(2000) * 3).astype(np.float32) for _ in racks]
     with LocalCluster(racks, ina_racks=ina, slots=SLOTS, backend="rina", faults=faults, seed=5,

@@ -55,6 +55,21 @@ def framed_ideal_ratio(racks: int, per_rack: int, ina_racks: int, uplink_ratio: 
     return max(1 / INA_SHARE, busiest) / ring
 
 
+def cpu_per_call(workers: list[dict], calls: int) -> dict[str, float]:
+    """The agents' CPU seconds per all-reduce (every worker's process, start-up included, over the calls it
+    made) and their host-member copies' part of it (Rina with racks without INA)."""
+    out = {"agents_cpu_s_per_call": sum(float(w.get("cpu_seconds", 0.0)) for w in workers) / calls}
+    copies = [float(w["host_copy_cpu_seconds"]) for w in workers if "host_copy_cpu_seconds" in w]
+    if copies:
+        out["host_copies_cpu_s_per_call"] = sum(copies) / calls
+    return out
+
+
+def _median_of(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return median(values) if values else None
+
+
 def framed_ideal_ina_ratio(n: int) -> float:
     """Single-switch INA over the flat ring of n workers (every link equal)."""
     return (1 / INA_SHARE) / (2 * (n - 1) / n / TCP_SHARE)
@@ -200,7 +215,7 @@ class RinaExperiment(Experiment):
                     row = allreduce_row(workers, kind="rina", layout=layout, racks=racks, per_rack=per, run=label,
                                         repetition=rep, backend=backend, ina_fraction=frac, bw_mbps=cfg.bw_mbps,
                                         uplink_ratio=cfg.uplink_ratio, loss=loss, bundles=bundles,
-                                        load1=os.getloadavg()[0])
+                                        load1=os.getloadavg()[0], **cpu_per_call(workers, cfg.warmup + cfg.iterations))
                     ctx.record(row)
                     ctx.progress(f"{layout} {label}: median {row['seconds_median'] * 1e3:.0f} ms, "
                                  f"retransmits {row['retransmits']}, exact {row.get('exact')}")
@@ -223,7 +238,9 @@ class RinaExperiment(Experiment):
             ring_by_rep = {r.get("repetition", 0): r["seconds_median"] for r in by.get((layout, "leafspine-ring"), [])}
             point: dict[str, Any] = {"layout": layout, "ring_s": ring_s, "ring_spread_s": spread(times(layout, "leafspine-ring")),
                                      "ina_s": ina_s, "ina_spread_s": spread(times(layout, "star")),
-                                     "framed_ideal_ina_ratio": framed_ideal_ina_ratio(racks * per), "rina": []}
+                                     "framed_ideal_ina_ratio": framed_ideal_ina_ratio(racks * per), "rina": [],
+                                     "ring_agents_cpu_s_per_call": _median_of(by.get((layout, "leafspine-ring"), []),
+                                                                             "agents_cpu_s_per_call")}
             for run in sorted({r["run"] for r in ok if r["layout"] == layout and r["backend"] == "rina"},
                               key=lambda run: (-by[(layout, run)][0]["ina_fraction"], by[(layout, run)][0].get("loss") or 0.0,
                                  not by[(layout, run)][0].get("bundles", True))):
@@ -247,6 +264,8 @@ class RinaExperiment(Experiment):
                     "ratio_to_ring_spread": spread(ratios),
                     "ratio_to_ina": seconds / ina_s if ina_s else None,
                     "framed_ideal_ratio": framed_ideal_ratio(racks, per, k, config.uplink_ratio, config.slots),
+                    "agents_cpu_s_per_call": _median_of(reps, "agents_cpu_s_per_call"),
+                    "host_copies_cpu_s_per_call": _median_of(reps, "host_copies_cpu_s_per_call"),
                 })
             points.append(point)
         return {"points": points, "errors": sum(1 for r in rows if r.get("error"))}
@@ -256,6 +275,8 @@ class RinaExperiment(Experiment):
         lines = []
         for p in summary.get("points", []):
             head = f"{p['layout']}: ring {p['ring_s'] * 1e3:.0f} ms" if p.get("ring_s") else f"{p['layout']}:"
+            if p.get("ring_agents_cpu_s_per_call"):
+                head += f" (agents' CPU {p['ring_agents_cpu_s_per_call']:.1f} s/call)"
             if p.get("ina_s"):
                 head += f", single-switch INA {p['ina_s'] * 1e3:.0f} ms"
             lines.append(head)
@@ -270,7 +291,11 @@ class RinaExperiment(Experiment):
                                                                                 ", no bundles")
                 lines.append(f"  Rina {r['ina_fraction']:.0%} INA racks{what} ({granted}): "
                              f"{r['seconds'] * 1e3:.0f} ms, /ring {ratio} (framed ideal {r['framed_ideal_ratio']:.2f}), "
-                             f"retransmits/chunk {r['retransmits_per_chunk']:.3f}, exact {r['exact']}")
+                             f"retransmits/chunk {r['retransmits_per_chunk']:.3f}, exact {r['exact']}"
+                             + (f", agents' CPU {r['agents_cpu_s_per_call']:.1f} s/call" if r.get("agents_cpu_s_per_call")
+                                else "")
+                             + (f" (copies {r['host_copies_cpu_s_per_call']:.1f})" if r.get("host_copies_cpu_s_per_call")
+                                else ""))
         return lines
 
     @staticmethod

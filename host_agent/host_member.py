@@ -26,13 +26,17 @@ docs/agent.md, "Rina as designed".
 """
 from __future__ import annotations
 
+import enum
 import ipaddress
 import logging
+import multiprocessing
+import multiprocessing.connection
 import select
 import socket
 import struct
 import threading
 import time
+from multiprocessing.connection import Connection
 from typing import Mapping
 
 import numpy as np
@@ -43,7 +47,7 @@ from inaproto import wire
 from inaproto.rina_partitions import BUNDLE_FRAMES
 from inaproto.rina_ring import HOST_PORT, NETWORK_PORT, Ring, host_copy_entries, host_copy_port
 
-__all__ = ["HostCopy", "is_host_member"]
+__all__ = ["CopyMode", "HostCopy", "HostCopyFailed", "is_host_member"]
 
 log = logging.getLogger("host_agent.host_member")
 
@@ -67,18 +71,12 @@ def _frame(src_mac: bytes, src_ip: bytes, dst_ip: bytes, sport: bytes, payload: 
     return b"\0" * 6 + src_mac + _ETH_IP + bytes(ip) + udp + payload
 
 
-class HostCopy:
-    """The host-member copy of one worker (a thread with its socket), following the job's grants.
+class _Copy:
+    """The copy itself: its socket, the model of the current grant's generation, and the loop serving them
+    (``serve``: in a thread of the agent or in a child process of its own, ``HostCopy``)."""
 
-    ``follow(grant)`` before the stream sees a grant: where the grant makes this worker a host member of a ring
-    on chains the copy (re)starts with that generation's entries, else it drops everything it gets.
-    """
-
-    def __init__(self, me: Worker, workers: tuple[Worker, ...],
-                 switch_addresses: Mapping[str, tuple[str, int]] | None = None, *,
-                 bundle_frames: int = BUNDLE_FRAMES) -> None:
-        if not 1 <= bundle_frames <= BUNDLE_FRAMES:
-            raise ValueError(f"bundle_frames must be in 1..{BUNDLE_FRAMES}, got {bundle_frames}")
+    def __init__(self, me: Worker, workers: tuple[Worker, ...], switch_addresses: Mapping[str, tuple[str, int]],
+                 bundle_frames: int) -> None:
         self.me = me
         self.bundle_frames = bundle_frames  # INA payloads per datagram to a neighbour's copy (1: no bundles)
         self.workers = {w.worker_id: w for w in workers}
@@ -112,10 +110,7 @@ class HostCopy:
         self.frames = 0  # INA payloads processed (diagnostics)
         self.bundles_sent = 0  # datagrams to neighbours' copies (diagnostics)
         self.bundled = 0  # INA payloads in them
-        self.cpu_seconds = 0.0  # CPU time of the copy's thread so far
-        self._cpu0 = 0.0
-        self._thread = threading.Thread(target=self._serve, name=f"host-copy-w{me.worker_id}", daemon=True)
-        self._thread.start()
+        self.cpu_seconds = 0.0  # CPU time of the serving thread (or process) so far
 
     def follow(self, grant: Grant) -> None:
         """Take the grant's ring: this worker's copy for its generation, or none."""
@@ -157,15 +152,22 @@ class HostCopy:
         hosts = frozenset(a for a, k in ((nxt, i + 1), (prv, i - 1)) if not ring.members[k % r].is_switch)
         return pipe, hosts
 
-    def _serve(self) -> None:
-        self._cpu0 = time.thread_time()
+    def serve(self, control: Connection | None = None) -> None:
+        """Serve the socket until ``stop``; with ``control`` (a child process), also its requests (``_Child``)."""
+        clock = time.thread_time if control is None else time.process_time
+        cpu0 = clock()
         self.sock.setblocking(False)
         poll = select.poll()
         poll.register(self.sock, select.POLLIN)
+        if control is not None:
+            poll.register(control.fileno(), select.POLLIN)
         view = memoryview(self._rbuf)
         full = len(view) - self._io.read_room
         while not self._stop.is_set():
             if not poll.poll(50):
+                continue
+            if control is not None and control.poll():
+                _answer(self, control)
                 continue
             while True:  # until the socket is empty: a drain that filled the buffer leaves more to read
                 reads: dict[tuple[str, int], list[tuple[int, int, int]]] = {}  # per source, in order of arrival
@@ -174,7 +176,12 @@ class HostCopy:
                     self._wake(reads)
                 if got <= full or self._stop.is_set():
                     break
-            self.cpu_seconds = time.thread_time() - self._cpu0
+            self.cpu_seconds = clock() - cpu0
+
+    def report(self) -> dict[str, float | int]:
+        """The copy's counters and the CPU seconds it served with so far."""
+        return {"frames": self.frames, "bundles_sent": self.bundles_sent, "bundled": self.bundled,
+                "cpu_seconds": self.cpu_seconds}
 
     def _wake(self, reads: dict[tuple[str, int], list[tuple[int, int, int]]]) -> None:
         """One wake-up's datagrams, one batch per source, through the model; what it emits sent per destination
@@ -262,11 +269,192 @@ class HostCopy:
         except OSError:
             pass
 
+    def stop(self) -> None:
+        self._stop.set()
+
+
+
+class CopyMode(enum.Enum):
+    """Where a host member's copy runs."""
+
+    THREAD = "thread"  # a thread of the agent's process (sharing its interpreter with the agent's stream)
+    PROCESS = "process"  # a child process of its own (its own interpreter: no GIL shared with the stream)
+
+
+class HostCopyFailed(RuntimeError):
+    """The copy's child process failed (the agent's call cannot complete without it)."""
+
+
+class HostCopy:
+    """The host-member copy of one worker, following the job's grants: a thread of the agent, or a child process.
+
+    ``follow(grant)`` before the stream sees a grant: where the grant makes this worker a host member of a ring
+    on chains the copy (re)starts with that generation's entries, else it drops everything it gets. With
+    ``CopyMode.PROCESS`` the copy runs in a child (``sys.executable``, spawned), binds its socket there and
+    answers each ``follow`` before it returns, so the order holds across the two processes; if the child dies,
+    ``follow`` and ``report`` raise ``HostCopyFailed`` and the agent's log says so at once.
+    """
+
+    def __init__(self, me: Worker, workers: tuple[Worker, ...],
+                 switch_addresses: Mapping[str, tuple[str, int]] | None = None, *,
+                 bundle_frames: int = BUNDLE_FRAMES, mode: CopyMode = CopyMode.THREAD) -> None:
+        if not 1 <= bundle_frames <= BUNDLE_FRAMES:
+            raise ValueError(f"bundle_frames must be in 1..{BUNDLE_FRAMES}, got {bundle_frames}")
+        self.me, self.mode = me, mode
+        self.address = (me.ip, host_copy_port(me.udp_port))
+        args = (me, tuple(workers), dict(switch_addresses or {}), bundle_frames)
+        self._last: dict[str, float | int] = {}
+        self._closed = False
+        if mode is CopyMode.THREAD:
+            self._copy: _Copy | None = _Copy(*args)
+            self._thread = threading.Thread(target=self._copy.serve, name=f"host-copy-w{me.worker_id}", daemon=True)
+            self._thread.start()
+            return
+        self._copy = None
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter from sys.executable: no forked threads
+        self._conn, child = ctx.Pipe()
+        self._lock = threading.Lock()  # one request at a time on the pipe
+        self._proc = ctx.Process(target=_child_main, args=(child, *args), name=f"host-copy-w{me.worker_id}",
+                                 daemon=True)
+        self._proc.start()
+        child.close()
+        kind, value = self._reply(_START_TIMEOUT)
+        if kind != "ready":
+            self._proc.join(timeout=5)
+            raise OSError(value)
+        self._watch = threading.Thread(target=self._watch_child, name=f"host-copy-w{me.worker_id}-watch", daemon=True)
+        self._watch.start()
+
+    def follow(self, grant: Grant) -> None:
+        """Take the grant's ring: this worker's copy for its generation, or none."""
+        if self._copy is not None:
+            self._copy.follow(grant)
+        else:
+            self._request("follow", grant)
+
+    def report(self) -> dict[str, float | int]:
+        """frames (INA payloads processed), bundles_sent and bundled (datagrams to neighbours' copies, payloads
+        in them), cpu_seconds (the copy's thread, or its whole child process)."""
+        if self._copy is not None:
+            return self._copy.report()
+        if self._closed:
+            return dict(self._last)
+        return self._request("report")
+
+    @property
+    def frames(self) -> int:
+        return int(self.report()["frames"])
+
+    @property
+    def bundles_sent(self) -> int:
+        return int(self.report()["bundles_sent"])
+
+    @property
+    def bundled(self) -> int:
+        return int(self.report()["bundled"])
+
     def cpu_report(self) -> dict[str, float | int]:
-        """The copy's CPU seconds and INA payloads so far (``Agent.cpu_report``)."""
-        return {"host_copy_cpu_seconds": self.cpu_seconds, "host_copy_frames": self.frames}
+        """The copy's CPU seconds and INA payloads (``Agent.cpu_report``); a child's CPU is not in the agent's
+        process time (``host_copy_child_cpu_seconds`` says how much to add)."""
+        r = self.report()
+        out: dict[str, float | int] = {"host_copy_cpu_seconds": r["cpu_seconds"], "host_copy_frames": r["frames"],
+                                       "host_copy_mode": self.mode.value}
+        if self.mode is CopyMode.PROCESS:
+            out["host_copy_child_cpu_seconds"] = r["cpu_seconds"]
+        return out
+
+    def _request(self, kind: str, value: object = None):
+        with self._lock:
+            if not self._proc.is_alive():
+                raise HostCopyFailed(f"worker {self.me.worker_id}: its host-member copy's process exited "
+                                     f"(code {self._proc.exitcode})")
+            try:
+                self._conn.send((kind, value))
+            except (OSError, ValueError) as exc:
+                raise HostCopyFailed(f"worker {self.me.worker_id}: its host-member copy's process is gone: {exc}") from exc
+            answer, result = self._reply(_REQUEST_TIMEOUT)
+        if answer != "ok":
+            raise HostCopyFailed(f"worker {self.me.worker_id}: its host-member copy failed: {result}")
+        return result
+
+    def _reply(self, timeout: float) -> tuple[str, object]:
+        try:
+            if self._conn.poll(timeout):
+                return self._conn.recv()
+        except (EOFError, OSError):
+            pass
+        return "error", (f"worker {self.me.worker_id}: its host-member copy's process did not answer "
+                         f"(exit code {self._proc.exitcode})")
+
+    def _watch_child(self) -> None:
+        """Log at once when the child ends before ``close``: the agent's calls then time out or fail."""
+        multiprocessing.connection.wait([self._proc.sentinel])
+        if not self._closed:
+            log.error("worker %d: its host-member copy's process exited (code %s)", self.me.worker_id,
+                      self._proc.exitcode)
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.sock.close()
+        if self._closed:
+            return
+        if self._copy is not None:
+            self._closed = True
+            self._copy.stop()
+            self._thread.join(timeout=5)
+            self._copy.sock.close()
+            return
+        try:
+            self._last = self._request("stop")
+        except HostCopyFailed:
+            pass
+        self._closed = True
+        self._proc.join(timeout=5)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout=5)
+        self._conn.close()
+
+
+_START_TIMEOUT = 60.0  # a spawned interpreter importing numpy and the model, on a loaded machine
+_REQUEST_TIMEOUT = 30.0
+
+
+def _answer(copy: _Copy, control: Connection) -> None:
+    """One request from the agent, in the child: follow a grant, report, or stop (reporting a last time)."""
+    try:
+        kind, value = control.recv()
+    except (EOFError, OSError):  # the agent is gone
+        copy.stop()
+        return
+    if kind == "follow":
+        copy.follow(value)
+        control.send(("ok", None))
+    elif kind == "report":
+        control.send(("ok", copy.report()))
+    elif kind == "stop":
+        copy.stop()
+        control.send(("ok", copy.report()))
+    else:
+        control.send(("error", f"unknown request {kind!r}"))
+
+
+def _child_main(control: Connection, me: Worker, workers: tuple[Worker, ...],
+                switch_addresses: dict[str, tuple[str, int]], bundle_frames: int) -> None:
+    """The child process of ``CopyMode.PROCESS``: bind, say ready (or why not), serve until told to stop."""
+    logging.basicConfig(level=logging.WARNING, format=f"host-copy-w{me.worker_id}: %(levelname)s %(message)s")
+    try:
+        copy = _Copy(me, workers, switch_addresses, bundle_frames)
+    except OSError as exc:
+        control.send(("error", str(exc)))
+        return
+    control.send(("ready", None))
+    try:
+        copy.serve(control)
+    except BaseException as exc:  # reported to the agent (its next request fails with this), then exit non-zero
+        log.exception("worker %d: host-member copy failed", me.worker_id)
+        try:
+            control.send(("error", f"{type(exc).__name__}: {exc}"))
+        except OSError:
+            pass
+        raise SystemExit(1) from exc
+    finally:
+        copy.sock.close()

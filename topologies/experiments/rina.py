@@ -92,6 +92,7 @@ class RinaConfig:
             ina-switch (``Faults``); every result still checked exact, resends counted.
         bundles_ab: also run each mixed fraction (some racks without INA) with bundles off (``ina-agent
             --rina-bundle-frames 1``: one INA payload per datagram between host members).
+        copy: where host members' copies run (``ina-agent --rina-copy``): "thread" of the agent or "process".
     """
 
     layouts: tuple[tuple[int, int], ...] = ((2, 4), (4, 2))
@@ -106,8 +107,11 @@ class RinaConfig:
     repetitions: int = 3
     loss: tuple[float, ...] = ()
     bundles_ab: bool = False
+    copy: str = "thread"
 
     def __post_init__(self) -> None:
+        if self.copy not in ("thread", "process"):
+            raise ValueError(f"copy must be thread or process, got {self.copy!r}")
         object.__setattr__(self, "layouts", checked_layouts(self.layouts))
         object.__setattr__(self, "ina_fractions", tuple(float(f) for f in self.ina_fractions))
         object.__setattr__(self, "loss", tuple(float(p) for p in self.loss))
@@ -152,6 +156,7 @@ class RinaExperiment(Experiment):
         ("--repetitions", "repetitions", int, "runs of every point (medians with spread)"),
         ("--loss", "loss", "floats", "drop probabilities of extra Rina runs (ina-switch), e.g. 0.01"),
         ("--bundles-ab", "bundles_ab", "true", "also run mixed fractions with bundles off (A/B)"),
+        ("--copy", "copy", str, "where host members' copies run: thread (default) or process"),
     )
 
     @classmethod
@@ -168,7 +173,7 @@ class RinaExperiment(Experiment):
         cfg, ctx = self.config, self.ctx
         port = INA_UDP_BASE + 200
         common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
-                  "--check")
+                  "--check", "--rina-copy", cfg.copy)
         for racks, per in cfg.layouts:
             n = racks * per
             layout = f"{racks}x{per}"
@@ -215,7 +220,7 @@ class RinaExperiment(Experiment):
                     row = allreduce_row(workers, kind="rina", layout=layout, racks=racks, per_rack=per, run=label,
                                         repetition=rep, backend=backend, ina_fraction=frac, bw_mbps=cfg.bw_mbps,
                                         uplink_ratio=cfg.uplink_ratio, loss=loss, bundles=bundles,
-                                        load1=os.getloadavg()[0], **cpu_per_call(workers, cfg.warmup + cfg.iterations))
+                                        copy=cfg.copy, load1=os.getloadavg()[0], **cpu_per_call(workers, cfg.warmup + cfg.iterations))
                     ctx.record(row)
                     ctx.progress(f"{layout} {label}: median {row['seconds_median'] * 1e3:.0f} ms, "
                                  f"retransmits {row['retransmits']}, exact {row.get('exact')}")

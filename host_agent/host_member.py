@@ -16,12 +16,16 @@ sender (a resent partial meeting a copy that holds the final sum) goes back to t
 
 Between two host members the INA payloads travel bundled: up to ``BUNDLE_FRAMES`` back to back in one datagram
 (0.876 of its frame is payload against 0.696 for single INA frames; ``inaproto.rina_partitions`` sizes the
-partitions with that cost). A bundle goes when full or when the copy has nothing more to read, so it waits for
-no timer; a copy takes any datagram that is a whole number of INA payloads from a host neighbour as a bundle.
-Hops into or out of a switch stay single INA frames (the switch parses one). The frames of consecutive
-datagrams from one source (a bundle's, or the worker's gradients read in one wake-up) go through the model
-in one ``process_batch`` (the outputs and state of one frame after the other, numpy across the batch): a
-host member's copy was most of its agent's CPU time, and the 50 % deployment is CPU-bound on the testbed.
+partitions with that cost); a copy takes any datagram that is a whole number of INA payloads from a host
+neighbour as a bundle. Hops into or out of a switch stay single INA frames (the switch parses one).
+
+The 50 % deployment is CPU-bound on the testbed, so the copy moves datagrams in batches: a wake-up drains the
+socket with UDP GRO (``DatagramIo.drain_sources``: one sender's datagrams per read, with its address), runs
+each source's frames through the model in one ``process_batch`` (built as numpy rows under a cached header, no
+per-datagram header in Python), and sends what the model emitted once per destination: single frames as one
+GSO run, bundles as one GSO run of full bundles and one datagram for the rest (no timer: a bundle waits for
+nothing but the end of the wake-up). The copy runs in a thread of the agent or, with ``CopyMode.PROCESS``, in
+a child process of its own (no interpreter lock shared with the agent's sender).
 docs/agent.md, "Rina as designed".
 """
 from __future__ import annotations

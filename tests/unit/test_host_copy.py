@@ -50,3 +50,40 @@ def test_a_dead_copy_process_fails_the_agents_next_request():
             copy.report()
     finally:
         copy.close()
+
+
+def test_drain_sources_gives_each_read_with_its_sender_and_segment_size():
+    """The copy's drain: several senders' datagrams (one sending a GSO run, coalesced by the kernel where it has
+    GRO), each read with its source; the segments rebuild every datagram, in order per sender."""
+    import select
+
+    from host_agent.udp_io import DatagramIo
+
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    senders = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    try:
+        io = DatagramIo(rx, name="test copy")
+        for s in senders:
+            s.bind(("127.0.0.1", 0))
+            s.setblocking(False)
+        run = bytes(range(142)) * 5
+        DatagramIo(senders[0], name="test sender").send_run(memoryview(run), 142, 5, rx.getsockname())
+        senders[1].sendto(b"x" * 30, rx.getsockname())
+        got: dict[tuple[str, int], list[bytes]] = {}
+        buf = bytearray(1 << 18)
+        poll = select.poll()
+        poll.register(rx, select.POLLIN)
+        while sum(map(len, got.values())) < 6 and poll.poll(2000):
+            def on_read(off: int, n: int, seg: int, src) -> None:
+                data = bytes(buf[off : off + n])
+                got.setdefault(src, []).extend(data[i : i + seg] for i in range(0, n, seg))
+
+            io.drain_sources(memoryview(buf), on_read)
+        assert got[senders[0].getsockname()] == [bytes(range(142))] * 5
+        assert got[senders[1].getsockname()] == [b"x" * 30]
+    finally:
+        rx.close()
+        for s in senders:
+            s.close()

@@ -209,6 +209,9 @@ class _Copy:
                                                         int.from_bytes(frame[36:38], "big"))
                 if port == NETWORK_PORT and dst[1] == wire.INA_UDP_PORT and dst[0] == src[0]:
                     dst = src  # an answer to the sender: back to the datagram's real source
+                if len(frame) != wire.INA_FRAME_LEN:  # not a whole INA payload: on its own, never in a run
+                    self._send_run(memoryview(frame[wire.INA_OFFSET:]), len(frame) - wire.INA_OFFSET, 1, dst)
+                    continue
                 out.setdefault(dst, []).append(frame[wire.INA_OFFSET:])
         for dst, payloads in out.items():
             data, k = memoryview(b"".join(payloads)), len(payloads)
@@ -308,7 +311,7 @@ class HostCopy:
         self.address = (me.ip, host_copy_port(me.udp_port))
         args = (me, tuple(workers), dict(switch_addresses or {}), bundle_frames)
         self._last: dict[str, float | int] = {}
-        self._closed = False
+        self._closed = self._stopping = False
         if mode is CopyMode.THREAD:
             self._copy: _Copy | None = _Copy(*args)
             self._thread = threading.Thread(target=self._copy.serve, name=f"host-copy-w{me.worker_id}", daemon=True)
@@ -393,7 +396,7 @@ class HostCopy:
     def _watch_child(self) -> None:
         """Log at once when the child ends before ``close``: the agent's calls then time out or fail."""
         multiprocessing.connection.wait([self._proc.sentinel])
-        if not self._closed:
+        if not self._stopping:
             log.error("worker %d: its host-member copy's process exited (code %s)", self.me.worker_id,
                       self._proc.exitcode)
 
@@ -406,6 +409,7 @@ class HostCopy:
             self._thread.join(timeout=5)
             self._copy.sock.close()
             return
+        self._stopping = True  # the child's end is expected from here on
         try:
             self._last = self._request("stop")
         except HostCopyFailed:

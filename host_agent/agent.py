@@ -25,7 +25,7 @@ from host_agent.control import AdmissionClient, JobWatcher
 from host_agent.errors import AgentError, AgentTimeout, AdmissionError, JobReleased
 from host_agent.fixedpoint import dequantize, quantize_chunks, to_chunks
 from host_agent.grant import Grant, JobSpec, Plan, host_rack_name
-from host_agent.host_member import HostCopy, is_host_member
+from host_agent.host_member import CopyMode, HostCopy, is_host_member
 from host_agent.stream import ChunkStream, StreamOptions, StreamStats
 from inaproto import wire
 from inaproto.backends import BackendChoice
@@ -64,6 +64,7 @@ class AgentOptions:
             (switch_ip, ina_port): a relay, or a switch model on loopback in tests.
         rina_bundle_frames: INA payloads per datagram a host member's copy sends to a neighbouring host member's
             (1: no bundles, for the A/B of docs/experiments.md; host_agent/host_member.py).
+        rina_copy: where that copy runs: a thread of this agent or a child process of its own.
     """
 
     stream: StreamOptions = field(default_factory=StreamOptions)
@@ -75,6 +76,7 @@ class AgentOptions:
     scale: float = float(2**16)
     switch_addresses: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     rina_bundle_frames: int = BUNDLE_FRAMES
+    rina_copy: CopyMode = CopyMode.THREAD
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "rpc_timeout", "rendezvous_timeout", "close_timeout", "scale", "controller_retry"):
@@ -245,7 +247,7 @@ class Agent:
             if not is_host_member(grant, self.worker_id):
                 return
             self.host_copy = HostCopy(self.me, self.spec.workers, self.options.switch_addresses,
-                                      bundle_frames=self.options.rina_bundle_frames)
+                                      bundle_frames=self.options.rina_bundle_frames, mode=self.options.rina_copy)
         self.host_copy.follow(grant)
 
     def _sync(self, generation: int, first_missing: int) -> int:
@@ -400,6 +402,15 @@ class Agent:
             self.host_copy.close()
         self.sock.close()
         self.listener.close()
+
+    def cpu_report(self) -> dict[str, float | int]:
+        """CPU seconds this agent's process used (all its threads), and its host-member copy's part of them
+        (Rina on chains; a copy in its own process adds its CPU) with the INA payloads the copy processed."""
+        out: dict[str, float | int] = {"cpu_seconds": time.process_time()}
+        if self.host_copy is not None:
+            out.update(self.host_copy.cpu_report())
+            out["cpu_seconds"] += out.pop("host_copy_child_cpu_seconds", 0.0)
+        return out
 
     def __enter__(self) -> Agent:
         return self

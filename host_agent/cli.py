@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(the controller's grant says so by default: docs/agent.md, \"Rina as designed\")")
         p.add_argument("--rina-bundle-frames", type=_bundle_frames, default=None, metavar="N",
                        help="INA payloads per datagram between Rina host members' copies (1: no bundles; default 10)")
+        p.add_argument("--rina-copy", choices=["thread", "process"], default=None,
+                       help="where a Rina host member's copy runs: a thread of the agent or a child process of its "
+                            "own (default thread; docs/agent.md, \"Rina as designed\")")
         p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
         p.add_argument("--quiet", action="store_true", help="no progress display")
         p.add_argument("-v", "--verbose", action="store_true", help="log protocol events (generations, resyncs)")
@@ -242,6 +245,7 @@ def _job_spec(args: argparse.Namespace) -> JobSpec:
 
 def _open_agent(args: argparse.Namespace, spec: JobSpec):
     from host_agent.agent import Agent, AgentOptions
+    from host_agent.host_member import CopyMode
 
     opts = AgentOptions(stream=StreamOptions(op_timeout=args.timeout, reorder_guard=args.reorder_guard,
                                                io=IoMode(args.io), rina_chains=args.rina_chains,
@@ -250,7 +254,8 @@ def _open_agent(args: argparse.Namespace, spec: JobSpec):
                                                queries=QueryMode(args.queries),
                                                ring_piece_bytes=args.ring_piece_bytes),
                         rendezvous_timeout=args.timeout, controller_retry=args.controller_retry,
-                        **({"rina_bundle_frames": args.rina_bundle_frames} if args.rina_bundle_frames else {}))
+                        **({"rina_bundle_frames": args.rina_bundle_frames} if args.rina_bundle_frames else {}),
+                        **({"rina_copy": CopyMode(args.rina_copy)} if args.rina_copy else {}))
     return Agent(spec, args.worker_id, controller=args.controller, job_id=args.job_id, options=opts)
 
 
@@ -318,13 +323,14 @@ def _cmd_allreduce(args: argparse.Namespace) -> int:
         n = agent.size
     finally:
         agent.close()
+    cpu = agent.cpu_report()
     nbytes = args.elements * 4
     best, mean = min(times), sum(times) / len(times)
     results = {
         "command": "allreduce", "worker_id": args.worker_id, "workers": n, "backend": backend,
         "generation": generation, "elements": args.elements, "bytes": nbytes, "iterations": args.iterations,
         "seconds": times, "seconds_mean": mean, "seconds_best": best,
-        "goodput_gbps": nbytes * 8 / mean / 1e9, "stats": stats, "check": ok,
+        "goodput_gbps": nbytes * 8 / mean / 1e9, "stats": stats, "check": ok, **cpu,
     }
     print(f"worker {args.worker_id}: {backend} all-reduce of {args.elements} float32 ({nbytes / 1e6:.1f} MB) "
           f"over {n} workers: mean {mean * 1e3:.2f} ms, best {best * 1e3:.2f} ms, "

@@ -16,36 +16,50 @@ sender (a resent partial meeting a copy that holds the final sum) goes back to t
 
 Between two host members the INA payloads travel bundled: up to ``BUNDLE_FRAMES`` back to back in one datagram
 (0.876 of its frame is payload against 0.696 for single INA frames; ``inaproto.rina_partitions`` sizes the
-partitions with that cost). A bundle goes when full or when the copy has nothing more to read, so it waits for
-no timer; a copy takes any datagram that is a whole number of INA payloads from a host neighbour as a bundle.
-Hops into or out of a switch stay single INA frames (the switch parses one). The frames of consecutive
-datagrams from one source (a bundle's, or the worker's gradients read in one wake-up) go through the model
-in one ``process_batch`` (the outputs and state of one frame after the other, numpy across the batch): a
-host member's copy was most of its agent's CPU time, and the 50 % deployment is CPU-bound on the testbed.
+partitions with that cost); a copy takes any datagram that is a whole number of INA payloads from a host
+neighbour as a bundle. Hops into or out of a switch stay single INA frames (the switch parses one).
+
+The 50 % deployment is CPU-bound on the testbed, so the copy moves datagrams in batches: a wake-up drains the
+socket with UDP GRO (``DatagramIo.drain_sources``: one sender's datagrams per read, with its address), runs
+each source's frames through the model in one ``process_batch`` (built as numpy rows under a cached header, no
+per-datagram header in Python), and sends what the model emitted once per destination: single frames as one
+GSO run, bundles as one GSO run of full bundles and one datagram for the rest (no timer: a bundle waits for
+nothing but the end of the wake-up). The copy runs in a thread of the agent or, with ``CopyMode.PROCESS``, in
+a child process of its own (no interpreter lock shared with the agent's sender).
 docs/agent.md, "Rina as designed".
 """
 from __future__ import annotations
 
+import enum
 import ipaddress
 import logging
+import multiprocessing
+import multiprocessing.connection
 import select
 import socket
 import struct
 import threading
+import time
+from multiprocessing.connection import Connection
 from typing import Mapping
 
+import numpy as np
+
 from host_agent.grant import Grant, Worker, chain_ring
+from host_agent.udp_io import DatagramIo
 from inaproto import wire
 from inaproto.rina_partitions import BUNDLE_FRAMES
 from inaproto.rina_ring import HOST_PORT, NETWORK_PORT, Ring, host_copy_entries, host_copy_port
 
-__all__ = ["HostCopy", "is_host_member"]
+__all__ = ["CopyMode", "HostCopy", "HostCopyFailed", "is_host_member"]
 
 log = logging.getLogger("host_agent.host_member")
 
 _ETH_IP = bytes.fromhex("0800")
 _O_WORKER = wire.INA_FIELD_OFFSETS["worker_id"]
 _INA_PORT = wire.INA_UDP_PORT.to_bytes(2, "big")
+PAYLOAD = wire.INA_PAYLOAD_LEN
+_READ_BUFFER = 1 << 20  # one wake-up's reads at most (GRO: 16 reads of up to 64 KiB)
 
 
 def is_host_member(grant: Grant, worker_id: int) -> bool:
@@ -61,18 +75,12 @@ def _frame(src_mac: bytes, src_ip: bytes, dst_ip: bytes, sport: bytes, payload: 
     return b"\0" * 6 + src_mac + _ETH_IP + bytes(ip) + udp + payload
 
 
-class HostCopy:
-    """The host-member copy of one worker (a thread with its socket), following the job's grants.
+class _Copy:
+    """The copy itself: its socket, the model of the current grant's generation, and the loop serving them
+    (``serve``: in a thread of the agent or in a child process of its own, ``HostCopy``)."""
 
-    ``follow(grant)`` before the stream sees a grant: where the grant makes this worker a host member of a ring
-    on chains the copy (re)starts with that generation's entries, else it drops everything it gets.
-    """
-
-    def __init__(self, me: Worker, workers: tuple[Worker, ...],
-                 switch_addresses: Mapping[str, tuple[str, int]] | None = None, *,
-                 bundle_frames: int = BUNDLE_FRAMES) -> None:
-        if not 1 <= bundle_frames <= BUNDLE_FRAMES:
-            raise ValueError(f"bundle_frames must be in 1..{BUNDLE_FRAMES}, got {bundle_frames}")
+    def __init__(self, me: Worker, workers: tuple[Worker, ...], switch_addresses: Mapping[str, tuple[str, int]],
+                 bundle_frames: int) -> None:
         self.me = me
         self.bundle_frames = bundle_frames  # INA payloads per datagram to a neighbour's copy (1: no bundles)
         self.workers = {w.worker_id: w for w in workers}
@@ -97,14 +105,16 @@ class HostCopy:
         self._local = 0  # the copy's id for this worker's gradients
         self._neighbours: set[str] = set()  # IPs chain packets may come from
         self._hosts: frozenset[tuple[str, int]] = frozenset()  # neighbours' copies: bundles go there
-        self._bundles: dict[tuple[str, int], list[bytes]] = {}  # payloads waiting for their bundle, per copy
+        self._io = DatagramIo(self.sock, name=f"worker {me.worker_id}'s host-member copy")
+        self._rbuf = bytearray(_READ_BUFFER)
+        self._routes: dict[bytes, tuple[str, int]] = {}  # a frame's destination IPv4 address and UDP port
+        self._headers: dict[tuple[str, int], np.ndarray] = {}  # the model's frame headers per source
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.frames = 0  # INA payloads processed (diagnostics)
         self.bundles_sent = 0  # datagrams to neighbours' copies (diagnostics)
         self.bundled = 0  # INA payloads in them
-        self._thread = threading.Thread(target=self._serve, name=f"host-copy-w{me.worker_id}", daemon=True)
-        self._thread.start()
+        self.cpu_seconds = 0.0  # CPU time of the serving thread (or process) so far
 
     def follow(self, grant: Grant) -> None:
         """Take the grant's ring: this worker's copy for its generation, or none."""
@@ -146,101 +156,313 @@ class HostCopy:
         hosts = frozenset(a for a, k in ((nxt, i + 1), (prv, i - 1)) if not ring.members[k % r].is_switch)
         return pipe, hosts
 
-    def _serve(self) -> None:
+    def serve(self, control: Connection | None = None) -> None:
+        """Serve the socket until ``stop``; with ``control`` (a child process), also its requests (``_Child``)."""
+        clock = time.thread_time if control is None else time.process_time
+        cpu0 = clock()
         self.sock.setblocking(False)
         poll = select.poll()
         poll.register(self.sock, select.POLLIN)
-        buf = bytearray(2048)
+        if control is not None:
+            poll.register(control.fileno(), select.POLLIN)
+        view = memoryview(self._rbuf)
+        full = len(view) - self._io.read_room
         while not self._stop.is_set():
             if not poll.poll(50):
                 continue
-            run: list[bytes] = []  # frames of consecutive datagrams from one source, for one batch
-            run_key: tuple | None = None
-            while True:
-                try:
-                    n, src = self.sock.recvfrom_into(buf)
-                except (BlockingIOError, InterruptedError):
+            if control is not None and control.poll():
+                _answer(self, control)
+                continue
+            while True:  # until the socket is empty: a drain that filled the buffer leaves more to read
+                reads: dict[tuple[str, int], list[tuple[int, int, int]]] = {}  # per source, in order of arrival
+                got = self._io.drain_sources(view, lambda off, n, seg, src: reads.setdefault(src, []).append((off, n, seg)))
+                if reads:
+                    self._wake(reads)
+                if got <= full or self._stop.is_set():
                     break
-                except OSError:
-                    if self._stop.is_set():
-                        return
-                    break
-                got = self._frames(bytes(buf[:n]), src)
-                if got is None:
-                    continue
-                key = (got[0], src)
-                if key != run_key and run:
-                    self._process(run_key[0], run, run_key[1])
-                    run = []
-                run_key = key
-                run += got[1]
-                if len(run) >= 4 * BUNDLE_FRAMES:
-                    self._process(key[0], run, src)
-                    run = []
-            if run:
-                self._process(run_key[0], run, run_key[1])
-            self._flush()
+            self.cpu_seconds = clock() - cpu0
 
-    def _frames(self, payload: bytes, src: tuple[str, int]) -> tuple[int, list[bytes]] | None:
-        """The port and the model's frames of one datagram (a bundle: several), or None if the copy drops it."""
-        with self._lock:
-            pipe = self._pipe
-        n = len(payload)
-        if pipe is None or n == 0 or n % wire.INA_PAYLOAD_LEN:
-            return None
-        if src == self._own:
-            if n != wire.INA_PAYLOAD_LEN:
-                return None
-            p = bytearray(payload)
-            p[_O_WORKER] = self._local
-            return HOST_PORT, [_frame(self._me_mac, self._me_ip, self._me_ip, src[1].to_bytes(2, "big"), bytes(p))]
-        if src[0] in self._neighbours:
-            if n > wire.INA_PAYLOAD_LEN and src not in self._hosts:
-                return None  # bundles only from a neighbour's copy
-            ip = ipaddress.IPv4Address(src[0]).packed
-            return NETWORK_PORT, [_frame(b"\0" * 6, ip, self._me_ip, _INA_PORT, payload[off : off + wire.INA_PAYLOAD_LEN])
-                                  for off in range(0, n, wire.INA_PAYLOAD_LEN)]
-        return None
+    def report(self) -> dict[str, float | int]:
+        """The copy's counters and the CPU seconds it served with so far."""
+        return {"frames": self.frames, "bundles_sent": self.bundles_sent, "bundled": self.bundled,
+                "cpu_seconds": self.cpu_seconds}
 
-    def _process(self, port: int, frames: list[bytes], src: tuple[str, int]) -> None:
-        """Frames of datagrams from ``src`` through the model in one batch (``process_batch``: the outputs and
-        state of processing them one by one), what it emits to its destinations."""
+    def _wake(self, reads: dict[tuple[str, int], list[tuple[int, int, int]]]) -> None:
+        """One wake-up's datagrams, one batch per source, through the model; what it emits sent per destination
+        (runs of INA frames in GSO sends, bundles towards a neighbour's copy)."""
         with self._lock:
-            pipe = self._pipe
+            pipe, hosts = self._pipe, self._hosts
         if pipe is None:
             return
-        self.frames += len(frames)
-        outs = pipe.process_batch(port, frames) if len(frames) > 1 else pipe.process(port, frames[0])
-        for _out_port, out in outs:
-            dst = (str(ipaddress.IPv4Address(out[30:34])), int.from_bytes(out[36:38], "big"))
-            if port == NETWORK_PORT and dst == (src[0], wire.INA_UDP_PORT):
-                dst = src  # an answer to the sender: back to the datagram's real source
-            if dst in self._hosts:
-                bundle = self._bundles.setdefault(dst, [])
-                bundle.append(out[wire.INA_OFFSET:])
-                if len(bundle) >= self.bundle_frames:
-                    self._send(b"".join(bundle), dst)
-                    bundle.clear()
+        out: dict[tuple[str, int], list[bytes]] = {}  # INA payloads per destination, in emission order
+        for src, runs in reads.items():
+            batch = self._rows(src, runs, hosts)
+            if batch is None:
+                continue
+            port, rows = batch
+            self.frames += len(rows)
+            emitted = pipe.process_batch(port, rows) if len(rows) > 1 else pipe.process(port, rows[0].tobytes())
+            for _out_port, frame in emitted:
+                dst = self._routes.get(frame[30:38])
+                if dst is None:
+                    dst = self._routes[frame[30:38]] = (str(ipaddress.IPv4Address(frame[30:34])),
+                                                        int.from_bytes(frame[36:38], "big"))
+                if port == NETWORK_PORT and dst[1] == wire.INA_UDP_PORT and dst[0] == src[0]:
+                    dst = src  # an answer to the sender: back to the datagram's real source
+                if len(frame) != wire.INA_FRAME_LEN:  # not a whole INA payload: on its own, never in a run
+                    self._send_run(memoryview(frame[wire.INA_OFFSET:]), len(frame) - wire.INA_OFFSET, 1, dst)
+                    continue
+                out.setdefault(dst, []).append(frame[wire.INA_OFFSET:])
+        for dst, payloads in out.items():
+            data, k = memoryview(b"".join(payloads)), len(payloads)
+            if dst in hosts:  # bundles: ``bundle_frames`` payloads per datagram, the rest in one more
+                per = self.bundle_frames
+                whole, rest = divmod(k, per)
+                self._send_run(data, per * PAYLOAD, whole, dst)
+                if rest:
+                    self._send_run(data[whole * per * PAYLOAD :], rest * PAYLOAD, 1, dst)
+                self.bundles_sent += whole + (rest > 0)
+                self.bundled += k
             else:
-                self._send(out[wire.INA_OFFSET:], dst)
+                self._send_run(data, PAYLOAD, k, dst)
 
-    def _flush(self) -> None:
-        """Send every bundle waiting: the copy has read everything there was."""
-        for dst, bundle in self._bundles.items():
-            if bundle:
-                self._send(b"".join(bundle), dst)
-                bundle.clear()
+    def _rows(self, src: tuple[str, int], runs: list[tuple[int, int, int]], hosts: frozenset
+              ) -> tuple[int, np.ndarray] | None:
+        """The port and the model's frames (rows) of one source's reads, or None if the copy drops them all.
 
-    def _send(self, datagram: bytes, dst: tuple[str, int]) -> None:
-        if dst in self._hosts:
-            self.bundles_sent += 1
-            self.bundled += len(datagram) // wire.INA_PAYLOAD_LEN
+        The worker's gradients and frames from a switch are single INA payloads per datagram; a neighbour's
+        copy may send bundles (any whole number of payloads per datagram). Other datagrams are dropped."""
+        if src == self._own:
+            port, bundles = HOST_PORT, False
+        elif src[0] in self._neighbours:
+            port, bundles = NETWORK_PORT, src in hosts
+        else:
+            return None
+        keep: list[memoryview] = []
+        view = memoryview(self._rbuf)
+        for off, n, seg in runs:
+            tail = n % seg
+            if seg % PAYLOAD or (not bundles and seg != PAYLOAD):
+                continue  # every datagram of the read has the segment's size but the last
+            good = n if tail % PAYLOAD == 0 and (bundles or tail in (0, PAYLOAD)) else n - tail
+            if good:
+                keep.append(view[off : off + good])
+        if not keep:
+            return None
+        payloads = np.frombuffer(keep[0] if len(keep) == 1 else b"".join(keep), np.uint8).reshape(-1, PAYLOAD)
+        rows = np.empty((len(payloads), wire.INA_FRAME_LEN), np.uint8)
+        rows[:, : wire.INA_OFFSET] = self._header(src, port)
+        rows[:, wire.INA_OFFSET :] = payloads
+        if port == HOST_PORT:
+            rows[:, wire.INA_OFFSET + _O_WORKER] = self._local
+        return port, rows
+
+    def _header(self, src: tuple[str, int], port: int) -> np.ndarray:
+        """The Ethernet, IPv4 and UDP headers the model sees on frames from ``src`` (the same on all of them)."""
+        h = self._headers.get(src)
+        if h is None:
+            if port == HOST_PORT:
+                raw = _frame(self._me_mac, self._me_ip, self._me_ip, src[1].to_bytes(2, "big"), b"")
+            else:
+                raw = _frame(b"\0" * 6, ipaddress.IPv4Address(src[0]).packed, self._me_ip, _INA_PORT, b"")
+            h = self._headers[src] = np.frombuffer(raw, np.uint8)
+        return h
+
+    def _send_run(self, data: memoryview, size: int, count: int, dst: tuple[str, int]) -> None:
+        """``count`` datagrams of ``size`` bytes to ``dst`` (GSO where the kernel has it); one the socket cannot
+        take is lost like a dropped frame and recovered end to end."""
         try:
-            self.sock.sendto(datagram, dst)
-        except (BlockingIOError, ConnectionRefusedError, OSError):
-            pass  # lost like dropped frames; recovered end to end
+            self._io.send_run(data, size, count, dst)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+
+class CopyMode(enum.Enum):
+    """Where a host member's copy runs."""
+
+    THREAD = "thread"  # a thread of the agent's process (sharing its interpreter with the agent's stream)
+    PROCESS = "process"  # a child process of its own (its own interpreter: no GIL shared with the stream)
+
+
+class HostCopyFailed(RuntimeError):
+    """The copy's child process failed (the agent's call cannot complete without it)."""
+
+
+class HostCopy:
+    """The host-member copy of one worker, following the job's grants: a thread of the agent, or a child process.
+
+    ``follow(grant)`` before the stream sees a grant: where the grant makes this worker a host member of a ring
+    on chains the copy (re)starts with that generation's entries, else it drops everything it gets. With
+    ``CopyMode.PROCESS`` the copy runs in a child (``sys.executable``, spawned), binds its socket there and
+    answers each ``follow`` before it returns, so the order holds across the two processes; if the child dies,
+    ``follow`` and ``report`` raise ``HostCopyFailed`` and the agent's log says so at once.
+    """
+
+    def __init__(self, me: Worker, workers: tuple[Worker, ...],
+                 switch_addresses: Mapping[str, tuple[str, int]] | None = None, *,
+                 bundle_frames: int = BUNDLE_FRAMES, mode: CopyMode = CopyMode.THREAD) -> None:
+        if not 1 <= bundle_frames <= BUNDLE_FRAMES:
+            raise ValueError(f"bundle_frames must be in 1..{BUNDLE_FRAMES}, got {bundle_frames}")
+        self.me, self.mode = me, mode
+        self.address = (me.ip, host_copy_port(me.udp_port))
+        args = (me, tuple(workers), dict(switch_addresses or {}), bundle_frames)
+        self._last: dict[str, float | int] = {}
+        self._closed = self._stopping = False
+        if mode is CopyMode.THREAD:
+            self._copy: _Copy | None = _Copy(*args)
+            self._thread = threading.Thread(target=self._copy.serve, name=f"host-copy-w{me.worker_id}", daemon=True)
+            self._thread.start()
+            return
+        self._copy = None
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter from sys.executable: no forked threads
+        self._conn, child = ctx.Pipe()
+        self._lock = threading.Lock()  # one request at a time on the pipe
+        self._proc = ctx.Process(target=_child_main, args=(child, *args), name=f"host-copy-w{me.worker_id}",
+                                 daemon=True)
+        self._proc.start()
+        child.close()
+        kind, value = self._reply(_START_TIMEOUT)
+        if kind != "ready":
+            self._proc.join(timeout=5)
+            raise OSError(value)
+        self._watch = threading.Thread(target=self._watch_child, name=f"host-copy-w{me.worker_id}-watch", daemon=True)
+        self._watch.start()
+
+    def follow(self, grant: Grant) -> None:
+        """Take the grant's ring: this worker's copy for its generation, or none."""
+        if self._copy is not None:
+            self._copy.follow(grant)
+        else:
+            self._request("follow", grant)
+
+    def report(self) -> dict[str, float | int]:
+        """frames (INA payloads processed), bundles_sent and bundled (datagrams to neighbours' copies, payloads
+        in them), cpu_seconds (the copy's thread, or its whole child process)."""
+        if self._copy is not None:
+            return self._copy.report()
+        if self._closed:
+            return dict(self._last)
+        return self._request("report")
+
+    @property
+    def frames(self) -> int:
+        return int(self.report()["frames"])
+
+    @property
+    def bundles_sent(self) -> int:
+        return int(self.report()["bundles_sent"])
+
+    @property
+    def bundled(self) -> int:
+        return int(self.report()["bundled"])
+
+    def cpu_report(self) -> dict[str, float | int]:
+        """The copy's CPU seconds and INA payloads (``Agent.cpu_report``); a child's CPU is not in the agent's
+        process time (``host_copy_child_cpu_seconds`` says how much to add)."""
+        r = self.report()
+        out: dict[str, float | int] = {"host_copy_cpu_seconds": r["cpu_seconds"], "host_copy_frames": r["frames"],
+                                       "host_copy_mode": self.mode.value}
+        if self.mode is CopyMode.PROCESS:
+            out["host_copy_child_cpu_seconds"] = r["cpu_seconds"]
+        return out
+
+    def _request(self, kind: str, value: object = None):
+        with self._lock:
+            if not self._proc.is_alive():
+                raise HostCopyFailed(f"worker {self.me.worker_id}: its host-member copy's process exited "
+                                     f"(code {self._proc.exitcode})")
+            try:
+                self._conn.send((kind, value))
+            except (OSError, ValueError) as exc:
+                raise HostCopyFailed(f"worker {self.me.worker_id}: its host-member copy's process is gone: {exc}") from exc
+            answer, result = self._reply(_REQUEST_TIMEOUT)
+        if answer != "ok":
+            raise HostCopyFailed(f"worker {self.me.worker_id}: its host-member copy failed: {result}")
+        return result
+
+    def _reply(self, timeout: float) -> tuple[str, object]:
+        try:
+            if self._conn.poll(timeout):
+                return self._conn.recv()
+        except (EOFError, OSError):
+            pass
+        return "error", (f"worker {self.me.worker_id}: its host-member copy's process did not answer "
+                         f"(exit code {self._proc.exitcode})")
+
+    def _watch_child(self) -> None:
+        """Log at once when the child ends before ``close``: the agent's calls then time out or fail."""
+        multiprocessing.connection.wait([self._proc.sentinel])
+        if not self._stopping:
+            log.error("worker %d: its host-member copy's process exited (code %s)", self.me.worker_id,
+                      self._proc.exitcode)
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.sock.close()
+        if self._closed:
+            return
+        if self._copy is not None:
+            self._closed = True
+            self._copy.stop()
+            self._thread.join(timeout=5)
+            self._copy.sock.close()
+            return
+        self._stopping = True  # the child's end is expected from here on
+        try:
+            self._last = self._request("stop")
+        except HostCopyFailed:
+            pass
+        self._closed = True
+        self._proc.join(timeout=5)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout=5)
+        self._conn.close()
+
+
+_START_TIMEOUT = 60.0  # a spawned interpreter importing numpy and the model, on a loaded machine
+_REQUEST_TIMEOUT = 30.0
+
+
+def _answer(copy: _Copy, control: Connection) -> None:
+    """One request from the agent, in the child: follow a grant, report, or stop (reporting a last time)."""
+    try:
+        kind, value = control.recv()
+    except (EOFError, OSError):  # the agent is gone
+        copy.stop()
+        return
+    if kind == "follow":
+        copy.follow(value)
+        control.send(("ok", None))
+    elif kind == "report":
+        control.send(("ok", copy.report()))
+    elif kind == "stop":
+        copy.stop()
+        control.send(("ok", copy.report()))
+    else:
+        control.send(("error", f"unknown request {kind!r}"))
+
+
+def _child_main(control: Connection, me: Worker, workers: tuple[Worker, ...],
+                switch_addresses: dict[str, tuple[str, int]], bundle_frames: int) -> None:
+    """The child process of ``CopyMode.PROCESS``: bind, say ready (or why not), serve until told to stop."""
+    logging.basicConfig(level=logging.WARNING, format=f"host-copy-w{me.worker_id}: %(levelname)s %(message)s")
+    try:
+        copy = _Copy(me, workers, switch_addresses, bundle_frames)
+    except OSError as exc:
+        control.send(("error", str(exc)))
+        return
+    control.send(("ready", None))
+    try:
+        copy.serve(control)
+    except BaseException as exc:  # reported to the agent (its next request fails with this), then exit non-zero
+        log.exception("worker %d: host-member copy failed", me.worker_id)
+        try:
+            control.send(("error", f"{type(exc).__name__}: {exc}"))
+        except OSError:
+            pass
+        raise SystemExit(1) from exc
+    finally:
+        copy.sock.close()

@@ -174,6 +174,33 @@ class DatagramIo:
             off += keep
         return off
 
+    def drain_sources(self, view: memoryview, on_read: Callable[[int, int, int, tuple[str, int]], None]) -> int:
+        """``drain`` for a socket that hears several senders (a Rina host member's copy): reads land back to
+        back in ``view`` and are all kept; ``on_read(offset, length, segment, source)`` is called for each read
+        (one sender's datagrams: ``length // segment`` of ``segment`` bytes, then a shorter one for the rest;
+        ``segment == length`` without coalescing). Returns the bytes read; the caller drains again if that
+        left less than ``read_room`` free."""
+        room = self.read_room
+        end = len(view) - room
+        off = 0
+        recvmsg_into = self.sock.recvmsg_into
+        space = _GRO_CMSG_SPACE if self.gro else 0
+        while off <= end:
+            try:
+                n, anc, _flags, src = recvmsg_into([view[off : off + room]], space)
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionRefusedError:
+                continue
+            seg = n
+            for level, kind, data in anc:
+                if level == SOL_UDP and kind == UDP_GRO and len(data) >= 2:
+                    seg = int.from_bytes(data[:2], sys.byteorder) if len(data) < 4 else _INT.unpack_from(data)[0]
+            if n:
+                on_read(off, n, seg if 0 < seg < n else n, src)
+            off += n
+        return off
+
     @property
     def read_room(self) -> int:
         """Room one read needs in the drain buffer."""

@@ -143,38 +143,42 @@ def test_rack_compares_chunks_of_one_chain_only() -> None:
 
 @pytest.mark.parametrize("racks,ina", [(["r1", "r1", "r2", "r2"], {"r1"}), (["r1", "r2", "r2", "r3", "r3"], {"r2"})],
                          ids=["2x2-half", "3-racks-one"])
-@pytest.mark.parametrize("faults,bundle_frames", [(None, 10), (Faults(drop=0.02, duplicate=0.01), 10), (None, 1)],
-                         ids=["clean", "lossy", "no-bundles"])
-def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks, ina, faults, bundle_frames,
+@pytest.mark.parametrize("faults,bundle_frames,mode", [(None, 10, "thread"), (Faults(drop=0.02, duplicate=0.01), 10, "thread"),
+                                                     (None, 1, "thread"), (None, 10, "process")],
+                         ids=["clean", "lossy", "no-bundles", "own-process"])
+def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks, ina, faults, bundle_frames, mode,
                                                                           monkeypatch):
     """Racks without INA: each worker there is a ring member keeping its copy of the chain in its agent; every
     worker is plain INA (towards its switch or its copy) and gets the exact sum, also under loss (on the switches
-    and, lossy, on what the copies send: single frames and bundles between host members alike)."""
-    from host_agent.host_member import HostCopy
+    and, lossy, on what the copies send: single frames and bundles between host members alike); the copy runs in
+    a thread of the agent or in a child process of its own."""
+    from host_agent.host_member import CopyMode, _Copy
 
     if faults is not None:
-        send, fault_rng = HostCopy._send, np.random.default_rng(11)
+        send_run, fault_rng = _Copy._send_run, np.random.default_rng(11)
 
-        def faulty_send(self, datagram: bytes, dst) -> None:
-            x = fault_rng.random()
-            if x < faults.drop:
-                return
-            send(self, datagram, dst)
-            if x > 1 - faults.duplicate:
-                send(self, datagram, dst)
+        def faulty_send_run(self, data, size: int, count: int, dst) -> None:
+            for j in range(count):  # each datagram of the run dropped or duplicated on its own
+                x = fault_rng.random()
+                if x < faults.drop:
+                    continue
+                for _ in range(2 if x > 1 - faults.duplicate else 1):
+                    send_run(self, data[j * size : (j + 1) * size], size, 1, dst)
 
-        monkeypatch.setattr(HostCopy, "_send", faulty_send)
+        monkeypatch.setattr(_Copy, "_send_run", faulty_send_run)
     rng = np.random.default_rng(len(racks) + 1)
     inputs = [(rng.standard_normal(2000) * 3).astype(np.float32) for _ in racks]
     with LocalCluster(racks, ina_racks=ina, slots=SLOTS, backend="rina", faults=faults, seed=5,
-                      options=dataclasses.replace(OPTIONS, rina_bundle_frames=bundle_frames)) as cl:
+                      options=dataclasses.replace(OPTIONS, rina_bundle_frames=bundle_frames,
+                                                  rina_copy=CopyMode(mode))) as cl:
         _install_chains(cl)
 
         def work(agent):
             results = [agent.allreduce(inputs[agent.rank]) for _ in range(2)]
             copy = agent.host_copy
-            return (results, agent.stats, agent.plan.kind, copy is not None and copy.frames > 0,
-                    (copy.bundles_sent, copy.bundled) if copy is not None else (0, 0))
+            report = copy.report() if copy is not None else {"frames": 0, "bundles_sent": 0, "bundled": 0}
+            assert copy is None or copy.mode is CopyMode(mode)
+            return (results, agent.stats, agent.plan.kind, report["frames"] > 0, (report["bundles_sent"], report["bundled"]))
 
         out = cl.run(work)
         partials = sum(sw.counter("MyIngress.ina_partials", JOB_ID) for sw in cl.switches.values() if sw)

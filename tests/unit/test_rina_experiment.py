@@ -57,3 +57,24 @@ def test_summary_of_repetitions_takes_medians_with_spread():
     assert half["granted_backend"] == "ina" and half["exact"] is True
     assert half["retransmits_per_chunk"] == pytest.approx(8 / (128 * 8 * 3))
     assert "(1.00-2.00)" in RinaExperiment.report({"points": [p]})[1]
+
+
+def test_cpu_per_call_from_the_agents_reports_and_its_medians():
+    from topologies.experiments.rina import cpu_per_call
+
+    workers = [{"cpu_seconds": 2.0}, {"cpu_seconds": 4.0, "host_copy_cpu_seconds": 1.0},
+               {"cpu_seconds": 6.0, "host_copy_cpu_seconds": 3.0}]
+    assert cpu_per_call(workers, 4) == {"agents_cpu_s_per_call": 3.0, "host_copies_cpu_s_per_call": 1.0}
+    assert cpu_per_call([{"cpu_seconds": 8.0}], 4) == {"agents_cpu_s_per_call": 2.0}
+    cfg = RinaConfig(layouts=((2, 4),), ina_fractions=(0.5,), elements=4096, iterations=2, repetitions=3)
+    rows = []
+    for rep, cpu in enumerate([5.0, 7.0, 6.0]):
+        rows += [dict(_row("leafspine-ring", "ring", 1.0), repetition=rep, agents_cpu_s_per_call=2.0),
+                 dict(_row("leafspine-1ina", "rina", 1.2, 0.5), repetition=rep, agents_cpu_s_per_call=cpu,
+                      host_copies_cpu_s_per_call=cpu / 4)]
+    (p,) = RinaExperiment.summarize(rows, cfg)["points"]
+    assert p["ring_agents_cpu_s_per_call"] == 2.0
+    (half,) = p["rina"]
+    assert half["agents_cpu_s_per_call"] == 6.0 and half["host_copies_cpu_s_per_call"] == 1.5
+    lines = RinaExperiment.report({"points": [p]})
+    assert "agents' CPU 2.0 s/call" in lines[0] and "agents' CPU 6.0 s/call (copies 1.5)" in lines[1]

@@ -55,6 +55,21 @@ def framed_ideal_ratio(racks: int, per_rack: int, ina_racks: int, uplink_ratio: 
     return max(1 / INA_SHARE, busiest) / ring
 
 
+def cpu_per_call(workers: list[dict], calls: int) -> dict[str, float]:
+    """The agents' CPU seconds per all-reduce (every worker's process, start-up included, over the calls it
+    made) and their host-member copies' part of it (Rina with racks without INA)."""
+    out = {"agents_cpu_s_per_call": sum(float(w.get("cpu_seconds", 0.0)) for w in workers) / calls}
+    copies = [float(w["host_copy_cpu_seconds"]) for w in workers if "host_copy_cpu_seconds" in w]
+    if copies:
+        out["host_copies_cpu_s_per_call"] = sum(copies) / calls
+    return out
+
+
+def _median_of(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return median(values) if values else None
+
+
 def framed_ideal_ina_ratio(n: int) -> float:
     """Single-switch INA over the flat ring of n workers (every link equal)."""
     return (1 / INA_SHARE) / (2 * (n - 1) / n / TCP_SHARE)
@@ -77,6 +92,7 @@ class RinaConfig:
             ina-switch (``Faults``); every result still checked exact, resends counted.
         bundles_ab: also run each mixed fraction (some racks without INA) with bundles off (``ina-agent
             --rina-bundle-frames 1``: one INA payload per datagram between host members).
+        copy: where host members' copies run (``ina-agent --rina-copy``): "thread" of the agent or "process".
     """
 
     layouts: tuple[tuple[int, int], ...] = ((2, 4), (4, 2))
@@ -91,8 +107,11 @@ class RinaConfig:
     repetitions: int = 3
     loss: tuple[float, ...] = ()
     bundles_ab: bool = False
+    copy: str = "thread"
 
     def __post_init__(self) -> None:
+        if self.copy not in ("thread", "process"):
+            raise ValueError(f"copy must be thread or process, got {self.copy!r}")
         object.__setattr__(self, "layouts", checked_layouts(self.layouts))
         object.__setattr__(self, "ina_fractions", tuple(float(f) for f in self.ina_fractions))
         object.__setattr__(self, "loss", tuple(float(p) for p in self.loss))
@@ -137,6 +156,7 @@ class RinaExperiment(Experiment):
         ("--repetitions", "repetitions", int, "runs of every point (medians with spread)"),
         ("--loss", "loss", "floats", "drop probabilities of extra Rina runs (ina-switch), e.g. 0.01"),
         ("--bundles-ab", "bundles_ab", "true", "also run mixed fractions with bundles off (A/B)"),
+        ("--copy", "copy", str, "where host members' copies run: thread (default) or process"),
     )
 
     @classmethod
@@ -153,7 +173,7 @@ class RinaExperiment(Experiment):
         cfg, ctx = self.config, self.ctx
         port = INA_UDP_BASE + 200
         common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
-                  "--check")
+                  "--check", "--rina-copy", cfg.copy)
         for racks, per in cfg.layouts:
             n = racks * per
             layout = f"{racks}x{per}"
@@ -197,7 +217,7 @@ class RinaExperiment(Experiment):
                     row = allreduce_row(workers, kind="rina", layout=layout, racks=racks, per_rack=per, run=label,
                                         repetition=rep, backend=backend, ina_fraction=frac, bw_mbps=cfg.bw_mbps,
                                         uplink_ratio=cfg.uplink_ratio, loss=loss, bundles=bundles,
-                                        load1=os.getloadavg()[0])
+                                        copy=cfg.copy, load1=os.getloadavg()[0], **cpu_per_call(workers, cfg.warmup + cfg.iterations))
                     ctx.record(row)
                     ctx.progress(f"{layout} {label}: median {row['seconds_median'] * 1e3:.0f} ms, "
                                  f"retransmits {row['retransmits']}, exact {row.get('exact')}")
@@ -220,7 +240,9 @@ class RinaExperiment(Experiment):
             ring_by_rep = {r.get("repetition", 0): r["seconds_median"] for r in by.get((layout, "leafspine-ring"), [])}
             point: dict[str, Any] = {"layout": layout, "ring_s": ring_s, "ring_spread_s": spread(times(layout, "leafspine-ring")),
                                      "ina_s": ina_s, "ina_spread_s": spread(times(layout, "star")),
-                                     "framed_ideal_ina_ratio": framed_ideal_ina_ratio(racks * per), "rina": []}
+                                     "framed_ideal_ina_ratio": framed_ideal_ina_ratio(racks * per), "rina": [],
+                                     "ring_agents_cpu_s_per_call": _median_of(by.get((layout, "leafspine-ring"), []),
+                                                                             "agents_cpu_s_per_call")}
             for run in sorted({r["run"] for r in ok if r["layout"] == layout and r["backend"] == "rina"},
                               key=lambda run: (-by[(layout, run)][0]["ina_fraction"], by[(layout, run)][0].get("loss") or 0.0,
                                  not by[(layout, run)][0].get("bundles", True))):
@@ -244,6 +266,8 @@ class RinaExperiment(Experiment):
                     "ratio_to_ring_spread": spread(ratios),
                     "ratio_to_ina": seconds / ina_s if ina_s else None,
                     "framed_ideal_ratio": framed_ideal_ratio(racks, per, k, config.uplink_ratio, config.slots),
+                    "agents_cpu_s_per_call": _median_of(reps, "agents_cpu_s_per_call"),
+                    "host_copies_cpu_s_per_call": _median_of(reps, "host_copies_cpu_s_per_call"),
                 })
             points.append(point)
         return {"points": points, "errors": sum(1 for r in rows if r.get("error"))}
@@ -253,6 +277,8 @@ class RinaExperiment(Experiment):
         lines = []
         for p in summary.get("points", []):
             head = f"{p['layout']}: ring {p['ring_s'] * 1e3:.0f} ms" if p.get("ring_s") else f"{p['layout']}:"
+            if p.get("ring_agents_cpu_s_per_call"):
+                head += f" (agents' CPU {p['ring_agents_cpu_s_per_call']:.1f} s/call)"
             if p.get("ina_s"):
                 head += f", single-switch INA {p['ina_s'] * 1e3:.0f} ms"
             lines.append(head)
@@ -267,7 +293,11 @@ class RinaExperiment(Experiment):
                                                                                 ", no bundles")
                 lines.append(f"  Rina {r['ina_fraction']:.0%} INA racks{what} ({granted}): "
                              f"{r['seconds'] * 1e3:.0f} ms, /ring {ratio} (framed ideal {r['framed_ideal_ratio']:.2f}), "
-                             f"retransmits/chunk {r['retransmits_per_chunk']:.3f}, exact {r['exact']}")
+                             f"retransmits/chunk {r['retransmits_per_chunk']:.3f}, exact {r['exact']}"
+                             + (f", agents' CPU {r['agents_cpu_s_per_call']:.1f} s/call" if r.get("agents_cpu_s_per_call")
+                                else "")
+                             + (f" (copies {r['host_copies_cpu_s_per_call']:.1f})" if r.get("host_copies_cpu_s_per_call")
+                                else ""))
         return lines
 
     @staticmethod

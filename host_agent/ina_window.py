@@ -294,6 +294,8 @@ class InaPhase:
         stats.window_cuts += cwnd.cuts - cuts0
         stats.loss_cuts += cwnd.loss_cuts - loss_cuts0
         self._reorder_mult = flight.reorder_mult
+        if est.samples:
+            stats.path_rtt_s, stats.srtt_s = est.path_rtt, est.srtt
         if guard and sent:
             self._guard_until = float(last_tx.max()) + guard
         stats.packets_sent += sent

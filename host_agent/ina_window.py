@@ -283,10 +283,11 @@ class InaPhase:
                     hold = max(hold, last_tx[nxt - S] + guard)
                 wake = min(wake, hold)
             wait = wake - now
-            if wait <= 0:
+            if wait <= 0 or progressed:
+                # after progress, once more at once: at high rates the next results are there already (polling
+                # instead halved the agent's rate through bench/agent_bench.py's echo, session 8), though at n = 8
+                # on the loaded testbed about half of all turns are such empty ones
                 continue
-            # after progress too: poll returns at once if more datagrams came meanwhile, and costs one system call
-            # where going round again would cost a whole empty turn (a drain, the timers: half the turns at n=8)
             poll.poll(wait * 1000.0)
         if waits is not None:
             waits[0] += mono() - wait_since

@@ -148,6 +148,10 @@ class StreamStats:
     cwnd_wait_s: float = 0.0
     tail_wait_s: float = 0.0
     path_rtt_floor_s: float = 0.0  # the RTT estimator's path floor under the current generation (grant or override)
+    # the estimator's path round trip (shortest seen, at least the floor) and smoothed round trip after the last INA
+    # window, seconds (0 before any): what experiment 1 sizes its grants to (docs/experiments.md, "Grant sizing")
+    path_rtt_s: float = 0.0
+    srtt_s: float = 0.0
     window_cuts: int = 0  # congestion-window decreases (host_agent/congestion.py)
     loss_cuts: int = 0  # of those, the ones made on a loss
     results: int = 0

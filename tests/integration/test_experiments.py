@@ -20,6 +20,7 @@ pytest.importorskip("mininet")
 from simulator.calibration import load_calibration  # noqa: E402
 from inaproto.commands import REPO, Command, command_argv
 from topologies import state as run_state  # noqa: E402
+from topologies.experiments.allreduce import measured_slots  # noqa: E402
 from topologies.cleanup import root_interfaces  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -165,13 +166,18 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
 
 def test_relative_out_from_the_checkout_root(tmp_path):
     """``--out`` relative to the checkout (where the README's commands run): every path handed to the
-    controller, switches and agents is absolute, so they find their files from their own working folders."""
+    controller, switches and agents is absolute, so they find their files from their own working folders.
+    ``--slots 0``: the grant is sized to the round trip a probe job measures first (experiment 1's default)."""
     out = Path(os.path.relpath(tmp_path / "res", REPO))
-    proc = subprocess.run([*INA_EXP, "run", "allreduce", "--tiny", "--no-calibrate", "--workers", "2",
+    proc = subprocess.run([*INA_EXP, "run", "allreduce", "--tiny", "--no-calibrate", "--workers", "2", "--slots", "0",
                            "--backends", "ina", "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir, doc = results_of(tmp_path / "res", "allreduce")
     assert doc["status"] == "complete" and [r["exact"] for r in doc["rows"] if r["kind"] == "allreduce"] == [True]
+    probe = next(r for r in doc["rows"] if r["kind"] == "rtt_probe")
+    assert len(probe["path_rtt_s"]) == 2 and min(probe["path_rtt_s"]) > 0
+    assert [r["slots"] for r in doc["rows"] if r["kind"] == "allreduce"] == [probe["slots"]]
+    assert probe["slots"] == measured_slots(max(probe["path_rtt_s"]), probe["bw_mbps"])
     topology = json.loads((run_dir / "runs" / "01-n2-star" / "controller-topology.json").read_text())
     assert topology  # written where the controller read it
     assert proc.stdout.strip().splitlines()[-1] == f"plot: {run_dir / 'allreduce.png'}"

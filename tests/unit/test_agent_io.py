@@ -188,7 +188,54 @@ def _batch_state(vector: bool, results: list[bytes]) -> tuple:
     rb._apply(len(results))
     st = stub.stats
     return (bytes(got), bytes(seg.res32), bytes(seg.flag), bytes(seg.src), rb.remaining, rb.progressed,
-            st.stale, st.ignored, st.spurious_resends, flight.rack_i, flight.rack_xmit)
+            st.stale, st.ignored, st.spurious_resends, flight.rack_i, flight.rack_xmit, _window_state(flight))
+
+
+def _window_state(flight: Flight) -> tuple:
+    """Everything a batch of results changes in the window's bookkeeping (estimator, congestion window, RACK)."""
+    est, cw = flight.rtt, flight.cwnd
+    return (flight.last_new, flight.tail_probed, flight.probe_answered, flight.held_n, flight.reorder_mult,
+            flight.rack_dirty, tuple(flight._xmit), tuple(flight._idx), tuple(flight._rtt),
+            est.srtt, est.rttvar, est.min_rtt, est.samples, est.backoff, est.rto, tuple(est._recent),
+            tuple(sorted((k, repr(v)) for k, v in vars(cw).items())), bytes(flight.counted), flight.stats.spurious_resends,
+            tuple(tuple(d) for d in flight.class_rtts or ()))
+
+
+def test_short_batches_update_the_window_exactly_as_numpy_does() -> None:
+    """``Flight.delivered_few`` (the short-batch loop) leaves every bit of state as ``delivered_many`` does: resent
+    chunks answered early (spurious) and late, HELD chunks, path classes with ties in send times, 1..40 results."""
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        K = 48
+        classes = (np.arange(K) % 3) if trial % 2 else None
+        flights = []
+        for _ in range(2):
+            est = RttEstimator(0.05, 0.01, 1.0)
+            est.sample(0.004)
+            f = Flight(K, 0, est, CongestionWindow(), 16, StreamStats(), 1, classes, [] if classes is not None else None)
+            for lo in range(0, K, 8):  # runs of 8 sent at one instant
+                f.sent(lo, lo + 8, 0.001 * lo)
+            flights.append(f)
+        resent = rng.choice(K, size=int(rng.integers(0, 6)), replace=False)
+        held = rng.choice(K, size=int(rng.integers(0, 3)), replace=False)
+        now = 0.06 + float(rng.random()) * 0.01
+        for f in flights:
+            for i in resent:
+                f.resent(int(i), now - float(rng.random()) * 0.01 if i % 2 else 0.01, early=bool(i % 3))
+            for i in held:
+                f.queried(int(i), 0.02)
+                f.status(int(i), True, 0.03)
+        rng2 = np.random.default_rng(trial)
+        resent_times = {int(i): now - float(rng2.random()) * 0.01 for i in resent}
+        for f in flights:
+            for i, t in resent_times.items():
+                f.sent_at[i] = t
+        sel = rng.choice(K, size=int(rng.integers(1, 41)), replace=False)
+        if trial % 4 == 0 and resent.size:  # only resent chunks: the probe's answer
+            sel = resent
+        flights[0].delivered_few([int(i) for i in sel], now)
+        flights[1].delivered_many(sel.astype(np.int64), now)
+        assert _window_state(flights[0]) == _window_state(flights[1]), trial
 
 
 def test_results_applied_in_batches_exactly_as_one_at_a_time() -> None:

@@ -227,6 +227,27 @@ def test_summaries_state_the_figures():
     assert hs["targets"]["convergence_1pp"] is True and hs["targets"]["max_accuracy_diff_pp"] == pytest.approx(0.0)
 
 
+def test_experiment_1_sizes_its_grants_to_the_measured_round_trip():
+    from topologies.experiments.allreduce import SLOT_HEADROOM, AllreduceConfig, measured_slots
+
+    # 2 Mbit/s carries 2e6 / (184 * 8) = 1358.7 frames/s: 15 ms holds 20.4 of them, twice that is 41 slots
+    assert SLOT_HEADROOM == 2.0 and measured_slots(0.015, 2.0) == 41 and measured_slots(0.0102, 2.0) == 28
+    assert measured_slots(0.02, 20.0) == 544 and measured_slots(1.0, 40.0) == 1024 and measured_slots(1e-9, 2.0) == 1
+    with pytest.raises(ValueError, match="positive round trip"):
+        measured_slots(0.0, 2.0)
+    assert AllreduceConfig().slots == 0 and get_experiment("allreduce").make_config("small").slots == 0
+    with pytest.raises(ValueError, match="slots must be 0"):
+        AllreduceConfig(slots=1025)
+    cfg = get_experiment("allreduce").make_config("small")
+    rows = [{"kind": "rtt_probe", "workers": 8, "path_rtt_s": [0.014, 0.0151], "slots": 42}]
+    for b, t in (("ina", 0.4), ("ring", 0.5)):
+        rows.append(allreduce_row([worker([t])] * 8, kind="allreduce", workers=8, backend=b, slots=42 if b == "ina" else None))
+    s = get_experiment("allreduce").summarize(rows, cfg)
+    p8 = s["points"][0]
+    assert p8["slots"] == 42 and p8["path_rtt_ms"] == pytest.approx(15.1) and p8["ina_wire_ratio"] == 0.4 / p8["ina_wire_s"]
+    assert "42 slots (path round trip 15.1 ms measured)" in get_experiment("allreduce").report(s)[0]
+
+
 # --- configuration -----------------------------------------------------------------------------------------
 def test_registry_names_aliases_and_presets():
     assert list(load_all()) == ["allreduce", "hetero", "multijob", "loss", "rina", "tree"]

@@ -13,13 +13,24 @@ The links carry ``rtt_ms`` of propagation round trip between each worker and its
 and switch memory matters. ``slot_sweep`` adds SwitchML's pool-size curve: one INA job of
 ``sweep_workers`` at a fixed RTT, time vs granted slots, against ``max(framed wire time, chunks x RTT /
 slots)`` (RTT: the added round trip plus one frame's serialization each way).
+
+**Grant sizing** (``slots`` 0, the default): the jobs' grants follow the round trip the path really has,
+not the nominal one. The agents and the software switch add milliseconds to ``rtt_ms`` (14-16 ms where
+10 ms is nominal at 2 Mbit/s), so a grant of the nominal BDP leaves the window short of the link, and by
+how much swings from run to run. Before the timed jobs of each worker count, a probe INA job (one call of
+the same tensor, granted twice the nominal BDP) runs on the same star; every agent reports its path round
+trip (``StreamStats.path_rtt_s``: the shortest round trip it saw), and every backend's job of that count
+asks for ``SLOT_HEADROOM`` times the bandwidth-delay product of the longest of them (``measured_slots``),
+as the controller sizes Rina's chains. ``--slots N`` grants N instead (no probe).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inaproto import wire
 from inaproto.backends import Backend
 from topologies.experiments import register
 from topologies.experiments.aggregate import (
@@ -38,6 +49,16 @@ from topologies.experiments.base import Experiment
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
 BACKENDS = tuple(b.value for b in Backend)  # the experiment compares every backend a grant can hold
+SLOT_HEADROOM = 2.0  # grants: twice the measured bandwidth-delay product (as controller/chains.py sizes Rina's chains)
+
+
+def measured_slots(path_rtt_s: float, bw_mbps: float, headroom: float = SLOT_HEADROOM) -> int:
+    """Slots for a job on ``bw_mbps`` links whose measured path round trip is ``path_rtt_s``: ``headroom`` times the
+    chunks that round trip holds at line rate (one INA frame per chunk), within 1..wire.NUM_SLOTS."""
+    if not (path_rtt_s > 0 and bw_mbps > 0):
+        raise ValueError(f"need a positive round trip and rate, got {path_rtt_s!r} s, {bw_mbps!r} Mbit/s")
+    frames_per_s = bw_mbps * 1e6 / (wire.INA_FRAME_LEN * 8)
+    return max(1, min(wire.NUM_SLOTS, math.ceil(headroom * path_rtt_s * frames_per_s)))
 
 
 @dataclass(frozen=True)
@@ -50,7 +71,8 @@ class AllreduceConfig:
         elements: float32 elements per all-reduce.
         iterations: timed all-reduces per (n, backend); warmup: untimed ones before.
         bw_mbps: every host link and uplink, Mbit/s (htb).
-        slots: INA slots each job asks for (its window): the bandwidth-delay product (16 at 2 Mbit/s, 10 ms).
+        slots: INA slots each job asks for (its window); 0 (the default): ``SLOT_HEADROOM`` x the bandwidth-delay
+            product of the round trip a probe job measures on the same star first (module docstring, "Grant sizing").
         rtt_ms: round trip added between each worker and its switch (``ina-exp --rtt-ms``; 0 on bmv2).
         slot_sweep: granted slot counts of the pool-size curve (empty: no curve).
         sweep_workers, sweep_elements: the curve's job (workers, float32 elements per all-reduce).
@@ -63,7 +85,7 @@ class AllreduceConfig:
     iterations: int = 5
     warmup: int = 1
     bw_mbps: float = 2.0
-    slots: int = 16
+    slots: int = 0
     rtt_ms: float = 10.0
     slot_sweep: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 64, 128)
     sweep_workers: int = 4
@@ -83,8 +105,10 @@ class AllreduceConfig:
         bad = [b for b in self.backends if b not in BACKENDS]
         if bad or not self.backends:
             raise ValueError(f"backends must be some of {', '.join(BACKENDS)}, got {list(self.backends)}")
-        if self.elements < 1 or self.iterations < 1 or self.warmup < 0 or self.slots < 1 or not self.bw_mbps > 0:
-            raise ValueError("elements, iterations, slots and bw_mbps must be positive, warmup >= 0")
+        if self.elements < 1 or self.iterations < 1 or self.warmup < 0 or not self.bw_mbps > 0:
+            raise ValueError("elements, iterations and bw_mbps must be positive, warmup >= 0")
+        if not 0 <= self.slots <= wire.NUM_SLOTS:
+            raise ValueError(f"slots must be 0 (measured) or 1..{wire.NUM_SLOTS}, got {self.slots}")
 
 
 @register
@@ -99,7 +123,7 @@ class AllreduceExperiment(Experiment):
         ("--elements", "elements", int, "float32 elements per all-reduce"),
         ("--iterations", "iterations", int, "timed all-reduces per point"),
         ("--bw", "bw_mbps", float, "link bandwidth, Mbit/s"),
-        ("--slots", "slots", int, "INA slots per job (its window)"),
+        ("--slots", "slots", int, "INA slots per job (its window; 0: sized to a probe's measured round trip)"),
         ("--slot-sweep", "slot_sweep", "ints", "granted slots of the pool-size curve, e.g. 1,4,16,64 (empty: none)"),
         ("--sweep-workers", "sweep_workers", int, "workers of the pool-size curve's job"),
         ("--no-slot-sweep", "slot_sweep", "false", "skip the pool-size curve"),
@@ -124,6 +148,7 @@ class AllreduceExperiment(Experiment):
         common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
                   "--check")  # every worker compares its result with the exact sum of all inputs
         for n in cfg.workers:
+            slots = cfg.slots or None  # None: measured by the probe on the star (Rina's racks take the same)
             star_backends = [b for b in cfg.backends if b in ("ina", "ring")]
             plans: list[tuple[str, Any, list[str]]] = []
             if star_backends:
@@ -139,18 +164,22 @@ class AllreduceExperiment(Experiment):
                              f"switch {ctx.options.switch})")
                 with ctx.testbed(topo, f"n{n}-{topo_name}") as bed:
                     hosts = tuple(f"h{i}" for i in range(1, n + 1))
+                    if slots is None and topo_name == "star":
+                        port += 1
+                        slots = self._probe_slots(bed, n, hosts, port)
                     for backend in backends:
                         port += 1
                         ctx.progress(f"n={n} backend={backend}: {cfg.warmup}+{cfg.iterations} all-reduces of "
                                      f"{cfg.elements} float32")
                         job = AgentJob(f"ar-n{n}-{backend}", hosts, "allreduce", backend=backend, args=common,
-                                       requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
+                                       requested_slots=(slots or self._nominal_slots()) if backend != "ring" else None,
+                                       udp_port=port)
                         workers = ctx.run_job(bed, job, {"kind": "allreduce", "workers": n, "backend": backend,
                                                          "topology": topo_name})
                         if workers is None:
                             continue
                         row = allreduce_row(workers, kind="allreduce", workers=n, backend=backend, topology=topo_name,
-                                            bw_mbps=cfg.bw_mbps, slots=cfg.slots if backend != "ring" else None)
+                                            bw_mbps=cfg.bw_mbps, slots=(slots or self._nominal_slots()) if backend != "ring" else None)
                         ctx.record(row)
                         ctx.progress(f"n={n} backend={backend}: median {row['seconds_median'] * 1e3:.0f} ms, "
                                      f"{row['goodput_mbps']:.2f} Mbit/s, retransmits {row['retransmits']}")
@@ -158,6 +187,35 @@ class AllreduceExperiment(Experiment):
             self._slot_sweep(port + 1)
         if cfg.calibrate:
             self._calibrate(port + 100)
+
+    def _nominal_slots(self) -> int:
+        """Twice the nominal bandwidth-delay product: the probe's grant (and the jobs' where no probe could run)."""
+        cfg = self.config
+        return max(1, min(wire.NUM_SLOTS, math.ceil(SLOT_HEADROOM * bdp_slots(cfg.rtt_ms, cfg.bw_mbps))))
+
+    def _probe_slots(self, bed: Any, n: int, hosts: tuple[str, ...], port: int) -> int | None:
+        """Run the probe job (one call of the experiment's tensor) and size the grants to the longest path round trip
+        its agents measured (``measured_slots``); None if the probe failed (the jobs then ask for the nominal grant)."""
+        cfg, ctx = self.config, self.ctx
+        probe = self._nominal_slots()
+        job = AgentJob(f"probe-n{n}", hosts, "allreduce", backend="ina", requested_slots=probe, udp_port=port,
+                       args=("--elements", str(cfg.elements), "--iterations", "1", "--warmup", "0"))
+        try:
+            workers = bed.run_jobs([job])[job.name]
+        except AgentFailure as exc:
+            ctx.error(f"n={n}: round-trip probe: {exc}")
+            return None
+        rtts = [float((w.get("stats") or {}).get("path_rtt_s") or 0) for w in workers]
+        if not rtts or min(rtts) <= 0:
+            ctx.error(f"n={n}: round-trip probe: no round trip measured ({rtts}); nominal grant of {probe} slots")
+            return None
+        slots = measured_slots(max(rtts), cfg.bw_mbps)
+        ctx.record({"kind": "rtt_probe", "workers": n, "bw_mbps": cfg.bw_mbps, "rtt_ms": cfg.rtt_ms,
+                    "probe_slots": probe, "path_rtt_s": rtts, "nominal_rtt_s": window_rtt_seconds(cfg.rtt_ms, cfg.bw_mbps),
+                    "nominal_bdp_slots": bdp_slots(cfg.rtt_ms, cfg.bw_mbps), "slots": slots})
+        ctx.progress(f"n={n}: path round trip {max(rtts) * 1e3:.1f} ms measured (nominal "
+                     f"{window_rtt_seconds(cfg.rtt_ms, cfg.bw_mbps) * 1e3:.1f} ms): grants of {slots} slots")
+        return slots
 
     def _slot_sweep(self, port: int) -> None:
         """SwitchML's pool-size curve: one job, time vs granted slots at a fixed round trip."""
@@ -219,9 +277,17 @@ class AllreduceExperiment(Experiment):
                     point[f"{b}_s"] = median(r["seconds_median"] for r in rs)
                     point[f"{b}_granted"] = rs[0].get("granted_backend")
                     nbytes = rs[0]["bytes"]
+            granted = [r.get("slots") for b in ("ina", "rina") for r in by.get((n, b), []) if r.get("slots")]
+            if granted:
+                point["slots"] = granted[0]
+            probes = [max(r["path_rtt_s"]) for r in rows if r.get("kind") == "rtt_probe" and r.get("workers") == n]
+            if probes:
+                point["path_rtt_ms"] = probes[-1] * 1e3
             if nbytes:
                 point["ina_wire_s"] = ina_wire_seconds(nbytes, config.bw_mbps)
                 point["ring_wire_s"] = ring_wire_seconds(nbytes, n, config.bw_mbps)
+            if point.get("ina_s") and point.get("ina_wire_s"):
+                point["ina_wire_ratio"] = point["ina_s"] / point["ina_wire_s"]
             if point.get("ina_s") and point.get("ring_s"):
                 point["ina_ring_ratio"] = point["ina_s"] / point["ring_s"]
                 point["ina_faster_than_ring"] = 1 - point["ina_ring_ratio"]
@@ -245,6 +311,11 @@ class AllreduceExperiment(Experiment):
                              f"with framing {p['framed_ideal_ratio']:.2f})")
             if p.get("rina_ring_ratio"):
                 parts.append(f"Rina/ring {p['rina_ring_ratio']:.2f}")
+            if p.get("ina_wire_ratio"):
+                parts.append(f"INA {p['ina_wire_ratio']:.2f}x its framed wire time")
+            if p.get("slots"):
+                rtt = f" (path round trip {p['path_rtt_ms']:.1f} ms measured)" if p.get("path_rtt_ms") else ""
+                parts.append(f"{p['slots']} slots{rtt}")
             lines.append(", ".join(parts))
         curve = summary.get("slot_curve") or []
         if curve:
@@ -317,7 +388,8 @@ class AllreduceExperiment(Experiment):
         ax2.grid(alpha=0.3)
         legend(ax2, fontsize=8)
         ax2.set_title("speed-up over ring", fontsize=9)
-        note(fig, f"{config.iterations} timed calls per point after {config.warmup} warm-up; INA slots per job {config.slots}; "
+        note(fig, f"{config.iterations} timed calls per point after {config.warmup} warm-up; INA slots per job "
+                  f"{config.slots or 'sized to the measured round trip'}; "
                   "Rina: 2 racks of n/2 under a spine")
         save(fig, path, AllreduceExperiment.title)
 

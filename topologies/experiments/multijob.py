@@ -50,6 +50,13 @@ def window_probe_slots(demand: int) -> int:
     return max(1, (3 * demand) // 4)
 
 
+def ring_probe_sizes(jobs: tuple["TraceJob", ...]) -> tuple[int, int]:
+    """The ring probe's tensor sizes (elements): the trace's largest and half of it, two points spanning its jobs'
+    ring steps from which the per-step overhead and per-byte cost are fitted."""
+    largest = max(tj.elements for tj in jobs)
+    return max(1, largest // 2), largest
+
+
 @dataclass(frozen=True)
 class TraceJob:
     """One job of the trace: ``workers`` hosts, ``iterations`` all-reduces of ``elements`` float32."""
@@ -288,7 +295,7 @@ class MultijobExperiment(Experiment):
         all at once, each with the largest tensor, the trace's request (its BDP), ``--check`` and the
         controller polled as in the trace. The calibration takes their medians over the repetitions; none of
         it comes from the trace's own runs, which the comparison predicts."""
-        from topologies.experiments.calibrate import run_lifecycle_probe, run_shared_probe, run_window_probe
+        from topologies.experiments.calibrate import run_lifecycle_probe, run_ring_probe, run_shared_probe, run_window_probe
 
         ctx, cfg = self.ctx, self.config
         elements = max(tj.elements for tj in cfg.jobs)
@@ -306,6 +313,9 @@ class MultijobExperiment(Experiment):
             window = run_window_probe(bed, jobs[0].hosts, elements=elements, iterations=3,
                                       slots=window_probe_slots(cfg.demand_slots), rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps,
                                       udp_port=INA_UDP_BASE + 940, record=ctx.record, progress=ctx.progress, args=("--check",))
+            ring = run_ring_probe(bed, jobs[0].hosts, sizes=ring_probe_sizes(cfg.jobs), iterations=3, rtt_ms=cfg.rtt_ms,
+                                  bw_mbps=cfg.bw_mbps, udp_port=INA_UDP_BASE + 960, record=ctx.record, progress=ctx.progress,
+                                  args=("--check",))
             shared = run_shared_probe(bed, jobs, slots=cfg.demand_slots, udp_port=INA_UDP_BASE + 950, record=ctx.record,
                                       progress=ctx.progress, bw_mbps=cfg.bw_mbps, rtt_ms=cfg.rtt_ms, on_sample=poll)
         except AgentFailure as exc:
@@ -316,7 +326,7 @@ class MultijobExperiment(Experiment):
                      f"{cond.get('busy_cores', 0):.2f} (switch {cond.get('switch_cores', 0):.2f}, agents "
                      f"{cond.get('agents_cores', 0):.2f}, others {cond.get('others_cores', 0):.2f}), load "
                      f"{cond.get('loadavg_start', 0):.1f}-{cond.get('loadavg_end', 0):.1f}")
-        return [lifecycle, window, shared]
+        return [lifecycle, window, *ring, shared]
 
     def write_calibration(self, probes: list[dict]) -> Path:
         """calibration.json: the given file's, or the probes' (medians of the repeated trace probes)."""

@@ -96,6 +96,11 @@ class Calibration:
     # resend of what the workers lack. Added once per change of a running job's grant.
     # Measure: the agents' reported reallocation pause (ina-agent stats), median.
     realloc_pause_us: float = 0.0
+    # Whether a job moved off the ring loses the ring all-reduce in flight (the testbed's agents abort it and redo
+    # its chunks on the new backend: host_agent/ring_phases.py): its progress returns to where that op began (the
+    # all-reduce's start, or the move onto the ring if later). False: a move keeps every byte already reduced.
+    # Measure: the agents' pauses (ina-agent stats: the lost seconds of a move off the ring).
+    ring_move_restarts_op: bool = False
     # Fraction of communication hidden behind computation (DDP bucketing overlaps backward with
     # all-reduce): iteration = compute + (1 - overlap) * communication. 0 = no overlap (conservative).
     comm_overlap: float = 0.0
@@ -134,6 +139,8 @@ class Calibration:
             raise CalibrationError(f"calibration field 'cwnd_min_window' must be an integer >= 1, got {self.cwnd_min_window!r}")
         if not isinstance(self.cwnd_floor_bdp, bool):
             raise CalibrationError(f"calibration field 'cwnd_floor_bdp' must be true or false, got {self.cwnd_floor_bdp!r}")
+        if not isinstance(self.ring_move_restarts_op, bool):
+            raise CalibrationError(f"calibration field 'ring_move_restarts_op' must be true or false, got {self.ring_move_restarts_op!r}")
         if not isinstance(self.cwnd_latecomer, bool):
             raise CalibrationError(f"calibration field 'cwnd_latecomer' must be true or false, got {self.cwnd_latecomer!r}")
         if not _is_number(self.agent_startup_cpu_s) or self.agent_startup_cpu_s < 0:

@@ -207,6 +207,7 @@ def test_the_ring_probe_fits_a_step_overhead_and_a_per_byte_cost():
     cal = calibration_from(rows, ring_goodput=0.94, source="t", rtt_ms=40.0)
     assert cal.ring_step_overhead_us == pytest.approx(4000.0)
     assert cal.ring_goodput_fraction == pytest.approx(0.8)
+    assert cal.ring_move_restarts_op  # the testbed's agents abort the ring op in flight on a move
     # The simulator then predicts the probe's own calls.
     assert model.ring_time(cal, 4 * 8192, 4, 62_500 * cal.ring_goodput_fraction) == pytest.approx(rows[0]["seconds_median"])
 

@@ -334,6 +334,26 @@ def test_a_ring_job_in_the_simulator_takes_the_measured_steps():
     assert result.jobs[0].jct_s == pytest.approx(3 * 6 * (0.001 + 8192 / (0.9 * host)), rel=1e-9)
 
 
+def test_a_move_off_the_ring_loses_the_ring_all_reduce_in_flight():
+    """B waits on the ring while A holds the whole pool; when A leaves (mid-way through one of B's ring all-reduces)
+    B moves to INA. With ring_move_restarts_op (the testbed's agents abort the ring op in flight) B's progress goes
+    back to its last whole all-reduce; without it the fraction done on the ring is kept."""
+    host, nbytes, pool = 100 * GB, 1e8, 342
+    t_ina = model.ina_time(CAL, nbytes, model.ina_rate(CAL, host, pool, 4))
+    t_ring = model.ring_time(CAL, nbytes, 4, host * CAL.ring_goodput_fraction)
+    assert t_ina < t_ring  # B takes INA once it has slots
+    jobs = [job(0, workers=4, nbytes=nbytes, iterations=7, compute=0.0, slots=pool, min_slots=pool),
+            job(1, workers=4, nbytes=nbytes, iterations=20, compute=0.0, slots=pool, min_slots=pool)]
+    leave = 7 * t_ina  # A's finish: B's ring progress then
+    done = leave / t_ring
+    assert done % 1 > 0.1  # mid-way through an all-reduce
+    kept = simulate(jobs, slots_per_switch=pool).jobs[1]
+    lost = simulate(jobs, slots_per_switch=pool, cal=dataclasses.replace(CAL, ring_move_restarts_op=True)).jobs[1]
+    assert [h[1] for h in lost.history] == ["ring", "ina"]
+    assert kept.finish_s == pytest.approx(leave + (20 - done) * t_ina, rel=1e-9)
+    assert lost.finish_s == pytest.approx(leave + (20 - math.floor(done)) * t_ina, rel=1e-9)
+
+
 def test_a_negative_ring_step_overhead_is_refused():
     with pytest.raises(CalibrationError, match="ring_step_overhead_us"):
         dataclasses.replace(CAL, ring_step_overhead_us=-1.0)

@@ -232,3 +232,18 @@ def test_the_ring_probe_spans_the_traces_sizes():
 
     assert ring_probe_sizes(TRACE) == (8192, 16384)
     assert ring_probe_sizes(TINY_TRACE) == (2048, 4096)
+
+
+def test_the_summary_carries_the_ring_probe_and_its_fit():
+    from topologies.experiments.multijob import MultijobConfig, MultijobExperiment
+
+    rows = [_ring_row(8192, 6 * 0.14), _ring_row(16384, 6 * 0.28), _ring_row(16384, 6 * 0.30)]
+    summary = MultijobExperiment.summarize([{**r, "kind": "probe"} for r in rows], MultijobConfig())
+    ring = summary["ring_steps"]
+    assert ring["call_s"] == {8192: pytest.approx(0.84), 16384: pytest.approx(1.74)} and ring["workers"] == 4
+    overhead, cost = ring_step_fit(rows)
+    assert ring["overhead_us"] == pytest.approx(overhead * 1e6)
+    assert ring["goodput_fraction"] == pytest.approx(1 / (cost * 62_500))
+    assert any(line.startswith("ring probe (4 workers): 32 KiB 0.840 s, 64 KiB 1.740 s")
+               for line in MultijobExperiment.report(summary))
+    assert MultijobExperiment.summarize([], MultijobConfig())["ring_steps"] == {}

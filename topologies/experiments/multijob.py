@@ -428,6 +428,7 @@ class MultijobExperiment(Experiment):
                    **_per_repetition(rows, sims)}
         return {"trace": [vars(tj) for tj in config.jobs], "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
                 "runs": runs, "targets": _targets(runs), "memory": memory, "simulator": sim,
+                "ring_steps": _ring_steps(rows, config),
                 "probes": [{"probe": r["probe"], "gradients_per_s": r.get("gradients_per_s"),
                             "seconds_median": r.get("seconds_median"), "cpu_s_per_agent": r.get("cpu_s_per_agent"),
                             **{k: r["conditions"].get(k) for k in ("busy_cores", "others_cores", "agents_cores",
@@ -454,6 +455,12 @@ class MultijobExperiment(Experiment):
         if t.get("priority_high_speedup_over_static") is not None:
             lines.append(f"at 50 %: priority policy's high-priority mean JCT {t['priority_high_speedup_over_static']:.2f}x "
                          f"better than static (target >= 1.35: {'met' if t['priority_high_speedup_over_static'] >= 1.35 else 'MISSED'})")
+        ring = summary.get("ring_steps") or {}
+        if ring.get("call_s"):
+            calls = ", ".join(f"{int(e) * 4 // 1024} KiB {s:.3f} s" for e, s in ring["call_s"].items())
+            fitted = (f"step overhead {ring['overhead_us'] / 1000:.1f} ms, goodput {ring['goodput_fraction']:.3f} of the link"
+                      if ring.get("overhead_us") is not None else "no fit")
+            lines.append(f"ring probe ({ring['workers']} workers): {calls}; {fitted}")
         sim = summary.get("simulator")
         if sim:
             lines.append(f"testbed vs ina-sim: {sim['within_tolerance']}/{sim['jobs_compared']} jobs within ±{sim['tolerance']:.0%} "
@@ -566,6 +573,21 @@ def _per_repetition(rows: list[dict], sims: list[dict]) -> dict:
     return {"per_repetition": [{"rep": rep, **stats(d), "others_cores_median": median(loads.get(rep, [])),
                                 "others_cores_max": max(loads.get(rep, []), default=None)} for rep, d in sorted(by_rep.items())],
             "by_background": {"quiet_cores": QUIET_CORES, **{k: stats(v) for k, v in by_load.items()}}}
+
+
+def _ring_steps(rows: list[dict], config: MultijobConfig) -> dict:
+    """The ring probe's calls per tensor size (medians over the repetitions' probes) and the step fitted from them
+    (topologies.experiments.calibrate.ring_step_fit): per step max(path latency, overhead + chunk / rate)."""
+    from topologies.experiments.calibrate import RING_PROBE, ring_step_fit
+
+    ring = [r for r in rows if r.get("kind") == "probe" and r.get("probe") == RING_PROBE and r.get("seconds_median")]
+    if not ring:
+        return {}
+    fit = ring_step_fit(ring)
+    calls = {e: median(float(r["seconds_median"]) for r in rs) for (e,), rs in sorted(group_by(ring, "elements").items())}
+    return {"workers": ring[0].get("workers"), "call_s": calls,
+            "overhead_us": fit[0] * 1e6 if fit else None,
+            "goodput_fraction": min(1.0, 8 / (fit[1] * config.bw_mbps * 1e6)) if fit else None}
 
 
 def _p95(values: list[float]) -> float:

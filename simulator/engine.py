@@ -609,9 +609,11 @@ class Simulation:
         moved = (backend, slots) != (job.backend, job.slots) and job.backend != ""
         done = job.spec.iterations - job.remaining
         if moved and job.backend == SimBackend.RING and backend != SimBackend.RING and self.cal.ring_move_restarts_op:
-            # The ring all-reduce in flight is aborted (host_agent/ring_phases.py): its work since it began (the
-            # iteration's start, or the move onto the ring) is lost and redone on the new backend.
-            done = max(math.floor(done + 1e-9), min(job.ring_from, done))
+            # The ring all-reduce in flight is aborted (host_agent/ring_phases.py): its work since it began (after the
+            # iteration's compute, or at the move onto the ring) is lost and redone on the new backend.
+            began = math.floor(done + 1e-9) + (job.compute / job.iter_time if job.iter_time > 0 else 0.0)
+            if done > began:
+                done = max(began, min(job.ring_from, done))
             restarted = job.remaining != job.spec.iterations - done
             job.remaining = job.spec.iterations - done
         else:

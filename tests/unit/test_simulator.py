@@ -354,6 +354,25 @@ def test_a_move_off_the_ring_loses_the_ring_all_reduce_in_flight():
     assert lost.finish_s == pytest.approx(leave + (20 - math.floor(done)) * t_ina, rel=1e-9)
 
 
+@pytest.mark.parametrize("compute, in_flight", [(0.010, True), (0.020, False)])
+def test_a_move_during_an_iterations_compute_loses_no_ring_work(compute, in_flight):
+    """With compute c before each all-reduce, B's ring op begins c into its iteration: a move after that loses the
+    op's work since then; a move during the compute loses nothing."""
+    host, nbytes, pool = 100 * GB, 1e8, 342
+    t_ina = model.ina_time(CAL, nbytes, model.ina_rate(CAL, host, pool, 4))
+    t_ring = model.ring_time(CAL, nbytes, 4, host * CAL.ring_goodput_fraction)
+    jobs = [job(0, workers=4, nbytes=nbytes, iterations=7, compute=0.010, slots=pool, min_slots=pool),
+            job(1, workers=4, nbytes=nbytes, iterations=20, compute=compute, slots=pool, min_slots=pool)]
+    leave = 7 * (0.010 + t_ina)
+    done = leave / (compute + t_ring)
+    head = compute / (compute + t_ring)  # where in its iteration B's ring op begins
+    assert (done % 1 > head) == in_flight
+    restart = dataclasses.replace(CAL, ring_move_restarts_op=True)
+    b = simulate(jobs, slots_per_switch=pool, cal=restart).jobs[1]
+    kept = math.floor(done) + head if in_flight else done
+    assert b.finish_s == pytest.approx(leave + (20 - kept) * (compute + t_ina), rel=1e-9)
+
+
 def test_a_negative_ring_step_overhead_is_refused():
     with pytest.raises(CalibrationError, match="ring_step_overhead_us"):
         dataclasses.replace(CAL, ring_step_overhead_us=-1.0)

@@ -30,7 +30,8 @@ from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.testbed import AgentJob, Testbed
 
 __all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "LIFECYCLE_PROBE", "WINDOW_PROBE", "RING_PROBE", "run_probes",
-           "run_shared_probe", "run_startup_probe", "run_lifecycle_probe", "run_window_probe", "run_ring_probe", "ring_step_fit", "overlapping_calls", "calibration_from", "shared_capacity_of",
+           "run_shared_probe", "run_startup_probe", "run_lifecycle_probe", "run_window_probe", "run_ring_probe", "ring_step_fit",
+           "ring_steps_summary", "overlapping_calls", "calibration_from", "shared_capacity_of",
            "ring_fraction", "write_calibration"]
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
@@ -247,6 +248,22 @@ def ring_step_fit(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float] | No
     if overhead < 0:
         overhead, slope = 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
     return (overhead, slope) if slope > 0 else None
+
+
+def ring_steps_summary(rows: Sequence[Mapping[str, Any]], bw_mbps: float) -> dict:
+    """The ring probe's calls per tensor size (``call_s``: medians over the repeated probes, keyed by elements) and
+    the step fitted from them (:func:`ring_step_fit`; ``overhead_us``, ``goodput_fraction`` of ``bw_mbps``); {}
+    without ring probe rows."""
+    ring = [r for r in rows if r.get("kind") == "probe" and r.get("probe") == RING_PROBE and r.get("seconds_median")]
+    if not ring:
+        return {}
+    fit = ring_step_fit(ring)
+    sizes: dict[int, list[float]] = {}
+    for r in ring:
+        sizes.setdefault(int(r["elements"]), []).append(float(r["seconds_median"]))
+    return {"workers": ring[0].get("workers"), "call_s": {e: median(v) for e, v in sorted(sizes.items())},
+            "overhead_us": fit[0] * 1e6 if fit else None,
+            "goodput_fraction": min(1.0, 8 / (fit[1] * bw_mbps * 1e6)) if fit else None}
 
 
 def ring_fraction(rows: Sequence[Mapping[str, Any]], link_mbps: float, rtt_ms: float = 0.0) -> float | None:

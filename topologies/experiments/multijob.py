@@ -34,6 +34,7 @@ from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, group_by, median
 from topologies.errors import ExperimentError
 from topologies.experiments.base import Experiment
+from topologies.experiments.calibrate import ring_steps_summary
 from topologies.experiments.conditions import Conditions
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
@@ -428,7 +429,7 @@ class MultijobExperiment(Experiment):
                    **_per_repetition(rows, sims)}
         return {"trace": [vars(tj) for tj in config.jobs], "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
                 "runs": runs, "targets": _targets(runs), "memory": memory, "simulator": sim,
-                "ring_steps": _ring_steps(rows, config),
+                "ring_steps": ring_steps_summary(rows, config.bw_mbps),
                 "probes": [{"probe": r["probe"], "gradients_per_s": r.get("gradients_per_s"),
                             "seconds_median": r.get("seconds_median"), "cpu_s_per_agent": r.get("cpu_s_per_agent"),
                             **{k: r["conditions"].get(k) for k in ("busy_cores", "others_cores", "agents_cores",
@@ -573,21 +574,6 @@ def _per_repetition(rows: list[dict], sims: list[dict]) -> dict:
     return {"per_repetition": [{"rep": rep, **stats(d), "others_cores_median": median(loads.get(rep, [])),
                                 "others_cores_max": max(loads.get(rep, []), default=None)} for rep, d in sorted(by_rep.items())],
             "by_background": {"quiet_cores": QUIET_CORES, **{k: stats(v) for k, v in by_load.items()}}}
-
-
-def _ring_steps(rows: list[dict], config: MultijobConfig) -> dict:
-    """The ring probe's calls per tensor size (medians over the repetitions' probes) and the step fitted from them
-    (topologies.experiments.calibrate.ring_step_fit): per step max(path latency, overhead + chunk / rate)."""
-    from topologies.experiments.calibrate import RING_PROBE, ring_step_fit
-
-    ring = [r for r in rows if r.get("kind") == "probe" and r.get("probe") == RING_PROBE and r.get("seconds_median")]
-    if not ring:
-        return {}
-    fit = ring_step_fit(ring)
-    calls = {e: median(float(r["seconds_median"]) for r in rs) for (e,), rs in sorted(group_by(ring, "elements").items())}
-    return {"workers": ring[0].get("workers"), "call_s": calls,
-            "overhead_us": fit[0] * 1e6 if fit else None,
-            "goodput_fraction": min(1.0, 8 / (fit[1] * config.bw_mbps * 1e6)) if fit else None}
 
 
 def _p95(values: list[float]) -> float:

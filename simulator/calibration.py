@@ -81,6 +81,12 @@ class Calibration:
     # Latency of one ring step (one worker's chunk to its neighbour, through the stack and the switch).
     # Measure: half the ping round trip between two workers of one rack; 2(n-1) of them per all-reduce.
     ring_step_latency_us: float = 10.0
+    # What one ring step costs beyond its chunk's transfer at ring_goodput_fraction of the link, as measured at the
+    # calibration's link rate and propagation delay; a step then takes max(ring_step_latency + propagation,
+    # ring_step_overhead + chunk / rate) (simulator.model.ring_step_time). None: the whole latency adds to every step.
+    # Measure: ring all-reduces of two or more sizes on the experiment's links and delay, per-step time against chunk
+    # bytes (least squares, overhead >= 0; ina-exp multijob's probe ring-steps, topologies/experiments/calibrate.py).
+    ring_step_overhead_us: float | None = None
     # Propagation round trip added between a worker and its switch (the testbed's ina-switch --link-delay,
     # a cluster's cable and queueing-free fabric delay). Lengthens every INA window round trip
     # (slots * payload per ina_rtt + propagation + serialization) and every ring step (a worker-to-worker hop
@@ -90,6 +96,11 @@ class Calibration:
     # resend of what the workers lack. Added once per change of a running job's grant.
     # Measure: the agents' reported reallocation pause (ina-agent stats), median.
     realloc_pause_us: float = 0.0
+    # Whether a job moved off the ring loses the ring all-reduce in flight (the testbed's agents abort it and redo
+    # its chunks on the new backend: host_agent/ring_phases.py): its progress returns to where that op began (the
+    # all-reduce's start, or the move onto the ring if later). False: a move keeps every byte already reduced.
+    # Measure: the agents' pauses (ina-agent stats: the lost seconds of a move off the ring).
+    ring_move_restarts_op: bool = False
     # Fraction of communication hidden behind computation (DDP bucketing overlaps backward with
     # all-reduce): iteration = compute + (1 - overlap) * communication. 0 = no overlap (conservative).
     comm_overlap: float = 0.0
@@ -128,10 +139,16 @@ class Calibration:
             raise CalibrationError(f"calibration field 'cwnd_min_window' must be an integer >= 1, got {self.cwnd_min_window!r}")
         if not isinstance(self.cwnd_floor_bdp, bool):
             raise CalibrationError(f"calibration field 'cwnd_floor_bdp' must be true or false, got {self.cwnd_floor_bdp!r}")
+        if not isinstance(self.ring_move_restarts_op, bool):
+            raise CalibrationError(f"calibration field 'ring_move_restarts_op' must be true or false, got {self.ring_move_restarts_op!r}")
         if not isinstance(self.cwnd_latecomer, bool):
             raise CalibrationError(f"calibration field 'cwnd_latecomer' must be true or false, got {self.cwnd_latecomer!r}")
         if not _is_number(self.agent_startup_cpu_s) or self.agent_startup_cpu_s < 0:
             raise CalibrationError(f"calibration field 'agent_startup_cpu_s' must be a number >= 0, got {self.agent_startup_cpu_s!r}")
+        if self.ring_step_overhead_us is not None and (not _is_number(self.ring_step_overhead_us)
+                                                       or self.ring_step_overhead_us < 0):
+            raise CalibrationError("calibration field 'ring_step_overhead_us' must be null or a number >= 0, "
+                                   f"got {self.ring_step_overhead_us!r}")
         for name in ("switch_pps", "switch_shared_pps", "shared_cores"):
             value = getattr(self, name)
             if value is not None and (not _is_number(value) or value <= 0):

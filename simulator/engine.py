@@ -104,7 +104,7 @@ class _Job:
     __slots__ = (
         "spec", "placement", "racks", "start", "remaining", "iter_time", "last", "version", "compute",
         "demand_racks", "cross", "backend", "slots", "effective", "history", "requested", "changes", "counts",
-        "ready", "on_spine", "uplink", "uplink_per_iter", "path_rtt", "ready_at",
+        "ready", "on_spine", "uplink", "uplink_per_iter", "path_rtt", "ready_at", "ring_from",
     )
 
     def __init__(self, spec: JobSpec, placement: Placement, start: float, compute: float) -> None:
@@ -132,6 +132,7 @@ class _Job:
         self.history: list[tuple[float, str, int]] = []
         self.requested = 0
         self.changes = 0
+        self.ring_from = 0.0  # iterations done when the job last went onto the ring (its ring op began there or later)
 
 
 class Simulation:
@@ -606,6 +607,19 @@ class Simulation:
             job.remaining = max(0.0, job.remaining - max(0.0, t - job.last) / job.iter_time)
         job.last = max(t, job.last)  # a reallocation pause still running keeps its end
         moved = (backend, slots) != (job.backend, job.slots) and job.backend != ""
+        done = job.spec.iterations - job.remaining
+        if moved and job.backend == SimBackend.RING and backend != SimBackend.RING and self.cal.ring_move_restarts_op:
+            # The ring all-reduce in flight is aborted (host_agent/ring_phases.py): its work since it began (after the
+            # iteration's compute, or at the move onto the ring) is lost and redone on the new backend.
+            began = math.floor(done + 1e-9) + (job.compute / job.iter_time if job.iter_time > 0 else 0.0)
+            if done > began:
+                done = max(began, min(job.ring_from, done))
+            restarted = job.remaining != job.spec.iterations - done
+            job.remaining = job.spec.iterations - done
+        else:
+            restarted = False
+        if backend == SimBackend.RING and job.backend != SimBackend.RING:
+            job.ring_from = done
         if moved and self.cal.realloc_pause_s:
             job.last += self.cal.realloc_pause_s  # SyncGeneration barrier and resend: no progress meanwhile
         if (backend, slots) != (job.backend, job.slots):
@@ -618,7 +632,7 @@ class Simulation:
         self._set_effective(job, held if backend in (SimBackend.INA, SimBackend.RINA, SimBackend.TREE) else 0)
         counts = [c for _, c in job.placement]
         job.uplink_per_iter = model.uplink_bytes(self.cal, backend, job.spec.grad_bytes, counts) if job.cross else 0.0
-        if iter_time == job.iter_time and job.version and not (moved and self.cal.realloc_pause_s):
+        if iter_time == job.iter_time and job.version and not (moved and self.cal.realloc_pause_s) and not restarted:
             return  # same speed: the scheduled completion still holds
         job.iter_time = iter_time
         job.version += 1

@@ -6,8 +6,10 @@ payload bytes per second, times are seconds, ``nbytes`` is the gradient size of 
     window rtt    W = rtt + propagation + 2 * frame / host   (one frame's serialization up and down)
     INA rate      R_ina(s, m) = min(host * payload/frame, s * payload / W, switch_pps * payload / m)
     INA (1 rack)  t = B / R_ina + W
-    ring          t = 2(n-1)/n * B / R + 2(n-1) * (step_latency + propagation),  R = goodput of the slowest link
-    Rina          t = 2(r-1)/r * B / min(R_cross, R_ina) + 2(r-1) * (step_latency + propagation) + W   (r racks)
+    ring step     s(c, R) = step_latency + propagation + c / R                      (c = B/n bytes; no overhead measured)
+                  s(c, R) = max(step_latency + propagation, step_overhead + c / R)  (ring_step_overhead_us measured)
+    ring          t = 2(n-1) * s(B/n, R),  R = goodput of the slowest link
+    Rina          t = 2(r-1) * s(B/r, min(R_cross, R_ina)) + W   (r racks)
     tree          W_tree = 2 (rtt + propagation) + 2 frame / host + 2 frame / uplink   (worker - ToR - spine and back)
                   R_tree = min(R_ina of every ToR and of the spine with W_tree, uplink share * payload/frame)
                   t = B / R_tree + 2 (rtt + propagation)
@@ -29,6 +31,7 @@ __all__ = [
     "window_rtt",
     "ina_rate",
     "ina_time",
+    "ring_step_time",
     "ring_time",
     "rina_time",
     "saturating_slots",
@@ -108,12 +111,27 @@ def ina_time(cal: Calibration, nbytes: float, rate: float) -> float:
     return nbytes / rate + cal.ina_rtt_s + cal.propagation_rtt_s
 
 
+def ring_step_time(cal: Calibration, chunk_bytes: float, rate: float) -> float:
+    """One ring step: a chunk of `chunk_bytes` to the right neighbour while one arrives from the left, at `rate`.
+
+    A step cannot end before the neighbour's chunk has crossed the path (the software step latency and the
+    propagation: a worker-to-worker hop crosses the switch). Without a measured ``ring_step_overhead_us`` that
+    latency adds to the chunk's transfer (a ring that waits out every step on a link with no credit for its idle
+    time). With it (the ring probe's fit at the calibration's link rate and delay), what the ring and the links
+    really expose: the transfer plus that overhead, at least the path's latency (a shaper that banks the link's
+    idle time while a step waits, or a pipelined ring, hides the latency behind the bytes)."""
+    latency = cal.ring_step_latency_s + cal.propagation_rtt_s
+    if cal.ring_step_overhead_us is None:
+        return latency + chunk_bytes / rate
+    return max(latency, cal.ring_step_overhead_us * 1e-6 + chunk_bytes / rate)
+
+
 def ring_time(cal: Calibration, nbytes: float, workers: int, rate: float) -> float:
     """Ring all-reduce among `workers`: 2(n-1) steps of B/n bytes each over the slowest link."""
     if workers <= 1:
         return 0.0
     n = workers
-    return 2 * (n - 1) / n * nbytes / rate + 2 * (n - 1) * (cal.ring_step_latency_s + cal.propagation_rtt_s)
+    return 2 * (n - 1) * ring_step_time(cal, nbytes / n, rate)
 
 
 def rina_time(cal: Calibration, nbytes: float, racks: int, rate: float) -> float:
@@ -125,8 +143,7 @@ def rina_time(cal: Calibration, nbytes: float, racks: int, rate: float) -> float
     if racks <= 1:
         return ina_time(cal, nbytes, rate)
     r = racks
-    return (2 * (r - 1) / r * nbytes / rate + 2 * (r - 1) * (cal.ring_step_latency_s + cal.propagation_rtt_s)
-            + cal.ina_rtt_s + cal.propagation_rtt_s)
+    return 2 * (r - 1) * ring_step_time(cal, nbytes / r, rate) + cal.ina_rtt_s + cal.propagation_rtt_s
 
 
 def saturating_slots(cal: Calibration, rate: float, host_Bps: float | None = None) -> int:

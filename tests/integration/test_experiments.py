@@ -141,6 +141,13 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         assert cal.switch_shared_pps is None or cal.switch_shared_pps > shared["gradients_per_s"]
         life = probes["agent-lifecycle-cpu"]  # an agent's whole life, on the trace's star
         assert cal.agent_startup_cpu_s == life["cpu_s_per_agent"] > 0 and cal.shared_cores >= 1
+        from topologies.experiments.calibrate import ring_step_fit
+
+        ring = [r for r in rows if r.get("probe") == "ring-steps"]  # the ring on the trace's star, two sizes
+        assert sorted(r["elements"] for r in ring) == [2048, 4096] and all(r["exact"] is True for r in ring)
+        assert all((r["bw_mbps"], r["rtt_ms"], r["workers"]) == (2.0, 4.0, 2) for r in ring)
+        fit = ring_step_fit(ring)
+        assert (cal.ring_step_overhead_us is None) == (fit is None)
     elif name == "loss":
         points = doc["summary"]["points"]
         assert [p["loss"] for p in points] == [0.0, 0.05]

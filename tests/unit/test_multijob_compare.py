@@ -9,7 +9,7 @@ import pytest
 
 from simulator import model, shared_switch
 from simulator.calibration import Calibration
-from topologies.experiments.calibrate import calibration_from, overlapping_calls, run_startup_probe
+from topologies.experiments.calibrate import RING_PROBE, calibration_from, overlapping_calls, ring_step_fit, run_startup_probe
 from topologies.experiments.conditions import Conditions, busy_jiffies
 from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
 
@@ -191,3 +191,59 @@ def test_the_trace_keeps_its_bdp_in_slots_at_its_scale():
     tiny = MultijobExperiment.presets()["tiny"]
     assert (tiny.bw_mbps, tiny.rtt_ms, tiny.demand_slots) == (2.0, 4.0, 8)
     assert MultijobConfig().bw_mbps == 0.5
+
+
+def _ring_row(elements: int, seconds: float, workers: int = 4, bw_mbps: float | None = 0.5) -> dict:
+    return {"kind": "probe", "probe": RING_PROBE, "workers": workers, "backend": "ring", "elements": elements,
+            "bytes": 4 * elements, "seconds_median": seconds, "bw_mbps": bw_mbps, "rtt_ms": 40.0}
+
+
+def test_the_ring_probe_fits_a_step_overhead_and_a_per_byte_cost():
+    """Two sizes on a line: per step (time / 2(n-1)) = overhead + chunk (bytes / n) x cost, recovered exactly; the
+    calibration carries the overhead and the cost as a share of the link (0.5 Mbit/s)."""
+    overhead, cost = 0.004, 1 / (0.8 * 62_500)  # 4 ms per step, 80 % of the link
+    rows = [_ring_row(e, 6 * (overhead + e * 4 / 4 * cost)) for e in (8192, 16384)]
+    assert ring_step_fit(rows) == pytest.approx((overhead, cost))
+    cal = calibration_from(rows, ring_goodput=0.94, source="t", rtt_ms=40.0)
+    assert cal.ring_step_overhead_us == pytest.approx(4000.0)
+    assert cal.ring_goodput_fraction == pytest.approx(0.8)
+    assert cal.ring_move_restarts_op  # the testbed's agents abort the ring op in flight on a move
+    # The simulator then predicts the probe's own calls.
+    assert model.ring_time(cal, 4 * 8192, 4, 62_500 * cal.ring_goodput_fraction) == pytest.approx(rows[0]["seconds_median"])
+
+
+def test_a_ring_step_that_hides_its_latency_fits_through_the_origin():
+    """Session 7's trace: 32 and 64 KiB rings in 0.856 and 1.731 s on 0.5 Mbit/s with 40 ms, a negative intercept
+    (the path's latency hidden behind the bytes): the overhead is 0 and the cost is the least-squares slope
+    through the origin; repeated probes count by their median per size; one size alone fits nothing."""
+    rows = [_ring_row(8192, 0.856), _ring_row(16384, 1.731), _ring_row(16384, 1.9), _ring_row(16384, 1.70)]
+    overhead, cost = ring_step_fit(rows)
+    xs, ys = (8192.0, 16384.0), (0.856 / 6, 1.731 / 6)
+    assert overhead == 0.0
+    assert cost == pytest.approx(sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+    assert ring_step_fit(rows[1:]) is None
+    assert calibration_from(rows[1:], ring_goodput=None, source="t").ring_step_overhead_us is None
+    unshaped = [_ring_row(8192, 0.2, bw_mbps=None), _ring_row(16384, 0.3, bw_mbps=None)]
+    assert calibration_from(unshaped, ring_goodput=None, source="t").ring_step_overhead_us is None  # no link rate
+
+
+def test_the_ring_probe_spans_the_traces_sizes():
+    from topologies.experiments.multijob import TINY_TRACE, ring_probe_sizes
+
+    assert ring_probe_sizes(TRACE) == (8192, 16384)
+    assert ring_probe_sizes(TINY_TRACE) == (2048, 4096)
+
+
+def test_the_summary_carries_the_ring_probe_and_its_fit():
+    from topologies.experiments.multijob import MultijobConfig, MultijobExperiment
+
+    rows = [_ring_row(8192, 6 * 0.14), _ring_row(16384, 6 * 0.28), _ring_row(16384, 6 * 0.30)]
+    summary = MultijobExperiment.summarize([{**r, "kind": "probe"} for r in rows], MultijobConfig())
+    ring = summary["ring_steps"]
+    assert ring["call_s"] == {8192: pytest.approx(0.84), 16384: pytest.approx(1.74)} and ring["workers"] == 4
+    overhead, cost = ring_step_fit(rows)
+    assert ring["overhead_us"] == pytest.approx(overhead * 1e6)
+    assert ring["goodput_fraction"] == pytest.approx(1 / (cost * 62_500))
+    assert any(line.startswith("ring probe (4 workers): 32 KiB 0.840 s, 64 KiB 1.740 s")
+               for line in MultijobExperiment.report(summary))
+    assert MultijobExperiment.summarize([], MultijobConfig())["ring_steps"] == {}

@@ -307,6 +307,77 @@ def test_propagation_round_trip_lengthens_the_window_and_every_ring_step():
     assert model.ina_time(cal, 1e6, 1e9) == pytest.approx(1e6 / 1e9 + 5e-6 + 0.010)
 
 
+def test_a_measured_ring_step_overhead_replaces_the_latency_behind_the_bytes():
+    """With ring_step_overhead_us (the ring probe's fit) a step costs its chunk's transfer plus that overhead, never
+    less than the path's latency (software step latency + propagation); without it the latency adds to every step."""
+    host = 0.5e6 / 8  # the trace's 0.5 Mbit/s
+    cal = dataclasses.replace(CAL, propagation_rtt_us=40_000.0, ring_step_latency_us=500.0)
+    measured = dataclasses.replace(cal, ring_step_overhead_us=2_000.0)
+    latency = 500e-6 + 0.040
+    big, small = 8192, 512  # chunk bytes: 131 ms of transfer (bytes-bound), 8 ms (latency-bound)
+    assert model.ring_step_time(cal, big, host) == pytest.approx(latency + big / host)
+    assert model.ring_step_time(measured, big, host) == pytest.approx(0.002 + big / host)
+    assert model.ring_step_time(measured, small, host) == pytest.approx(latency)
+    assert model.ring_time(measured, 4 * big, 4, host) == pytest.approx(6 * (0.002 + big / host))
+    assert model.ring_time(cal, 4 * big, 4, host) == pytest.approx(1.5 * 4 * big / host + 6 * latency)  # as before
+    # Rina's ring of racks takes the same steps (2 racks: chunk B/2), then the last INA round trip.
+    assert model.rina_time(measured, 2 * big, 2, host) == pytest.approx(2 * (0.002 + big / host) + 5e-6 + 0.040)
+
+
+def test_a_ring_job_in_the_simulator_takes_the_measured_steps():
+    """A 4-worker ring job with no INA: iterations x 2(n-1) measured steps."""
+    cal = dataclasses.replace(CAL, propagation_rtt_us=40_000.0, ring_step_overhead_us=1_000.0, ring_goodput_fraction=0.9)
+    host = 0.5e6 / 8
+    spec = ClusterSpec(racks=1, workers_per_rack=4, host_gbps=0.0005, ina_fraction=0.0)
+    result = Simulation(spec, cal, make_policy("first-fit"), make_placement("pack"), check=True).run(
+        [job(0, workers=4, nbytes=32768, iterations=3, compute=0.0)])
+    assert result.jobs[0].jct_s == pytest.approx(3 * 6 * (0.001 + 8192 / (0.9 * host)), rel=1e-9)
+
+
+def test_a_move_off_the_ring_loses_the_ring_all_reduce_in_flight():
+    """B waits on the ring while A holds the whole pool; when A leaves (mid-way through one of B's ring all-reduces)
+    B moves to INA. With ring_move_restarts_op (the testbed's agents abort the ring op in flight) B's progress goes
+    back to its last whole all-reduce; without it the fraction done on the ring is kept."""
+    host, nbytes, pool = 100 * GB, 1e8, 342
+    t_ina = model.ina_time(CAL, nbytes, model.ina_rate(CAL, host, pool, 4))
+    t_ring = model.ring_time(CAL, nbytes, 4, host * CAL.ring_goodput_fraction)
+    assert t_ina < t_ring  # B takes INA once it has slots
+    jobs = [job(0, workers=4, nbytes=nbytes, iterations=7, compute=0.0, slots=pool, min_slots=pool),
+            job(1, workers=4, nbytes=nbytes, iterations=20, compute=0.0, slots=pool, min_slots=pool)]
+    leave = 7 * t_ina  # A's finish: B's ring progress then
+    done = leave / t_ring
+    assert done % 1 > 0.1  # mid-way through an all-reduce
+    kept = simulate(jobs, slots_per_switch=pool).jobs[1]
+    lost = simulate(jobs, slots_per_switch=pool, cal=dataclasses.replace(CAL, ring_move_restarts_op=True)).jobs[1]
+    assert [h[1] for h in lost.history] == ["ring", "ina"]
+    assert kept.finish_s == pytest.approx(leave + (20 - done) * t_ina, rel=1e-9)
+    assert lost.finish_s == pytest.approx(leave + (20 - math.floor(done)) * t_ina, rel=1e-9)
+
+
+@pytest.mark.parametrize("compute, in_flight", [(0.010, True), (0.020, False)])
+def test_a_move_during_an_iterations_compute_loses_no_ring_work(compute, in_flight):
+    """With compute c before each all-reduce, B's ring op begins c into its iteration: a move after that loses the
+    op's work since then; a move during the compute loses nothing."""
+    host, nbytes, pool = 100 * GB, 1e8, 342
+    t_ina = model.ina_time(CAL, nbytes, model.ina_rate(CAL, host, pool, 4))
+    t_ring = model.ring_time(CAL, nbytes, 4, host * CAL.ring_goodput_fraction)
+    jobs = [job(0, workers=4, nbytes=nbytes, iterations=7, compute=0.010, slots=pool, min_slots=pool),
+            job(1, workers=4, nbytes=nbytes, iterations=20, compute=compute, slots=pool, min_slots=pool)]
+    leave = 7 * (0.010 + t_ina)
+    done = leave / (compute + t_ring)
+    head = compute / (compute + t_ring)  # where in its iteration B's ring op begins
+    assert (done % 1 > head) == in_flight
+    restart = dataclasses.replace(CAL, ring_move_restarts_op=True)
+    b = simulate(jobs, slots_per_switch=pool, cal=restart).jobs[1]
+    kept = math.floor(done) + head if in_flight else done
+    assert b.finish_s == pytest.approx(leave + (20 - kept) * (compute + t_ina), rel=1e-9)
+
+
+def test_a_negative_ring_step_overhead_is_refused():
+    with pytest.raises(CalibrationError, match="ring_step_overhead_us"):
+        dataclasses.replace(CAL, ring_step_overhead_us=-1.0)
+
+
 def test_a_reallocation_pause_stops_a_moved_job_once_per_move():
     """As test_slot_loss_mid_run_is_charged_from_that_moment, with a pause P: A is moved once (at T), so it
     finishes P later; B is moved once too (when A leaves), one more P."""

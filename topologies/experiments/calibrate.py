@@ -7,8 +7,9 @@ ring step). Experiment 3's probes run on the trace's own star, before each repet
 process conditions (its links, request, ``--check``, controller polling): an agent's whole life's CPU
 (:func:`run_lifecycle_probe`, ``agent_startup_cpu_s``), one job's window-bound round trip
 (:func:`run_window_probe`, ``ina_rtt_us``) and the trace's jobs all at once (:func:`run_shared_probe`,
-``switch_shared_pps``: ina-sim's model inverted on the probe's configuration); each records the machine's
-conditions (topologies.experiments.conditions). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
+``switch_shared_pps``: ina-sim's model inverted on the probe's configuration) and ring all-reduces of two sizes
+(:func:`run_ring_probe`, ``ring_step_overhead_us`` and ``ring_goodput_fraction``: what a ring step costs on those
+links, fitted by :func:`ring_step_fit`); each records the machine's conditions (topologies.experiments.conditions). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
 measured time). :func:`calibration_from` combines whatever was measured with the simulator's defaults and
 checks the result with ``simulator.calibration``.
 """
@@ -28,8 +29,9 @@ from simulator.calibration import Calibration
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.testbed import AgentJob, Testbed
 
-__all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "LIFECYCLE_PROBE", "WINDOW_PROBE", "run_probes", "run_shared_probe", "run_startup_probe",
-           "run_lifecycle_probe", "run_window_probe", "overlapping_calls", "calibration_from", "shared_capacity_of",
+__all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "LIFECYCLE_PROBE", "WINDOW_PROBE", "RING_PROBE", "run_probes",
+           "run_shared_probe", "run_startup_probe", "run_lifecycle_probe", "run_window_probe", "run_ring_probe", "ring_step_fit",
+           "ring_steps_summary", "overlapping_calls", "calibration_from", "shared_capacity_of",
            "ring_fraction", "write_calibration"]
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
@@ -37,6 +39,7 @@ SHARED_PROBE = "ina-shared-pps"
 WINDOW_PROBE = "ina-window"
 STARTUP_PROBE = "agent-startup-cpu"
 LIFECYCLE_PROBE = "agent-lifecycle-cpu"
+RING_PROBE = "ring-steps"
 
 
 def run_probes(bed: Testbed, *, elements: int, iterations: int, udp_port: int,
@@ -195,6 +198,74 @@ def run_window_probe(bed: Testbed, hosts: Sequence[str], *, elements: int, itera
     return row
 
 
+def run_ring_probe(bed: Testbed, hosts: Sequence[str], *, sizes: Sequence[int], iterations: int, rtt_ms: float,
+                   bw_mbps: float | None, udp_port: int, record: Callable[[dict], None],
+                   progress: Callable[[str], None], args: Sequence[str] = ()) -> list[dict]:
+    """What a ring step costs on the experiment's links: ring all-reduces among ``hosts`` on ``bed`` (its links,
+    ``bw_mbps``, and its added round trip, ``rtt_ms``), one job per tensor size in ``sizes`` (elements), each
+    ``iterations`` timed calls after one warm-up. Measured rather than assumed so that ina-sim follows whatever the
+    ring implementation and the links do (whether a step waits out the path's delay or hides it behind its bytes):
+    :func:`ring_step_fit` turns the rows into a per-step overhead and a per-byte cost. One row per size, with
+    ``conditions`` (topologies.experiments.conditions). ``args``: more agent options (the trace's ``--check``)."""
+    from topologies.experiments.conditions import Conditions
+
+    rows = []
+    for k, elements in enumerate(sizes):
+        progress(f"calibration probe {RING_PROBE} ({len(hosts)} workers, ring, {elements} elements, "
+                 f"{f'{bw_mbps:g} Mbit/s' if bw_mbps else 'unshaped'}, {rtt_ms:g} ms round trip)")
+        job = AgentJob(f"probe-{RING_PROBE}-{k}", tuple(hosts), "allreduce", backend="ring",
+                       args=("--elements", str(elements), "--iterations", str(iterations), "--warmup", "1", *args),
+                       udp_port=udp_port + k)
+        conditions = Conditions(switch_pids=_switch_pids(bed), controller_pids=_controller_pids(bed), probe=RING_PROBE,
+                                bw_mbps=bw_mbps, rtt_ms=rtt_ms, jobs=1, workers=len(hosts))
+        with conditions:
+            workers = bed.run_jobs([job])[job.name]
+        row = allreduce_row(workers, kind="probe", probe=RING_PROBE, workers=len(hosts), backend="ring", rtt_ms=rtt_ms,
+                            bw_mbps=bw_mbps)
+        row["conditions"] = conditions.result
+        record(row)
+        rows.append(row)
+    return rows
+
+
+def ring_step_fit(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
+    """(overhead seconds, seconds per byte) of one ring step from :data:`RING_PROBE` rows: per tensor size the median
+    of the rows' median calls, divided into its 2(n-1) steps, against the step's chunk (bytes / n); a least-squares
+    line with a non-negative intercept (a negative one is refitted through the origin: a step costs at least its
+    bytes). None without two sizes or with a slope <= 0."""
+    points: dict[float, list[float]] = {}
+    for r in rows:
+        if r.get("probe") == RING_PROBE and r.get("seconds_median") and int(r.get("workers") or 0) >= 2:
+            n = int(r["workers"])
+            points.setdefault(float(r["bytes"]) / n, []).append(float(r["seconds_median"]) / (2 * (n - 1)))
+    if len(points) < 2:
+        return None
+    xs = sorted(points)
+    ys = [median(points[x]) for x in xs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    overhead = my - slope * mx
+    if overhead < 0:
+        overhead, slope = 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return (overhead, slope) if slope > 0 else None
+
+
+def ring_steps_summary(rows: Sequence[Mapping[str, Any]], bw_mbps: float) -> dict:
+    """The ring probe's calls per tensor size (``call_s``: medians over the repeated probes, keyed by elements) and
+    the step fitted from them (:func:`ring_step_fit`; ``overhead_us``, ``goodput_fraction`` of ``bw_mbps``); {}
+    without ring probe rows."""
+    ring = [r for r in rows if r.get("kind") == "probe" and r.get("probe") == RING_PROBE and r.get("seconds_median")]
+    if not ring:
+        return {}
+    fit = ring_step_fit(ring)
+    sizes: dict[int, list[float]] = {}
+    for r in ring:
+        sizes.setdefault(int(r["elements"]), []).append(float(r["seconds_median"]))
+    return {"workers": ring[0].get("workers"), "call_s": {e: median(v) for e, v in sorted(sizes.items())},
+            "overhead_us": fit[0] * 1e6 if fit else None,
+            "goodput_fraction": min(1.0, 8 / (fit[1] * bw_mbps * 1e6)) if fit else None}
+
+
 def ring_fraction(rows: Sequence[Mapping[str, Any]], link_mbps: float, rtt_ms: float = 0.0) -> float | None:
     """Ring goodput as a share of the link rate, as ina-sim's ring formula uses it (payload bytes only,
     so TCP/IP framing is part of the fraction): 2(n-1)/n * B / link rate over the measured time less the
@@ -216,10 +287,13 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
 
     The probes run unshaped and undelayed (the software path); ``rtt_ms``, the experiment's added round
     trip, is carried as ``propagation_rtt_us`` and ``realloc_pause_s`` (measured by the agents) as
-    ``realloc_pause_us``."""
+    ``realloc_pause_us``; a move off the ring loses the ring op in flight (``ring_move_restarts_op``: what the
+    agents do). Ring probe rows (:data:`RING_PROBE`, on shaped links) give ``ring_step_overhead_us`` and
+    ``ring_goodput_fraction`` (:func:`ring_step_fit`), in place of ``ring_goodput``."""
     by = {r.get("probe"): r for r in probes}
+    # ring_move_restarts_op: the testbed's agents abort the ring op in flight when their job moves off the ring.
     fields: dict[str, Any] = {"payload_bytes": wire.INA_DATA_LEN, "frame_bytes": wire.INA_FRAME_LEN, "source": source,
-                              "propagation_rtt_us": rtt_ms * 1000}
+                              "propagation_rtt_us": rtt_ms * 1000, "ring_move_restarts_op": True}
     if realloc_pause_s:
         fields["realloc_pause_us"] = realloc_pause_s * 1e6
     one = by.get("ina-1slot")
@@ -243,6 +317,14 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
         fields["ring_step_latency_us"] = float(lat["seconds_median"]) / (2 * (n - 1)) * 1e6
     if ring_goodput:
         fields["ring_goodput_fraction"] = float(ring_goodput)
+    # The ring probe on the experiment's links: its fitted step (one measurement of overhead and per-byte cost) replaces
+    # the goodput given above and adds the overhead; the per-byte cost as a share of the link rate (at most 1).
+    ring_rows = [r for r in probes if r.get("probe") == RING_PROBE and r.get("bw_mbps")]
+    fit = ring_step_fit(ring_rows)
+    if fit is not None:
+        link_Bps = float(ring_rows[0]["bw_mbps"]) * 1e6 / 8
+        fields["ring_step_overhead_us"] = fit[0] * 1e6
+        fields["ring_goodput_fraction"] = min(1.0, 1.0 / (fit[1] * link_Bps))
     startup = by.get(STARTUP_PROBE)
     if startup and startup.get("cpu_s_median") and startup.get("cores"):
         fields["agent_startup_cpu_s"] = float(startup["cpu_s_median"])

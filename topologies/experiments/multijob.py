@@ -34,6 +34,7 @@ from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, group_by, median
 from topologies.errors import ExperimentError
 from topologies.experiments.base import Experiment
+from topologies.experiments.calibrate import ring_steps_summary
 from topologies.experiments.conditions import Conditions
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
@@ -48,6 +49,13 @@ SHARED_CALLS = 8  # timed calls per job of the shared-ceiling probe (after one w
 def window_probe_slots(demand: int) -> int:
     """The window probe's slots: 3/4 of the trace's request (its BDP), window-bound yet filling most of the link."""
     return max(1, (3 * demand) // 4)
+
+
+def ring_probe_sizes(jobs: tuple["TraceJob", ...]) -> tuple[int, int]:
+    """The ring probe's tensor sizes (elements): the trace's largest and half of it, two points spanning its jobs'
+    ring steps from which the per-step overhead and per-byte cost are fitted."""
+    largest = max(tj.elements for tj in jobs)
+    return max(1, largest // 2), largest
 
 
 @dataclass(frozen=True)
@@ -288,7 +296,7 @@ class MultijobExperiment(Experiment):
         all at once, each with the largest tensor, the trace's request (its BDP), ``--check`` and the
         controller polled as in the trace. The calibration takes their medians over the repetitions; none of
         it comes from the trace's own runs, which the comparison predicts."""
-        from topologies.experiments.calibrate import run_lifecycle_probe, run_shared_probe, run_window_probe
+        from topologies.experiments.calibrate import run_lifecycle_probe, run_ring_probe, run_shared_probe, run_window_probe
 
         ctx, cfg = self.ctx, self.config
         elements = max(tj.elements for tj in cfg.jobs)
@@ -306,6 +314,9 @@ class MultijobExperiment(Experiment):
             window = run_window_probe(bed, jobs[0].hosts, elements=elements, iterations=3,
                                       slots=window_probe_slots(cfg.demand_slots), rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps,
                                       udp_port=INA_UDP_BASE + 940, record=ctx.record, progress=ctx.progress, args=("--check",))
+            ring = run_ring_probe(bed, jobs[0].hosts, sizes=ring_probe_sizes(cfg.jobs), iterations=3, rtt_ms=cfg.rtt_ms,
+                                  bw_mbps=cfg.bw_mbps, udp_port=INA_UDP_BASE + 960, record=ctx.record, progress=ctx.progress,
+                                  args=("--check",))
             shared = run_shared_probe(bed, jobs, slots=cfg.demand_slots, udp_port=INA_UDP_BASE + 950, record=ctx.record,
                                       progress=ctx.progress, bw_mbps=cfg.bw_mbps, rtt_ms=cfg.rtt_ms, on_sample=poll)
         except AgentFailure as exc:
@@ -316,7 +327,7 @@ class MultijobExperiment(Experiment):
                      f"{cond.get('busy_cores', 0):.2f} (switch {cond.get('switch_cores', 0):.2f}, agents "
                      f"{cond.get('agents_cores', 0):.2f}, others {cond.get('others_cores', 0):.2f}), load "
                      f"{cond.get('loadavg_start', 0):.1f}-{cond.get('loadavg_end', 0):.1f}")
-        return [lifecycle, window, shared]
+        return [lifecycle, window, *ring, shared]
 
     def write_calibration(self, probes: list[dict]) -> Path:
         """calibration.json: the given file's, or the probes' (medians of the repeated trace probes)."""
@@ -418,6 +429,7 @@ class MultijobExperiment(Experiment):
                    **_per_repetition(rows, sims)}
         return {"trace": [vars(tj) for tj in config.jobs], "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
                 "runs": runs, "targets": _targets(runs), "memory": memory, "simulator": sim,
+                "ring_steps": ring_steps_summary(rows, config.bw_mbps),
                 "probes": [{"probe": r["probe"], "gradients_per_s": r.get("gradients_per_s"),
                             "seconds_median": r.get("seconds_median"), "cpu_s_per_agent": r.get("cpu_s_per_agent"),
                             **{k: r["conditions"].get(k) for k in ("busy_cores", "others_cores", "agents_cores",
@@ -444,6 +456,12 @@ class MultijobExperiment(Experiment):
         if t.get("priority_high_speedup_over_static") is not None:
             lines.append(f"at 50 %: priority policy's high-priority mean JCT {t['priority_high_speedup_over_static']:.2f}x "
                          f"better than static (target >= 1.35: {'met' if t['priority_high_speedup_over_static'] >= 1.35 else 'MISSED'})")
+        ring = summary.get("ring_steps") or {}
+        if ring.get("call_s"):
+            calls = ", ".join(f"{int(e) * 4 // 1024} KiB {s:.3f} s" for e, s in ring["call_s"].items())
+            fitted = (f"step overhead {ring['overhead_us'] / 1000:.1f} ms, goodput {ring['goodput_fraction']:.3f} of the link"
+                      if ring.get("overhead_us") is not None else "no fit")
+            lines.append(f"ring probe ({ring['workers']} workers): {calls}; {fitted}")
         sim = summary.get("simulator")
         if sim:
             lines.append(f"testbed vs ina-sim: {sim['within_tolerance']}/{sim['jobs_compared']} jobs within ±{sim['tolerance']:.0%} "

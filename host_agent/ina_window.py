@@ -108,7 +108,7 @@ class InaPhase:
         nxt = lo = i0  # next chunk to send; lowest chunk without a result
         opts = self.options
         mono = time.monotonic
-        last_progress = mono()
+        last_progress = started = mono()
         sent = 0
         slot, window, tail = [0.0], [0.0], [0.0]  # seconds held back by a busy slot, the window, the tail
         waits: list[float] | None = None
@@ -200,7 +200,8 @@ class InaPhase:
             first = nxt
             if nxt < K or deferred:
                 done = K - i0 - results.remaining
-                room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred) - flight.held_n)  # held: off the link
+                parked = flight.off_link(gotv, lo, results.sent, now, queued)  # lost, or waiting for a peer
+                room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred) - flight.held_n - parked)  # off the link
             left = room
             if deferred:
                 # chunks skipped while their slot was busy go once it is free, in order, whatever the window:
@@ -298,6 +299,7 @@ class InaPhase:
             self._guard_until = float(last_tx.max()) + guard
         stats.packets_sent += sent
         stats.results += K - i0
+        flight.dump_trace(a, wid, started)
         return (partial, pflag) if partial is not None else None
 
 

@@ -6,8 +6,10 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   outstanding one should have come back by now: once it is ``rack_rtt + reorder_window`` past its own
   transmission (``rack_rtt``: the round trip of that later chunk, queueing included), it is resent.
   Results of one worker's chunks come back in the order they were sent (every worker sends in order
-  and a slot completes when its last copy arrives), so only loss or real reordering triggers this; the
-  reorder window is an eighth of the path's round trip, at least ``REORDER_FLOOR``. Where the chunks
+  and a slot completes when its last copy arrives), so loss, real reordering or the *skew between workers*
+  triggers this (a chunk completes when the last worker's copy arrives, and the workers send a chunk up to half
+  a round trip apart); the reorder window is an eighth of the path's round trip, at least ``REORDER_FLOOR``,
+  widened to the measured skew (``RttEstimator.skew``), at most half the path's round trip. Where the chunks
   take paths of different lengths (Rina on chains: partition p's result comes back after the chain that
   ends at ring member p, one to R members long), that order holds only among chunks of one path, so
   RACK keeps its evidence per *path class* (``classes``): a result of a short path's chunk says nothing
@@ -24,6 +26,9 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   result followed), every chunk outstanding for a timeout. Only chunks sent once feed RACK (Karn's rule for RACK: an
   INA result of a resent chunk may answer either send, and a probe answered by a late peer says nothing
   of the chunks sent before it).
+
+Chunks last sent longer ago than RACK's wait without a result are lost or wait at the switch for a peer:
+they are off the link, and leave the congestion window's count (``off_link``) until resent.
 
 A resend is **spurious** when the chunk's original reached the switch. The agent counts it when the first
 result comes back sooner than the path's shortest round trip after the resend (it cannot be the resend's

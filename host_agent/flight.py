@@ -6,10 +6,8 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   outstanding one should have come back by now: once it is ``rack_rtt + reorder_window`` past its own
   transmission (``rack_rtt``: the round trip of that later chunk, queueing included), it is resent.
   Results of one worker's chunks come back in the order they were sent (every worker sends in order
-  and a slot completes when its last copy arrives), so loss, real reordering or the *skew between workers*
-  triggers this (a chunk completes when the last worker's copy arrives, and the workers send a chunk up to half
-  a round trip apart); the reorder window is an eighth of the path's round trip, at least ``REORDER_FLOOR``,
-  widened to the measured skew (``RttEstimator.skew``), at most half the path's round trip. Where the chunks
+  and a slot completes when its last copy arrives), so only loss or real reordering triggers this; the
+  reorder window is an eighth of the path's round trip, at least ``REORDER_FLOOR``. Where the chunks
   take paths of different lengths (Rina on chains: partition p's result comes back after the chain that
   ends at ring member p, one to R members long), that order holds only among chunks of one path, so
   RACK keeps its evidence per *path class* (``classes``): a result of a short path's chunk says nothing
@@ -26,9 +24,6 @@ Loss is found two ways (docs/agent.md, "Loss recovery"):
   result followed), every chunk outstanding for a timeout. Only chunks sent once feed RACK (Karn's rule for RACK: an
   INA result of a resent chunk may answer either send, and a probe answered by a late peer says nothing
   of the chunks sent before it).
-
-Chunks last sent longer ago than RACK's wait without a result are lost or wait at the switch for a peer:
-they are off the link, and leave the congestion window's count (``off_link``) until resent.
 
 A resend is **spurious** when the chunk's original reached the switch. The agent counts it when the first
 result comes back sooner than the path's shortest round trip after the resend (it cannot be the resend's
@@ -53,8 +48,8 @@ from host_agent.rtt import RttEstimator
 __all__ = ["Flight", "QueryMode", "QueryState", "REORDER_FLOOR"]
 
 REORDER_FLOOR = 0.001  # seconds: the smallest reorder window
-REORDER_SHARE = 1 / 8  # of the path's round trip: the least reorder window (RFC 8985's min_rtt / 4, halved)
-SKEW_SHARE_MAX = 1 / 2  # of the path's round trip: the most the measured skew between workers widens it
+REORDER_SHARE = 1 / 8  # of the path's round trip: a worker's results come back in sending order, so only loss
+# reorders them; each lost chunk waits this long before its resend, while SwitchML's slot rule may hold the window
 CLASS_RECENT = 16  # round trips kept per path class
 MAX_REORDER_MULT = 1  # no widening: in INA a spurious early resend is mostly a peer's loss (see reorder_window)
 TRACE_ENV = "INA_AGENT_FLIGHT_TRACE"  # a folder: each window appends its chunks' timeline there (a diagnostic)
@@ -101,7 +96,6 @@ class Flight:
                  class_rtts: list[deque[float]] | None = None) -> None:
         self.K, self.i0, self.rtt, self.cwnd, self.granted, self.stats = K, i0, rtt, cwnd, granted, stats
         self.sent_at = np.zeros(K, dtype=np.float64)  # last transmission of each chunk
-        self.first_at = np.zeros(K, dtype=np.float64)  # first transmission of each chunk
         self.tries = bytearray(K)  # resends of each chunk (saturating)
         self.early = bytearray(K)  # 1: resent by RACK (a spurious one widens the reorder window)
         self.counted = bytearray(K)  # 1: counted as a spurious resend already
@@ -123,9 +117,9 @@ class Flight:
         self.last_new = 0.0  # when the latest new result arrived
         self.probe_answered = False  # a timeout's probe came back: the next timeout resends every overdue chunk
         self.tail_probed = False  # the tail probe of the current stall was sent (re-armed by a new result)
-        trace = os.environ.get(TRACE_ENV)
-        self.trace_dir = trace or None  # diagnostics: first sends, resends, results and the window over time
+        self.trace_dir = os.environ.get(TRACE_ENV) or None  # diagnostics: first sends, resends, results, the window
         if self.trace_dir:
+            self.first_at = np.zeros(K, dtype=np.float64)
             self.result_at = np.zeros(K, dtype=np.float64)
             self.resends: list[tuple[int, float, int]] = []
             self.windows: list[tuple[float, float]] = []
@@ -163,7 +157,8 @@ class Flight:
 
     def sent(self, first: int, end: int, now: float) -> None:
         self.sent_at[first:end] = now
-        self.first_at[first:end] = now
+        if self.trace_dir:
+            self.first_at[first:end] = now
 
     def resent(self, i: int, now: float, early: bool) -> None:
         self.sent_at[i] = now
@@ -203,15 +198,6 @@ class Flight:
 
     # ------------------------------------------------------------------ results
 
-    def _early_answer(self, i: int, now: float) -> None:
-        """A resent chunk's first result came sooner than the path allows after the resend: the original's answer.
-        If RACK resent it, its lateness past RACK's expectation is a skew sample (Karn's rule keeps resent chunks out
-        of the round-trip estimate, but without these the skew could never grow past the reorder window in use)."""
-        if self.early[i] and self.tries[i] == 1:
-            c = self._class_of(i)
-            self.rtt.overtaken_sample(now - float(self.first_at[i]) - min(float(self._rtt[c]), self.rtt.recent_min))
-        self._spurious(i)
-
     def _spurious(self, i: int) -> None:
         if not self.counted[i] and self.payload_resent[i]:
             self.counted[i] = 1
@@ -233,14 +219,11 @@ class Flight:
         est.progressed()
         if self.tries[i]:
             if rtt < est.path_rtt:
-                self._early_answer(i, now)  # it answers an earlier send
+                self._spurious(i)  # it answers an earlier send
             elif not self.early[i]:
                 self.probe_answered = True
             return  # Karn: a resent chunk's time says nothing of the path, nor of what was sent before it
         self.probe_answered = False  # the window's first sends flow again: the probe met a late peer
-        c = self._class_of(i)
-        if self._xmit[c] > t or (self._xmit[c] == t and self._idx[c] > i):  # overtaken, and not lost: the skew
-            est.overtaken_sample(rtt - min(float(self._rtt[c]), self.rtt.recent_min))
         est.sample(rtt, int(self.cwnd.cwnd) // 2)
         self.cwnd.on_results(est.recent_min, 1, now, self.window_path_rtt(), est.srtt, self.granted)
         self._evidence(i, t, rtt)
@@ -261,14 +244,6 @@ class Flight:
         est = self.rtt
         if once.any():
             sample = rtts[once]
-            so, tv = sel[once], t[once]
-            cls = self.classes[so] if self.classes is not None else np.zeros(so.size, dtype=np.int64)
-            xm, ix = self._xmit[cls], self._idx[cls]
-            over = (xm > tv) | ((xm == tv) & (ix > so))  # overtaken before this batch, and not lost: the skew
-            if over.any():
-                late = sample[over] - np.minimum(self._rtt[cls[over]], est.recent_min)
-                for x in late[:: max(1, late.size // 16)]:
-                    est.overtaken_sample(float(x))
             step = max(1, sample.size // 16)  # a few samples stand for the batch (same arrival time)
             per_round = int(self.cwnd.cwnd) // (2 * step)
             for r in sample[::step]:
@@ -279,7 +254,7 @@ class Flight:
             resent = ~once
             early = rtts < est.path_rtt
             for i in sel[resent & early]:
-                self._early_answer(int(i), now)
+                self._spurious(int(i))
             answered = sel[resent & ~early]
             if answered.size and not all(self.early[int(i)] for i in answered):
                 self.probe_answered = True
@@ -304,22 +279,12 @@ class Flight:
     # ------------------------------------------------------------------ loss detection
 
     def reorder_window(self) -> float:
-        """An eighth of the path's round trip (``REORDER_SHARE``), at least ``REORDER_FLOOR``, widened to the measured
-        skew between workers (``RttEstimator.skew``: how late an overtaken chunk that was not lost came back), at most
-        half the path's round trip (``SKEW_SHARE_MAX``).
-
-        RACK's evidence is a result of a chunk this worker sent later; in INA a result leaves the switch when the
-        *last* worker's copy arrives, and the workers send a chunk up to half a round trip apart (each window moves in
-        its own bursts; a lane that lags after a lost result sends its next chunk late), so results overtake each
-        other without any loss. With an eighth of a round trip, 57 % of the resends at 1 % loss (20 per worker and
-        call) were of chunks nothing had lost, each a frame on the bottleneck uplink (experiment 4, session 8).
-        RFC 8985 widens its window on DSACKs; here the lateness is measured directly. It does not widen after
-        spurious early resends (``MAX_REORDER_MULT``): those are mostly peers' losses, which every worker's RACK
-        finds."""
+        """An eighth of the path's round trip (``REORDER_SHARE``), at least ``REORDER_FLOOR``. RACK widens it after spurious
+        early resends; here it stays (``MAX_REORDER_MULT``): when a peer loses a chunk every worker's RACK
+        resends it, spuriously but for one packet, and a wider window would only delay the recoveries
+        that are needed."""
         est = self.rtt
-        path = est.path_rtt
-        w = max(path * REORDER_SHARE, REORDER_FLOOR) * self.reorder_mult
-        w = max(w, min(est.skew, path * SKEW_SHARE_MAX))
+        w = max(est.path_rtt * REORDER_SHARE, REORDER_FLOOR) * self.reorder_mult
         return min(w, max(est.srtt, REORDER_FLOOR)) if est.samples else w
 
     def resend_timeout(self) -> float:
@@ -328,21 +293,6 @@ class Flight:
         cost the whole job a timeout; the average round trip includes peers' loss recovery and grows with the
         loss rate). A resend is only made for a chunk found lost, so its answer is due one round trip later."""
         return self.short_wait()
-
-    def off_link(self, got: np.ndarray, lo: int, hi: int, now: float, queued: bytearray) -> int:
-        """Outstanding chunks in ``[lo, hi)`` that are no longer on the link: last sent more than one recent shortest
-        round trip and a reorder window ago (RACK's wait: that round trip includes the standing queue) without a
-        result. Each is lost, or waits at the switch for a peer's copy (a peer's loss, a lane that lags), and leaves
-        the congestion window's count until it is resent (RFC 6675's pipe: a segment marked lost is not in flight).
-        Counted in flight, such chunks filled a window of twice the BDP while the uplink idled (experiment 4 at 5 %
-        loss: 37 ms a call, session 8)."""
-        if hi <= lo:
-            return 0
-        age = self.rtt.recent_min + self.reorder_window()
-        out = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0) & (self.sent_at[lo:hi] < now - age)
-        if self.held_n:
-            out &= np.frombuffer(self.qstate, dtype=np.uint8)[lo:hi] != QueryState.HELD  # counted already
-        return int(np.count_nonzero(out))
 
     def short_wait(self) -> float:
         """One recent shortest round trip (with path classes, the longest class's: ``recent_min``) and two
@@ -461,7 +411,8 @@ class Flight:
 
     def dump_trace(self, first_chunk: int, worker_id: int, started: float) -> None:
         """Append this window's timeline to ``$INA_AGENT_FLIGHT_TRACE/w<worker>-<pid>.jsonl`` (diagnostics of
-        experiment 4: where a lost chunk's time goes). Times are seconds after ``started``."""
+        experiment 4: where a lost chunk's time goes; docs/agent.md, "Flight traces"). Times are seconds after
+        ``started`` (the window's start on the monotonic clock, which every agent on the machine shares)."""
         if not self.trace_dir:
             return
         rec = {"worker": worker_id, "first_chunk": first_chunk, "i0": self.i0, "granted": self.granted,

@@ -200,8 +200,7 @@ class InaPhase:
             first = nxt
             if nxt < K or deferred:
                 done = K - i0 - results.remaining
-                parked = flight.off_link(gotv, lo, results.sent, now, queued)  # lost, or waiting for a peer
-                room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred) - flight.held_n - parked)  # off the link
+                room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred) - flight.held_n)  # held: off the link
             left = room
             if deferred:
                 # chunks skipped while their slot was busy go once it is free, in order, whatever the window:

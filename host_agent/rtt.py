@@ -24,9 +24,6 @@ BETA = 1 / 4
 K = 4
 MAX_BACKOFF = 64  # the timeout doubles per consecutive expiry, up to this factor (and rto_max)
 RECENT = 32  # samples in the recent minimum
-SKEW_RECENT = 64  # lateness samples of overtaken chunks kept (``skew``)
-SKEW_MIN_SAMPLES = 8  # fewer: no skew estimate yet
-SKEW_QUANTILE = 0.9  # of the recent lateness samples: how late a chunk that was not lost may come
 
 
 class RttEstimator:
@@ -58,7 +55,6 @@ class RttEstimator:
         self.backoff = 1
         self._base_rto = rto_initial
         self._recent: deque[float] = deque(maxlen=RECENT)
-        self._late: deque[float] = deque(maxlen=SKEW_RECENT)
 
     def reset(self) -> None:
         """Forget the path (a new generation may aggregate in another switch)."""
@@ -83,22 +79,6 @@ class RttEstimator:
         base = self.srtt + max(self.granularity, K * self.rttvar, self.rto_min)  # rto_min: the least margin (as Linux)
         self._base_rto = min(base, self.rto_max)
         self.backoff = 1
-
-    def overtaken_sample(self, lateness: float) -> None:
-        """A chunk sent once came back after a chunk sent later than it had (RACK would have suspected it), without
-        being lost: ``lateness`` is how far past RACK's expected round trip it came (seconds, 0 if not past)."""
-        self._late.append(max(0.0, lateness))
-
-    @property
-    def skew(self) -> float:
-        """How late an overtaken chunk that was *not* lost comes back (the ``SKEW_QUANTILE`` of recent samples, 0
-        before ``SKEW_MIN_SAMPLES``): in INA a chunk completes when the *last* worker's copy arrives, and the workers
-        send a chunk up to half a round trip apart (each one's window moves in its own bursts, a lane that lags
-        sends its chunk late), so results do not come back in this worker's sending order (experiment 4)."""
-        if len(self._late) < SKEW_MIN_SAMPLES:
-            return 0.0
-        v = sorted(self._late)
-        return v[min(len(v) - 1, int(SKEW_QUANTILE * len(v)))]
 
     def progressed(self) -> None:
         """A new result arrived (of any chunk): the path works again, so the backoff ends (as Linux does;

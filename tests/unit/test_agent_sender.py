@@ -2,12 +2,14 @@
 resends, the congestion window."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from host_agent.congestion import CongestionWindow
-from host_agent.flight import REORDER_FLOOR, REORDER_SHARE, SKEW_SHARE_MAX, Flight, QueryState
-from host_agent.rtt import MAX_BACKOFF, SKEW_MIN_SAMPLES, RttEstimator
+from host_agent.flight import REORDER_FLOOR, REORDER_SHARE, Flight, QueryState
+from host_agent.rtt import MAX_BACKOFF, RttEstimator
 from host_agent.stream import StreamStats
 
 pytestmark = pytest.mark.unit
@@ -438,69 +440,17 @@ def test_a_query_is_never_a_spurious_resend_and_an_unanswered_one_waits_for_the_
     assert stats.spurious_resends == 0
 
 
-def test_skew_needs_samples_and_takes_a_high_quantile() -> None:
-    est = RttEstimator(0.05, 0.010, 1.0)
-    for _ in range(SKEW_MIN_SAMPLES - 1):
-        est.overtaken_sample(0.004)
-    assert est.skew == 0.0  # too few samples to trust
-    for x in [0.0] * 50 + [0.003] * 13:  # the last 64 samples: 50 on time, 13 late by 3 ms, one by 4 ms
-        est.overtaken_sample(x)
-    assert est.skew == pytest.approx(0.003)
-    est.overtaken_sample(-0.002)  # earlier than expected: counts as on time
-    assert min(est._late) == 0.0
-
-
-def test_overtaken_results_that_were_not_lost_widen_the_reorder_window_up_to_half_a_round_trip() -> None:
-    """In INA a chunk completes when the last worker's copy arrives: results overtake each other without loss."""
-    fl, _, est = _flight(K=64, granted=64, path=0.010)
-    got = np.zeros(64, dtype=np.uint8)
-    queued = bytearray(64)
-    base = max(0.010 * REORDER_SHARE, REORDER_FLOOR)
-    assert fl.reorder_window() == pytest.approx(base)
-    for k in range(16):  # pairs: chunk 2k+1 (sent later) comes back first, chunk 2k 3 ms past RACK's expectation
-        t = 1.0 + 0.1 * k
-        fl.sent(2 * k, 2 * k + 2, t)
-        fl.sent_at[2 * k + 1] = fl.first_at[2 * k + 1] = t + 0.0005
-        got[2 * k + 1] = 1
-        fl.delivered(2 * k + 1, t + 0.0105)
-        got[2 * k] = 1
-        fl.delivered(2 * k, t + 0.013)
-    assert est.skew == pytest.approx(0.003)
-    assert fl.reorder_window() == pytest.approx(0.003)
-    for k in range(64):  # far later than half a round trip: the window stops there
-        est.overtaken_sample(0.050)
-    assert fl.reorder_window() == pytest.approx(0.010 * SKEW_SHARE_MAX)
-    fl.sent(32, 34, 10.0)
-    got[33] = 1
-    fl.delivered(33, 10.010)
-    assert fl.lost(got, 32, 34, 10.010 + fl.reorder_window() - 0.0001, queued) == []  # within the skew: no resend
-    assert fl.lost(got, 32, 34, 10.010 + fl.reorder_window() + 0.0001, queued) == [32]
-
-
-def test_a_resend_answered_by_the_original_is_a_skew_sample() -> None:
-    """Karn's rule keeps resent chunks out of the round trips; without this the skew could never exceed the window."""
-    fl, stats, est = _flight(path=0.010)
-    for k in range(SKEW_MIN_SAMPLES):
-        i = 2 * k
-        fl.sent(i, i + 2, float(k))
-        fl.delivered(i + 1, k + 0.010)  # the evidence: chunk i sent at the same time, lower index
-        fl.resent(i, k + 0.0115, early=True)  # RACK: 10 ms + the reorder window
-        fl.delivered(i, k + 0.0145)  # 3 ms after the resend: the original's answer, 4.5 ms late
-    assert stats.spurious_resends == SKEW_MIN_SAMPLES
-    assert est.skew == pytest.approx(0.0045)
-
-
-def test_chunks_lost_or_waiting_for_a_peer_leave_the_congestion_windows_count() -> None:
-    fl, _, est = _flight(K=32, granted=32, path=0.010)
-    got = np.zeros(32, dtype=np.uint8)
-    queued = bytearray(32)
-    fl.sent(0, 8, 1.000)
-    fl.sent(8, 16, 1.005)
-    age = est.recent_min + fl.reorder_window()
-    assert fl.off_link(got, 0, 16, 1.000 + age - 0.0001, queued) == 0  # all may still be on the link
-    assert fl.off_link(got, 0, 16, 1.000 + age + 0.0001, queued) == 8  # the first 8 are lost or at the switch
-    got[0] = 1
-    queued[1] = 1  # found lost, its resend not sent yet: in flight until it is
-    assert fl.off_link(got, 0, 16, 1.000 + age + 0.0001, queued) == 6
-    fl.resent(2, 1.012, early=True)  # a resend is on the link again
-    assert fl.off_link(got, 0, 16, 1.000 + age + 0.0001, queued) == 5
+def test_a_flight_trace_records_first_sends_resends_and_results(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("INA_AGENT_FLIGHT_TRACE", str(tmp_path))
+    fl, _, _ = _flight(K=4, granted=4)
+    fl.sent(0, 4, 1.000)
+    fl.resent(2, 1.020, early=True)
+    for i in (0, 1, 3):
+        fl.delivered(i, 1.010)
+    fl.delivered(2, 1.031)
+    fl.dump_trace(256, 3, 0.5)
+    [f] = list(tmp_path.iterdir())
+    rec = json.loads(f.read_text())
+    assert rec["worker"] == 3 and rec["first_chunk"] == 256
+    assert rec["first_at"] == [0.5] * 4 and rec["result_at"] == [0.51, 0.51, 0.531, 0.51]
+    assert rec["resends"] == [[2, 0.52, 1]]

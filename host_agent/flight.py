@@ -36,6 +36,8 @@ Times are plain floats passed in by the caller (tests use a fake clock).
 from __future__ import annotations
 
 import enum
+import json
+import os
 from collections import deque
 
 import numpy as np
@@ -50,6 +52,7 @@ REORDER_SHARE = 1 / 8  # of the path's round trip: a worker's results come back 
 # reorders them; each lost chunk waits this long before its resend, while SwitchML's slot rule may hold the window
 CLASS_RECENT = 16  # round trips kept per path class
 MAX_REORDER_MULT = 1  # no widening: in INA a spurious early resend is mostly a peer's loss (see reorder_window)
+TRACE_ENV = "INA_AGENT_FLIGHT_TRACE"  # a folder: each window appends its chunks' timeline there (a diagnostic)
 
 
 class QueryMode(str, enum.Enum):
@@ -114,6 +117,12 @@ class Flight:
         self.last_new = 0.0  # when the latest new result arrived
         self.probe_answered = False  # a timeout's probe came back: the next timeout resends every overdue chunk
         self.tail_probed = False  # the tail probe of the current stall was sent (re-armed by a new result)
+        self.trace_dir = os.environ.get(TRACE_ENV) or None  # diagnostics: first sends, resends, results, the window
+        if self.trace_dir:
+            self.first_at = np.zeros(K, dtype=np.float64)
+            self.result_at = np.zeros(K, dtype=np.float64)
+            self.resends: list[tuple[int, float, int]] = []
+            self.windows: list[tuple[float, float]] = []
 
     @property
     def _latest(self) -> int:
@@ -148,6 +157,8 @@ class Flight:
 
     def sent(self, first: int, end: int, now: float) -> None:
         self.sent_at[first:end] = now
+        if self.trace_dir:
+            self.first_at[first:end] = now
 
     def resent(self, i: int, now: float, early: bool) -> None:
         self.sent_at[i] = now
@@ -157,6 +168,8 @@ class Flight:
         self._leave_held(i)
         self.qstate[i] = QueryState.NONE
         self.payload_resent[i] = 1
+        if self.trace_dir:
+            self.resends.append((i, now, int(early)))
 
     def queried(self, i: int, now: float) -> None:
         """A query for chunk ``i`` went out at ``now`` (in place of a resend found by RACK)."""
@@ -197,6 +210,9 @@ class Flight:
         t = float(self.sent_at[i])
         rtt = now - t
         self.last_new = now
+        if self.trace_dir:
+            self.result_at[i] = now
+            self.windows.append((now, self.cwnd.cwnd))
         self.tail_probed = False
         self._leave_held(i)
         est = self.rtt
@@ -217,6 +233,9 @@ class Flight:
         self.last_new = now
         self.tail_probed = False
         self.rtt.progressed()
+        if self.trace_dir:
+            self.result_at[sel] = now
+            self.windows.append((now, self.cwnd.cwnd))
         if self.held_n:
             self.held_n -= int(np.count_nonzero(np.frombuffer(self.qstate, dtype=np.uint8)[sel] == QueryState.HELD))
         t = self.sent_at[sel]
@@ -428,6 +447,22 @@ class Flight:
         if self.class_rtts:
             return max([base] + [min(d) for d in self.class_rtts if d])
         return base
+
+    def dump_trace(self, first_chunk: int, worker_id: int, started: float) -> None:
+        """Append this window's timeline to ``$INA_AGENT_FLIGHT_TRACE/w<worker>-<pid>.jsonl`` (diagnostics of
+        experiment 4: where a lost chunk's time goes; docs/agent.md, "Flight traces"). Times are seconds after
+        ``started`` (the window's start on the monotonic clock, which every agent on the machine shares)."""
+        if not self.trace_dir:
+            return
+        rec = {"worker": worker_id, "first_chunk": first_chunk, "i0": self.i0, "granted": self.granted,
+               "path_rtt": self.rtt.path_rtt, "srtt": self.rtt.srtt, "rto": self.rtt.rto, "started": started,
+               "first_at": [round(float(x) - started, 6) for x in self.first_at],
+               "result_at": [round(float(x) - started, 6) for x in self.result_at],
+               "resends": [(i, round(t - started, 6), e) for i, t, e in self.resends],
+               "cwnd": [(round(t - started, 6), round(c, 2)) for t, c in self.windows]}
+        path = os.path.join(self.trace_dir, f"w{worker_id}-{os.getpid()}.jsonl")
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
 
     def rto_deadline(self, lo: int) -> float:
         """When the window's timer fires, given its oldest outstanding chunk ``lo``."""

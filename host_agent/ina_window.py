@@ -108,7 +108,7 @@ class InaPhase:
         nxt = lo = i0  # next chunk to send; lowest chunk without a result
         opts = self.options
         mono = time.monotonic
-        last_progress = mono()
+        last_progress = started = mono()
         sent = 0
         slot, window, tail = [0.0], [0.0], [0.0]  # seconds held back by a busy slot, the window, the tail
         waits: list[float] | None = None
@@ -303,6 +303,7 @@ class InaPhase:
             self._guard_until = float(last_tx.max()) + guard
         stats.packets_sent += sent
         stats.results += K - i0
+        flight.dump_trace(a, wid, started)
         return (partial, pflag) if partial is not None else None
 
 

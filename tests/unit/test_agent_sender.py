@@ -2,6 +2,8 @@
 resends, the congestion window."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -436,3 +438,19 @@ def test_a_query_is_never_a_spurious_resend_and_an_unanswered_one_waits_for_the_
     got[5] = 1
     fl.delivered(5, t + 0.001)  # the original's result, right after the query: no payload was resent
     assert stats.spurious_resends == 0
+
+
+def test_a_flight_trace_records_first_sends_resends_and_results(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("INA_AGENT_FLIGHT_TRACE", str(tmp_path))
+    fl, _, _ = _flight(K=4, granted=4)
+    fl.sent(0, 4, 1.000)
+    fl.resent(2, 1.020, early=True)
+    for i in (0, 1, 3):
+        fl.delivered(i, 1.010)
+    fl.delivered(2, 1.031)
+    fl.dump_trace(256, 3, 0.5)
+    [f] = list(tmp_path.iterdir())
+    rec = json.loads(f.read_text())
+    assert rec["worker"] == 3 and rec["first_chunk"] == 256
+    assert rec["first_at"] == [0.5] * 4 and rec["result_at"] == [0.51, 0.51, 0.531, 0.51]
+    assert rec["resends"] == [[2, 0.52, 1]]

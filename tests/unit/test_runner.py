@@ -212,6 +212,9 @@ def test_summaries_state_the_figures():
     lcfg = get_experiment("loss").make_config("small")
     ls = get_experiment("loss").summarize(synthetic_rows("loss", lcfg), lcfg)
     assert ls["all_exact"] is True and ls["points"][0]["relative_goodput"] == 1.0 and ls["ring_goodput_mbps"]
+    p1 = next(p for p in ls["points"] if p["loss"] == 0.01)  # 0.3 s a call; 256 frames of 184 bytes at 2 Mbit/s, + 2 %
+    assert p1["wire_with_resends_s"] == pytest.approx(256 * 184 * 8 / 2e6 * 1.02)
+    assert p1["uplink_idle_share"] == pytest.approx(1 - 256 * 184 * 8 / 2e6 * 1.02 / 0.3)
     mcfg = get_experiment("multijob").make_config("small")
     ms = get_experiment("multijob").summarize(synthetic_rows("multijob", mcfg), mcfg)
     assert ms["simulator"]["jobs_compared"] == 2 * 6 * 4 and ms["simulator"]["within_tolerance"] == 2 * 6 * 3

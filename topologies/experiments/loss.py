@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from topologies.experiments import register
-from topologies.experiments.aggregate import allreduce_row, bdp_slots
+from topologies.experiments.aggregate import allreduce_row, bdp_slots, ina_wire_seconds
 from topologies.experiments.base import Experiment
 from topologies.experiments.testbed import INA_UDP_BASE, AgentJob
 
@@ -135,6 +135,12 @@ class LossExperiment(Experiment):
                    "retransmits_per_chunk": r.get("retransmits_per_chunk"), "exact": r["exact"],
                    **{k: r.get(k) for k in ("early_resends", "timeouts", "spurious_resends", "window_cuts", "loss_cuts")},
                    **{k: max(r[k]) if r.get(k) else None for k in WAIT_KEYS}} for r in ina]
+        for p, r in zip(points, ina):
+            # the uplink model (docs/experiments.md, experiment 4, session 8): a call takes at least the framed wire
+            # time of its chunks and their resends; the rest of the median call the uplink idled
+            rpc = r.get("retransmits_per_chunk") or 0.0
+            p["wire_with_resends_s"] = ina_wire_seconds(int(r.get("bytes") or 0), config.bw_mbps) * (1 + rpc)
+            p["uplink_idle_share"] = max(0.0, 1 - p["wire_with_resends_s"] / r["seconds_median"])
         base = points[0]["goodput_mbps"] if points and points[0]["loss"] == 0 else None
         for p in points:
             p["relative_goodput"] = p["goodput_mbps"] / base if base else None

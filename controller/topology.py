@@ -138,7 +138,8 @@ class Topology:
     base_dir: Path = field(default_factory=Path)
     manages_forwarding: bool = False  # whether ipv4_lpm is the controller's (a topology was given)
     # {node, node} (switch or host names) -> rate and delay, where the topology gives them (Rina's chain round trip);
-    # between two switches joined by parallel trunks, the link on the lowest port (the one routes and partials take)
+    # between two switches joined by parallel trunks, the link on the lower-named switch's lowest port (the one its
+    # routes and partials take; the other switch's lowest port may be on another of them: keep parallel trunks alike)
     link_rates: dict[frozenset, LinkRate] = field(default_factory=dict)
     # (switch, port) -> Mbit/s of the link on that port (host links and trunks, both ends): the same links' rates by
     # port, for the path round-trip floor (controller/path_floor.py)
@@ -193,7 +194,7 @@ class Topology:
                 topo.trunks.setdefault(pb["switch"], {})[int(pb["port"])] = pa["switch"]
                 key = frozenset((pa["switch"], pb["switch"]))
                 port = int(min((pa, pb), key=lambda m: m["switch"])["port"])
-                if port < trunk_port.get(key, port + 1):  # parallel trunks: the lowest port's (the one routes take)
+                if port < trunk_port.get(key, port + 1):  # parallel trunks: the lower-named switch's lowest port
                     trunk_port[key] = port
                     topo.link_rates[key] = rate
                 continue

@@ -193,12 +193,14 @@ class Agent:
                     holder["grant"] = grant
                     ready.set()
                     return
-            self._follow_host_copy(grant)  # before the stream: its first packets of the generation find the copy
-            if grant.scale != self.scale:
-                log.warning("job %d: generation %d has scale %g; keeping the job's scale %g",
-                            job_id, grant.generation, grant.scale, self.scale)
-            stream.notify_grant(grant)
-            self._idle_work.set()
+            try:
+                self._follow_host_copy(grant)  # before the stream: its first packets of the generation find the copy
+            finally:  # a failed copy (HostCopyFailed, reported by the watcher) must not keep the stream on the old grant
+                if grant.scale != self.scale:
+                    log.warning("job %d: generation %d has scale %g; keeping the job's scale %g",
+                                job_id, grant.generation, grant.scale, self.scale)
+                stream.notify_grant(grant)
+                self._idle_work.set()
 
         def on_released() -> None:
             with lock:

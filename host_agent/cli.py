@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from host_agent.grant import JobSpec, parse_workers
+from host_agent.host_member import CopyMode
 from host_agent.flight import QueryMode
 from host_agent.ring_pieces import PIECE_BYTES
 from host_agent.stream import StreamOptions
@@ -134,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(the controller's grant says so by default: docs/agent.md, \"Rina as designed\")")
         p.add_argument("--rina-bundle-frames", type=_bundle_frames, default=None, metavar="N",
                        help="INA payloads per datagram between Rina host members' copies (1: no bundles; default 10)")
-        p.add_argument("--rina-copy", choices=["thread", "process"], default=None,
+        p.add_argument("--rina-copy", choices=[m.value for m in CopyMode], default=None,
                        help="where a Rina host member's copy runs: a thread of the agent or a child process of its "
                             "own (default thread; docs/agent.md, \"Rina as designed\")")
         p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
@@ -245,7 +246,6 @@ def _job_spec(args: argparse.Namespace) -> JobSpec:
 
 def _open_agent(args: argparse.Namespace, spec: JobSpec):
     from host_agent.agent import Agent, AgentOptions
-    from host_agent.host_member import CopyMode
 
     opts = AgentOptions(stream=StreamOptions(op_timeout=args.timeout, reorder_guard=args.reorder_guard,
                                                io=IoMode(args.io), rina_chains=args.rina_chains,

@@ -115,6 +115,7 @@ class _Copy:
         self.bundles_sent = 0  # datagrams to neighbours' copies (diagnostics)
         self.bundled = 0  # INA payloads in them
         self.cpu_seconds = 0.0  # CPU time of the serving thread (or process) so far
+        self.failure = ""  # why ``serve`` ended early (thread mode), for the agent's next request
 
     def follow(self, grant: Grant) -> None:
         """Take the grant's ring: this worker's copy for its generation, or none."""
@@ -175,12 +176,28 @@ class _Copy:
                 continue
             while True:  # until the socket is empty: a drain that filled the buffer leaves more to read
                 reads: dict[tuple[str, int], list[tuple[int, int, int]]] = {}  # per source, in order of arrival
-                got = self._io.drain_sources(view, lambda off, n, seg, src: reads.setdefault(src, []).append((off, n, seg)))
+                try:
+                    got = self._io.drain_sources(view, lambda off, n, seg, src: reads.setdefault(src, []).append((off, n, seg)))
+                except OSError as exc:  # what was read is served; the socket is polled again (a lost frame is resent)
+                    if self._stop.is_set():
+                        return
+                    log.warning("worker %d: host-member copy: receive failed: %s", self.me.worker_id, exc)
+                    got = 0
                 if reads:
                     self._wake(reads)
                 if got <= full or self._stop.is_set():
                     break
             self.cpu_seconds = clock() - cpu0
+
+    def serve_logged(self) -> None:
+        """``serve`` as a thread's target: an error that ends it is logged and kept (``failure``), so the agent's
+        next request fails with it instead of its calls waiting for a copy that is gone."""
+        try:
+            self.serve()
+        except BaseException as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.exception("worker %d: host-member copy failed", self.me.worker_id)
+            raise
 
     def report(self) -> dict[str, float | int]:
         """The copy's counters and the CPU seconds it served with so far."""
@@ -310,11 +327,12 @@ class HostCopy:
         self.me, self.mode = me, mode
         self.address = (me.ip, host_copy_port(me.udp_port))
         args = (me, tuple(workers), dict(switch_addresses or {}), bundle_frames)
-        self._last: dict[str, float | int] = {}
+        self._last: dict[str, float | int] = {"frames": 0, "bundles_sent": 0, "bundled": 0, "cpu_seconds": 0.0}
         self._closed = self._stopping = False
         if mode is CopyMode.THREAD:
             self._copy: _Copy | None = _Copy(*args)
-            self._thread = threading.Thread(target=self._copy.serve, name=f"host-copy-w{me.worker_id}", daemon=True)
+            self._thread = threading.Thread(target=self._copy.serve_logged, name=f"host-copy-w{me.worker_id}",
+                                            daemon=True)
             self._thread.start()
             return
         self._copy = None
@@ -326,8 +344,12 @@ class HostCopy:
         self._proc.start()
         child.close()
         kind, value = self._reply(_START_TIMEOUT)
-        if kind != "ready":
+        if kind != "ready":  # a child still starting must not keep the copy's port once the agent gave up
             self._proc.join(timeout=5)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(timeout=5)
+            self._conn.close()
             raise OSError(value)
         self._watch = threading.Thread(target=self._watch_child, name=f"host-copy-w{me.worker_id}-watch", daemon=True)
         self._watch.start()
@@ -335,6 +357,7 @@ class HostCopy:
     def follow(self, grant: Grant) -> None:
         """Take the grant's ring: this worker's copy for its generation, or none."""
         if self._copy is not None:
+            self._check_thread()
             self._copy.follow(grant)
         else:
             self._request("follow", grant)
@@ -343,6 +366,7 @@ class HostCopy:
         """frames (INA payloads processed), bundles_sent and bundled (datagrams to neighbours' copies, payloads
         in them), cpu_seconds (the copy's thread, or its whole child process)."""
         if self._copy is not None:
+            self._check_thread()
             return self._copy.report()
         if self._closed:
             return dict(self._last)
@@ -370,7 +394,12 @@ class HostCopy:
             out["host_copy_child_cpu_seconds"] = r["cpu_seconds"]
         return out
 
-    def _request(self, kind: str, value: object = None):
+    def _check_thread(self) -> None:
+        """Thread mode: a copy thread that ended before ``close`` fails the agent's next request (as a child would)."""
+        if not self._closed and not self._thread.is_alive():
+            raise HostCopyFailed(f"worker {self.me.worker_id}: its host-member copy exited: {self._copy.failure}")
+
+    def _request(self, kind: str, value: object = None) -> object:
         with self._lock:
             if not self._proc.is_alive():
                 raise HostCopyFailed(f"worker {self.me.worker_id}: its host-member copy's process exited "
@@ -411,9 +440,9 @@ class HostCopy:
             return
         self._stopping = True  # the child's end is expected from here on
         try:
-            self._last = self._request("stop")
-        except HostCopyFailed:
-            pass
+            self._last = dict(self._request("stop"))
+        except HostCopyFailed as exc:
+            self._last["error"] = str(exc)
         self._closed = True
         self._proc.join(timeout=5)
         if self._proc.is_alive():

@@ -58,8 +58,11 @@ def chunk_bounds(length: int, parts: int) -> tuple[int, ...]:
 
 
 def piece_bounds(length: int, itemsize: int, piece_bytes: int = PIECE_BYTES) -> tuple[int, ...]:
-    """Offsets cutting a chunk of ``length`` elements into the pieces a ring step is pipelined by."""
-    return chunk_bounds(length, max(1, min(MAX_PIECES, length * itemsize // max(1, piece_bytes))))
+    """Offsets cutting a chunk of ``length`` elements into the pieces a ring step is pipelined by (``piece_bytes``
+    <= 0: whole chunks, as ``--ring-piece-bytes 0`` means)."""
+    if piece_bytes <= 0:
+        piece_bytes = WHOLE_CHUNKS
+    return chunk_bounds(length, max(1, min(MAX_PIECES, length * itemsize // piece_bytes)))
 
 
 def _pieces(array: np.ndarray, piece_bytes: int) -> list[tuple[int, int]]:

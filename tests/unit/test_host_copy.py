@@ -46,7 +46,7 @@ def test_a_dead_copy_process_fails_the_agents_next_request():
     try:
         os.kill(copy._proc.pid, signal.SIGKILL)
         copy._proc.join(timeout=10)
-        with pytest.raises(HostCopyFailed, match="exited"):
+        with pytest.raises(HostCopyFailed, match="host-member copy"):
             copy.report()
     finally:
         copy.close()
@@ -87,3 +87,26 @@ def test_drain_sources_gives_each_read_with_its_sender_and_segment_size():
         rx.close()
         for s in senders:
             s.close()
+
+
+def test_a_copy_thread_that_ended_fails_the_agents_next_request():
+    me = _worker()
+    copy = HostCopy(me, (me,), mode=CopyMode.THREAD)
+    try:
+        copy._copy.stop()  # the serving thread ends as if it had failed
+        copy._thread.join(timeout=10)
+        with pytest.raises(HostCopyFailed, match="host-member copy exited"):
+            copy.report()
+    finally:
+        copy.close()
+
+
+def test_a_child_that_died_still_gives_a_report_after_close():
+    me = _worker()
+    copy = HostCopy(me, (me,), mode=CopyMode.PROCESS)
+    os.kill(copy._proc.pid, signal.SIGKILL)
+    copy._proc.join(timeout=10)
+    copy.close()
+    report = copy.cpu_report()
+    assert report["host_copy_frames"] == 0 and report["host_copy_cpu_seconds"] == 0.0
+    assert "host-member copy" in copy.report()["error"]

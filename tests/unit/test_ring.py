@@ -330,6 +330,7 @@ def test_piece_bounds_cut_chunks_into_pieces_of_about_piece_bytes() -> None:
     assert piece_bounds(8192, 4) == chunk_bounds(8192, 8)
     assert len(piece_bounds(10**7, 4)) == MAX_PIECES + 1
     assert piece_bounds(7, 4, piece_bytes=4) == tuple(range(8))
+    assert piece_bounds(10**7, 4, piece_bytes=0) == (0, 10**7) == piece_bounds(10**7, 4, piece_bytes=-1)  # 0: whole
 
 
 @pytest.mark.parametrize("n", range(2, 9))

@@ -171,15 +171,15 @@ class AllreduceExperiment(Experiment):
                         port += 1
                         ctx.progress(f"n={n} backend={backend}: {cfg.warmup}+{cfg.iterations} all-reduces of "
                                      f"{cfg.elements} float32")
+                        granted = (slots or self._nominal_slots()) if backend != "ring" else None
                         job = AgentJob(f"ar-n{n}-{backend}", hosts, "allreduce", backend=backend, args=common,
-                                       requested_slots=(slots or self._nominal_slots()) if backend != "ring" else None,
-                                       udp_port=port)
+                                       requested_slots=granted, udp_port=port)
                         workers = ctx.run_job(bed, job, {"kind": "allreduce", "workers": n, "backend": backend,
                                                          "topology": topo_name})
                         if workers is None:
                             continue
                         row = allreduce_row(workers, kind="allreduce", workers=n, backend=backend, topology=topo_name,
-                                            bw_mbps=cfg.bw_mbps, slots=(slots or self._nominal_slots()) if backend != "ring" else None)
+                                            bw_mbps=cfg.bw_mbps, slots=granted)
                         ctx.record(row)
                         ctx.progress(f"n={n} backend={backend}: median {row['seconds_median'] * 1e3:.0f} ms, "
                                      f"{row['goodput_mbps']:.2f} Mbit/s, retransmits {row['retransmits']}")

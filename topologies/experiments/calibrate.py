@@ -250,6 +250,11 @@ def ring_step_fit(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float] | No
     return (overhead, slope) if slope > 0 else None
 
 
+def ring_goodput_share(seconds_per_byte: float, bw_mbps: float) -> float:
+    """A fitted step's per-byte cost as a share of the link's rate (at most 1): ``ring_goodput_fraction``."""
+    return min(1.0, 8 / (seconds_per_byte * bw_mbps * 1e6))
+
+
 def ring_steps_summary(rows: Sequence[Mapping[str, Any]], bw_mbps: float) -> dict:
     """The ring probe's calls per tensor size (``call_s``: medians over the repeated probes, keyed by elements) and
     the step fitted from them (:func:`ring_step_fit`; ``overhead_us``, ``goodput_fraction`` of ``bw_mbps``); {}
@@ -263,7 +268,7 @@ def ring_steps_summary(rows: Sequence[Mapping[str, Any]], bw_mbps: float) -> dic
         sizes.setdefault(int(r["elements"]), []).append(float(r["seconds_median"]))
     return {"workers": ring[0].get("workers"), "call_s": {e: median(v) for e, v in sorted(sizes.items())},
             "overhead_us": fit[0] * 1e6 if fit else None,
-            "goodput_fraction": min(1.0, 8 / (fit[1] * bw_mbps * 1e6)) if fit else None}
+            "goodput_fraction": ring_goodput_share(fit[1], bw_mbps) if fit else None}
 
 
 def ring_fraction(rows: Sequence[Mapping[str, Any]], link_mbps: float, rtt_ms: float = 0.0) -> float | None:
@@ -322,9 +327,8 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
     ring_rows = [r for r in probes if r.get("probe") == RING_PROBE and r.get("bw_mbps")]
     fit = ring_step_fit(ring_rows)
     if fit is not None:
-        link_Bps = float(ring_rows[0]["bw_mbps"]) * 1e6 / 8
         fields["ring_step_overhead_us"] = fit[0] * 1e6
-        fields["ring_goodput_fraction"] = min(1.0, 1.0 / (fit[1] * link_Bps))
+        fields["ring_goodput_fraction"] = ring_goodput_share(fit[1], float(ring_rows[0]["bw_mbps"]))
     startup = by.get(STARTUP_PROBE)
     if startup and startup.get("cpu_s_median") and startup.get("cores"):
         fields["agent_startup_cpu_s"] = float(startup["cpu_s_median"])

@@ -76,7 +76,7 @@ class AgentOptions:
     scale: float = float(2**16)
     switch_addresses: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     rina_bundle_frames: int = BUNDLE_FRAMES
-    rina_copy: CopyMode = CopyMode.THREAD
+    rina_copy: CopyMode = CopyMode.PROCESS
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "rpc_timeout", "rendezvous_timeout", "close_timeout", "scale", "controller_retry"):

@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="INA payloads per datagram between Rina host members' copies (1: no bundles; default 10)")
         p.add_argument("--rina-copy", choices=[m.value for m in CopyMode], default=None,
                        help="where a Rina host member's copy runs: a thread of the agent or a child process of its "
-                            "own (default thread; docs/agent.md, \"Rina as designed\")")
+                            "own (default process; docs/agent.md, \"Rina as designed\")")
         p.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-' for stdout)")
         p.add_argument("--quiet", action="store_true", help="no progress display")
         p.add_argument("-v", "--verbose", action="store_true", help="log protocol events (generations, resyncs)")

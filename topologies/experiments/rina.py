@@ -107,7 +107,7 @@ class RinaConfig:
     repetitions: int = 3
     loss: tuple[float, ...] = ()
     bundles_ab: bool = False
-    copy: str = "thread"
+    copy: str = "process"
 
     def __post_init__(self) -> None:
         if self.copy not in ("thread", "process"):
@@ -156,7 +156,7 @@ class RinaExperiment(Experiment):
         ("--repetitions", "repetitions", int, "runs of every point (medians with spread)"),
         ("--loss", "loss", "floats", "drop probabilities of extra Rina runs (ina-switch), e.g. 0.01"),
         ("--bundles-ab", "bundles_ab", "true", "also run mixed fractions with bundles off (A/B)"),
-        ("--copy", "copy", str, "where host members' copies run: thread (default) or process"),
+        ("--copy", "copy", str, "where host members' copies run: process (default) or thread"),
     )
 
     @classmethod

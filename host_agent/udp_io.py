@@ -158,10 +158,7 @@ class DatagramIo:
                 break
             except ConnectionRefusedError:
                 continue
-            seg = n
-            for level, kind, data in anc:
-                if level == SOL_UDP and kind == UDP_GRO and len(data) >= 2:
-                    seg = int.from_bytes(data[:2], sys.byteorder) if len(data) < 4 else _INT.unpack_from(data)[0]
+            seg = _gro_segment(anc, n)
             if not 0 < seg < n:
                 off += on_run(off, n, 1)
                 continue
@@ -192,10 +189,7 @@ class DatagramIo:
                 break
             except ConnectionRefusedError:
                 continue
-            seg = n
-            for level, kind, data in anc:
-                if level == SOL_UDP and kind == UDP_GRO and len(data) >= 2:
-                    seg = int.from_bytes(data[:2], sys.byteorder) if len(data) < 4 else _INT.unpack_from(data)[0]
+            seg = _gro_segment(anc, n)
             if n:
                 on_read(off, n, seg if 0 < seg < n else n, src)
             off += n
@@ -205,3 +199,11 @@ class DatagramIo:
     def read_room(self) -> int:
         """Room one read needs in the drain buffer."""
         return 65_536 if self.gro else 2048
+
+
+def _gro_segment(ancillary: list, length: int) -> int:
+    """The segment size of a coalesced read (its ``UDP_GRO`` control message), or ``length`` without one."""
+    for level, kind, data in ancillary:
+        if level == SOL_UDP and kind == UDP_GRO and len(data) >= 2:
+            return int.from_bytes(data[:2], sys.byteorder) if len(data) < 4 else _INT.unpack_from(data)[0]
+    return length

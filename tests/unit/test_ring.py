@@ -143,11 +143,10 @@ def test_unsupported_dtype_is_refused_without_breaking_the_ring() -> None:
         np.testing.assert_array_equal(res, [2, 2, 2])
 
 
-@settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 6), length=st.integers(0, 40), seed=st.integers(0, 2**16))
-def test_queue_transport_matches_reference(n: int, length: int, seed: int) -> None:
-    ints, floats = inputs(n, length, seed)
-    rings = [RingAllReduce.over(link) for link in local_queue_links(n, timeout=5)]
+def _assert_rings_match_reference(rings: list, ints: list, floats: list) -> None:
+    """Every member's all-reduce of ``ints`` and ``floats`` (one thread each): the exact int32 sum, and the floats
+    bit for bit in the ring's order of addition."""
+    n = len(rings)
     results: list = [None] * n
 
     def member(rank: int) -> None:
@@ -161,6 +160,14 @@ def test_queue_transport_matches_reference(n: int, length: int, seed: int) -> No
     for got_int, got_float in results:
         np.testing.assert_array_equal(got_int, exact_int32_sum(ints))
         assert got_float.tobytes() == ring_order_sum(floats).tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 6), length=st.integers(0, 40), seed=st.integers(0, 2**16))
+def test_queue_transport_matches_reference(n: int, length: int, seed: int) -> None:
+    ints, floats = inputs(n, length, seed)
+    rings = [RingAllReduce.over(link) for link in local_queue_links(n, timeout=5)]
+    _assert_rings_match_reference(rings, ints, floats)
 
 
 def test_dead_peer_raises_naming_it(no_leaks) -> None:
@@ -355,19 +362,7 @@ def test_tcp_ring_with_small_pieces_is_exact_for_odd_sizes(n: int, piece_bytes: 
 def test_queue_transport_with_pieces_matches_reference(n: int, length: int, piece_bytes: int, seed: int) -> None:
     ints, floats = inputs(n, length, seed)
     rings = [RingAllReduce.over(link) for link in local_queue_links(n, timeout=5, piece_bytes=piece_bytes)]
-    results: list = [None] * n
-
-    def member(rank: int) -> None:
-        results[rank] = (rings[rank].allreduce(ints[rank]), rings[rank].allreduce(floats[rank]))
-
-    threads = [threading.Thread(target=member, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for got_int, got_float in results:
-        np.testing.assert_array_equal(got_int, exact_int32_sum(ints))
-        assert got_float.tobytes() == ring_order_sum(floats).tobytes()
+    _assert_rings_match_reference(rings, ints, floats)
 
 
 def test_members_may_cut_pieces_differently() -> None:

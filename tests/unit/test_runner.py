@@ -251,6 +251,36 @@ def test_experiment_1_sizes_its_grants_to_the_measured_round_trip():
     assert "42 slots (path round trip 15.1 ms measured)" in get_experiment("allreduce").report(s)[0]
 
 
+def test_the_pool_size_curve_is_drawn_against_the_round_trip_its_jobs_measured():
+    from topologies.experiments.allreduce import curve_bdp_slots, curve_round_trip, slot_curve
+
+    cfg = get_experiment("allreduce").make_config("small")  # 2 Mbit/s, 10 ms: nominal 11.47 ms, BDP 15.6 slots
+
+    def point(slots, seconds, srtt):
+        w = worker([seconds], elements=8192)
+        w["stats"]["srtt_s"] = srtt
+        return allreduce_row([w, worker([seconds * 0.9], elements=8192)], kind="slots", workers=4, slots=slots)
+
+    rows = [point(1, 3.4, 0.0125), point(4, 0.88, 0.0153), point(8, 0.457, 0.0151), point(16, 0.246, 0.0148),
+            point(64, 0.231, 0.034)]  # 16 and 64 are at or above the nominal BDP: their round trips carry a queue
+    assert rows[0]["srtt_s"] == 0.0125 and rows[0]["path_rtt_s"] is None  # the slowest worker's; none reported
+    rtt, source = curve_round_trip(rows, cfg)
+    assert (rtt, source) == (0.0151, "measured") and curve_bdp_slots(rtt, 2.0) == pytest.approx(20.5, abs=0.05)
+    curve = slot_curve(rows, cfg)
+    assert [(c["slots"], c["regime"]) for c in curve] == [(1, "window"), (4, "window"), (8, "window"), (16, "window"),
+                                                          (64, "wire")]
+    assert curve[3]["model_s"] == pytest.approx(256 * 0.0151 / 16) and curve[3]["within_target"]
+    assert curve[3]["model_nominal_s"] == pytest.approx(curve[4]["wire_s"])  # nominally 16 slots were on the wire
+    assert not curve[4]["within_target"]  # 64 slots, 23 % above the wire time
+    s = get_experiment("allreduce").summarize(rows, cfg)
+    assert s["slot_curve_rtt_source"] == "measured" and s["slot_curve_bdp_slots"] == pytest.approx(20.5, abs=0.05)
+    assert "round trip 15.1 ms (measured; nominal 11.5), BDP 20.5 slots (nominal 15.6)" in "\n".join(
+        get_experiment("allreduce").report(s))
+    unmeasured = [dict(r, srtt_s=None) for r in rows]  # no round trip reported: the nominal one, as before
+    assert curve_round_trip(unmeasured, cfg) == (pytest.approx(0.01147, abs=1e-5), "nominal")
+    assert [c["regime"] for c in slot_curve(unmeasured, cfg)] == ["window"] * 3 + ["wire"] * 2
+
+
 # --- configuration -----------------------------------------------------------------------------------------
 def test_registry_names_aliases_and_presets():
     assert list(load_all()) == ["allreduce", "hetero", "multijob", "loss", "rina", "tree"]

@@ -97,6 +97,9 @@ def allreduce_row(results: Sequence[Mapping[str, Any]], **extra: Any) -> dict[st
         "packets_sent": sum(int(s.get("packets_sent", 0)) for s in stats),
         "resyncs": sum(int(s.get("resyncs", 0)) for s in stats),
         "exact": exact,
+        # The slowest worker's round trips (a chunk's turnaround waits for every worker): its shortest and smoothed.
+        "path_rtt_s": max((float(s.get("path_rtt_s") or 0) for s in stats), default=0.0) or None,
+        "srtt_s": max((float(s.get("srtt_s") or 0) for s in stats), default=0.0) or None,
     }
     if len(row["granted_backend"]) == 1:
         row["granted_backend"] = row["granted_backend"][0]
@@ -150,10 +153,12 @@ def bdp_slots(rtt_ms: float, link_mbps: float, frame: int = wire.INA_FRAME_LEN) 
     return window_rtt_seconds(rtt_ms, link_mbps, frame) * link_mbps * 1e6 / (frame * 8)
 
 
-def slot_model_seconds(nbytes: int, slots: int, rtt_ms: float, link_mbps: float) -> float:
-    """SwitchML's pool-size curve: max(framed wire time, chunks x RTT / slots)."""
+def slot_model_seconds(nbytes: int, slots: float, rtt_ms: float, link_mbps: float, round_trip_s: float | None = None) -> float:
+    """SwitchML's pool-size curve: max(framed wire time, chunks x RTT / slots). RTT is ``round_trip_s`` when given
+    (a measured round trip), else the nominal one of ``rtt_ms`` (``window_rtt_seconds``)."""
     chunks = math.ceil(nbytes / wire.INA_DATA_LEN)
-    return max(ina_wire_seconds(nbytes, link_mbps), chunks * window_rtt_seconds(rtt_ms, link_mbps) / slots)
+    rtt = round_trip_s if round_trip_s is not None else window_rtt_seconds(rtt_ms, link_mbps)
+    return max(ina_wire_seconds(nbytes, link_mbps), chunks * rtt / slots)
 
 
 def group_by(rows: Iterable[Mapping[str, Any]], *keys: str) -> dict[tuple, list[Mapping[str, Any]]]:

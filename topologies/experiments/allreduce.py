@@ -237,10 +237,11 @@ class AllreduceExperiment(Experiment):
                     continue
                 row = allreduce_row(workers, kind="slots", workers=n, backend="ina", topology="star", bw_mbps=cfg.bw_mbps,
                                     slots=slots, rtt_ms=cfg.rtt_ms)
-                row["model_s"] = slot_model_seconds(row["bytes"], slots, cfg.rtt_ms, cfg.bw_mbps)
+                row["model_nominal_s"] = slot_model_seconds(row["bytes"], slots, cfg.rtt_ms, cfg.bw_mbps)
                 ctx.record(row)
-                ctx.progress(f"slots={slots}: median {row['seconds_median'] * 1e3:.0f} ms (model {row['model_s'] * 1e3:.0f} ms), "
-                             f"retransmits {row['retransmits']}")
+                srtt = f", smoothed round trip {row['srtt_s'] * 1e3:.1f} ms" if row.get("srtt_s") else ""
+                ctx.progress(f"slots={slots}: median {row['seconds_median'] * 1e3:.0f} ms (nominal model "
+                             f"{row['model_nominal_s'] * 1e3:.0f} ms{srtt}), retransmits {row['retransmits']}")
 
     def _calibrate(self, port: int) -> None:
         from topologies.experiments.calibrate import calibration_from, ring_fraction, run_probes, write_calibration
@@ -296,7 +297,8 @@ class AllreduceExperiment(Experiment):
             points.append(point)
         return {"points": points, "rtt_ms": config.rtt_ms, "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
                 "window_rtt_ms": window_rtt_seconds(config.rtt_ms, config.bw_mbps) * 1e3,
-                "slot_curve": slot_curve(rows, config), "errors": sum(1 for r in rows if r.get("error"))}
+                "slot_curve": slot_curve(rows, config), **_curve_round_trip_keys(rows, config),
+                "errors": sum(1 for r in rows if r.get("error"))}
 
     @staticmethod
     def report(summary: dict) -> list[str]:
@@ -319,7 +321,11 @@ class AllreduceExperiment(Experiment):
             lines.append(", ".join(parts))
         curve = summary.get("slot_curve") or []
         if curve:
-            lines.append(f"pool-size curve at {summary['rtt_ms']:g} ms (BDP {summary['bdp_slots']:.1f} slots):")
+            rtt = summary.get("slot_curve_rtt_ms", summary["window_rtt_ms"])
+            lines.append(f"pool-size curve at {summary['rtt_ms']:g} ms: round trip {rtt:.1f} ms "
+                         f"({summary.get('slot_curve_rtt_source', 'nominal')}; nominal {summary['window_rtt_ms']:.1f}), "
+                         f"BDP {summary.get('slot_curve_bdp_slots', summary['bdp_slots']):.1f} slots "
+                         f"(nominal {summary['bdp_slots']:.1f}):")
             for c in curve:
                 target = {"window": "model", "wire": "wire time"}[c["regime"]]
                 lines.append(f"  {c['slots']} slots: {c['seconds_median'] * 1e3:.0f} ms [{c['seconds_min'] * 1e3:.0f}-"
@@ -398,22 +404,58 @@ BELOW_BDP_TOLERANCE = 0.15  # below the BDP: measured within 15 % of max(wire, c
 ABOVE_BDP_TOLERANCE = 0.10  # at or above it: within 10 % of the framed wire time
 
 
+def curve_round_trip(rows: list[dict], config: AllreduceConfig) -> tuple[float, str]:
+    """The round trip the pool-size curve is drawn against, in seconds, and where it came from.
+
+    ``measured``: the median, over the curve's points below the nominal BDP, of the slowest worker's smoothed
+    round trip (``srtt_s``: a chunk's turnaround, from its send to its result, which waits for every worker).
+    Below the BDP no queue stands, so this is the slot's real turnaround: the nominal propagation and
+    serialization plus what the software path and the workers' skew add, which on a loaded 2-core machine is
+    several milliseconds and decides on which side of the knee the nominal BDP's grant falls. Points at or
+    above the nominal BDP are left out (their round trips include their own queue). ``nominal`` (no point
+    measured): ``window_rtt_seconds`` of the configured delay."""
+    nominal_bdp = bdp_slots(config.rtt_ms, config.bw_mbps)
+    measured = sorted(float(r["srtt_s"]) for r in rows
+                      if r.get("kind") == "slots" and r.get("srtt_s") and r["slots"] < nominal_bdp)
+    if not measured:
+        return window_rtt_seconds(config.rtt_ms, config.bw_mbps), "nominal"
+    mid = len(measured) // 2
+    return (measured[mid] if len(measured) % 2 else (measured[mid - 1] + measured[mid]) / 2), "measured"
+
+
+def curve_bdp_slots(round_trip_s: float, bw_mbps: float) -> float:
+    """The bandwidth-delay product in slots of a measured round trip (one INA frame per chunk)."""
+    return round_trip_s * bw_mbps * 1e6 / (wire.INA_FRAME_LEN * 8)
+
+
 def slot_curve(rows: list[dict], config: AllreduceConfig) -> list[dict]:
-    """The pool-size curve's points: measured (median, min, max over the timed calls) against the model;
-    the target is the model below the BDP and the framed wire time at or above it."""
-    bdp = bdp_slots(config.rtt_ms, config.bw_mbps)
+    """The pool-size curve's points: measured (median, min, max over the timed calls) against the model drawn
+    with the curve's measured round trip (``curve_round_trip``); the target is the model below that round
+    trip's BDP and the framed wire time at or above it. ``model_nominal_s`` keeps the nominal round trip's model."""
+    rtt, _ = curve_round_trip(rows, config)
+    bdp = curve_bdp_slots(rtt, config.bw_mbps)
     out = []
     for r in sorted((r for r in rows if r.get("kind") == "slots" and r.get("seconds_median")), key=lambda r: r["slots"]):
         wire_s = ina_wire_seconds(r["bytes"], config.bw_mbps)
-        model = slot_model_seconds(r["bytes"], r["slots"], config.rtt_ms, config.bw_mbps)
+        model = slot_model_seconds(r["bytes"], r["slots"], config.rtt_ms, config.bw_mbps, round_trip_s=rtt)
         regime = "window" if r["slots"] < bdp else "wire"
         ref, tol = (model, BELOW_BDP_TOLERANCE) if regime == "window" else (wire_s, ABOVE_BDP_TOLERANCE)
         err = r["seconds_median"] / ref - 1
         out.append({"slots": r["slots"], "seconds_median": r["seconds_median"], "seconds_min": r["seconds_min"],
-                    "seconds_max": r["seconds_max"], "model_s": model, "wire_s": wire_s, "regime": regime,
+                    "seconds_max": r["seconds_max"], "model_s": model,
+                    "model_nominal_s": slot_model_seconds(r["bytes"], r["slots"], config.rtt_ms, config.bw_mbps),
+                    "srtt_s": r.get("srtt_s"), "wire_s": wire_s, "regime": regime,
                     "error_vs_target": err, "target": tol, "within_target": abs(err) <= tol,
                     "retransmits": r.get("retransmits"), "exact": r.get("exact")})
     return out
+
+
+def _curve_round_trip_keys(rows: list[dict], config: AllreduceConfig) -> dict[str, Any]:
+    """The summary's keys for the curve's round trip: ``slot_curve_rtt_ms``, its ``slot_curve_rtt_source`` and
+    ``slot_curve_bdp_slots`` (the BDP the curve's regimes are split at)."""
+    rtt, source = curve_round_trip(rows, config)
+    return {"slot_curve_rtt_ms": rtt * 1e3, "slot_curve_rtt_source": source,
+            "slot_curve_bdp_slots": curve_bdp_slots(rtt, config.bw_mbps)}
 
 
 def _plot_slot_curve(ax, curve: list[dict], summary: dict, config: AllreduceConfig) -> None:
@@ -428,9 +470,14 @@ def _plot_slot_curve(ax, curve: list[dict], summary: dict, config: AllreduceConf
     ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=COLORS["ina"], label="INA (measured)")
     grid = np.unique(np.geomspace(min(xs), max(xs), 80).round(2))
     nbytes = config.sweep_elements * 4
-    ax.plot(grid, [slot_model_seconds(nbytes, g, config.rtt_ms, config.bw_mbps) * 1e3 for g in grid], "--", color="#444444",
-            label="max(wire, chunks x RTT / slots)")
-    ax.axvline(summary["bdp_slots"], color="#999999", lw=0.8, ls=":", label=f"BDP {summary['bdp_slots']:.1f} slots")
+    rtt_s = summary.get("slot_curve_rtt_ms", summary["window_rtt_ms"]) / 1e3
+    ax.plot(grid, [slot_model_seconds(nbytes, g, config.rtt_ms, config.bw_mbps, round_trip_s=rtt_s) * 1e3 for g in grid], "--",
+            color="#444444", label=f"max(wire, chunks x RTT / slots), RTT {rtt_s * 1e3:.1f} ms "
+                                   f"({summary.get('slot_curve_rtt_source', 'nominal')})")
+    ax.plot(grid, [slot_model_seconds(nbytes, g, config.rtt_ms, config.bw_mbps) * 1e3 for g in grid], ":", color="#999999",
+            label=f"the same, nominal RTT {summary['window_rtt_ms']:.1f} ms")
+    bdp = summary.get("slot_curve_bdp_slots", summary["bdp_slots"])
+    ax.axvline(bdp, color="#999999", lw=0.8, ls=":", label=f"BDP {bdp:.1f} slots (nominal {summary['bdp_slots']:.1f})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("granted slots")

@@ -75,6 +75,12 @@ class Calibration:
     # start-up (ina-exp multijob's probe agent-startup-cpu: the agent's imports, a lower bound).
     shared_cores: float | None = None
     agent_startup_cpu_s: float = 0.0
+    # How starting agents and running jobs share those cores: True, max-min fairly among processes (the kernel's fair
+    # scheduler: a running job's agents, which sleep between packets, get what they ask while it is less than an equal
+    # share, and the start-up takes the rest; simulator.shared_switch.startup_share); False, in proportion to demand
+    # (the start-up's whole load comes off the running jobs' capacity; session 8's model).
+    # Measure: running jobs' calls while other jobs' agents start, against alone (docs/experiments.md, session 9).
+    startup_fair_share: bool = True
     # Fraction of the link rate ring all-reduce reaches with large messages (TCP/RDMA framing, stack).
     # Measure: iperf3 goodput / link rate between two workers.
     ring_goodput_fraction: float = 0.94
@@ -141,6 +147,8 @@ class Calibration:
             raise CalibrationError(f"calibration field 'cwnd_floor_bdp' must be true or false, got {self.cwnd_floor_bdp!r}")
         if not isinstance(self.ring_move_restarts_op, bool):
             raise CalibrationError(f"calibration field 'ring_move_restarts_op' must be true or false, got {self.ring_move_restarts_op!r}")
+        if not isinstance(self.startup_fair_share, bool):
+            raise CalibrationError(f"calibration field 'startup_fair_share' must be true or false, got {self.startup_fair_share!r}")
         if not isinstance(self.cwnd_latecomer, bool):
             raise CalibrationError(f"calibration field 'cwnd_latecomer' must be true or false, got {self.cwnd_latecomer!r}")
         if not _is_number(self.agent_startup_cpu_s) or self.agent_startup_cpu_s < 0:

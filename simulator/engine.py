@@ -567,7 +567,7 @@ class Simulation:
         senders' path_rtt: what its target is set from); its first is the switch's round trip without it."""
         if self.cal.switch_shared_pps is None:
             return 1.0
-        jobs, paths, earlier, mine, starting = [], [], [], 0, 0.0
+        jobs, paths, earlier, mine, starting, starting_agents = [], [], [], 0, 0.0, 0
         for job_id, rng in self.switches[rack].alloc.items():
             other = self.running[job_id]
             if rng is not None and (other.ready or other is job):
@@ -581,9 +581,14 @@ class Simulation:
                 m = other.counts.get(rack, 0)
                 warmup = m * math.ceil(other.spec.grad_bytes / self.cal.payload_bytes) * other.spec.startup_iterations
                 starting += shared_switch.startup_load(self.cal, m, other.spec.startup_s, warmup)
+                starting_agents += m
         if not jobs:
             return 1.0
         host = self.cluster.host_Bps
+        if starting > 0:  # what the start-up takes from the running jobs: the cores shared fairly among processes
+            offered = sum(model.offered_pps(self.cal, model.ina_rate(self.cal, host, s, m), m) for s, m in jobs)
+            starting = shared_switch.startup_share(self.cal, starting, starting_agents, offered,
+                                                   sum(m for _, m in jobs) + 1)
         if not self.cal.cwnd_latecomer:  # every job's target from the unloaded path
             paths = [None] * len(jobs)
         elif job.ready and rack not in job.path_rtt:  # its first round trips: the switch as the jobs before it load it

@@ -39,6 +39,7 @@ __all__ = [
     "shared_stretches",
     "shared_throughput",
     "startup_load",
+    "startup_share",
 ]
 
 MIN_SHARED_SHARE = 0.05  # the least share of a shared switch that starting agents leave to running jobs
@@ -66,6 +67,31 @@ def startup_load(cal: Calibration, workers: int, startup_s: float, gradients: fl
     if cal.switch_shared_pps and gradients > 0:
         share += gradients / (startup_s * cal.switch_shared_pps)
     return share
+
+
+def startup_share(cal: Calibration, starting: float, starting_agents: int, running_pps: float,
+                  running_agents: int) -> float:
+    """The share of a shared switch's capacity starting agents take from the running jobs, with the cores shared
+    max-min fairly among processes (what the kernel's fair scheduler gives: a process that sleeps between packets
+    gets all it asks for while it asks less than an equal share), rather than in proportion to demand.
+
+    `starting`: what the starting jobs ask, as a share of the capacity (startup_load summed), spread over
+    `starting_agents` processes; `running_pps`: what the running jobs offer at their own bounds, over
+    `running_agents` processes (their agents and the switch). The running jobs lose capacity only where their
+    agents' demand exceeds the level at which the cores are shared out (water-filling); with
+    ``startup_fair_share`` false, the whole of `starting` (session 8's model: start-up in proportion to demand)."""
+    if not cal.startup_fair_share or starting <= 0 or not cal.switch_shared_pps:
+        return starting
+    run = running_pps / cal.switch_shared_pps  # the running jobs' demand as a share of the capacity
+    if run + starting <= 1.0 or running_agents <= 0:
+        return starting if run + starting <= 1.0 else min(starting, 1.0)
+    start_each, run_each = starting / max(1, starting_agents), run / running_agents
+    lo, hi = 0.0, 1.0  # the level each process gets at most: sum of min(demand, level) = 1
+    for _ in range(60):
+        level = (lo + hi) / 2
+        used = running_agents * min(run_each, level) + max(1, starting_agents) * min(start_each, level)
+        lo, hi = (level, hi) if used < 1.0 else (lo, level)
+    return max(1, starting_agents) * min(start_each, (lo + hi) / 2)
 
 
 def _capacity(cal: Calibration, background: float) -> float | None:

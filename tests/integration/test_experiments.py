@@ -139,8 +139,12 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         assert shared["gradients_per_s"] > 0 and (shared["bw_mbps"], shared["rtt_ms"], shared["job_workers"], shared["slots"]) == (2.0, 4.0, [2, 2], 8)
         assert shared["exact"] is True and shared["conditions"]["jobs"] == 2 and shared["conditions"]["wall_s"] > 0
         assert all(r.get("conditions", {}).get("busy_cores") is not None for r in memory)  # the machine during each run
-        cal = load_calibration(run_dir / "calibration.json")  # the model inverted on the probe (None: links bound it)
-        assert cal.switch_shared_pps is None or cal.switch_shared_pps > shared["gradients_per_s"]
+        cal = load_calibration(run_dir / "calibration.json")  # the probe's CPU accounting: cores left / CPU per gradient
+        from topologies.experiments.calibrate import shared_capacity_from_cpu
+
+        assert cal.switch_shared_pps == pytest.approx(shared_capacity_from_cpu(shared)) and cal.startup_fair_share is True
+        assert doc["summary"]["probes"][[p["probe"] for p in doc["summary"]["probes"]].index("ina-shared-pps")][
+            "capacity_from_cpu"] == pytest.approx(cal.switch_shared_pps)
         life = probes["agent-lifecycle-cpu"]  # an agent's whole life, on the trace's star
         assert cal.agent_startup_cpu_s == life["cpu_s_per_agent"] > 0 and cal.shared_cores >= 1
         from topologies.experiments.calibrate import ring_step_fit

@@ -9,6 +9,7 @@ import pytest
 
 from simulator import model, shared_switch
 from simulator.calibration import Calibration
+from topologies.experiments import calibrate
 from topologies.experiments.calibrate import RING_PROBE, calibration_from, overlapping_calls, ring_step_fit, run_startup_probe
 from topologies.experiments.conditions import Conditions, busy_jiffies
 from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
@@ -61,6 +62,28 @@ def test_the_shared_ceiling_is_the_model_inverted_on_the_probe_links():
     assert with_startup.switch_shared_pps == pytest.approx(cal.switch_shared_pps)  # the probe's calls: agents running
     line = {**shared, "gradients_per_s": 16 * 4e6 / 8 / 184}  # the links' rate: no ceiling measured
     assert calibration_from([window, line], ring_goodput=None, source="t", rtt_ms=20.0).switch_shared_pps is None
+
+
+def test_the_shared_ceiling_comes_from_the_probe_cpu_accounting():
+    """A probe row with its conditions: 1.2 cores of agents and switch for 4,000 gradients/s (300 us each) on 2
+    cores, of which the controller, runner and interrupts took 0.15 and other sessions and steal 0.25: the 1.6 cores
+    left carry 1.6 / 300 us = 5,333 gradients/s, whatever rate the probe's links or that background allowed; the
+    median over the repetitions; a row without accounting falls back to the model inverted."""
+    def shared(rate, agents, others):
+        return {"probe": "ina-shared-pps", "gradients_per_s": rate, "slots": 16, "job_workers": [4, 4, 4, 4],
+                "bw_mbps": 0.5, "rtt_ms": 40.0,
+                "conditions": {"cores": 2, "agents_cores": agents, "switch_cores": 0.2, "controller_cores": 0.05,
+                               "runner_cores": 0.06, "irq_cores": 0.04, "others_cores": others, "steal_cores": 0.0}}
+
+    one = shared(4000.0, 1.0, 0.25)
+    assert calibrate.shared_cpu_per_gradient(one) == pytest.approx(300e-6)
+    assert calibrate.shared_capacity_from_cpu(one) == pytest.approx(1.6 / 300e-6)
+    rows = [one, shared(5000.0, 1.3, 0.0), shared(3000.0, 0.7, 0.75)]  # 300 us, 300 us, 300 us per gradient
+    cal = calibration_from(rows, ring_goodput=None, source="t", rtt_ms=40.0)
+    assert cal.switch_shared_pps == pytest.approx(1.6 / 300e-6)  # the median of 1.6, 1.85 and 1.1 cores left
+    assert calibrate.shared_capacity_from_cpu({**one, "conditions": {}}) is None
+    busy = {**one, "conditions": {**one["conditions"], "others_cores": 2.0}}
+    assert calibrate.shared_capacity_from_cpu(busy) is None  # no cores left: nothing measured
 
 
 def test_repeated_trace_probes_give_their_medians():

@@ -197,10 +197,12 @@ def test_startup_load_is_the_agents_cpu_over_the_shared_cores():
 
 def test_starting_agents_take_capacity_from_the_running_jobs():
     """Job 1's 4 agents start for T with a CPU share u = 4 c / (T cores) = 1/2: job 0 runs on half the capacity
-    meanwhile (the closed form of a job alone with half the capacity), then on all of it once job 1 runs too."""
+    meanwhile (the closed form of a job alone with half the capacity), then on all of it once job 1 runs too
+    (the start-up in proportion to demand: ``startup_fair_share`` false)."""
     cap = WORKERS * SLOTS / S0
     t_start = 4 * per_call(rate(1, cap))
-    cal = dataclasses.replace(CAL, switch_shared_pps=cap, shared_cores=2.0, agent_startup_cpu_s=t_start / 4)
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap, shared_cores=2.0, agent_startup_cpu_s=t_start / 4,
+                              startup_fair_share=False)
     half = dataclasses.replace(cal, switch_shared_pps=cap / 2, agent_startup_cpu_s=0.0)
     assert shared_switch.shared_stretch(cal, None, [(SLOTS, WORKERS)], background=0.5) == pytest.approx(
         shared_switch.shared_stretch(half, None, [(SLOTS, WORKERS)]), rel=1e-9)
@@ -211,11 +213,36 @@ def test_starting_agents_take_capacity_from_the_running_jobs():
     assert r1.jct_s == pytest.approx(t_start + per_call(rate(1, cap)), rel=1e-6)
 
 
+def test_startup_share_fills_the_cores_fairly_among_processes():
+    """Water-filling over processes: 5 running (4 agents and the switch) asking 1/5 of the capacity each against 4
+    starting agents asking 1/8 each: every process gets 1/9, the start-up 4/9 (not the 1/2 it asks). Running jobs
+    asking little (0.06 each) keep it all and the start-up takes the rest (0.7 of its 0.9)."""
+    cal = dataclasses.replace(CAL, switch_shared_pps=1000.0)
+    assert shared_switch.startup_share(cal, 0.5, 4, 1000.0, 5) == pytest.approx(4 / 9, rel=1e-9)
+    assert shared_switch.startup_share(cal, 0.9, 4, 300.0, 5) == pytest.approx(0.7, rel=1e-9)
+    assert shared_switch.startup_share(cal, 0.5, 4, 400.0, 5) == 0.5  # both fit: nothing taken beyond the idle share
+    proportional = dataclasses.replace(cal, startup_fair_share=False)
+    assert shared_switch.startup_share(proportional, 0.5, 4, 1000.0, 5) == 0.5
+
+
+def test_running_jobs_keep_their_fair_share_while_agents_start():
+    """The engine with the fair share: job 0 (4 agents and the switch, asking the whole capacity) against job 1's 4
+    starting agents asking half: job 1 takes 4/9, job 0 runs on 5/9 of the capacity meanwhile."""
+    cap = WORKERS * SLOTS / S0
+    t_start = 4 * per_call(rate(1, cap))
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap, shared_cores=2.0, agent_startup_cpu_s=t_start / 4)
+    slow = per_call(rate(1, cap * 5 / 9))
+    r0, _ = sorted(run([job(0, iterations=2), job(1, iterations=1, startup_s=t_start)], cal).jobs, key=lambda r: r.job_id)
+    assert t_start > 2 * slow and r0.jct_s == pytest.approx(2 * slow, rel=1e-6)
+
+
 def test_calibration_checks_the_startup_fields():
     with pytest.raises(CalibrationError, match="agent_startup_cpu_s"):
         Calibration(agent_startup_cpu_s=-0.1)
     with pytest.raises(CalibrationError, match="shared_cores"):
         Calibration(shared_cores=0)
+    with pytest.raises(CalibrationError, match="startup_fair_share"):
+        Calibration(startup_fair_share=1)
 
 
 # --- per-job delay targets: a latecomer that first saw a loaded switch ---------------------------------------

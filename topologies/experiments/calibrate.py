@@ -7,7 +7,8 @@ ring step). Experiment 3's probes run on the trace's own star, before each repet
 process conditions (its links, request, ``--check``, controller polling): an agent's whole life's CPU
 (:func:`run_lifecycle_probe`, ``agent_startup_cpu_s``), one job's window-bound round trip
 (:func:`run_window_probe`, ``ina_rtt_us``) and the trace's jobs all at once (:func:`run_shared_probe`,
-``switch_shared_pps``: ina-sim's model inverted on the probe's configuration) and ring all-reduces of two sizes
+``switch_shared_pps``: since session 9 from the probe's CPU accounting, :func:`shared_capacity_from_cpu`; ina-sim's
+model inverted on the probe's configuration where no accounting was recorded) and ring all-reduces of two sizes
 (:func:`run_ring_probe`, ``ring_step_overhead_us`` and ``ring_goodput_fraction``: what a ring step costs on those
 links, fitted by :func:`ring_step_fit`); each records the machine's conditions (topologies.experiments.conditions). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
 measured time). :func:`calibration_from` combines whatever was measured with the simulator's defaults and
@@ -32,6 +33,7 @@ from topologies.experiments.testbed import AgentJob, Testbed
 __all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "LIFECYCLE_PROBE", "WINDOW_PROBE", "RING_PROBE", "run_probes",
            "run_shared_probe", "run_startup_probe", "run_lifecycle_probe", "run_window_probe", "run_ring_probe", "ring_step_fit",
            "ring_steps_summary", "overlapping_calls", "calibration_from", "shared_capacity_of",
+           "shared_capacity_from_cpu", "shared_cpu_per_gradient", "shared_cpu_summary",
            "ring_fraction", "write_calibration"]
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
@@ -340,8 +342,10 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
         fields["agent_startup_cpu_s"] = median([float(r["cpu_s_per_agent"]) for r in lives])
         fields["shared_cores"] = float(lives[0]["cores"])
     sharing = Calibration(**fields)
-    caps = [c for c in (shared_capacity_of(sharing, r) for r in probes if r.get("probe") == SHARED_PROBE
-                        and r.get("gradients_per_s")) if c is not None]
+    # Each shared probe's capacity from its CPU accounting (its CPU per gradient and the cores left to it), else the
+    # model inverted on its rate; the median over the repetitions.
+    caps = [c for c in (shared_capacity_from_cpu(r) or shared_capacity_of(sharing, r) for r in probes
+                        if r.get("probe") == SHARED_PROBE and r.get("gradients_per_s")) if c is not None]
     if caps:
         fields["switch_shared_pps"] = median(caps)
     return Calibration(**fields)
@@ -357,6 +361,44 @@ def _window_rtt_us(window: Mapping[str, Any], rtt_ms: float) -> float | None:
     bw = window.get("bw_mbps")
     serialization_us = 2 * wire.INA_FRAME_LEN * 8 / (float(bw) * 1e6) * 1e6 if bw else 0.0
     return round_trip_us - rtt_ms * 1000 - serialization_us
+
+
+SHARED_OWN_OVERHEAD = ("controller_cores", "runner_cores", "irq_cores")  # the measurement's own work besides its data path
+SHARED_BACKGROUND = ("others_cores", "steal_cores")  # what other sessions and the hypervisor took meanwhile
+
+
+def shared_cpu_per_gradient(row: Mapping[str, Any]) -> float | None:
+    """CPU-seconds one gradient packet costs the shared probe's agents and switch together (its conditions' agents
+    and switch cores over its gradients/s); None without the accounting."""
+    cond = row.get("conditions") or {}
+    rate, cpu = row.get("gradients_per_s"), (cond.get("agents_cores") or 0.0) + (cond.get("switch_cores") or 0.0)
+    return cpu / float(rate) if rate and cpu > 0 else None
+
+
+def shared_capacity_from_cpu(row: Mapping[str, Any]) -> float | None:
+    """``switch_shared_pps`` from an ``ina-shared-pps`` row's CPU accounting: the cores left to the agents and the
+    switch (the machine's cores less the measurement's own controller, runner and interrupt work and the background
+    it measured: other sessions, steal) over what one gradient costs them (:func:`shared_cpu_per_gradient`).
+
+    Unlike the probe's rate (which its links bound whenever the cores are not saturated, and which a moment's
+    background moves: 4.2k-5.3k gradients/s in session 8's three probes, one with the hypervisor taking 0.4 cores),
+    the CPU per gradient is a property of the data path (269-297 us in session 8, 271-296 us in session 7), so every
+    probe gives the ceiling, saturated or not. None without the accounting (older rows: the model inverted)."""
+    cond = row.get("conditions") or {}
+    per = shared_cpu_per_gradient(row)
+    cores = cond.get("cores")
+    if per is None or not cores:
+        return None
+    left = float(cores) - sum(float(cond.get(k) or 0.0) for k in SHARED_OWN_OVERHEAD + SHARED_BACKGROUND)
+    return left / per if left > 0 else None
+
+
+def shared_cpu_summary(row: Mapping[str, Any]) -> dict:
+    """A shared-ceiling probe's CPU per gradient (us) and the capacity it gives, for the summary ({} for others)."""
+    if row.get("probe") != SHARED_PROBE:
+        return {}
+    per = shared_cpu_per_gradient(row)
+    return {"cpu_us_per_gradient": None if per is None else per * 1e6, "capacity_from_cpu": shared_capacity_from_cpu(row)}
 
 
 def shared_capacity_of(cal: Calibration, row: Mapping[str, Any]) -> float | None:

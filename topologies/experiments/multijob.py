@@ -34,7 +34,7 @@ from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, group_by, median
 from topologies.errors import ExperimentError
 from topologies.experiments.base import Experiment
-from topologies.experiments.calibrate import ring_steps_summary
+from topologies.experiments.calibrate import ring_steps_summary, shared_cpu_summary
 from topologies.experiments.conditions import Conditions
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
@@ -348,7 +348,7 @@ class MultijobExperiment(Experiment):
         cal = calibration_from(probes, ring_goodput=None, rtt_ms=cfg.rtt_ms,
                                source=f"ina-exp multijob ({ctx.options.switch}): unshaped 2-worker probes; window probe "
                                       f"({window_probe_slots(cfg.demand_slots)} slots) and shared ceiling on the trace's own star "
-                                      f"({cfg.bw_mbps:g} Mbit/s, {cfg.demand_slots} slots, --check, controller polled), the model inverted; medians of {repeats} probe sets, one before each "
+                                      f"({cfg.bw_mbps:g} Mbit/s, {cfg.demand_slots} slots, --check, controller polled), its capacity from the probe's CPU per gradient and the cores left to it; medians of {repeats} probe sets, one before each "
                                       f"repetition; {cfg.rtt_ms:g} ms round trip carried; {ctx.out_dir.name}")
         write_calibration(cal, path)
         return path
@@ -432,6 +432,7 @@ class MultijobExperiment(Experiment):
                 "ring_steps": ring_steps_summary(rows, config.bw_mbps),
                 "probes": [{"probe": r["probe"], "gradients_per_s": r.get("gradients_per_s"),
                             "seconds_median": r.get("seconds_median"), "cpu_s_per_agent": r.get("cpu_s_per_agent"),
+                            **shared_cpu_summary(r),
                             **{k: r["conditions"].get(k) for k in ("busy_cores", "others_cores", "agents_cores",
                                                                    "switch_cores", "loadavg_start")}} for r in probes],
                 "errors": sum(1 for r in rows if r.get("error"))}

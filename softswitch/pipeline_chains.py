@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 # size up to 64 (about 100 numpy operations a batch, and the traffic manager per output; bench/chain_bench.py,
 # docs/switch.md "Chains: the batch path").
 CHAIN_VECTOR_MIN: int | None = None
-# Frames of chain batches by the path they took: "vector" (step 6 on arrays), "per_frame" (everything else in
-# a chain batch), "small" (a batch below CHAIN_VECTOR_MIN).
+# Frames of chain batches by the path they took: "vector" (step 6 on arrays), "per_frame" (the rest of a batch
+# that took the arrays), "small" (whole batches one frame at a time: below CHAIN_VECTOR_MIN, or all while None).
 STATS: Counter = Counter()
 
 _LEN = wire.INA_FRAME_LEN
@@ -130,7 +130,7 @@ def process_chain_batch(pipeline: InaPipeline, port_of, ingress_port: int | np.n
     alone = np.zeros(len(rec), bool)
     if len(named):
         sa_named = slot_abs[named]
-        uniq, first, counts = np.unique(sa_named, return_index=True, return_counts=True)
+        _, first, counts = np.unique(sa_named, return_index=True, return_counts=True)
         alone[named[first[counts == 1]]] = True
     if isinstance(ingress_port, np.ndarray):
         ports = (ingress_port if where is None else ingress_port[where]).astype(np.int64)

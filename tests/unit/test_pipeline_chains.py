@@ -94,7 +94,7 @@ def _state(p: InaPipeline):
     return regs[:6], p.ina_lanes.tobytes(), {k: list(v) for k, v in p.counters.items()}
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(batches=st.lists(st.lists(_FRAME, min_size=1, max_size=20), min_size=1, max_size=8),
        one_port=st.booleans(), rows=st.booleans())
 def test_chain_batch_equals_one_frame_at_a_time(batches, one_port, rows):

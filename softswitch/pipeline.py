@@ -102,6 +102,7 @@ class InaPipeline:
         # Chains: job -> ((shift, slot >> shift, set_chain params), ...), longest prefix first; transit jobs.
         self._chain: dict[int, tuple[tuple[int, int, tuple[int, ...]], ...]] = {}
         self._transit: frozenset[int] = frozenset()
+        self._chain_hits: dict[int, tuple[int, ...] | None] = {}  # _chain_lookup's answers
         self._lpm = self.tables["MyIngress.ipv4_lpm"]
 
     # --- registers: data-plane state only; BMv2 cannot read or write them over P4Runtime -------------
@@ -206,6 +207,18 @@ class InaPipeline:
             chains.setdefault(job_id, []).append((plen, shift, prefix >> shift, e.params))
         self._chain = {j: tuple((s, k, p) for _, s, k, p in sorted(c, reverse=True)) for j, c in chains.items()}
         self._transit = frozenset(m[0] for m in self.tables["MyIngress.ina_transit"].entries)
+        self._chain_hits = {}
+
+    def _chain_lookup(self, job_id: int, slot: int) -> tuple[int, ...] | None:
+        """table ina_chain for (job_id, slot): the longest prefix's set_chain params, or None on a miss; kept in
+        ``_chain_hits`` (by job_id << 16 | slot) until the next control-plane write."""
+        params = None
+        for shift, key, entry in self._chain.get(job_id, ()):
+            if slot >> shift == key:
+                params = entry
+                break
+        self._chain_hits[(job_id << 16) | slot] = params
+        return params
 
     # --- the packet path ---------------------------------------------------------------------------
     def process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
@@ -315,13 +328,15 @@ class InaPipeline:
         # table ina_chain (chains): upstream members join the mask, final_grp replaces mcast_grp
         chain = False
         own_member_id = chain_end = next_grp = 0
-        for shift, key, params in self._chain.get(job_id, ()):
-            if slot >> shift == key:  # action set_chain
+        if job_id in self._chain:
+            params = self._chain_hits.get((job_id << 16) | slot, False)
+            if params is False:
+                params = self._chain_lookup(job_id, slot)
+            if params is not None:  # action set_chain
                 chain = True
                 own_member_id, upstream_mask, num_upstream, chain_end, next_grp, mcast_grp = params
                 worker_mask |= upstream_mask
                 num_workers = (num_workers + num_upstream) & 0xFF
-                break
         # 4b. Ingress binding: the sender must be where (job, member) was bound (table ina_binding); a member
         # bound by link (bind_link, chains) by its ingress port and UDP port only, on one of its two links.
         binding = self._binding.get((job_id, worker_id))  # member_id = worker_id

@@ -226,7 +226,8 @@ def _port_of(ingress_port: int | np.ndarray):
 
 
 def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames: list[bytes] | np.ndarray, *,
-                  vector_min: int = VECTOR_MIN, as_block: bool = False) -> list[tuple[int, bytes]] | FrameBlock:
+                  vector_min: int = VECTOR_MIN, chain_vector_min: int | None = None, as_block: bool = False
+                  ) -> list[tuple[int, bytes]] | FrameBlock:
     """Every frame of ``frames`` (in that order) through the pipeline; the caller holds ``pipeline.lock``. The
     outputs are those of ``process`` frame after frame, in the same order.
 
@@ -234,23 +235,28 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
     several ports' batches: the packet rings' one batch per wake-up). ``frames`` is a list of bytes or an
     (n, length) uint8 array of equal-length frames (what the packet rings gather). With ``as_block`` the
     outputs may come back as a ``FrameBlock`` (when every frame was vectorised and the results are one job's),
-    else as [(port, frame)]."""
+    else as [(port, frame)]. A batch with frames of a job on chains is ``pipeline_chains.process_chain_batch``'s
+    from ``chain_vector_min`` frames on (by default ``pipeline_chains.CHAIN_VECTOR_MIN``; None: one at a time)."""
+    from softswitch import pipeline_chains  # it builds on this module
+
     n = len(frames)
+    chain_min = pipeline_chains.CHAIN_VECTOR_MIN if chain_vector_min is None else chain_vector_min
+    low = min(vector_min, chain_min) if pipeline._chain and chain_min is not None else vector_min
     per_frame = isinstance(ingress_port, np.ndarray)
     port_of = _port_of(ingress_port)
     cpu = (ingress_port == wire.CPU_PORT).any() if per_frame else ingress_port == wire.CPU_PORT
     if isinstance(frames, np.ndarray):
-        if n < vector_min or cpu or frames.shape[1] != _LEN:
+        if n < low or cpu or frames.shape[1] != _LEN:
             return _one_by_one(pipeline, port_of, rows_as_bytes(frames))
         rec = frames.reshape(-1).view(FRAME_DTYPE)
         where = None  # every frame: positions are indices
     else:
-        if n < vector_min or cpu:
+        if n < low or cpu:
             return _one_by_one(pipeline, port_of, frames)
         # --- MyParser and MyVerifyChecksum for every whole INA-sized frame at once
         lengths = list(map(len, frames))
         sized = range(n) if lengths.count(_LEN) == n else [i for i, m in enumerate(lengths) if m == _LEN]
-        if len(sized) < vector_min or (len(sized) < n and wire.INA_QUERY_FRAME_LEN in lengths):  # a query reads a slot
+        if len(sized) < low or (len(sized) < n and wire.INA_QUERY_FRAME_LEN in lengths):  # a query reads a slot
             return _one_by_one(pipeline, port_of, frames)
         if len(sized) == n:
             rec = np.frombuffer(b"".join(frames), dtype=FRAME_DTYPE)
@@ -258,6 +264,14 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
         else:
             rec = np.frombuffer(b"".join([frames[i] for i in sized]), dtype=FRAME_DTYPE)
             where = np.array(sized)
+    if pipeline._chain and pipeline_chains.has_chain_frames(pipeline, rec):
+        if chain_min is None or n < chain_min or (where is not None and max(lengths) > _LEN):  # (a longer INA
+            # frame may name any slot)
+            pipeline_chains.STATS["small"] += n
+            return _one_by_one(pipeline, port_of, _listed(frames))
+        return pipeline_chains.process_chain_batch(pipeline, port_of, ingress_port, frames, rec, where)
+    if len(rec) < vector_min:
+        return _one_by_one(pipeline, port_of, _listed(frames))
     raw = rec.view(np.uint8).reshape(len(rec), _LEN)
     # MyVerifyChecksum: the checksum field equals 0xFFFF - folded sum of the other nine words (never 0 here:
     # IHL is 5), i.e. (0xFFFF - rest % 0xFFFF) % 0xFFFF

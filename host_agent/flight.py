@@ -278,6 +278,9 @@ class Flight:
         self.tail_probed = False
         est = self.rtt
         est.progressed()
+        if self.trace_dir:
+            self.result_at[sel] = now
+            self.windows.append((now, self.cwnd.cwnd))
         sent_at, tries, qstate = self.sent_at, self.tries, self.qstate
         if self.held_n:
             self.held_n -= sum(1 for i in sel if qstate[i] == QueryState.HELD)

@@ -454,3 +454,18 @@ def test_a_flight_trace_records_first_sends_resends_and_results(tmp_path, monkey
     assert rec["worker"] == 3 and rec["first_chunk"] == 256
     assert rec["first_at"] == [0.5] * 4 and rec["result_at"] == [0.51, 0.51, 0.531, 0.51]
     assert rec["resends"] == [[2, 0.52, 1]]
+
+
+@pytest.mark.parametrize("batch", ["delivered_few", "delivered_many"])
+def test_a_flight_trace_records_results_applied_in_batches(tmp_path, monkeypatch, batch) -> None:
+    """The window applies its results in batches (``delivered_few`` / ``delivered_many``): the trace records them too."""
+    monkeypatch.setenv("INA_AGENT_FLIGHT_TRACE", str(tmp_path))
+    fl, _, _ = _flight(K=4, granted=4)
+    fl.sent(0, 4, 1.000)
+    sel = [0, 1, 3]
+    getattr(fl, batch)(sel if batch == "delivered_few" else np.array(sel), 1.010)
+    fl.dump_trace(0, 1, 1.0)
+    [f] = list(tmp_path.iterdir())
+    rec = json.loads(f.read_text())
+    assert rec["result_at"] == [0.01, 0.01, -1.0, 0.01]
+    assert len(rec["cwnd"]) == 1

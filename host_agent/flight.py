@@ -99,7 +99,6 @@ class Flight:
         self.K, self.i0, self.rtt, self.cwnd, self.granted, self.stats = K, i0, rtt, cwnd, granted, stats
         self.sent_at = np.zeros(K, dtype=np.float64)  # last transmission of each chunk
         self.first_at = np.zeros(K, dtype=np.float64)  # first transmission (a spurious timeout's true round trip)
-        self.recovering = 0  # chunks whose gradient was resent, still without a result (out of the congestion window)
         self.tries = bytearray(K)  # resends of each chunk (saturating)
         self.early = bytearray(K)  # 1: resent by RACK (a spurious one widens the reorder window)
         self.counted = bytearray(K)  # 1: counted as a spurious resend already
@@ -169,8 +168,6 @@ class Flight:
         self.early[i] = 1 if early else 0
         self._leave_held(i)
         self.qstate[i] = QueryState.NONE
-        if not self.payload_resent[i]:
-            self.recovering += 1
         self.payload_resent[i] = 1
         if self.trace_dir:
             self.resends.append((i, now, int(early)))
@@ -226,8 +223,6 @@ class Flight:
         est = self.rtt
         est.progressed()
         if self.tries[i]:
-            if self.payload_resent[i]:
-                self.recovering -= 1
             if rtt < est.path_rtt:
                 self._spurious(i, now)  # it answers an earlier send
             elif not self.early[i]:
@@ -262,7 +257,6 @@ class Flight:
                                  self.granted)
         if not once.all():
             resent = ~once
-            self.recovering -= int(np.count_nonzero(np.frombuffer(self.payload_resent, dtype=np.uint8)[sel[resent]]))
             early = rtts < est.path_rtt
             for i in sel[resent & early]:
                 self._spurious(int(i), now)
@@ -306,8 +300,6 @@ class Flight:
             path, probe = est.path_rtt, False
             for i in sel:
                 if tries[i]:
-                    if self.payload_resent[i]:
-                        self.recovering -= 1
                     if now - sent_at[i] < path:
                         self._spurious(i, now)
                     elif not self.early[i]:

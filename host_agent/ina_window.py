@@ -209,8 +209,7 @@ class InaPhase:
             first = nxt
             if nxt < K or deferred:
                 done = K - i0 - results.remaining
-                room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred) - flight.held_n  # held: off the link
-                                        - flight.recovering)  # in recovery: see "Loss recovery"
+                room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred) - flight.held_n)  # held: off the link
             left = room
             if deferred:
                 # chunks skipped while their slot was busy go once it is free, in order, whatever the window:

@@ -502,28 +502,6 @@ def test_one_chunk_in_flight_in_the_middle_of_a_window_is_left_to_the_timeout() 
     assert tail.tail_deadline(7, all_sent=True, alone=True) == pytest.approx(1.010 + tail.short_wait())
 
 
-@pytest.mark.parametrize("apply", ["one", "few", "many"])
-def test_chunks_in_recovery_are_counted_until_their_result(apply) -> None:
-    """``Flight.recovering``: chunks whose gradient was resent and that have no result yet (the window does not
-    count them against the congestion window); a query alone is no resend."""
-    fl, _, _ = _flight(K=8, granted=8, path=0.010)
-    fl.sent(0, 8, 1.0)
-    fl.resent(2, 1.02, early=True)
-    fl.resent(2, 1.04, early=False)
-    fl.resent(5, 1.02, early=True)
-    fl.queried(6, 1.02)
-    assert fl.recovering == 2
-    sel = [2, 6, 7]
-    if apply == "one":
-        for i in sel:
-            fl.delivered(i, 1.05)
-    elif apply == "few":
-        fl.delivered_few(sel, 1.05)
-    else:
-        fl.delivered_many(np.array(sel), 1.05)
-    assert fl.recovering == 1
-
-
 def test_a_resend_waits_one_smoothed_round_trip_and_a_stall_probe_one_smoothed_round_trip_and_its_variation() -> None:
     """A resend's answer waits for the queue and the skew between workers like any result (SRTT covers them, the
     shortest recent round trip does not); a stall in the middle of a window waits at least SRTT + RTTVAR, so a

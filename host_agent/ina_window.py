@@ -146,7 +146,16 @@ class InaPhase:
                         lost.append((i, True))
                     stats.early_resends += len(found)
                     cwnd.on_loss(now, est.path_rtt, est.srtt)
-            if lo < results.sent and not queued[lo] and now >= flight.tail_deadline(lo, nxt >= K and not deferred) \
+            # one chunk in flight (a window of 1): no tail probe in the middle of the window, the timer acts
+            alone = results.sent - K + results.remaining - len(deferred) <= 1
+            if lo < results.sent and not queued[lo] \
+                    and now >= min(flight.tail_deadline(lo, nxt >= K and not deferred, alone), flight.rto_deadline(lo)) \
+                    and results.drain():
+                # a timer is due, but results were waiting in the socket (this worker was descheduled since the
+                # drain): merely queued, no loss; the next turn takes them into account first
+                last_progress = now = mono()
+                continue
+            if lo < results.sent and not queued[lo] and now >= flight.tail_deadline(lo, nxt >= K and not deferred, alone) \
                     and now < flight.rto_deadline(lo):
                 flight.tail_probed = True
                 # one chunk, unless a probe was answered already (then the overdue tail): a worker that
@@ -274,7 +283,8 @@ class InaPhase:
             # 5. wait for a datagram, the next timer, or the pacing/guard that holds a send back
             wake = now + 0.05  # short, so a generation change is seen quickly
             if lo < results.sent and not queued[lo]:
-                wake = min(wake, flight.rto_deadline(lo), flight.tail_deadline(lo, nxt >= K and not deferred))
+                alone = results.sent - K + results.remaining - len(deferred) <= 1
+                wake = min(wake, flight.rto_deadline(lo), flight.tail_deadline(lo, nxt >= K and not deferred, alone))
             wake = min(wake, flight.rack_timer)
             held = bool(guard or pace) and nxt < K and left > 0 and (nxt - S < i0 or got[nxt - S])  # by pacing or the guard
             if lost or held:

@@ -80,6 +80,17 @@ class RttEstimator:
         self._base_rto = min(base, self.rto_max)
         self.backoff = 1
 
+    def spurious_timeout(self, rtt: float) -> None:
+        """A timeout or tail probe was needless: the original's result came back ``rtt`` after its first send, later
+        than the timer allowed (a peer descheduled on the loaded machine; at a window of 1 every chunk is a tail).
+        RFC 4015's response: ``SRTT = max(SRTT, rtt)``, ``RTTVAR = max(RTTVAR, rtt / 2)``, so the next stall of that
+        length waits for its result; later samples bring the timeout back down at the usual gains."""
+        if not self.samples or rtt <= 0:
+            return
+        self.srtt = max(self.srtt, rtt)
+        self.rttvar = max(self.rttvar, rtt / 2)
+        self._base_rto = min(self.srtt + max(self.granularity, K * self.rttvar, self.rto_min), self.rto_max)
+
     def progressed(self) -> None:
         """A new result arrived (of any chunk): the path works again, so the backoff ends (as Linux does;
         Karn's rule still keeps resent chunks out of the estimate)."""

@@ -454,3 +454,66 @@ def test_a_flight_trace_records_first_sends_resends_and_results(tmp_path, monkey
     assert rec["worker"] == 3 and rec["first_chunk"] == 256
     assert rec["first_at"] == [0.5] * 4 and rec["result_at"] == [0.51, 0.51, 0.531, 0.51]
     assert rec["resends"] == [[2, 0.52, 1]]
+
+
+@pytest.mark.parametrize("batch", ["delivered_few", "delivered_many"])
+def test_a_flight_trace_records_results_applied_in_batches(tmp_path, monkeypatch, batch) -> None:
+    """The window applies its results in batches (``delivered_few`` / ``delivered_many``): the trace records them too."""
+    monkeypatch.setenv("INA_AGENT_FLIGHT_TRACE", str(tmp_path))
+    fl, _, _ = _flight(K=4, granted=4)
+    fl.sent(0, 4, 1.000)
+    sel = [0, 1, 3]
+    getattr(fl, batch)(sel if batch == "delivered_few" else np.array(sel), 1.010)
+    fl.dump_trace(0, 1, 1.0)
+    [f] = list(tmp_path.iterdir())
+    rec = json.loads(f.read_text())
+    assert rec["result_at"] == [0.01, 0.01, -1.0, 0.01]
+    assert len(rec["cwnd"]) == 1
+
+
+def test_a_needless_probe_or_timeout_raises_the_timeout_to_the_originals_round_trip() -> None:
+    """RFC 4015's response: the original's result came after the timer's resend, so its round trip (30 ms on a 10 ms
+    path: a peer descheduled) is what the timer must allow for next; a needless RACK resend changes nothing."""
+    fl, stats, est = _flight(K=8, granted=8, path=0.010)
+    fl.sent(0, 8, 1.0)
+    rto0 = est.rto
+    fl.resent(1, 1.027, early=True)
+    fl.delivered(1, 1.028)
+    assert stats.spurious_resends == 1 and est.rto == rto0
+    fl.resent(0, 1.025, early=False)  # the timer's probe
+    fl.delivered(0, 1.030)  # 5 ms later: the original's answer
+    assert stats.spurious_resends == 2
+    assert est.srtt == pytest.approx(0.030) and est.rttvar == pytest.approx(0.015)
+    assert est.rto == pytest.approx(0.030 + 4 * 0.015) and est.rto > rto0
+
+
+def test_one_chunk_in_flight_in_the_middle_of_a_window_is_left_to_the_timeout() -> None:
+    """At a window of 1 a tail probe is the timeout's resend, only sooner and without learning: the timer acts
+    (and a needless one raises it); the window's own tail is still probed after one round trip."""
+    fl, _, est = _flight(K=8, granted=1, path=0.010)
+    fl.sent(0, 1, 1.000)
+    fl.delivered(0, 1.010)
+    fl.sent(1, 2, 1.011)
+    assert fl.tail_deadline(1, all_sent=False, alone=True) == float("inf")
+    assert fl.tail_deadline(1, all_sent=False, alone=False) < fl.rto_deadline(1)
+    tail, _, _ = _flight(K=8, granted=8, path=0.010)
+    tail.sent(0, 8, 1.000)
+    tail.delivered(6, 1.010)
+    assert tail.tail_deadline(7, all_sent=True, alone=True) == pytest.approx(1.010 + tail.short_wait())
+
+
+def test_a_resend_waits_one_smoothed_round_trip_and_a_stall_probe_one_smoothed_round_trip_and_its_variation() -> None:
+    """A resend's answer waits for the queue and the skew between workers like any result (SRTT covers them, the
+    shortest recent round trip does not); a stall in the middle of a window waits at least SRTT + RTTVAR, so a
+    needless probe's lesson (RFC 4015's response raises both) holds for the tail probe too."""
+    fl, _, est = _flight(K=64, granted=64, path=0.010)
+    fl.sent(0, 40, 1.0)
+    for i in range(1, 40):
+        fl.delivered(i, 1.0 + 0.010 + (0.012 if i % 2 else 0.0))  # half the results wait 12 ms for a late peer
+    assert est.srtt > est.recent_min == pytest.approx(0.010)
+    reo = fl.reorder_window()
+    assert fl.resend_timeout() == pytest.approx(max(est.srtt + 2 * reo, est.rto_min))
+    assert fl.short_wait() == pytest.approx(max(est.recent_min + 2 * reo, est.rto_min))
+    assert fl.short_wait() < fl.resend_timeout()
+    est.spurious_timeout(0.060)
+    assert fl.tail_wait() == pytest.approx(0.060 + 0.030)

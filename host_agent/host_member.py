@@ -232,21 +232,19 @@ class _Copy:
                     continue
                 out.setdefault(dst, []).append(frame[wire.INA_OFFSET:])
         for dst, payloads in out.items():
-            data, k = memoryview(b"".join(payloads)), len(payloads)
+            k = len(payloads)
             if dst in hosts and self.bundle_frames > 1:  # runs of up to ``bundle_frames`` payloads under one header
-                full, whole, rest = rina_runs.encode(np.frombuffer(data, np.uint8).reshape(k, PAYLOAD),
-                                                     self.bundle_frames)
+                full, whole, rest = rina_runs.encode(payloads, self.bundle_frames)
                 self._send_run(memoryview(full), len(full) // whole if whole else 0, whole, dst)
                 for run in rest:
                     self._send_run(memoryview(run), len(run), 1, dst)
                 self.bundles_sent += whole + len(rest)
                 self.bundled += k
-            elif dst in hosts:  # no runs: single INA payloads
-                self._send_run(data, PAYLOAD, k, dst)
+                continue
+            self._send_run(memoryview(b"".join(payloads)), PAYLOAD, k, dst)  # single INA payloads
+            if dst in hosts:  # no runs (``bundle_frames`` 1)
                 self.bundles_sent += k
                 self.bundled += k
-            else:
-                self._send_run(data, PAYLOAD, k, dst)
 
     def _rows(self, src: tuple[str, int], runs: list[tuple[int, int, int]], hosts: frozenset
               ) -> tuple[int, np.ndarray] | None:
@@ -280,15 +278,15 @@ class _Copy:
                   ) -> tuple[int, np.ndarray] | None:
         """The model's frames of a neighbour copy's reads: each datagram a run or a single INA payload
         (``inaproto.rina_runs``); a datagram that is neither is dropped alone."""
-        parts: list[np.ndarray] = []
+        parts: list[bytes] = []
         for off, n, seg in runs:
             for start in range(off, off + n, seg):
-                rows = rina_runs.decode(view[start : min(start + seg, off + n)])
-                if rows is not None:
-                    parts.append(rows)
+                got = rina_runs.decode(view[start : min(start + seg, off + n)])
+                if got is not None:
+                    parts.append(got)
         if not parts:
             return None
-        payloads = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        payloads = np.frombuffer(parts[0] if len(parts) == 1 else b"".join(parts), np.uint8).reshape(-1, PAYLOAD)
         return NETWORK_PORT, self._frames(src, NETWORK_PORT, payloads)
 
     def _frames(self, src: tuple[str, int], port: int, payloads: np.ndarray) -> np.ndarray:

@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="follow Rina grants as chains across switches even where the grant does not say so "
                             "(the controller's grant says so by default: docs/agent.md, \"Rina as designed\")")
         p.add_argument("--rina-bundle-frames", type=_bundle_frames, default=None, metavar="N",
-                       help="INA payloads per datagram between Rina host members' copies (1: no bundles; default 10)")
+                       help="INA payloads per datagram between Rina host members' copies (runs under one header; 1: single INA payloads; default 11)")
         p.add_argument("--rina-copy", choices=[m.value for m in CopyMode], default=None,
                        help="where a Rina host member's copy runs: a thread of the agent or a child process of its "
                             "own (default process; docs/agent.md, \"Rina as designed\")")

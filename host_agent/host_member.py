@@ -14,16 +14,17 @@ answers) on NETWORK_PORT from INA_UDP_PORT, as the copy's ingress binding expect
 send: only its ring neighbours). What the model emits is sent to the frame's destination; an answer to the
 sender (a resent partial meeting a copy that holds the final sum) goes back to the datagram's real source.
 
-Between two host members the INA payloads travel bundled: up to ``BUNDLE_FRAMES`` back to back in one datagram
-(0.876 of its frame is payload against 0.696 for single INA frames; ``inaproto.rina_partitions`` sizes the
-partitions with that cost); a copy takes any datagram that is a whole number of INA payloads from a host
-neighbour as a bundle. Hops into or out of a switch stay single INA frames (the switch parses one).
+Between two host members the INA payloads travel in runs (``inaproto.rina_runs``): up to ``BUNDLE_FRAMES`` (11)
+payloads under one 12-byte header that holds what they share, each with its slot and seq offset, in one datagram
+(0.935 of its frame is payload, about a TCP ring's, against 0.696 for single INA frames; ``inaproto.rina_partitions``
+sizes the partitions with that cost); a copy takes a run or a single INA payload from a host neighbour and drops
+any other datagram alone. Hops into or out of a switch stay single INA frames (the switch parses one).
 
 The 50 % deployment is CPU-bound on the testbed, so the copy moves datagrams in batches: a wake-up drains the
 socket with UDP GRO (``DatagramIo.drain_sources``: one sender's datagrams per read, with its address), runs
 each source's frames through the model in one ``process_batch`` (built as numpy rows under a cached header, no
 per-datagram header in Python), and sends what the model emitted once per destination: single frames as one
-GSO run, bundles as one GSO run of full bundles and one datagram for the rest (no timer: a bundle waits for
+GSO run, runs as one GSO send of the full ones and one datagram for each shorter one (no timer: a run waits for
 nothing but the end of the wake-up). The copy runs in a thread of the agent or, with ``CopyMode.PROCESS``, in
 a child process of its own (no interpreter lock shared with the agent's sender).
 docs/agent.md, "Rina as designed".
@@ -47,7 +48,7 @@ import numpy as np
 
 from host_agent.grant import Grant, Worker, chain_ring
 from host_agent.udp_io import DatagramIo
-from inaproto import wire
+from inaproto import rina_runs, wire
 from inaproto.rina_partitions import BUNDLE_FRAMES
 from inaproto.rina_ring import HOST_PORT, NETWORK_PORT, Ring, host_copy_entries, host_copy_port
 
@@ -206,7 +207,7 @@ class _Copy:
 
     def _wake(self, reads: dict[tuple[str, int], list[tuple[int, int, int]]]) -> None:
         """One wake-up's datagrams, one batch per source, through the model; what it emits sent per destination
-        (runs of INA frames in GSO sends, bundles towards a neighbour's copy)."""
+        (runs of INA frames in GSO sends, runs under one header towards a neighbour's copy)."""
         with self._lock:
             pipe, hosts = self._pipe, self._hosts
         if pipe is None:
@@ -231,48 +232,71 @@ class _Copy:
                     continue
                 out.setdefault(dst, []).append(frame[wire.INA_OFFSET:])
         for dst, payloads in out.items():
-            data, k = memoryview(b"".join(payloads)), len(payloads)
-            if dst in hosts:  # bundles: ``bundle_frames`` payloads per datagram, the rest in one more
-                per = self.bundle_frames
-                whole, rest = divmod(k, per)
-                self._send_run(data, per * PAYLOAD, whole, dst)
-                if rest:
-                    self._send_run(data[whole * per * PAYLOAD :], rest * PAYLOAD, 1, dst)
-                self.bundles_sent += whole + (rest > 0)
+            k = len(payloads)
+            if dst in hosts and self.bundle_frames > 1:  # runs of up to ``bundle_frames`` payloads under one header
+                full, whole, rest = rina_runs.encode(payloads, self.bundle_frames)
+                self._send_run(memoryview(full), len(full) // whole if whole else 0, whole, dst)
+                for run in rest:
+                    self._send_run(memoryview(run), len(run), 1, dst)
+                self.bundles_sent += whole + len(rest)
                 self.bundled += k
-            else:
-                self._send_run(data, PAYLOAD, k, dst)
+                continue
+            self._send_run(memoryview(b"".join(payloads)), PAYLOAD, k, dst)  # single INA payloads
+            if dst in hosts:  # no runs (``bundle_frames`` 1)
+                self.bundles_sent += k
+                self.bundled += k
 
     def _rows(self, src: tuple[str, int], runs: list[tuple[int, int, int]], hosts: frozenset
               ) -> tuple[int, np.ndarray] | None:
         """The port and the model's frames (rows) of one source's reads, or None if the copy drops them all.
 
         The worker's gradients and frames from a switch are single INA payloads per datagram; a neighbour's
-        copy may send bundles (any whole number of payloads per datagram). Other datagrams are dropped."""
+        copy sends runs (``inaproto.rina_runs``) or single INA payloads. Other datagrams are dropped."""
         if src == self._own:
             port, bundles = HOST_PORT, False
         elif src[0] in self._neighbours:
             port, bundles = NETWORK_PORT, src in hosts
         else:
             return None
-        keep: list[memoryview] = []
         view = memoryview(self._rbuf)
+        if bundles:
+            return self._run_rows(src, runs, view)
+        keep: list[memoryview] = []
         for off, n, seg in runs:
             tail = n % seg
-            if seg % PAYLOAD or (not bundles and seg != PAYLOAD):
+            if seg != PAYLOAD:
                 continue  # every datagram of the read has the segment's size but the last
-            good = n if tail % PAYLOAD == 0 and (bundles or tail in (0, PAYLOAD)) else n - tail
+            good = n if tail in (0, PAYLOAD) else n - tail
             if good:
                 keep.append(view[off : off + good])
         if not keep:
             return None
         payloads = np.frombuffer(keep[0] if len(keep) == 1 else b"".join(keep), np.uint8).reshape(-1, PAYLOAD)
+        return port, self._frames(src, port, payloads)
+
+    def _run_rows(self, src: tuple[str, int], runs: list[tuple[int, int, int]], view: memoryview
+                  ) -> tuple[int, np.ndarray] | None:
+        """The model's frames of a neighbour copy's reads: each datagram a run or a single INA payload
+        (``inaproto.rina_runs``); a datagram that is neither is dropped alone."""
+        parts: list[bytes] = []
+        for off, n, seg in runs:
+            for start in range(off, off + n, seg):
+                got = rina_runs.decode(view[start : min(start + seg, off + n)])
+                if got is not None:
+                    parts.append(got)
+        if not parts:
+            return None
+        payloads = np.frombuffer(parts[0] if len(parts) == 1 else b"".join(parts), np.uint8).reshape(-1, PAYLOAD)
+        return NETWORK_PORT, self._frames(src, NETWORK_PORT, payloads)
+
+    def _frames(self, src: tuple[str, int], port: int, payloads: np.ndarray) -> np.ndarray:
+        """Whole INA payloads as the model's frames, under the cached header of ``src``."""
         rows = np.empty((len(payloads), wire.INA_FRAME_LEN), np.uint8)
         rows[:, : wire.INA_OFFSET] = self._header(src, port)
         rows[:, wire.INA_OFFSET :] = payloads
         if port == HOST_PORT:
             rows[:, wire.INA_OFFSET + _O_WORKER] = self._local
-        return port, rows
+        return rows
 
     def _header(self, src: tuple[str, int], port: int) -> np.ndarray:
         """The Ethernet, IPv4 and UDP headers the model sees on frames from ``src`` (the same on all of them)."""

@@ -3,8 +3,8 @@
 In the ring (``inaproto.rina_ring``) hop i -> i+1 carries every partition's partial but member i's own
 (where i's chain ends) and every final sum but member i+1's (whose chain starts there): 2T - s_i - s_{i+1}
 over both phases, for partition sizes s (shares of the tensor T). A hop into or out of a switch member carries
-INA frames (128 of 184 bytes payload); a hop between two host members carries bundles of INA payloads
-(``BUNDLE_FRAMES`` per datagram, ``host_agent/host_member.py``). With every member a switch, every hop costs the
+INA frames (128 of 184 bytes payload); a hop between two host members carries runs of payloads under one
+header (``BUNDLE_FRAMES`` per datagram, ``inaproto.rina_runs``: 0.935 payload, about a TCP ring's). With every member a switch, every hop costs the
 same and the partitions are equal; with host members the sizes minimise the busiest hop's framed bytes, which
 gives the members next to INA-frame hops (a switch member and its neighbours) larger partitions.
 docs/experiments.md, "Partition sizes from hop costs".
@@ -14,16 +14,18 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
-from inaproto import wire
+import numpy as np
 
-__all__ = ["BUNDLE_FRAMES", "BUNDLE_SHARE", "INA_SHARE", "aligned_blocks", "hop_loads", "hop_share",
+from inaproto import wire
+from inaproto.rina_runs import RUN_PAYLOADS, RUN_SHARE
+
+__all__ = ["BUNDLE_FRAMES", "BUNDLE_SHARE", "INA_SHARE", "aligned_blocks", "continuous_shares", "hop_loads", "hop_share",
            "partition_sizes", "slot_partitions"]
 
-_MTU = 1500
-# INA payloads per datagram between host members (10: 1462-byte frames)
-BUNDLE_FRAMES = (_MTU - wire.IPV4_LEN - wire.UDP_LEN) // wire.INA_PAYLOAD_LEN
+# INA payloads per datagram between host members: runs under one header (inaproto.rina_runs; 11: 1506-byte frames)
+BUNDLE_FRAMES = RUN_PAYLOADS
 INA_SHARE = wire.INA_DATA_LEN / wire.INA_FRAME_LEN  # 0.696
-BUNDLE_SHARE = BUNDLE_FRAMES * wire.INA_DATA_LEN / (BUNDLE_FRAMES * wire.INA_PAYLOAD_LEN + wire.INA_OFFSET)  # 0.876
+BUNDLE_SHARE = RUN_SHARE  # 0.935
 _MAX_UNITS = 128  # partition sizes are multiples of a power-of-two unit of slots: fewer than 2 x this many units
 
 
@@ -103,6 +105,45 @@ def partition_sizes(kinds: Sequence[bool], slots: int) -> tuple[int, ...] | None
     while slots // (unit * 2) >= max(_MAX_UNITS, r):
         unit *= 2
     return tuple(s * unit for s in _sizes_in_units(kinds, slots // unit))
+
+
+_GRID = 4096  # continuous shares: partition 0's share tried on this grid of [0, 1]
+
+
+@lru_cache(maxsize=64)
+def continuous_shares(kinds: tuple[bool, ...]) -> tuple[float, ...]:
+    """The shares of the tensor (summing to 1) that minimise the busiest hop's framed load when sizes need not
+    be whole slots: the limit ``partition_sizes`` approaches as the range grows (its ideal for the table in
+    docs/experiments.md). A bisection on the bound; for a candidate bound every share of partition 0 on a grid
+    is tried at once (numpy), each next share as small as its hop allows (``_smallest`` in real numbers)."""
+    kinds, r = tuple(bool(k) for k in kinds), len(kinds)
+    if r == 0:
+        return ()
+    if all(kinds):
+        return (1 / r,) * r
+    s0 = np.linspace(0.0, 1.0, _GRID + 1)
+
+    def fit(bound: float) -> np.ndarray | None:
+        need = [2 - bound * hop_share(kinds[i], kinds[(i + 1) % r]) for i in range(r)]
+        sizes = [s0]
+        for i in range(r - 1):
+            sizes.append(np.maximum(0.0, need[i] - sizes[i]))
+        sizes[-1] = np.maximum(sizes[-1], need[r - 1] - s0)
+        total = np.sum(sizes, axis=0)
+        k = int(np.argmin(total))
+        return None if total[k] > 1 + 1e-12 else np.array([s[k] for s in sizes])
+
+    lo, hi = 0.0, 2.0 / INA_SHARE
+    best = fit(hi)
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        got = fit(mid)
+        if got is None:
+            lo = mid
+        else:
+            hi, best = mid, got
+    best[0] += max(0.0, 1 - best.sum())  # spare to partition 0: a larger share only lowers its hops
+    return tuple(float(x) for x in best / best.sum())
 
 
 def aligned_blocks(start: int, size: int) -> list[tuple[int, int]]:

@@ -143,14 +143,14 @@ def test_rack_compares_chunks_of_one_chain_only() -> None:
 
 @pytest.mark.parametrize("racks,ina", [(["r1", "r1", "r2", "r2"], {"r1"}), (["r1", "r2", "r2", "r3", "r3"], {"r2"})],
                          ids=["2x2-half", "3-racks-one"])
-@pytest.mark.parametrize("faults,bundle_frames,mode", [(None, 10, "thread"), (Faults(drop=0.02, duplicate=0.01), 10, "thread"),
-                                                     (None, 1, "thread"), (None, 10, "process")],
+@pytest.mark.parametrize("faults,bundle_frames,mode", [(None, 11, "thread"), (Faults(drop=0.02, duplicate=0.01), 11, "thread"),
+                                                     (None, 1, "thread"), (None, 11, "process")],
                          ids=["clean", "lossy", "no-bundles", "own-process"])
 def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks, ina, faults, bundle_frames, mode,
                                                                           monkeypatch):
     """Racks without INA: each worker there is a ring member keeping its copy of the chain in its agent; every
     worker is plain INA (towards its switch or its copy) and gets the exact sum, also under loss (on the switches
-    and, lossy, on what the copies send: single frames and bundles between host members alike); the copy runs in
+    and, lossy, on what the copies send: single frames and runs between host members alike); the copy runs in
     a thread of the agent or in a child process of its own."""
     from host_agent.host_member import CopyMode, _Copy
 
@@ -189,6 +189,6 @@ def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks
         assert kind == "ina" and stats.broadcasts_sent == 0 and stats.ring_ops == 0
         assert copied == (racks[i] not in ina)
     assert partials > 0
-    # host members next to each other exchange bundles: fewer datagrams than the payloads they carry
+    # host members next to each other exchange runs (inaproto.rina_runs): fewer datagrams than the payloads they carry
     bundles, payloads = (sum(o[4][k] for o in out) for k in (0, 1))
     assert 0 < bundles < payloads if bundle_frames > 1 else 0 < bundles == payloads

@@ -229,9 +229,9 @@ def test_ring_rule_from_grant_facts_alone():
     ring = ring_of([Rack("b", (4, 5), 0, True), Rack("a", (0, 1, 2), 24, True), Rack("c", (3,), 9, False)])
     assert [(m.member_id, m.is_switch, m.workers) for m in ring.members] == \
         [(31, True, (0, 1, 2)), (4, False, (4,)), (5, False, (5,)), (3, False, (3,))]
-    assert ring.sizes == (9, 7, 1, 7) and (ring.partition_slots, ring.prefix_len, ring.num_slots) == (1, 16, 24)
-    assert ring.blocks(2) == [(10, 16)] and ring.partition_of(10) == 2 and ring.partition_of(8) == 3
-    assert ring.blocks(0) == [(s, 16) for s in (0, 3, 6, 9, 11, 14, 17, 20, 23)]
+    assert ring.sizes == (11, 6, 1, 6) and (ring.partition_slots, ring.prefix_len, ring.num_slots) == (1, 16, 24)
+    assert ring.blocks(2) == [(8, 16)] and ring.partition_of(8) == 2 and ring.partition_of(6) == 3
+    assert ring.blocks(0) == [(s, 16) for s in (0, 3, 4, 7, 9, 12, 14, 16, 19, 20, 23)]
     assert ring_of([Rack("a", (0, 1), 24, True), Rack("b", (2,), 8, True)]).sizes == (4, 4)  # all switches: 2^k each
     assert ring.upstream(0, 3) == () and ring.upstream(1, 3) == (31,)
     assert not ring.passes_final_on(2, 3) and ring.passes_final_on(3, 3)

@@ -9,11 +9,14 @@ from topologies.experiments.rina import RinaConfig, RinaExperiment, framed_ideal
 def test_framed_ideal_ratios_match_docs_experiments():
     assert framed_ideal_ratio(2, 4, 2) == pytest.approx(0.77, abs=0.005)
     assert framed_ideal_ratio(4, 2, 4) == pytest.approx(1.15, abs=0.005)
-    # host members: partitions sized by hop costs over the 8 slots, bundles between host members
-    assert framed_ideal_ratio(2, 4, 1) == pytest.approx(1.07, abs=0.005)
-    assert framed_ideal_ratio(4, 2, 2) == pytest.approx(1.25, abs=0.005)
+    # host members: partitions sized by hop costs (continuous shares, or whole slots), runs between host members
+    assert framed_ideal_ratio(2, 4, 1) == pytest.approx(1.02, abs=0.005)
+    assert framed_ideal_ratio(2, 4, 1, slots=8) == pytest.approx(1.06, abs=0.005)
+    assert framed_ideal_ratio(2, 4, 1, slots=33) == pytest.approx(1.03, abs=0.005)
+    assert framed_ideal_ratio(4, 2, 2) == pytest.approx(1.15, abs=0.005)
+    assert framed_ideal_ratio(4, 2, 2, slots=8) == pytest.approx(1.25, abs=0.005)
     assert framed_ideal_ratio(4, 2, 2, slots=16) == pytest.approx(1.20, abs=0.005)
-    assert framed_ideal_ratio(2, 4, 1, 0.5) == pytest.approx(1.06, abs=0.005)
+    assert framed_ideal_ratio(2, 4, 1, 0.5) == pytest.approx(1.02, abs=0.005)
     assert framed_ideal_ratio(2, 4, 0) == 1.0
     assert framed_ideal_ratio(2, 4, 2, 0.5) == pytest.approx(framed_ideal_ratio(2, 4, 2))
     assert framed_ideal_ina_ratio(8) == pytest.approx(0.77, abs=0.005)
@@ -35,7 +38,7 @@ def test_summary_report_and_plot(tmp_path):
     full, half = p["rina"]
     assert full["ina_fraction"] == 1.0 and full["ratio_to_ring"] == pytest.approx(0.8)
     assert full["retransmits_per_chunk"] == pytest.approx(8 / (128 * 8 * 3))
-    assert half["framed_ideal_ratio"] == pytest.approx(1.07, abs=0.005)
+    assert half["framed_ideal_ratio"] == pytest.approx(1.02, abs=0.005)
     lines = RinaExperiment.report(summary)
     assert lines[0].startswith("2x4: ring 1000 ms") and "framed ideal 0.77" in lines[1]
     RinaExperiment.plot(rows, summary, cfg, tmp_path / "rina.png")

@@ -5,8 +5,8 @@ import itertools
 
 import pytest
 
-from inaproto.rina_partitions import (BUNDLE_SHARE, INA_SHARE, aligned_blocks, hop_loads, hop_share,
-                                      partition_sizes, slot_partitions)
+from inaproto.rina_partitions import (BUNDLE_SHARE, INA_SHARE, aligned_blocks, continuous_shares, hop_loads,
+                                      hop_share, partition_sizes, slot_partitions)
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ def test_hop_loads_follow_the_chains():
     """Hop i -> i+1 carries every partial but member i's own partition's and every final sum but member
     i+1's: 2T - s_i - s_{i+1}, over its frames' payload share."""
     assert hop_share(True, False) == hop_share(False, True) == hop_share(True, True) == INA_SHARE
-    assert hop_share(False, False) == BUNDLE_SHARE and 0.87 < BUNDLE_SHARE < 0.88 and 0.69 < INA_SHARE < 0.70
+    assert hop_share(False, False) == BUNDLE_SHARE and 0.93 < BUNDLE_SHARE < 0.94 and 0.69 < INA_SHARE < 0.70
     assert hop_loads((True, False, False), (4, 2, 2)) == pytest.approx(
         ((16 - 6) / 8 / INA_SHARE, (16 - 4) / 8 / BUNDLE_SHARE, (16 - 6) / 8 / INA_SHARE))
 
@@ -47,12 +47,39 @@ def test_host_members_sizes_minimise_the_busiest_hop(kinds, slots):
 
 
 def test_the_switch_member_of_a_mixed_ring_gets_the_largest_partition():
-    """2 x 4 with one INA rack: the switch member sits between the two INA-frame hops; framed busiest hop 2.0
-    against 2.30 with equal partitions of 5 of the 8 slots."""
+    """2 x 4 with one INA rack: the switch member sits between the two INA-frame hops; framed busiest hop 1.98
+    (runs between host members) against 2.30 with equal partitions of 5 of the 8 slots."""
     kinds = (True, False, False, False, False)
     assert partition_sizes(kinds, 8) == (4, 1, 1, 1, 1)
-    assert max(hop_loads(kinds, (4, 1, 1, 1, 1))) == pytest.approx(2.0, abs=0.002)
+    assert max(hop_loads(kinds, (4, 1, 1, 1, 1))) == pytest.approx((2 - 5 / 8) / INA_SHARE)  # the switch hops now
     assert max(hop_loads(kinds, (1,) * 5)) == pytest.approx(1.6 / INA_SHARE)
+    assert partition_sizes(kinds, 33) == (18, 4, 3, 4, 4)  # the controller's grant at 2 x 4, 2 Mbit/s
+
+
+@pytest.mark.parametrize("kinds", [
+    (True, False, False, False, False),  # 2 x 4, 50 % INA racks
+    (True, False, False, True, False, False),  # 4 x 2, 50 %
+    (True, False, False),
+    (False, True, False, True),
+])
+def test_continuous_shares_are_the_limit_of_whole_slots(kinds):
+    """Continuous shares: the busiest hop of the linear programme min B s.t. hop_i <= B, sum s = 1, s >= 0 (solved
+    here by scipy), never above any whole-slot split, and whole slots approach it as the range grows."""
+    from scipy.optimize import linprog
+
+    r = len(kinds)
+    shares = continuous_shares(kinds)
+    assert sum(shares) == pytest.approx(1) and min(shares) >= 0
+    busiest = max(hop_loads(kinds, shares))
+    # variables s_0..s_{r-1}, B: (2 - s_i - s_{i+1}) / e_i <= B
+    a_ub = [[-(k in (i, (i + 1) % r)) / hop_share(kinds[i], kinds[(i + 1) % r]) for k in range(r)] + [-1]
+            for i in range(r)]
+    b_ub = [-2 / hop_share(kinds[i], kinds[(i + 1) % r]) for i in range(r)]
+    lp = linprog([0] * r + [1], A_ub=a_ub, b_ub=b_ub, A_eq=[[1] * r + [0]], b_eq=[1], bounds=[(0, None)] * (r + 1))
+    assert lp.status == 0 and busiest == pytest.approx(lp.fun, abs=1e-3)
+    for slots in (8, 9, 12):
+        assert _brute_force(kinds, slots) >= busiest - 1e-9
+    assert max(hop_loads(kinds, partition_sizes(kinds, 256))) == pytest.approx(busiest, rel=0.01)
 
 
 def test_large_ranges_are_sized_in_units_and_too_few_slots_give_none():

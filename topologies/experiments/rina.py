@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from inaproto import wire
-from inaproto.rina_partitions import hop_loads, partition_sizes
+from inaproto.rina_partitions import continuous_shares, hop_loads, partition_sizes
 from topologies.experiments import register
 from topologies.experiments.aggregate import RING_WIRE_PER_SEGMENT, TCP_PAYLOAD, allreduce_row, group_by, median, spread
 from topologies.experiments.base import Experiment
@@ -29,14 +29,16 @@ INA_SHARE = wire.INA_DATA_LEN / wire.INA_FRAME_LEN  # 128 / 184
 TCP_SHARE = TCP_PAYLOAD / RING_WIRE_PER_SEGMENT  # full segments and half an ACK each (aggregate.py)
 
 
-def framed_ideal_ratio(racks: int, per_rack: int, ina_racks: int, uplink_ratio: float = 1.0, slots: int = 8) -> float:
+def framed_ideal_ratio(racks: int, per_rack: int, ina_racks: int, uplink_ratio: float = 1.0,
+                       slots: int | None = None) -> float:
     """Rina's ideal time over the flat ring's: each one's busiest link in framed bytes per tensor, per direction.
 
     Ring: 2(n-1)/n on every host link and uplink (a rack's workers are adjacent in the ring). Rina: a worker of
     an INA rack carries the tensor once (INA frames); every ring hop i -> i+1 carries 2T - s_i - s_{i+1} for the
-    partition sizes the ring takes from ``slots`` per rack (``inaproto.rina_partitions``), in INA frames into or
-    out of a switch member and in bundles between host members; a hop between racks crosses their uplinks,
-    ``uplink_ratio`` times the host links' bandwidth."""
+    partition sizes the ring takes from ``slots`` per rack (``inaproto.rina_partitions``; None: continuous
+    shares, the limit the controller's larger grants approach), in INA frames into or out of a switch member
+    and in runs between host members; a hop between racks crosses their uplinks, ``uplink_ratio`` times the
+    host links' bandwidth."""
     n = racks * per_rack
     ring = 2 * (n - 1) / n / TCP_SHARE * max(1.0, 1 / uplink_ratio)
     if ina_racks == 0:
@@ -46,7 +48,7 @@ def framed_ideal_ratio(racks: int, per_rack: int, ina_racks: int, uplink_ratio: 
         members = 1 if r < ina_racks else per_rack
         kinds += [r < ina_racks] * members
         rack_of += [r] * members
-    sizes = partition_sizes(kinds, slots)
+    sizes = continuous_shares(tuple(kinds)) if slots is None else partition_sizes(kinds, slots)
     if sizes is None:
         return 1.0  # too few slots for the members: the plain ring
     loads = hop_loads(kinds, sizes)
@@ -265,7 +267,7 @@ class RinaExperiment(Experiment):
                     "ratio_to_ring": seconds / ring_s if ring_s else None,
                     "ratio_to_ring_spread": spread(ratios),
                     "ratio_to_ina": seconds / ina_s if ina_s else None,
-                    "framed_ideal_ratio": framed_ideal_ratio(racks, per, k, config.uplink_ratio, config.slots),
+                    "framed_ideal_ratio": framed_ideal_ratio(racks, per, k, config.uplink_ratio),
                     "agents_cpu_s_per_call": _median_of(reps, "agents_cpu_s_per_call"),
                     "host_copies_cpu_s_per_call": _median_of(reps, "host_copies_cpu_s_per_call"),
                 })

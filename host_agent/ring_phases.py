@@ -23,8 +23,9 @@ __all__ = ["RingPhases"]
 _BOUND_SHIFT = 6  # ring overflow guard: each member adds ceil(max|x| / 64); see _ring_segment
 _BOUND_LIMIT = 1 << (31 - _BOUND_SHIFT)
 # Row blocks (docs/agent.md, "Ring"): a block's bytes when the ring's rate is not known yet (the first ring
-# phase of a generation without link emulation): about a second at 0.5-1 Mbit/s, 4 members.
-FIRST_BLOCK_BYTES = 64 * 1024
+# phases of a generation without link emulation): about a second at the slowest experiment's links (0.5 Mbit/s,
+# 4 members: 0.84 s), 0.2 s at 2 Mbit/s; the blocks pipeline into each other, so small ones cost little.
+FIRST_BLOCK_BYTES = 32 * 1024
 _RATE_CAP = (1 << 31) // 128 - 1  # bytes/s a member reports for the ring's rate: a sum over up to 128 fits int32
 
 

@@ -7,6 +7,7 @@ the overflow guard live here; the ring itself is ``host_agent.ring``.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -34,13 +35,15 @@ class _PacedLink:
 
     Steps are pipelined, so each op (not each step) is paced: its steps' larger side each, plus a header.
     Several ops in one stream (row blocks) are paced one after the other, each reported ``done`` only once
-    its paced time is over (on loopback the real transfer is far quicker than the emulated link)."""
+    its paced time is over (on loopback the real transfer is far quicker than the emulated link); an abort
+    during that time fails the op, as it would on the emulated link (before session 9 the wait ran out first)."""
 
     FRAMING = 1514 / 1448  # Ethernet + IPv4 + TCP (timestamps) headers per full segment
 
     def __init__(self, link: TcpRingLink, bps: float) -> None:
         self.link, self.bps = link, bps
         self.rank, self.size = link.rank, link.size
+        self._aborted = threading.Event()  # an abort ends the paced wait too: the op in flight is lost, as on a link
 
     def run(self, steps: Sequence[RingStep]) -> None:
         ops: list[list[RingStep]] = []
@@ -55,12 +58,13 @@ class _PacedLink:
                           else [replace(op[0], new_op=False, done=None)])
             nbytes = sum(max(s.send.nbytes, s.recv.nbytes) + 40 for s in op)
             left = start + nbytes * self.FRAMING * 8 / self.bps - time.monotonic()
-            if left > 0:
-                time.sleep(left)
+            if left > 0 and self._aborted.wait(left) or self._aborted.is_set():
+                raise RingError(f"rank {self.rank}: ring op aborted")
             if done is not None:
                 done()
 
     def abort(self) -> None:
+        self._aborted.set()
         self.link.abort()
 
     def close(self) -> None:

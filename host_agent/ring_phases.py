@@ -17,16 +17,17 @@ import numpy as np
 from host_agent.chunks import CHUNK_BYTES, LANES, Segment
 from host_agent.errors import AgentError, Interrupted, JobReleased
 from host_agent.ring import RingAllReduce, RingError, RingStep, TcpRingLink
-from host_agent.ring_pieces import WHOLE_CHUNKS
+from host_agent.ring_pieces import PIECE_BYTES, WHOLE_CHUNKS
 
 __all__ = ["RingPhases"]
 
 _BOUND_SHIFT = 6  # ring overflow guard: each member adds ceil(max|x| / 64); see _ring_segment
 _BOUND_LIMIT = 1 << (31 - _BOUND_SHIFT)
-# Row blocks (docs/agent.md, "Ring"): a block's bytes when the ring's rate is not known yet (the first ring
-# phases of a generation without link emulation): about a second at the slowest experiment's links (0.5 Mbit/s,
-# 4 members: 0.84 s), 0.2 s at 2 Mbit/s; the blocks pipeline into each other, so small ones cost little.
-FIRST_BLOCK_BYTES = 32 * 1024
+# Row blocks (docs/agent.md, "Ring"): before the ring's rate is known (a job's first ring phases without link
+# emulation) a block gives each member a chunk of FIRST_BLOCK_PIECES pieces: a chunk much smaller than a hop's
+# bandwidth-delay product makes every step wait for its piece (latency-bound: at 10 Mbit/s and 8 members 32 KiB
+# blocks took 3x one op). 64 KiB for 4 members (1.7 s at 0.5 Mbit/s, 0.4 s at 2), 128 KiB for 8.
+FIRST_BLOCK_PIECES = 4
 _RATE_CAP = (1 << 31) // 128 - 1  # bytes/s a member reports for the ring's rate: a sum over up to 128 fits int32
 
 
@@ -128,7 +129,8 @@ class RingPhases:
     def _ring_block_rows(self, n: int) -> int:
         """Rows (chunks) per ring op: ``ring_block_bytes``, else ``ring_block_seconds`` of wire time at the ring's
         rate (the emulated link's, else the rate the members agreed on in this generation's last block), else
-        ``FIRST_BLOCK_BYTES``; 0 seconds: one op for the rest of the segment. Every member computes the same."""
+        ``FIRST_BLOCK_PIECES`` pieces per member; 0 seconds: one op for the rest of the segment. Every member
+        computes the same (the options are the job's)."""
         opts = self.options
         if opts.ring_block_bytes:
             nbytes = float(opts.ring_block_bytes)
@@ -137,7 +139,8 @@ class RingPhases:
         else:
             rate = opts.link_bps / 8 / _PacedLink.FRAMING if opts.link_bps else self._ring_rate
             per_link = 2 * (n - 1) / n if n > 1 else 1.0  # a link carries this share of an op's bytes
-            nbytes = rate * opts.ring_block_seconds / per_link if rate > 0 else FIRST_BLOCK_BYTES
+            nbytes = (rate * opts.ring_block_seconds / per_link if rate > 0
+                      else n * FIRST_BLOCK_PIECES * (opts.ring_piece_bytes or PIECE_BYTES))
         return max(1, int(nbytes // CHUNK_BYTES))
 
     def _ring_segment(self, seg: Segment, i0: int, members: tuple[int, ...], data: np.ndarray,

@@ -221,7 +221,7 @@ def test_moves_off_the_ring_lose_at_most_the_block_in_flight(where: str) -> None
 
 def test_block_size_follows_the_seconds_of_wire_time_and_the_agreed_rate() -> None:
     """With an emulated link a block is ``ring_block_seconds`` at its rate; without one, the first phase uses
-    ``FIRST_BLOCK_BYTES`` and the members then agree on one measured rate (the same number on every member)."""
+    ``FIRST_BLOCK_PIECES`` pieces per member and the members then agree on one measured rate (the same number on every member)."""
     n, size = 4, 3000  # 94 chunks
     data = _inputs(n, size, 4)
     paced = AgentOptions(stream=StreamOptions(op_timeout=20.0, link_bps=2e6, ring_block_seconds=0.05))

@@ -17,7 +17,7 @@
    slot range -> ring -> INA); per kind of move the medians of the stream's ``pauses`` (stop, barrier,
    back where it stopped, chunks replayed, ring work lost), and the per-move cost from runs with and
    without moves (alternating). ``--realloc-elements 65536`` makes each ring phase 1.7 s of wire time, which
-   the agents cut into row blocks (``--realloc-block-seconds``, default the agents' 1 s; 0: one op).
+   the agents cut into row blocks with ``--realloc-block-seconds 1`` (the agents' default is 0, one op, for now).
 """
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--realloc-elements", type=int, default=4096, metavar="N",
                         help="--realloc: float32 per call (65536: a ring phase of 1.7 s, cut into row blocks)")
     parser.add_argument("--realloc-block-seconds", type=float, default=None, metavar="S",
-                        help="--realloc: the agents' ring row blocks in seconds of wire time (0: one op per phase)")
+                        help="--realloc: the agents' ring row blocks in seconds of wire time (default: the agents' default, 0: one op)")
     args = parser.parse_args(argv)
     agent_bench.DEADLINE = time.monotonic() + 3000.0
     results: dict = {"cpu_count": os.cpu_count()}

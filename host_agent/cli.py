@@ -129,10 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--ring-piece-bytes", type=_nonneg_int, default=os.environ.get(RING_PIECES_ENV, str(PIECE_BYTES)),
                        metavar="B", help="pieces ring steps are pipelined by, bytes (0: whole chunks, unpipelined; "
                                          f"default: ${RING_PIECES_ENV}, else {PIECE_BYTES}; docs/agent.md, 'Ring')")
-        p.add_argument("--ring-block-seconds", type=_nonneg_float, default=os.environ.get(RING_BLOCK_SECONDS_ENV, "1"),
+        p.add_argument("--ring-block-seconds", type=_nonneg_float, default=os.environ.get(RING_BLOCK_SECONDS_ENV, "0"),
                        metavar="S", help="a ring phase runs in row blocks of about S seconds of wire time each, so a "
                                          "move off the ring loses one block (0: the rest of a call as one op; default: "
-                                         f"${RING_BLOCK_SECONDS_ENV}, else 1; docs/agent.md, 'Ring')")
+                                         f"${RING_BLOCK_SECONDS_ENV}, else 0 for now; docs/agent.md, 'Ring')")
         p.add_argument("--ring-block-bytes", type=_nonneg_int, default=os.environ.get(RING_BLOCK_BYTES_ENV, "0"),
                        metavar="B", help="row blocks of B bytes instead (0: sized by --ring-block-seconds; default: "
                                          f"${RING_BLOCK_BYTES_ENV}, else 0)")

@@ -89,7 +89,8 @@ class StreamOptions:
         ring_block_seconds, ring_block_bytes: a ring phase runs in row blocks, one ring op each, back to back in
             one pipelined stream, so a move off the ring loses only the block in flight: blocks of
             ``ring_block_bytes`` when set (> 0), else of about ``ring_block_seconds`` of wire time at the ring's
-            rate (``host_agent.ring_phases``; 0 seconds: the rest of a call as one op, as before session 9).
+            rate (``host_agent.ring_phases``; 0 seconds, the default for now: the rest of a call as one op, as
+            before session 9; 1 is the design's value, opt-in until blocks cost nothing at 10 Mbit/s).
     """
 
     op_timeout: float = 60.0
@@ -106,7 +107,7 @@ class StreamOptions:
     rina_chains: bool = False  # Rina jobs run as chains across switches (host_agent.grant.plan_for)
     path_rtt_floor: float | None = None
     ring_piece_bytes: int = PIECE_BYTES
-    ring_block_seconds: float = 1.0
+    ring_block_seconds: float = 0.0  # off by default: blocks cost at 10 Mbit/s, 8 members (docs/experiments.md, "Row blocks")
     ring_block_bytes: int = 0
     queries: QueryMode = QueryMode.OFF  # measured no gain yet (experiment 4, session 6); when RACK asks the switch instead of resending (docs/agent.md, "Queries")
 

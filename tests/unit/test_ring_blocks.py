@@ -228,7 +228,7 @@ def test_block_size_follows_the_seconds_of_wire_time_and_the_agreed_rate() -> No
     with LocalCluster(["s1"] * n, backend="ring", options=paced) as cl:  # 0.05 s at 2 Mbit/s: 62 chunks
         out = cl.run(lambda agent: (agent.allreduce(data[agent.rank]), agent.stats.ring_ops), controller=False)
     assert {ops for _, ops in out} == {2}
-    plain = AgentOptions(stream=StreamOptions(op_timeout=20.0))
+    plain = AgentOptions(stream=StreamOptions(op_timeout=20.0, ring_block_seconds=1.0))
     with LocalCluster(["s1"] * n, backend="ring", options=plain) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(data[agent.rank]) for _ in range(3)], agent.stream._ring_rate),
                      controller=False)
@@ -247,9 +247,9 @@ def test_agent_options_ring_blocks(monkeypatch) -> None:
     monkeypatch.delenv(RING_BLOCK_SECONDS_ENV, raising=False)
     monkeypatch.delenv(RING_BLOCK_BYTES_ENV, raising=False)
     args = build_parser().parse_args(base)
-    assert (args.ring_block_seconds, args.ring_block_bytes) == (1.0, 0)
-    monkeypatch.setenv(RING_BLOCK_SECONDS_ENV, "0")
-    assert build_parser().parse_args(base).ring_block_seconds == 0
+    assert (args.ring_block_seconds, args.ring_block_bytes) == (0.0, 0)
+    monkeypatch.setenv(RING_BLOCK_SECONDS_ENV, "1")
+    assert build_parser().parse_args(base).ring_block_seconds == 1
     assert build_parser().parse_args([*base, "--ring-block-bytes", "65536"]).ring_block_bytes == 65536
     with pytest.raises(UsageError, match="ring-block-bytes"):
         build_parser().parse_args([*base, "--ring-block-bytes", "-1"])

@@ -36,16 +36,21 @@ class Segment:
             self.flag[i:] = bytes(n)
 
     def put_ring(self, i0: int, values: np.ndarray, flags: np.ndarray | None) -> None:
-        if i0 == 0 and self.resr is None:
-            self.resr = values
-        else:
-            if self.resr is None or self.resr.dtype != np.int64:
-                old, self.resr = self.resr, np.zeros((self.K, LANES), dtype=np.int64)
-                if old is not None:
-                    self.resr[:] = old
-            self.resr[i0:] = values
-        self.src[i0:] = b"\x02" * (self.K - i0)
-        self.flag[i0:] = bytes(self.K - i0) if flags is None else flags.astype(np.uint8).tobytes()
+        """Ring results for chunks [i0, i0 + len(values)): a row block of a ring phase, or the rest of the segment.
+
+        The ring's results stay int32 while every block is (a block redone in int64 widens them)."""
+        i1 = i0 + values.shape[0]
+        if self.resr is None:
+            if i0 == 0 and i1 == self.K:
+                self.resr = values
+            else:
+                self.resr = np.zeros((self.K, LANES), dtype=values.dtype)
+        elif values.dtype == np.int64 and self.resr.dtype != np.int64:
+            self.resr = self.resr.astype(np.int64)
+        if self.resr is not values:
+            self.resr[i0:i1] = values
+        self.src[i0:i1] = b"\x02" * (i1 - i0)
+        self.flag[i0:i1] = bytes(i1 - i0) if flags is None else flags.astype(np.uint8).tobytes()
 
     def values(self) -> np.ndarray:
         """The results, int32 where every one fits, else int64."""

@@ -40,6 +40,8 @@ PROG = "ina-agent"
 QUERIES_ENV = "INA_AGENT_QUERIES"  # default of --queries: lets ina-exp runs compare the loss recovery
 IO_ENV = "INA_AGENT_IO"  # default of --io: lets a launcher (ina-exp) force per-packet I/O on every agent
 RING_PIECES_ENV = "INA_RING_PIECE_BYTES"  # default of --ring-piece-bytes: lets ina-exp runs compare the ring's pipelining
+RING_BLOCK_SECONDS_ENV = "INA_RING_BLOCK_SECONDS"  # default of --ring-block-seconds: A/B of the ring's row blocks
+RING_BLOCK_BYTES_ENV = "INA_RING_BLOCK_BYTES"  # default of --ring-block-bytes
 
 
 def _int_at_least(minimum: int):
@@ -127,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--ring-piece-bytes", type=_nonneg_int, default=os.environ.get(RING_PIECES_ENV, str(PIECE_BYTES)),
                        metavar="B", help="pieces ring steps are pipelined by, bytes (0: whole chunks, unpipelined; "
                                          f"default: ${RING_PIECES_ENV}, else {PIECE_BYTES}; docs/agent.md, 'Ring')")
+        p.add_argument("--ring-block-seconds", type=_nonneg_float, default=os.environ.get(RING_BLOCK_SECONDS_ENV, "0"),
+                       metavar="S", help="a ring phase runs in row blocks of about S seconds of wire time each, so a "
+                                         "move off the ring loses one block (0: the rest of a call as one op; default: "
+                                         f"${RING_BLOCK_SECONDS_ENV}, else 0 for now; docs/agent.md, 'Ring')")
+        p.add_argument("--ring-block-bytes", type=_nonneg_int, default=os.environ.get(RING_BLOCK_BYTES_ENV, "0"),
+                       metavar="B", help="row blocks of B bytes instead (0: sized by --ring-block-seconds; default: "
+                                         f"${RING_BLOCK_BYTES_ENV}, else 0)")
         p.add_argument("--rina-chains", action="store_true",
                        help="follow Rina grants as chains across switches even where the grant does not say so "
                             "(the controller's grant says so by default: docs/agent.md, \"Rina as designed\")")
@@ -249,7 +258,9 @@ def _open_agent(args: argparse.Namespace, spec: JobSpec):
                                                path_rtt_floor=None if args.path_rtt_floor_ms is None
                                                else args.path_rtt_floor_ms / 1e3,
                                                queries=QueryMode(args.queries),
-                                               ring_piece_bytes=args.ring_piece_bytes),
+                                               ring_piece_bytes=args.ring_piece_bytes,
+                                               ring_block_seconds=args.ring_block_seconds,
+                                               ring_block_bytes=args.ring_block_bytes),
                         rendezvous_timeout=args.timeout, controller_retry=args.controller_retry,
                         **({"rina_bundle_frames": args.rina_bundle_frames} if args.rina_bundle_frames else {}),
                         **({"rina_copy": CopyMode(args.rina_copy)} if args.rina_copy else {}))

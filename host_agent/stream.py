@@ -86,6 +86,11 @@ class StreamOptions:
             and its path round trip never goes below the grant's ``chain_rtt_floor``.
         ring_piece_bytes: the pieces ring steps are pipelined by (``host_agent.ring_pieces``; 0: whole
             chunks, every step waiting for the whole step before it, as before session 8).
+        ring_block_seconds, ring_block_bytes: a ring phase runs in row blocks, one ring op each, back to back in
+            one pipelined stream, so a move off the ring loses only the block in flight: blocks of
+            ``ring_block_bytes`` when set (> 0), else of about ``ring_block_seconds`` of wire time at the ring's
+            rate (``host_agent.ring_phases``; 0 seconds, the default for now: the rest of a call as one op, as
+            before session 9; 1 is the design's value, opt-in until blocks cost nothing at 10 Mbit/s).
     """
 
     op_timeout: float = 60.0
@@ -102,6 +107,8 @@ class StreamOptions:
     rina_chains: bool = False  # Rina jobs run as chains across switches (host_agent.grant.plan_for)
     path_rtt_floor: float | None = None
     ring_piece_bytes: int = PIECE_BYTES
+    ring_block_seconds: float = 0.0  # off by default: blocks cost at 10 Mbit/s, 8 members (docs/experiments.md, "Row blocks")
+    ring_block_bytes: int = 0
     queries: QueryMode = QueryMode.OFF  # measured no gain yet (experiment 4, session 6); when RACK asks the switch instead of resending (docs/agent.md, "Queries")
 
     def __post_init__(self) -> None:
@@ -120,6 +127,9 @@ class StreamOptions:
             raise ValueError(f"link_bps must be >= 0, got {self.link_bps!r}")
         if self.ring_piece_bytes < 0:
             raise ValueError(f"ring_piece_bytes must be >= 0, got {self.ring_piece_bytes!r}")
+        if self.ring_block_bytes < 0 or not self.ring_block_seconds >= 0:
+            raise ValueError(f"ring_block_bytes and ring_block_seconds must be >= 0, got {self.ring_block_bytes!r}, "
+                             f"{self.ring_block_seconds!r}")
         if not self.rto_min <= self.rto_initial <= self.rto_max:
             raise ValueError("need rto_min <= rto_initial <= rto_max")
         if self.initial_window < 1:
@@ -229,6 +239,8 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._notice_at: float | None = None  # when the pending generation's grant arrived
         self._catchup: list | None = None  # the pause being measured: [notice, stop, synced, first missing, replayed, lost]
         self._ring_lost = 0.0  # seconds of the last aborted ring op (host_agent/ring_phases.py)
+        self._ring_rate = 0.0  # the ring's rate the members agreed on in this generation (ring_phases: block sizes)
+        self._ring_rate_mine = 0.0  # this member's measured ring rate, bytes/s per link (what it reports)
         self._listener = listener
         self._listen_addr = listener.getsockname()[:2]
         self._sync = sync
@@ -560,6 +572,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         for ring in self._rings.values():
             ring.close()
         self._rings.clear()
+        self._ring_rate = 0.0  # agreed anew in each generation: some members may have seen a block others lost
         self._bstore.clear()
         if resume > m:
             raise AgentError(f"controller resumed at chunk {resume}, beyond this worker's first missing chunk {m}")

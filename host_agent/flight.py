@@ -201,14 +201,16 @@ class Flight:
 
     def _spurious(self, i: int, now: float | None = None) -> None:
         """Chunk ``i``'s resend was needless. After a timeout or a probe (not RACK), the original's round trip, which
-        the timer did not allow for, raises the timeout (``RttEstimator.spurious_timeout``, RFC 4015's response)."""
+        the timer did not allow for, raises the timeout (``RttEstimator.spurious_timeout``, RFC 4015's response):
+        only after a single resend (after two, the result may answer the first of them) and at most by the current
+        timeout (an INA result also waits for the peers' own recoveries)."""
         if not self.counted[i] and self.payload_resent[i]:
             self.counted[i] = 1
             self.stats.spurious_resends += 1
             if self.early[i] and self.reorder_mult < MAX_REORDER_MULT:
                 self.reorder_mult += 1
-            if not self.early[i] and now is not None:
-                self.rtt.spurious_timeout(now - float(self.first_at[i]))
+            if not self.early[i] and now is not None and self.tries[i] == 1:  # one resend: the answer is the original's
+                self.rtt.spurious_timeout(min(now - float(self.first_at[i]), self.rtt.rto))
 
     def delivered(self, i: int, now: float) -> None:
         """The first result of chunk ``i`` arrived at ``now``."""

@@ -15,8 +15,8 @@ send: only its ring neighbours). What the model emits is sent to the frame's des
 sender (a resent partial meeting a copy that holds the final sum) goes back to the datagram's real source.
 
 Between two host members the INA payloads travel in runs (``inaproto.rina_runs``): up to ``BUNDLE_FRAMES`` (11)
-payloads under one 12-byte header that holds what they share, each with its slot and seq offset, in one datagram
-(0.935 of its frame is payload, about a TCP ring's, against 0.696 for single INA frames; ``inaproto.rina_partitions``
+payloads under one 17-byte header that holds what they share, each with its slot and seq offset, in one datagram
+(0.932 of its frame is payload, about a TCP ring's, against 0.696 for single INA frames; ``inaproto.rina_partitions``
 sizes the partitions with that cost); a copy takes a run or a single INA payload from a host neighbour and drops
 any other datagram alone. Hops into or out of a switch stay single INA frames (the switch parses one).
 
@@ -234,6 +234,8 @@ class _Copy:
         for dst, payloads in out.items():
             k = len(payloads)
             if dst in hosts and self.bundle_frames > 1:  # runs of up to ``bundle_frames`` payloads under one header
+                # the full runs leave in one GSO send, then the shorter ones: a wake-up's payloads may leave out of
+                # their order (each cell of a copy is independent; nothing downstream depends on the order)
                 full, whole, rest = rina_runs.encode(payloads, self.bundle_frames)
                 self._send_run(memoryview(full), len(full) // whole if whole else 0, whole, dst)
                 for run in rest:

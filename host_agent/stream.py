@@ -20,6 +20,7 @@ The phases a segment of chunks runs through live in their own modules, mixed int
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import socket
@@ -127,7 +128,7 @@ class StreamOptions:
             raise ValueError(f"link_bps must be >= 0, got {self.link_bps!r}")
         if self.ring_piece_bytes < 0:
             raise ValueError(f"ring_piece_bytes must be >= 0, got {self.ring_piece_bytes!r}")
-        if self.ring_block_bytes < 0 or not self.ring_block_seconds >= 0:
+        if self.ring_block_bytes < 0 or not 0 <= self.ring_block_seconds < math.inf:
             raise ValueError(f"ring_block_bytes and ring_block_seconds must be >= 0, got {self.ring_block_bytes!r}, "
                              f"{self.ring_block_seconds!r}")
         if not self.rto_min <= self.rto_initial <= self.rto_max:

@@ -209,15 +209,17 @@ class InaPipeline:
         self._transit = frozenset(m[0] for m in self.tables["MyIngress.ina_transit"].entries)
         self._chain_hits = {}
 
-    def _chain_lookup(self, job_id: int, slot: int) -> tuple[int, ...] | None:
+    def _chain_lookup(self, job_id: int, slot: int, cache: bool) -> tuple[int, ...] | None:
         """table ina_chain for (job_id, slot): the longest prefix's set_chain params, or None on a miss; kept in
-        ``_chain_hits`` (by job_id << 16 | slot) until the next control-plane write."""
+        ``_chain_hits`` (by job_id << 16 | slot) until the next control-plane write when ``cache`` (a slot within
+        the job's range: a frame naming any other slot is dropped, and must not grow the cache)."""
         params = None
         for shift, key, entry in self._chain.get(job_id, ()):
             if slot >> shift == key:
                 params = entry
                 break
-        self._chain_hits[(job_id << 16) | slot] = params
+        if cache:
+            self._chain_hits[(job_id << 16) | slot] = params
         return params
 
     # --- the packet path ---------------------------------------------------------------------------
@@ -331,7 +333,7 @@ class InaPipeline:
         if job_id in self._chain:
             params = self._chain_hits.get((job_id << 16) | slot, False)
             if params is False:
-                params = self._chain_lookup(job_id, slot)
+                params = self._chain_lookup(job_id, slot, slot < num_slots)
             if params is not None:  # action set_chain
                 chain = True
                 own_member_id, upstream_mask, num_upstream, chain_end, next_grp, mcast_grp = params

@@ -139,3 +139,13 @@ def test_rounds_through_the_chain_are_vectorised_and_exact():
         assert _state(batch) == _state(one)
     assert vectorised == sum(map(len, rounds))
     assert one.counter("MyIngress.ina_partials")[JOB] > 0 and one.counter("MyEgress.ina_results")[JOB] > 0
+
+
+def test_the_chain_lookup_cache_holds_the_jobs_slots_only_and_a_write_clears_it():
+    p = _pipeline()
+    lanes = [1] * wire.LANES
+    for slot in (0, 3, 4, 999):  # 4 and 999 lie beyond the job's 4 slots: dropped, and never cached
+        p.process(*_frame("local0", slot, 0, 0, lanes, 0, 0, ""))
+    assert sorted(k & 0xFFFF for k in p._chain_hits) == [0, 3] and p._chain_hits[(JOB << 16) | 3] is None
+    job_entries(PLAIN_JOB + 1, [_worker(9, 5)], base_slot=8, num_slots=1, generation=0, mcast_grp=10).insert_into(p)
+    assert p._chain_hits == {}  # every control-plane write rebuilds the tables' views and forgets the answers

@@ -97,9 +97,10 @@ def allreduce_row(results: Sequence[Mapping[str, Any]], **extra: Any) -> dict[st
         "packets_sent": sum(int(s.get("packets_sent", 0)) for s in stats),
         "resyncs": sum(int(s.get("resyncs", 0)) for s in stats),
         "exact": exact,
-        # The slowest worker's round trips (a chunk's turnaround waits for every worker): its shortest and smoothed.
+        # Round trips (a chunk's turnaround waits for every worker): the slowest worker's shortest, the workers'
+        # median smoothed one (the median: one worker's last window, stalled, does not speak for the job).
         "path_rtt_s": max((float(s.get("path_rtt_s") or 0) for s in stats), default=0.0) or None,
-        "srtt_s": max((float(s.get("srtt_s") or 0) for s in stats), default=0.0) or None,
+        "srtt_s": median(v for v in (float(s.get("srtt_s") or 0) for s in stats) if v > 0),
     }
     if len(row["granted_backend"]) == 1:
         row["granted_backend"] = row["granted_backend"][0]

@@ -407,7 +407,7 @@ ABOVE_BDP_TOLERANCE = 0.10  # at or above it: within 10 % of the framed wire tim
 def curve_round_trip(rows: list[dict], config: AllreduceConfig) -> tuple[float, str]:
     """The round trip the pool-size curve is drawn against, in seconds, and where it came from.
 
-    ``measured``: the median, over the curve's points below the nominal BDP, of the slowest worker's smoothed
+    ``measured``: the median, over the curve's points below the nominal BDP, of the workers' median smoothed
     round trip (``srtt_s``: a chunk's turnaround, from its send to its result, which waits for every worker).
     Below the BDP no queue stands, so this is the slot's real turnaround: the nominal propagation and
     serialization plus what the software path and the workers' skew add, which on a loaded 2-core machine is

@@ -90,7 +90,7 @@ def _nonneg_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
+        raise argparse.ArgumentTypeError(f"must be >= 0 and finite, got {value}")
     return value
 
 

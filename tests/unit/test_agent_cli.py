@@ -26,6 +26,7 @@ from tests.udp_switch import LocalCluster, run_workers
      "device slowdown must be finite and >= 1"),
     (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--lr", "-1"], "must be > 0"),
     (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--path-rtt-floor-ms", "-1"], "must be >= 0"),
+    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--ring-block-seconds", "inf"], "must be >= 0 and finite"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:
     assert cli.main(argv) == 2

@@ -147,16 +147,16 @@ class InaPhase:
                     stats.early_resends += len(found)
                     cwnd.on_loss(now, est.path_rtt, est.srtt)
             # one chunk in flight (a window of 1): no tail probe in the middle of the window, the timer acts
-            alone = results.sent - K + results.remaining - len(deferred) <= 1
-            if lo < results.sent and not queued[lo] \
-                    and now >= min(flight.tail_deadline(lo, nxt >= K and not deferred, alone), flight.rto_deadline(lo)) \
-                    and results.drain():
-                # a timer is due, but results were waiting in the socket (this worker was descheduled since the
-                # drain): merely queued, no loss; the next turn takes them into account first
-                last_progress = now = mono()
-                continue
-            if lo < results.sent and not queued[lo] and now >= flight.tail_deadline(lo, nxt >= K and not deferred, alone) \
-                    and now < flight.rto_deadline(lo):
+            tail_due = rto_due = float("inf")
+            if lo < results.sent and not queued[lo]:
+                alone = results.sent - K + results.remaining - len(deferred) <= 1
+                tail_due, rto_due = flight.tail_deadline(lo, nxt >= K and not deferred, alone), flight.rto_deadline(lo)
+                if now >= min(tail_due, rto_due) and results.drain():
+                    # a timer is due, but results were waiting in the socket (this worker was descheduled since the
+                    # drain): merely queued, no loss; the next turn takes them into account first
+                    last_progress = now = mono()
+                    continue
+            if tail_due <= now < rto_due:
                 flight.tail_probed = True
                 # one chunk, unless a probe was answered already (then the overdue tail): a worker that
                 # stalls for a moment costs one packet, not a window

@@ -76,9 +76,12 @@ class RttEstimator:
             self.rttvar += b * (abs(self.srtt - rtt) - self.rttvar)
             self.srtt += a * (rtt - self.srtt)
         self.samples += 1
-        base = self.srtt + max(self.granularity, K * self.rttvar, self.rto_min)  # rto_min: the least margin (as Linux)
-        self._base_rto = min(base, self.rto_max)
+        self._rearm()
         self.backoff = 1
+
+    def _rearm(self) -> None:
+        """The timeout from SRTT and RTTVAR (``rto_min``: the least margin, as Linux)."""
+        self._base_rto = min(self.srtt + max(self.granularity, K * self.rttvar, self.rto_min), self.rto_max)
 
     def spurious_timeout(self, rtt: float) -> None:
         """A timeout or tail probe was needless: the original's result came back ``rtt`` after its first send, later
@@ -89,7 +92,7 @@ class RttEstimator:
             return
         self.srtt = max(self.srtt, rtt)
         self.rttvar = max(self.rttvar, rtt / 2)
-        self._base_rto = min(self.srtt + max(self.granularity, K * self.rttvar, self.rto_min), self.rto_max)
+        self._rearm()
 
     def progressed(self) -> None:
         """A new result arrived (of any chunk): the path works again, so the backoff ends (as Linux does;

@@ -31,6 +31,7 @@ from host_agent.host_member import CopyMode
 from host_agent.flight import QueryMode
 from host_agent.ring_pieces import PIECE_BYTES
 from host_agent.stream import StreamOptions
+from host_agent.timeline import Timeline
 from host_agent.compute import SpeedSchedule
 from host_agent.train import ALLOCATIONS, ComputeMode, CostModel, TrainConfig
 from host_agent.udp_io import IoMode
@@ -302,6 +303,7 @@ def _emit(results: dict, path: str | None) -> None:
 
 
 def _cmd_allreduce(args: argparse.Namespace) -> int:
+    timeline = Timeline()
     spec = _job_spec(args)
     if args.warmup < 0:
         raise UsageError("--warmup must be >= 0")
@@ -309,14 +311,17 @@ def _cmd_allreduce(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.worker_id)
     data = rng.standard_normal(args.elements).astype(np.float32)
     agent = _open_agent(args, spec)
+    timeline.mark_opened()
     times: list[float] = []
     try:
         total = args.warmup + args.iterations
         out = None
         for i in range(total):
+            started = time.time()
             t0 = time.perf_counter()
             out = agent.allreduce(data)
             dt = time.perf_counter() - t0
+            timeline.mark_call(started)
             if i >= args.warmup:
                 times.append(dt)
             progress(i + 1, total, f"{dt * 1e3:.1f} ms ({agent.backend})")
@@ -332,6 +337,7 @@ def _cmd_allreduce(args: argparse.Namespace) -> int:
         n = agent.size
     finally:
         agent.close()
+        timeline.mark_closed()
     cpu = agent.cpu_report()
     nbytes = args.elements * 4
     best, mean = min(times), sum(times) / len(times)
@@ -340,6 +346,7 @@ def _cmd_allreduce(args: argparse.Namespace) -> int:
         "generation": generation, "elements": args.elements, "bytes": nbytes, "iterations": args.iterations,
         "seconds": times, "seconds_mean": mean, "seconds_best": best,
         "goodput_gbps": nbytes * 8 / mean / 1e9, "stats": stats, "check": ok, **cpu,
+        "timeline": timeline.as_dict(),
     }
     print(f"worker {args.worker_id}: {backend} all-reduce of {args.elements} float32 ({nbytes / 1e6:.1f} MB) "
           f"over {n} workers: mean {mean * 1e3:.2f} ms, best {best * 1e3:.2f} ms, "
@@ -410,25 +417,61 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 AGENT_THREAD_PREFIXES = ("watch-job", "heartbeat-job", "agent-idle-job", "ring-")
+WARM_START = "--warm-start"  # ina-agent --warm-start READY: imports first, then its arguments from stdin
+
+
+def warm_start(argv: Sequence[str]) -> list[str] | None:
+    """``ina-agent --warm-start READY``: a process started ahead of its job (``Testbed.prestart``).
+
+    It imports everything a worker needs (the interpreter's and the agent's start-up: 0.5-0.7 CPU-s, which
+    on a shared 2-core testbed every job's completion time carried and every running job paid for), creates
+    the file READY, then waits for one line on stdin: its arguments as a JSON list. Returns them; None when
+    stdin closed without a line (the job never came). Raises UsageError on anything else.
+    """
+    if len(argv) != 2 or not argv[1]:
+        raise UsageError(f"usage: {PROG} {WARM_START} READY_FILE (then the arguments as one JSON line on stdin)")
+    import host_agent.agent  # noqa: F401  (what _open_agent imports, loaded before the job arrives)
+
+    with open(argv[1], "w"):
+        pass
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    try:
+        args = json.loads(line)
+    except ValueError as exc:
+        raise UsageError(f"{WARM_START}: the line on stdin is not JSON ({exc})") from None
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise UsageError(f"{WARM_START}: the line on stdin must be a JSON list of strings")
+    return args
 
 
 def run() -> None:
-    """The console entry point: ``main``, then an exit that cannot hang.
+    """The console entry point: ``main`` (after :func:`warm_start` with ``--warm-start``), then a prompt exit.
 
-    ``Agent.close`` cancels the job's event stream, ends its threads and closes its channel, so the
-    interpreter normally exits by itself. Should one of the agent's own threads still be alive (a stuck
-    controller call), the results are already written and flushed: exit at once rather than wait in gRPC's
-    finalizers at interpreter shutdown, and say so.
+    Once ``main`` returns, the results are written and ``Agent.close`` has ended the job's threads, event
+    stream and channel: the process exits at once (``os._exit`` after flushing its streams and logs) instead
+    of tearing the interpreter down, which took a worker 0.3-0.8 s of a job's completion time on the loaded
+    testbed (experiment 3's ``exit`` phase, docs/experiments.md) and, with one of the agent's threads still
+    alive (a stuck controller call), could hang in gRPC's finalizers. Such threads are named in a warning.
     """
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    argv: list[str] | None = sys.argv[1:]
+    if argv[:1] == [WARM_START]:
+        try:
+            argv = warm_start(argv)
+        except UsageError as exc:
+            sys.exit(exc.report(PROG))
+        if argv is None:
+            sys.exit(0)
+    code = main(argv)
     stuck = [t.name for t in threading.enumerate() if t.is_alive() and t.name.startswith(AGENT_THREAD_PREFIXES)]
     if stuck:
         print(f"{PROG}: warning: threads still running at exit ({', '.join(stuck)}); exiting without waiting",
-              file=sys.stderr, flush=True)
-        os._exit(code)
-    sys.exit(code)
+              file=sys.stderr)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

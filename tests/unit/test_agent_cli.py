@@ -74,6 +74,40 @@ def test_allreduce_benchmark_prints_time_goodput_and_json(tmp_path, capsys) -> N
         res = json.loads((tmp_path / f"w{i}.json").read_text())
         assert res["backend"] == "ina" and res["workers"] == n and len(res["seconds"]) == 3
         assert res["goodput_gbps"] > 0 and res["stats"]["calls"] == 4  # warm-up and 3 timed
+        marks = res["timeline"]  # the worker's life in order (experiment 3's phases)
+        order = [marks[k] for k in ("process", "main", "opened", "first_call", "first_call_end", "last_call", "closed")]
+        assert all(isinstance(v, float) for v in order) and order == sorted(order)
+
+
+def _run_entry_point(argv: list[str], stdin: str) -> subprocess.CompletedProcess:
+    code = "import sys; from host_agent.cli import run; run()"
+    return subprocess.run([sys.executable, "-c", code, *argv], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def test_a_warm_started_agent_signals_ready_then_runs_the_arguments_it_reads(tmp_path) -> None:
+    ready = tmp_path / "ready"
+    proc = _run_entry_point([cli.WARM_START, str(ready)], json.dumps(["allreduce", "--workers", "10.0.0.1",
+                                                                       "--worker-id", "0"]) + "\n")
+    assert ready.exists()
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not IP:PORT" in proc.stderr
+
+
+@pytest.mark.parametrize("argv, stdin, code, message", [
+    ([], "", 0, ""),  # stdin closed without a job: a quiet exit
+    ([], "not json\n", 2, "is not JSON"),
+    ([], '{"a": 1}\n', 2, "a JSON list of strings"),
+    (["extra"], "", 2, "usage: ina-agent --warm-start READY_FILE"),
+])
+def test_warm_start_input_errors_are_one_line(tmp_path, argv, stdin, code, message) -> None:
+    proc = _run_entry_point([cli.WARM_START, str(tmp_path / "ready"), *argv], stdin)
+    assert proc.returncode == code
+    assert proc.stderr.count("\n") == (1 if message else 0) and message in proc.stderr
+
+
+def test_the_testbed_and_the_agent_name_warm_start_alike() -> None:
+    from topologies.experiments.testbed import WARM_START
+
+    assert WARM_START == cli.WARM_START
 
 
 @pytest.mark.parametrize("allocation", ["equal", "static", "adaptive"])

@@ -12,7 +12,7 @@ from simulator.calibration import Calibration
 from topologies.experiments import calibrate
 from topologies.experiments.calibrate import RING_PROBE, calibration_from, overlapping_calls, ring_step_fit, run_startup_probe
 from topologies.experiments.conditions import Conditions, busy_jiffies
-from topologies.experiments.multijob import TRACE, _joined, _steady, simulate_trace
+from topologies.experiments.multijob import PHASES, TRACE, _joined, move_pauses, _steady, job_phases, simulate_trace
 
 
 def test_busy_time_counts_the_first_call_from_the_last_worker_to_join():
@@ -270,3 +270,27 @@ def test_the_summary_carries_the_ring_probe_and_its_fit():
     assert any(line.startswith("ring probe (4 workers): 32 KiB 0.840 s, 64 KiB 1.740 s")
                for line in MultijobExperiment.report(summary))
     assert MultijobExperiment.summarize([], MultijobConfig())["ring_steps"] == {}
+
+
+def test_a_jobs_phases_end_at_its_slowest_workers_marks_and_sum_to_its_completion_time():
+    def worker(main: float, opened: float, last: float, closed: float, exited: float) -> dict:
+        return {"runner": {"launched_s": 3.05, "exited_s": exited,
+                           "timeline_s": {"process": 2.0, "main": main, "opened": opened, "first_call": opened,
+                                          "first_call_end": opened + 1, "last_call": last, "closed": closed}}}
+
+    workers = [worker(3.1, 3.5, 8.0, 8.1, 8.2), worker(3.3, 3.4, 8.4, 8.45, 8.9)]
+    phases = job_phases(workers, arrival_s=3.0)
+    assert list(phases) == list(PHASES)
+    assert phases == {"launch": 0.05, "imports": 0.25, "join": 0.2, "calls": 4.9, "close": 0.05, "exit": 0.45}
+    assert sum(phases.values()) == pytest.approx(8.9 - 3.0)
+    del workers[1]["runner"]["timeline_s"]
+    assert job_phases(workers, arrival_s=3.0) is None
+
+
+def test_a_moves_pause_is_its_slowest_workers_until_back_where_it_stopped():
+    rows = [{"pauses": [[[0.004, 0.037, 0.037, 0, 0.0], [0.0, 0.087, 0.09, 0, 1.2]],
+                        [[0.001, 0.030, 0.041, 0, 0.0], [0.0, 0.080, 0.102, 0, 1.1]]]},
+            {"pauses": [[], []]},  # a job that never moved
+            {"pauses": [[[0.0, 0.01, 0.02, 0, 0.0]], []]},  # a move not every worker recorded
+            {}]
+    assert move_pauses(rows) == [0.041, 0.102]

@@ -75,12 +75,15 @@ class Conditions:
 
     ``switch_pids`` / ``controller_pids``: the roots of the measurement's switch and controller process trees
     (their CPU is read from /proc at both ends, so they must outlive the measurement). The agents' CPU is what
-    this process reaped from its children meanwhile (RUSAGE_CHILDREN): agents that exit within the measurement.
+    this process reaped from its children meanwhile (RUSAGE_CHILDREN): agents that exit within the measurement,
+    less what ``prestarted_pids`` (agents started ahead of it, ``Testbed.prestart``) had used when it started.
     ``facts``: what the caller states about the measurement (link rate, window, jobs), stored as given."""
 
-    def __init__(self, *, switch_pids: Iterable[int] = (), controller_pids: Iterable[int] = (), **facts: Any) -> None:
+    def __init__(self, *, switch_pids: Iterable[int] = (), controller_pids: Iterable[int] = (),
+                 prestarted_pids: Iterable[int] = (), **facts: Any) -> None:
         self.switch_pids = [p for p in switch_pids if p]
         self.controller_pids = [p for p in controller_pids if p]
+        self.prestarted_pids = [p for p in prestarted_pids if p]
         self.facts = facts
         self.result: dict[str, Any] = {}
 
@@ -90,7 +93,7 @@ class Conditions:
         self._cpu = busy_jiffies((PROC / "stat").read_text())
         self._switch = tree_cpu_s(self.switch_pids)
         self._controller = tree_cpu_s(self.controller_pids)
-        self._children = _rusage_s(resource.RUSAGE_CHILDREN)
+        self._children = _rusage_s(resource.RUSAGE_CHILDREN) + tree_cpu_s(self.prestarted_pids)
         self._self = _rusage_s(resource.RUSAGE_SELF)
         return self
 

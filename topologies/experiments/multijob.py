@@ -100,6 +100,9 @@ class MultijobConfig:
         repetitions: runs of the whole trace per (pool, policy).
         simulate: run the same traces through ina-sim and compare.
         calibration: a calibration JSON for ina-sim instead of measuring one (probes on a 2-host star).
+        warm_start: start each run's agents (their processes and imports) before the trace's clock starts
+            (``Testbed.prestart``), as a cluster whose workers each have a host of their own; False: at each job's
+            arrival, as until session 9 (every JCT then carries its agents' start-up on the shared 2 cores).
     """
 
     trace: str = "full"
@@ -111,6 +114,7 @@ class MultijobConfig:
     repetitions: int = 3
     simulate: bool = True
     calibration: str | None = None
+    warm_start: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "supply", tuple(float(s) for s in self.supply))
@@ -166,6 +170,7 @@ class MultijobExperiment(Experiment):
         ("--repetitions", "repetitions", int, "runs of the trace per pool and policy"),
         ("--calibration", "calibration", str, "ina-sim calibration JSON (default: measure one)"),
         ("--no-simulate", "simulate", "false", "skip the ina-sim comparison"),
+        ("--cold-start", "warm_start", "false", "start each job's agents at its arrival (imports in its JCT)"),
     )
 
     @classmethod
@@ -238,8 +243,17 @@ class MultijobExperiment(Experiment):
                 if state:
                     memory.append((round(t, 3), sum(_granted_slots(state).values())))
 
+            try:
+                if cfg.warm_start:
+                    bed.prestart(jobs)  # the agents' processes and imports before the trace's clock starts
+            except AgentFailure as exc:
+                ctx.error(f"{label}: {exc}")
+                ctx.record({"kind": "job", "supply": supply, "pool": pool, "policy": policy, "rep": rep, "error": str(exc)})
+                bed.end_warm()
+                continue
             conditions = Conditions(switch_pids=[sw.process.pid for sw in bed.net.switches if sw.process],
-                                    controller_pids=[bed.controller.pid] if bed.controller else [], bw_mbps=cfg.bw_mbps,
+                                    controller_pids=[bed.controller.pid] if bed.controller else [],
+                                    prestarted_pids=bed.warm_pids(), bw_mbps=cfg.bw_mbps,
                                     rtt_ms=cfg.rtt_ms, window_slots=job_request(policy, cfg.demand_slots, pool, len(jobs))[0],
                                     jobs=len(jobs), workers=sum(len(j.hosts) for j in jobs))
             try:
@@ -263,11 +277,13 @@ class MultijobExperiment(Experiment):
                 row.update(_joined(workers, calls, exited))
                 row.update(_steady(calls, exited))
                 row["backends"] = _history(workers)
+                row["phases_s"] = job_phases(workers, tj.arrival_s)
+                row["pauses"] = [(w.get("stats") or {}).get("pauses") or [] for w in workers]  # per worker, per move
                 ctx.record(row)
             done = [r for r in ctx.rows if r.get("kind") == "job" and r.get("supply") == supply and r.get("policy") == policy
                     and r.get("rep") == rep and not r.get("error")]
             ctx.progress("  " + "; ".join(f"job {r['job']} (p{r['priority']}): JCT {r['jct_s']:.2f} s, busy {r['busy_s']:.2f} s, "
-                                          f"{'/'.join(r['backends'])}" for r in done))
+                                          f"{'/'.join(r['backends'])}{_phases_text(r.get('phases_s'))}" for r in done))
 
     # --- the simulator ---------------------------------------------------------------------------------
     def calibration_probes(self) -> list[dict] | None:
@@ -310,7 +326,7 @@ class MultijobExperiment(Experiment):
 
         try:
             lifecycle = run_lifecycle_probe(bed, jobs[0].hosts, udp_port=INA_UDP_BASE + 930, record=ctx.record,
-                                            progress=ctx.progress, args=("--check",))
+                                            progress=ctx.progress, args=("--check",), warm=cfg.warm_start)
             window = run_window_probe(bed, jobs[0].hosts, elements=elements, iterations=3,
                                       slots=window_probe_slots(cfg.demand_slots), rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps,
                                       udp_port=INA_UDP_BASE + 940, record=ctx.record, progress=ctx.progress, args=("--check",))
@@ -345,11 +361,14 @@ class MultijobExperiment(Experiment):
             write_calibration(cal, path)
             return path
         repeats = sum(1 for r in probes if r.get("probe") == "ina-shared-pps")
-        cal = calibration_from(probes, ring_goodput=None, rtt_ms=cfg.rtt_ms,
+        pauses = move_pauses([r for r in ctx.rows if r.get("kind") == "job"])
+        pause = median(pauses) if pauses else None
+        cal = calibration_from(probes, ring_goodput=None, rtt_ms=cfg.rtt_ms, realloc_pause_s=pause,
                                source=f"ina-exp multijob ({ctx.options.switch}): unshaped 2-worker probes; window probe "
                                       f"({window_probe_slots(cfg.demand_slots)} slots) and shared ceiling on the trace's own star "
                                       f"({cfg.bw_mbps:g} Mbit/s, {cfg.demand_slots} slots, --check, controller polled), its capacity from the probe's CPU per gradient and the cores left to it; medians of {repeats} probe sets, one before each "
-                                      f"repetition; {cfg.rtt_ms:g} ms round trip carried; {ctx.out_dir.name}")
+                                      f"repetition; {cfg.rtt_ms:g} ms round trip carried; move pause the median of "
+                                      f"{len(pauses)} moves' in the trace's rows (the agents' pause stats); {ctx.out_dir.name}")
         write_calibration(cal, path)
         return path
 
@@ -628,6 +647,50 @@ def _steady(calls: list[float], exited: float) -> dict:
         return {"busy_steady_s": None, "steady_from_s": None}
     busy = sum(calls[1:])
     return {"busy_steady_s": busy, "steady_from_s": max(0.0, exited - busy)}
+
+
+PAUSE_BACK = 2  # index in an agent's pause record [stop, barrier, back, replayed, ring_lost] (docs/agent.md)
+
+
+def move_pauses(rows: list[dict]) -> list[float]:
+    """Each move's pause of a running job (seconds): from the new grant's arrival until the job's slowest worker is
+    back where the move stopped it (the SyncGeneration barrier and any replay; the ring work an aborted ring op loses
+    is not in it: ina-sim's ``ring_move_restarts_op``). One value per move: a row's ``pauses`` hold each worker's
+    records in the order of the job's generation changes; moves its workers did not all record are left out."""
+    out: list[float] = []
+    for row in rows:
+        per_worker = row.get("pauses") or []
+        if not per_worker or not all(per_worker):
+            continue
+        for move in zip(*per_worker):
+            out.append(max(float(p[PAUSE_BACK]) for p in move))
+    return out
+
+
+PHASES = ("launch", "imports", "join", "calls", "close", "exit")
+
+
+def job_phases(workers: list[dict], arrival_s: float) -> dict[str, float] | None:
+    """A job's completion time split into phases that sum to it (seconds), each ending at its slowest worker's
+    mark: ``launch`` (arrival to its agents' processes being started), ``imports`` (to the last ``main``: the
+    interpreter and the agent's imports), ``join`` (to the last agent joined, first grant in hand), ``calls``
+    (to the last call's end), ``close`` (closing barrier and release), ``exit`` (to the last process's exit seen).
+    None when an agent gave no timeline."""
+    lines = [(w.get("runner") or {}).get("timeline_s") for w in workers]
+    if not workers or any(not t for t in lines):
+        return None
+    marks = {k: max(t[k] for t in lines) if all(t.get(k) is not None for t in lines) else None
+             for k in ("main", "opened", "last_call", "closed")}
+    if any(v is None for v in marks.values()):
+        return None
+    launched = max(float(w["runner"]["launched_s"]) for w in workers)
+    exited = max(float(w["runner"]["exited_s"]) for w in workers)
+    points = [arrival_s, launched, marks["main"], marks["opened"], marks["last_call"], marks["closed"], exited]
+    return {name: round(b - a, 3) for name, a, b in zip(PHASES, points, points[1:])}
+
+
+def _phases_text(phases: dict[str, float] | None) -> str:
+    return "" if not phases else " (" + " ".join(f"{k} {v:.2f}" for k, v in phases.items()) + ")"
 
 
 def _granted_slots(snapshot: dict) -> dict[str, int]:

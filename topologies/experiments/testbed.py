@@ -40,6 +40,7 @@ EXIT_GRACE = 15.0  # seconds an agent may take to exit after writing its results
 
 # Agents share 2 cores with the switch and each other: one BLAS thread each (OpenBLAS would otherwise spin
 # a thread per core in every worker, and a busy machine turns a millisecond of numpy into tens).
+WARM_START = "--warm-start"  # ina-agent's option for an agent started ahead of its job (host_agent.cli.WARM_START)
 AGENT_ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
              "PYTHONUNBUFFERED": "1"}
 
@@ -145,6 +146,7 @@ class Testbed:
         self.forward: LoopbackForward | None = None
         self._agents: list[subprocess.Popen] = []
         self._launched: dict[str, float] = {}
+        self._warm: dict[tuple[str, int], subprocess.Popen] = {}  # (job, worker) -> its agent, started ahead (prestart)
         self.lingered: list[str] = []  # workers stopped after writing their results (see run_jobs)
         self._exited: dict[int, float] = {}
         self._controller_count = 0
@@ -389,8 +391,46 @@ class Testbed:
     def log_path(self, job: AgentJob, worker_id: int) -> Path:
         return self.run_dir / "logs" / f"agent-{job.name}-w{worker_id}.log"
 
+    def prestart(self, jobs: Sequence[AgentJob], *, timeout: float = 60.0) -> None:
+        """Start every worker's agent process of ``jobs`` ahead of its job (``ina-agent --warm-start``) and wait
+        until each has done its imports; :meth:`launch` then hands it its arguments instead of starting a process.
+
+        A cluster's workers each start on a host of their own; on this 2-core testbed 16 agents' start-up (0.5-0.7
+        CPU-s each) made every arriving job's completion time carry its own and slowed the jobs already running.
+        Raises :class:`AgentFailure` when an agent exits or is not ready within ``timeout`` seconds."""
+        assert self.net is not None, "the testbed is not started"
+        ready: dict[tuple[str, int], Path] = {}
+        named = {job.name: job for job in jobs}
+        for job in jobs:
+            for wid, host in enumerate(job.hosts):
+                log_path = self.log_path(job, wid)
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                flag = log_path.with_suffix(".ready")
+                flag.unlink(missing_ok=True)
+                argv = [*agent_command(), WARM_START, str(flag)]
+                with log_path.open("w") as log:
+                    log.write("# " + " ".join(argv) + "\n")
+                    log.flush()
+                    p = self.net.popen(host, argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=AGENT_ENV)
+                self._agents.append(p)
+                self._warm[(job.name, wid)] = p
+                ready[(job.name, wid)] = flag
+        deadline = time.monotonic() + timeout
+        while ready:
+            for key, flag in list(ready.items()):
+                if flag.exists():
+                    flag.unlink(missing_ok=True)
+                    del ready[key]
+                elif self._warm[key].poll() is not None:
+                    raise AgentFailure(key[0], f"worker {key[1]}'s agent exited before its job started: "
+                                               f"{self._last_line(named[key[0]], key[1])}")
+            if ready and time.monotonic() > deadline:
+                raise AgentFailure(next(iter(ready))[0], f"{len(ready)} agent(s) not ready within {timeout:g} s")
+            time.sleep(0.02)
+
     def launch(self, job: AgentJob, job_id: int | None = None) -> list[subprocess.Popen]:
-        """Start every worker of ``job`` in its host; returns the processes (also stopped by ``stop()``)."""
+        """Start every worker of ``job`` in its host (or hand a :meth:`prestart` agent its arguments); returns the
+        processes (also stopped by ``stop()``)."""
         assert self.net is not None, "the testbed is not started"
         (self.run_dir / "agents").mkdir(parents=True, exist_ok=True)
         procs = []
@@ -400,6 +440,14 @@ class Testbed:
             argv = self.job_argv(job, wid, job_id)
             log_path = self.log_path(job, wid)
             log_path.parent.mkdir(parents=True, exist_ok=True)
+            warm = self._warm.pop((job.name, wid), None)
+            if warm is not None and warm.poll() is None and warm.stdin is not None:
+                with log_path.open("a") as log:
+                    log.write("# arguments: " + " ".join(argv) + "\n")
+                warm.stdin.write((json.dumps(argv[len(agent_command()):]) + "\n").encode())
+                warm.stdin.close()
+                procs.append(warm)
+                continue
             with log_path.open("w") as log:
                 log.write("# " + " ".join(argv) + "\n")
                 log.flush()
@@ -460,6 +508,7 @@ class Testbed:
                 time.sleep(0.02)
         finally:
             self._end_agents(running)
+            self.end_warm()
             for job_id in job_ids.values():
                 self.release(job_id)
         return self._collect(jobs, running, started)
@@ -472,6 +521,7 @@ class Testbed:
         Each worker's results get ``runner``: launched_s, exited_s, arrival_s (seconds after the start)."""
         timeout = timeout or self.agent_timeout
         started = time.monotonic()
+        started_unix = time.time()
         pending = sorted(jobs, key=lambda j: (arrivals.get(j.name, 0.0), j.name))
         running: dict[str, list[subprocess.Popen]] = {}
         job_ids: dict[str, int] = {}
@@ -512,10 +562,28 @@ class Testbed:
                 time.sleep(0.02)
         finally:
             self._end_agents(running)
+            self.end_warm()
             for name, job_id in job_ids.items():
                 if name not in released:
                     self.release(job_id)
-        return self._collect(jobs, running, started, arrivals)
+        return self._collect(jobs, running, started, arrivals, started_unix)
+
+    def warm_pids(self) -> list[int]:
+        """The processes of the :meth:`prestart` agents not yet handed a job."""
+        return [p.pid for p in self._warm.values()]
+
+    def end_warm(self) -> None:
+        """End the :meth:`prestart` agents no job was handed to (their stdin closed, then SIGTERM)."""
+        warm, self._warm = self._warm, {}
+        for p in warm.values():
+            if p.stdin is not None:
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
+            _end(p)
+            if p in self._agents:
+                self._agents.remove(p)
 
     def _end_agents(self, running: Mapping[str, list[subprocess.Popen]]) -> None:
         for procs in running.values():
@@ -525,9 +593,10 @@ class Testbed:
                     self._agents.remove(p)
 
     def _collect(self, jobs: Sequence[AgentJob], running: Mapping[str, list[subprocess.Popen]], started: float,
-                 arrivals: Mapping[str, float] | None = None) -> dict[str, list[dict]]:
+                 arrivals: Mapping[str, float] | None = None, started_unix: float | None = None) -> dict[str, list[dict]]:
         """Every worker's results, each with ``runner``: launched_s, exited_s (and arrival_s in a trace),
-        stopped_after_results."""
+        stopped_after_results; in a trace also ``timeline_s``, the agent's ``timeline`` marks in seconds after
+        the trace started."""
         results: dict[str, list[dict]] = {}
         for job in jobs:
             results[job.name] = []
@@ -542,6 +611,9 @@ class Testbed:
                 if arrivals is not None:
                     runner["arrival_s"] = arrivals.get(job.name, 0.0)
                 runner["stopped_after_results"] = f"{job.name} worker {wid}" in self.lingered
+                if started_unix is not None and isinstance(doc.get("timeline"), dict):
+                    runner["timeline_s"] = {k: None if v is None else round(float(v) - started_unix, 3)
+                                            for k, v in doc["timeline"].items()}
                 doc["runner"] = runner
                 results[job.name].append(doc)
         return results

@@ -425,6 +425,11 @@ class MultijobExperiment(Experiment):
                     busy = [sum(r["busy_s"] for r in rr) / len(rr) for _, rr in
                             group_by([r for r in rs if (prio is None or r["priority"] == prio) and r.get("busy_s")], "rep").items()]
                     entry[f"{name}_mean_busy_s"] = median(busy)  # the same without agent start-up and exit
+                    phased = [r for r in rs if (prio is None or r["priority"] == prio) and r.get("phases_s")]
+                    if phased:  # each phase: the median over the repetitions of its mean over the jobs
+                        entry[f"{name}_phases_s"] = {
+                            k: median(sum(r["phases_s"][k] for r in rr) / len(rr) for _, rr in group_by(phased, "rep").items())
+                            for k in PHASES}
             entry["jct_s"] = {r["job"]: median(x["jct_s"] for x in rs if x["job"] == r["job"]) for r in rs}
             entry["busy_s"] = {r["job"]: median(x["busy_s"] for x in rs if x["job"] == r["job"]) for r in rs}
             loads = [r["conditions"] for r in rows if r.get("kind") == "memory" and r.get("conditions")
@@ -446,8 +451,16 @@ class MultijobExperiment(Experiment):
                    "p95_abs_rel_diff": _p95(diffs),
                    "per_run": [{k: r[k] for k in ("supply", "policy", "job", "testbed_s", "sim_s", "rel_diff")} for r in sims],
                    **_per_repetition(rows, sims)}
+        targets = _targets(runs)
+        reps = sorted({r.get("rep") for r in jobs if r.get("rep") is not None})
+        if len(reps) > 1:  # each repetition against its own unlimited run
+            targets["per_repetition"] = [{"rep": k, **_targets(MultijobExperiment.summarize(
+                [r for r in rows if r.get("kind") == "job" and r.get("rep") == k], config)["runs"])} for k in reps]
+        pauses = move_pauses(jobs)
         return {"trace": [vars(tj) for tj in config.jobs], "bdp_slots": bdp_slots(config.rtt_ms, config.bw_mbps),
-                "runs": runs, "targets": _targets(runs), "memory": memory, "simulator": sim,
+                "runs": runs, "targets": targets, "memory": memory, "simulator": sim,
+                "move_pauses": {"moves": len(pauses), "median_s": median(pauses) if pauses else None,
+                                "max_s": max(pauses, default=None)},
                 "ring_steps": ring_steps_summary(rows, config.bw_mbps),
                 "probes": [{"probe": r["probe"], "gradients_per_s": r.get("gradients_per_s"),
                             "seconds_median": r.get("seconds_median"), "cpu_s_per_agent": r.get("cpu_s_per_agent"),
@@ -476,6 +489,17 @@ class MultijobExperiment(Experiment):
         if t.get("priority_high_speedup_over_static") is not None:
             lines.append(f"at 50 %: priority policy's high-priority mean JCT {t['priority_high_speedup_over_static']:.2f}x "
                          f"better than static (target >= 1.35: {'met' if t['priority_high_speedup_over_static'] >= 1.35 else 'MISSED'})")
+        for rep in t.get("per_repetition", []):
+            lines.append(f"  repetition {rep['rep']}: " + ", ".join(
+                f"{k} {rep[k]:.2f}" for k in ("best_vs_unlimited", "static_vs_unlimited", "priority_high_speedup_over_static")
+                if rep.get(k) is not None))
+        for run in summary.get("runs", []):
+            if run.get("high_phases_s"):
+                lines.append(f"supply {run['supply']:.0%} {run['policy']}: high-priority JCT phases (s){_phases_text(run['high_phases_s'])}")
+        moves = summary.get("move_pauses") or {}
+        if moves.get("moves"):
+            lines.append(f"moves of running jobs: {moves['moves']}, pause (slowest worker back where it stopped) median "
+                         f"{moves['median_s'] * 1e3:.0f} ms, max {moves['max_s'] * 1e3:.0f} ms")
         ring = summary.get("ring_steps") or {}
         if ring.get("call_s"):
             calls = ", ".join(f"{int(e) * 4 // 1024} KiB {s:.3f} s" for e, s in ring["call_s"].items())
@@ -610,6 +634,9 @@ def _targets(runs: list[dict]) -> dict:
     unlimited = at(1.0, "first-fit") or next((r for r in runs if abs(r["supply"] - 1.0) < 1e-9), None)
     half = [r for r in runs if abs(r["supply"] - 0.5) < 1e-9 and r.get("all_mean_jct_s")]
     out: dict[str, Any] = {}
+    static, prio = at(0.5, "static"), at(0.5, "priority")
+    if static and prio and static.get("high_mean_jct_s") and prio.get("high_mean_jct_s"):  # needs no unlimited run
+        out["priority_high_speedup_over_static"] = static["high_mean_jct_s"] / prio["high_mean_jct_s"]
     if not unlimited or not half or not unlimited.get("all_mean_jct_s"):
         return out
     ref = unlimited["all_mean_jct_s"]
@@ -617,11 +644,8 @@ def _targets(runs: list[dict]) -> dict:
     if best:
         out.update(best_policy=best["policy"], best_vs_unlimited=best["all_mean_jct_s"] / ref,
                    best_within_15pct=best["all_mean_jct_s"] / ref <= 1.15)
-    static, prio = at(0.5, "static"), at(0.5, "priority")
     if static and static.get("all_mean_jct_s"):
         out["static_vs_unlimited"] = static["all_mean_jct_s"] / ref
-    if static and prio and static.get("high_mean_jct_s") and prio.get("high_mean_jct_s"):
-        out["priority_high_speedup_over_static"] = static["high_mean_jct_s"] / prio["high_mean_jct_s"]
     return out
 
 
@@ -660,7 +684,7 @@ def move_pauses(rows: list[dict]) -> list[float]:
     out: list[float] = []
     for row in rows:
         per_worker = row.get("pauses") or []
-        if not per_worker or not all(per_worker):
+        if not per_worker or not all(w and all(isinstance(p, (list, tuple)) for p in w) for w in per_worker):
             continue
         for move in zip(*per_worker):
             out.append(max(float(p[PAUSE_BACK]) for p in move))

@@ -294,3 +294,27 @@ def test_a_moves_pause_is_its_slowest_workers_until_back_where_it_stopped():
             {"pauses": [[[0.0, 0.01, 0.02, 0, 0.0]], []]},  # a move not every worker recorded
             {}]
     assert move_pauses(rows) == [0.041, 0.102]
+
+
+def test_the_targets_come_per_repetition_and_the_speed_up_needs_no_unlimited_run():
+    from topologies.experiments.multijob import MultijobConfig, MultijobExperiment
+
+    def job(supply: float, policy: str, rep: int, number: int, jct: float) -> dict:
+        return {"kind": "job", "supply": supply, "pool": int(64 * supply), "policy": policy, "rep": rep, "job": number,
+                "priority": 1 if number > 2 else 0, "jct_s": jct, "busy_s": jct - 1}
+
+    rows = []
+    for rep, scale in ((1, 1.0), (2, 2.0)):
+        for number in range(1, 5):
+            rows.append(job(1.0, "first-fit", rep, number, 10 * scale))
+            rows.append(job(0.5, "priority", rep, number, (5 if number > 2 else 15) * scale))
+            rows.append(job(0.5, "static", rep, number, (8 if number > 2 else 16) * scale))
+    config = MultijobConfig(supply=(1.0, 0.5), policies=("priority", "static"))
+    targets = MultijobExperiment.summarize(rows, config)["targets"]
+    assert targets["best_policy"] == "priority" and targets["best_vs_unlimited"] == pytest.approx(1.0)
+    assert targets["static_vs_unlimited"] == pytest.approx(1.2)
+    assert targets["priority_high_speedup_over_static"] == pytest.approx(1.6)
+    assert [t["rep"] for t in targets["per_repetition"]] == [1, 2]
+    assert all(t["priority_high_speedup_over_static"] == pytest.approx(1.6) for t in targets["per_repetition"])
+    half_only = MultijobExperiment.summarize([r for r in rows if r["supply"] == 0.5], config)["targets"]
+    assert half_only["priority_high_speedup_over_static"] == pytest.approx(1.6) and "best_policy" not in half_only

@@ -18,6 +18,7 @@ from host_agent.chunks import CHUNK_BYTES, LANES, Segment
 from host_agent.errors import AgentError, Interrupted, JobReleased
 from host_agent.ring import RingAllReduce, RingError, RingStep, TcpRingLink
 from host_agent.ring_pieces import PIECE_BYTES, WHOLE_CHUNKS
+from inaproto import wire
 
 __all__ = ["RingPhases"]
 
@@ -74,6 +75,25 @@ class _PacedLink:
 
 class RingPhases:
     """Ring set-up, failure handling and the exact ring all-reduce of a segment (mixed into ChunkStream)."""
+
+    _ring_op: tuple[float, float | None, int, bool] | None = None  # in flight: start, expected seconds, members, Rina
+
+    def ring_op_worth_finishing(self) -> bool:
+        """Whether a move from the ring to INA should let the plain ring op in flight finish rather than abort it.
+
+        An abort throws the op's work so far away (``ring_lost`` in ``stats.pauses``: 1.2 s per move in experiment
+        3 at 0.5 Mbit/s, one op per call) and INA redoes it; finishing costs the op's rest at the ring's speed instead
+        of INA's. INA moves ``frame / payload`` bytes per byte reduced, the ring ``2(n-1)/n``: it is worth finishing
+        once its elapsed share is at least ``1 - 1/speed-up`` of its expected time (4 members: 4 %; always when INA
+        is not faster, or when the op's time cannot be estimated yet). False with no plain ring op in flight."""
+        op = self._ring_op
+        if op is None or op[3]:
+            return False
+        start, expected, n, _ = op
+        speedup = (2 * (n - 1) / n if n > 1 else 1.0) * wire.INA_DATA_LEN / wire.INA_FRAME_LEN
+        if expected is None or speedup <= 1.0:
+            return True
+        return time.monotonic() - start >= expected * (1.0 - 1.0 / speedup)
 
     def _ring(self, members: tuple[int, ...]) -> RingAllReduce:
         ring = self._rings.get(members)
@@ -177,6 +197,9 @@ class RingPhases:
         redo: list[tuple[int, np.ndarray]] = []
         last = [time.monotonic()]  # when the last block's results went in (what an abort loses is after it)
         start = last[0]
+        per_link = 2 * (n - 1) / n if n > 1 else 1.0
+        self._ring_op = (start, K * CHUNK_BYTES * per_link / self._ring_rate_mine if self._ring_rate_mine > 0 else None,
+                         n, rina)
 
         def put(b: int, out: np.ndarray, sums: np.ndarray) -> None:
             lo, hi = spans[b]
@@ -207,6 +230,8 @@ class RingPhases:
         except RingError as exc:
             self._ring_lost = time.monotonic() - last[0]  # the block in flight's work is lost (stats.pauses)
             self._ring_failed(exc)
+        finally:
+            self._ring_op = None
         elapsed = time.monotonic() - start
         if elapsed > 0 and K:
             self._ring_rate_mine = K * CHUNK_BYTES * (2 * (n - 1) / n if n > 1 else 1.0) / elapsed

@@ -325,7 +325,19 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
                 self._notice_at = time.monotonic()
             self._pending = True
         self._wake()
-        self._abort_rings()
+        if not self._finishes_ring_op(grant):
+            self._abort_rings()
+
+    def _finishes_ring_op(self, grant: Grant) -> bool:
+        """A move from the ring to INA lets the ring op in flight finish when that loses less than aborting it
+        (``RingPhases.ring_op_worth_finishing``); the stream resyncs right after it (its next interrupt check)."""
+        if self._plan.kind != Backend.RING or not self.ring_op_worth_finishing():
+            return False
+        try:
+            new = plan_for(grant, self.ids, self.backend, self.addresses, chains=self.options.rina_chains)
+        except Exception:  # noqa: BLE001 (a grant the resync will reject: abort as before)
+            return False
+        return new.kind == Backend.INA
 
     def notify_released(self) -> None:
         with self._ctl:

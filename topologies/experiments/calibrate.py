@@ -297,13 +297,15 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
 
     The probes run unshaped and undelayed (the software path); ``rtt_ms``, the experiment's added round
     trip, is carried as ``propagation_rtt_us`` and ``realloc_pause_s`` (measured by the agents) as
-    ``realloc_pause_us``; a move off the ring loses the ring op in flight (``ring_move_restarts_op``: what the
-    agents do). Ring probe rows (:data:`RING_PROBE`, on shaped links) give ``ring_step_overhead_us`` and
+    ``realloc_pause_us``; a move off the ring keeps the ring op in flight (``ring_move_restarts_op`` false: since
+    session 10 the agents let it finish on a move to INA, ``RingPhases.ring_op_worth_finishing``). Ring probe rows (:data:`RING_PROBE`, on shaped links) give ``ring_step_overhead_us`` and
     ``ring_goodput_fraction`` (:func:`ring_step_fit`), in place of ``ring_goodput``."""
     by = {r.get("probe"): r for r in probes}
-    # ring_move_restarts_op: the testbed's agents abort the ring op in flight when their job moves off the ring.
+    # ring_move_restarts_op: until session 10 the agents aborted the ring op in flight when their job moved off the
+    # ring; now a plain ring op moving to INA finishes (with 4 members whenever 4 % of it is done), so no progress is
+    # lost. The model then moves at once: optimistic by the op's rest x (1 - 1/INA's speed-up), <= 4 % of an op here.
     fields: dict[str, Any] = {"payload_bytes": wire.INA_DATA_LEN, "frame_bytes": wire.INA_FRAME_LEN, "source": source,
-                              "propagation_rtt_us": rtt_ms * 1000, "ring_move_restarts_op": True}
+                              "propagation_rtt_us": rtt_ms * 1000, "ring_move_restarts_op": False}
     if realloc_pause_s:
         fields["realloc_pause_us"] = realloc_pause_s * 1e6
     one = by.get("ina-1slot")

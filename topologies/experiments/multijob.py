@@ -673,21 +673,23 @@ def _steady(calls: list[float], exited: float) -> dict:
     return {"busy_steady_s": busy, "steady_from_s": max(0.0, exited - busy)}
 
 
-PAUSE_BACK = 2  # index in an agent's pause record [stop, barrier, back, replayed, ring_lost] (docs/agent.md)
+PAUSE_STOP, PAUSE_BACK = 0, 2  # indices in an agent's pause record [stop, barrier, back, replayed, ring_lost] (docs/agent.md)
 
 
 def move_pauses(rows: list[dict]) -> list[float]:
-    """Each move's pause of a running job (seconds): from the new grant's arrival until the job's slowest worker is
-    back where the move stopped it (the SyncGeneration barrier and any replay; the ring work an aborted ring op loses
-    is not in it: ina-sim's ``ring_move_restarts_op``). One value per move: a row's ``pauses`` hold each worker's
-    records in the order of the job's generation changes; moves its workers did not all record are left out."""
+    """Each move's pause of a running job (seconds): from a worker's stop until it is back where the move stopped it
+    (the SyncGeneration barrier and any replay), its slowest worker's. Not in it: the time from the new grant to the
+    stop, in which the job still progresses (since session 10 a move off the ring may finish the ring op in flight:
+    ``RingPhases.ring_op_worth_finishing``), and the ring work an aborted op loses (ina-sim's ``ring_move_restarts_op``).
+    One value per move: a row's ``pauses`` hold each worker's records in the order of the job's generation changes;
+    moves its workers did not all record are left out."""
     out: list[float] = []
     for row in rows:
         per_worker = row.get("pauses") or []
         if not per_worker or not all(w and all(isinstance(p, (list, tuple)) for p in w) for w in per_worker):
             continue
         for move in zip(*per_worker):
-            out.append(max(float(p[PAUSE_BACK]) for p in move))
+            out.append(max(float(p[PAUSE_BACK]) - float(p[PAUSE_STOP]) for p in move))
     return out
 
 

@@ -341,8 +341,12 @@ class Testbed:
         }
         path = self.run_dir / "agents" / f"{job.name}.job.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        # Written aside and renamed: an agent already given its arguments (a warm start reads at once) must never
+        # read the file half-written while the next worker's arguments rewrite it.
+        tmp = path.with_name(path.name + ".tmp")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
             fh.write(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, path)
         return path
 
     def register(self, job: AgentJob) -> int:
@@ -408,9 +412,8 @@ class Testbed:
                 flag = log_path.with_suffix(".ready")
                 flag.unlink(missing_ok=True)
                 argv = [*agent_command(), WARM_START, str(flag)]
-                with log_path.open("w") as log:
-                    log.write("# " + " ".join(argv) + "\n")
-                    log.flush()
+                log_path.write_text("# " + " ".join(argv) + "\n")
+                with log_path.open("a") as log:  # appending: launch() adds the arguments' line to it later
                     p = self.net.popen(host, argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=AGENT_ENV)
                 self._agents.append(p)
                 self._warm[(job.name, wid)] = p

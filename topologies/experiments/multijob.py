@@ -490,9 +490,10 @@ class MultijobExperiment(Experiment):
             lines.append(f"at 50 %: priority policy's high-priority mean JCT {t['priority_high_speedup_over_static']:.2f}x "
                          f"better than static (target >= 1.35: {'met' if t['priority_high_speedup_over_static'] >= 1.35 else 'MISSED'})")
         for rep in t.get("per_repetition", []):
-            lines.append(f"  repetition {rep['rep']}: " + ", ".join(
-                f"{k} {rep[k]:.2f}" for k in ("best_vs_unlimited", "static_vs_unlimited", "priority_high_speedup_over_static")
-                if rep.get(k) is not None))
+            figures = [f"{k} {rep[k]:.2f}" for k in ("best_vs_unlimited", "static_vs_unlimited",
+                                                     "priority_high_speedup_over_static") if rep.get(k) is not None]
+            if figures:
+                lines.append(f"  repetition {rep['rep']}: " + ", ".join(figures))
         for run in summary.get("runs", []):
             if run.get("high_phases_s"):
                 lines.append(f"supply {run['supply']:.0%} {run['policy']}: high-priority JCT phases (s){_phases_text(run['high_phases_s'])}")

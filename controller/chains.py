@@ -20,14 +20,14 @@ from controller.path_floor import frame_seconds
 from controller.store import Job
 from controller.topology import LinkRate, Topology, next_hops_towards
 from inaproto import wire
-from inaproto.rina_runs import RUN_ENTRY_LEN, RUN_PAYLOADS, run_header_len
 from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, JobEntries, TransitEntry, WorkerAddress,
                                   chain_entries, job_entries, split_generation)
 from inaproto.rina_ring import (HOST_PORT, NETWORK_PORT, Rack, Ring, RingMember, host_copy_entries, host_copy_port,
                                 ring_of)
+from inaproto.rina_runs import MAX_VARIANTS, RUN_ENTRY_LEN, RUN_PAYLOADS, run_header_len
 
 __all__ = ["CHAIN_HEADROOM", "GRANT_RUN_PAYLOADS", "HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "chain_grant", "chain_round_trip", "chain_slots",
-           "job_state", "plan_rina"]
+           "job_state", "plan_rina", "run_frame_len"]
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
 # round trip adds every member's processing and some queue, so the grant is CHAIN_HEADROOM times the
 # bandwidth-delay product of that round trip.
 CHAIN_HEADROOM = 2.0
-GRANT_RUN_PAYLOADS = (1 + RUN_PAYLOADS + 1) // 2
+GRANT_RUN_PAYLOADS = (1 + RUN_PAYLOADS) // 2  # 6
 
 
 def _frame_time(rate: LinkRate | None, frame_len: int = wire.INA_FRAME_LEN) -> float:
@@ -185,7 +185,7 @@ def run_frame_len(payloads: int) -> int:
     one payload travels as a single INA frame."""
     if payloads <= 1:
         return wire.INA_FRAME_LEN
-    return wire.INA_OFFSET + run_header_len(2) + payloads * RUN_ENTRY_LEN
+    return wire.INA_OFFSET + run_header_len(MAX_VARIANTS) + payloads * RUN_ENTRY_LEN
 
 
 def chain_round_trip(topology: Topology, job: Job, run_payloads: int = 1) -> tuple[float, float] | None:

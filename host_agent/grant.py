@@ -227,7 +227,7 @@ class Rack:
     num_slots: int
     worker_ids: tuple[int, ...]
     # Rina on chains: the chain (partition) of every slot of the ring's range, each answered over a chain of its own
-    # length; (): one path. The sender's RACK and timers keep one class per chain (``chunk_chains``).
+    # length; (): one path. The sender's RACK and timers keep one class per chain (``chains``).
     slot_chains: tuple[int, ...] = ()
 
     @property

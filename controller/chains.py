@@ -24,9 +24,10 @@ from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, JobEntries,
                                   chain_entries, job_entries, split_generation)
 from inaproto.rina_ring import (HOST_PORT, NETWORK_PORT, Rack, Ring, RingMember, host_copy_entries, host_copy_port,
                                 ring_of)
+from inaproto.rina_runs import MAX_VARIANTS, RUN_ENTRY_LEN, RUN_PAYLOADS, run_header_len
 
-__all__ = ["CHAIN_HEADROOM", "HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "chain_grant", "chain_round_trip", "chain_slots",
-           "job_state", "plan_rina"]
+__all__ = ["CHAIN_HEADROOM", "GRANT_RUN_PAYLOADS", "HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "chain_grant", "chain_round_trip", "chain_slots",
+           "job_state", "plan_rina", "run_frame_len"]
 
 
 @dataclass(frozen=True)
@@ -162,23 +163,38 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
 # A Rina job's grant covers its chains' round trip (docs/controller.md, "Rina's grant"): every chunk a worker
 # has in flight holds a slot until its final sum has come round, so the worker's window (its slots) must hold a
 # chain's round trip at its link's rate. The floor counts each link a chunk's frame crosses (store and forward
-# at the link's rate, plus its delay); the real round trip adds every member's processing and some queue, so
-# the grant is CHAIN_HEADROOM times the floor's bandwidth-delay product.
+# at the link's rate, plus its delay): one INA frame. The grant counts a hop between two host members in the runs
+# their copies send there (``inaproto.rina_runs``): a run is stored and forwarded whole on every link, and holds
+# 1 to RUN_PAYLOADS payloads (what a wake-up of the copy has for that neighbour: no timer), so the grant takes
+# the mean, GRANT_RUN_PAYLOADS (6; ~5.9 measured, docs/experiments.md "Runs between host members"). The real
+# round trip adds every member's processing and some queue, so the grant is CHAIN_HEADROOM times the
+# bandwidth-delay product of that round trip.
 CHAIN_HEADROOM = 2.0
+GRANT_RUN_PAYLOADS = (1 + RUN_PAYLOADS) // 2  # 6
 
 
-def _frame_time(rate: LinkRate | None) -> float:
+def _frame_time(rate: LinkRate | None, frame_len: int = wire.INA_FRAME_LEN) -> float:
+    """A frame of ``frame_len`` bytes stored and forwarded on a link of ``rate``, plus the link's delay."""
     if rate is None or rate.mbps is None:
         return 0.0
-    return frame_seconds(rate.mbps) + rate.delay_s
+    return frame_seconds(rate.mbps) * frame_len / wire.INA_FRAME_LEN + rate.delay_s
 
 
-def chain_round_trip(topology: Topology, job: Job) -> tuple[float, float] | None:
+def run_frame_len(payloads: int) -> int:
+    """The frame of a run of ``payloads`` INA payloads between two host members' copies (``inaproto.rina_runs``);
+    one payload travels as a single INA frame."""
+    if payloads <= 1:
+        return wire.INA_FRAME_LEN
+    return wire.INA_OFFSET + run_header_len(MAX_VARIANTS) + payloads * RUN_ENTRY_LEN
+
+
+def chain_round_trip(topology: Topology, job: Job, run_payloads: int = 1) -> tuple[float, float] | None:
     """(the floor of a worker's mean chain round trip, one frame's serialization on the fastest worker's link), in
     seconds, for the ring the job's racks make when every INA rack holds slots; None where there is no ring, or the
     topology gives no link rates (a chunk to partition p: up to the worker's switch, p's partial from member p+1
     round to member p, p's final sum from there on to the worker's member, down to the worker; the mean over the
-    partitions, the largest over the members; None too where no trunks join the job's switches)."""
+    partitions, the largest over the members; None too where no trunks join the job's switches). ``run_payloads``:
+    the payloads of a run between two host members (``run_frame_len``); 1, the floor: single INA frames."""
     if not topology.link_rates or not switches_connected(topology, job.switches()):
         return None
     at = {(h.switch, h.port): name for name, h in topology.hosts.items()}
@@ -189,27 +205,29 @@ def chain_round_trip(topology: Topology, job: Job) -> tuple[float, float] | None
     host_of = {w: at.get((sw, port)) for w, sw, port in job.placement}
     links = {sw: [(nb, port) for port, nb in ports.items()] for sw, ports in topology.trunks.items()}
 
-    def link(a: str | None, b: str | None) -> float:
-        return _frame_time(topology.link_rates.get(frozenset((a, b)))) if a and b else 0.0
+    def link(a: str | None, b: str | None, frame_len: int = wire.INA_FRAME_LEN) -> float:
+        return _frame_time(topology.link_rates.get(frozenset((a, b))), frame_len) if a and b else 0.0
 
-    def switch_path(frm: str, to: str) -> float:
+    def switch_path(frm: str, to: str, frame_len: int) -> float:
         hops, at_sw, t = next_hops_towards(links, to), frm, 0.0
         while at_sw != to:
             if at_sw not in hops:
                 raise ValueError(f"job {job.job_id}: no path from {frm} to {to}")
             nxt = hops[at_sw][1]
-            t, at_sw = t + link(at_sw, nxt), nxt
+            t, at_sw = t + link(at_sw, nxt, frame_len), nxt
         return t
 
     members, r = ring.members, len(ring.members)
 
     def hop(i: int) -> float:
         a, b = members[i], members[(i + 1) % r]
-        t = switch_path(a.switch, b.switch)
+        # between two host members the copies send runs: a chunk's payload crosses each link in its run's frame
+        frame_len = wire.INA_FRAME_LEN if a.is_switch or b.is_switch else run_frame_len(run_payloads)
+        t = switch_path(a.switch, b.switch, frame_len)
         if not a.is_switch:
-            t += link(host_of[a.member_id], a.switch)
+            t += link(host_of[a.member_id], a.switch, frame_len)
         if not b.is_switch:
-            t += link(b.switch, host_of[b.member_id])
+            t += link(b.switch, host_of[b.member_id], frame_len)
         return t
 
     hops = [hop(i) for i in range(r)]
@@ -229,7 +247,7 @@ def chain_slots(topology: Topology, job: Job) -> int | None:
     """Slots per rack a Rina job on chains needs (CHAIN_HEADROOM x its chains' bandwidth-delay product, in chunks
     at its fastest worker's link rate), rounded up to what the ring uses (``R x 2^k`` where every member is a
     switch); None where the topology cannot tell (no ring, no link rates)."""
-    got = chain_round_trip(topology, job)
+    got = chain_round_trip(topology, job, GRANT_RUN_PAYLOADS)
     if got is None:
         return None
     rtt, frame = got

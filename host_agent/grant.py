@@ -226,11 +226,18 @@ class Rack:
     address: tuple[str, int]  # where INA packets go: (switch_ip, ina_port)
     num_slots: int
     worker_ids: tuple[int, ...]
-    partition_slots: int = 0  # Rina on chains: slots per partition, each answered over a chain of its own length; 0: one path
+    # Rina on chains: the chain (partition) of every slot of the ring's range, each answered over a chain of its own
+    # length; (): one path. The sender's RACK and timers keep one class per chain (``chains``).
+    slot_chains: tuple[int, ...] = ()
 
     @property
     def representative(self) -> int:
         return self.worker_ids[0]
+
+    @property
+    def chains(self) -> int:
+        """How many chains answer this rack's slots (1: one path)."""
+        return len(set(self.slot_chains)) or 1
 
 
 @dataclass(frozen=True)
@@ -327,12 +334,13 @@ def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice |
     if chains or grant.chains:
         ring = chain_ring(grant, hosts=True)
         if ring is not None:
-            racks = [replace(r, num_slots=ring.num_slots, partition_slots=ring.partition_slots) for r in racks]
+            chains_of = ring.slot_partitions
+            racks = [replace(r, num_slots=ring.num_slots, slot_chains=chains_of) for r in racks]
             for m in ring.members:  # a host member: plain INA towards its own copy (host_agent/host_member.py)
                 if not m.is_switch and m.member_id in ids:
                     name = host_rack_name(m.member_id)
                     racks.append(Rack(name, (addresses or {}).get(name, ("0.0.0.0", 0)), ring.num_slots,
-                                      (m.member_id,), ring.partition_slots))
+                                      (m.member_id,), chains_of))
             return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
     in_racks = {w for r in racks for w in r.worker_ids}
     ring = tuple(sorted({r.representative for r in racks} | (set(ids) - in_racks)))

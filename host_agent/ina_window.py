@@ -82,8 +82,8 @@ class InaPhase:
         est, cwnd = self._rtt, self._cwnd
         cwnd.clamp(S)
         classes = None  # Rina on chains: each partition's results come over a chain of its own length
-        if 0 < rack.partition_slots < S:
-            classes = ((np.arange(a - base, a - base + K, dtype=np.int64) % S) // rack.partition_slots)
+        if rack.chains > 1:  # one class per chain (``Rack.slot_chains``), not per slot
+            classes = np.asarray(rack.slot_chains, dtype=np.int64)[np.arange(a - base, a - base + K, dtype=np.int64) % S]
         flight = Flight(K, i0, est, cwnd, S, self.stats, self._reorder_mult, classes, self._chain_rtts)
         qstate = flight.qstate
         # queries in place of RACK's resends (docs/agent.md, "Queries"): a single switch answers them

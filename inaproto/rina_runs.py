@@ -23,7 +23,7 @@ from typing import Sequence
 
 from inaproto import wire
 
-__all__ = ["MAX_VARIANTS", "RUN_ENTRY_LEN", "RUN_PAYLOADS", "RUN_SHARE", "decode", "encode", "run_header_len"]
+__all__ = ["MAX_VARIANTS", "RUN_ENTRY_LEN", "RUN_FRAME_LEN", "RUN_PAYLOADS", "RUN_SHARE", "decode", "encode", "run_header_len"]
 
 MTU = 1500
 MAX_VARIANTS = 2
@@ -38,8 +38,8 @@ def run_header_len(variants: int) -> int:
 
 _ROOM = MTU - wire.IPV4_LEN - wire.UDP_LEN
 RUN_PAYLOADS = (_ROOM - run_header_len(MAX_VARIANTS)) // RUN_ENTRY_LEN  # 11
-RUN_SHARE = RUN_PAYLOADS * wire.INA_DATA_LEN / (wire.INA_OFFSET + run_header_len(MAX_VARIANTS)
-                                               + RUN_PAYLOADS * RUN_ENTRY_LEN)
+RUN_FRAME_LEN = wire.INA_OFFSET + run_header_len(MAX_VARIANTS) + RUN_PAYLOADS * RUN_ENTRY_LEN  # a full run's frame: 1511
+RUN_SHARE = RUN_PAYLOADS * wire.INA_DATA_LEN / RUN_FRAME_LEN
 
 _P = wire.INA_PAYLOAD_LEN
 _H = wire.INA_HEADER_LEN

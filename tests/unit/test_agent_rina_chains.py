@@ -112,6 +112,33 @@ def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back
         assert len(kinds) >= 3 and set(kinds) == {"ina"} and stats.ring_ops == 0
 
 
+def test_a_plans_slots_carry_their_chain_one_class_per_chain() -> None:
+    """On chains the plan gives every rack (a switch's, a host member's own) the chain of each slot: one class per
+    chain for the sender's RACK and timers (5 at 2 x 4 with one INA rack, where the interleaved partitions made
+    each of the 33 slots a class of its own before), the same chains where the partitions are contiguous."""
+    from host_agent.grant import Grant, SwitchGrant, chain_ring, plan_for
+
+    def grant(slots: int, ina2: bool) -> Grant:
+        return Grant(job_id=4, generation=1, backend="rina", chains=True, ina_port=47000, switches=(
+            SwitchGrant("r1", "10.0.1.254", num_slots=slots, worker_ids=(0, 1, 2, 3)),
+            SwitchGrant("r2", "10.0.2.254" if ina2 else "", num_slots=slots if ina2 else 0, worker_ids=(4, 5, 6, 7))))
+
+    half = grant(33, False)
+    ring = chain_ring(half, hosts=True)
+    assert ring is not None and len(ring.members) == 5 and ring.partition_slots == 1
+    for w in (0, 5):
+        plan = plan_for(half, range(8), "rina")
+        rack = next(r for r in plan.racks if w in r.worker_ids)
+        assert rack.slot_chains == ring.slot_partitions and len(rack.slot_chains) == rack.num_slots == 33
+        assert rack.chains == 5
+    full = grant(16, True)
+    rack = plan_for(full, range(8), "rina").racks[0]
+    assert rack.slot_chains == (0,) * 8 + (1,) * 8 and rack.chains == 2
+    plain = plan_for(Grant(job_id=4, generation=1, backend="ina", ina_port=47000, switches=(
+        SwitchGrant("r1", "10.0.1.254", num_slots=8, worker_ids=(0, 1)),)), range(2), "auto").racks[0]
+    assert plain.slot_chains == () and plain.chains == 1
+
+
 def test_rack_compares_chunks_of_one_chain_only() -> None:
     """On chains, partition 1's results come round a longer chain than partition 0's: a result of a later
     partition-0 chunk is no evidence that an earlier partition-1 chunk was lost (it was, before the classes:

@@ -1,6 +1,8 @@
 """controller/chains.py: a Rina job's grant sized to its chains' round trip from the topology's link rates."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from controller.chains import CHAIN_HEADROOM, chain_grant, chain_round_trip, chain_slots, plan_rina, switches_connected
@@ -109,3 +111,30 @@ def test_a_link_delay_that_is_not_a_finite_time_is_refused(delay):
     with pytest.raises(TopologyError, match="delay"):
         Topology.from_dict({"switches": {"s1": {}}, "hosts": {"h1": {"ip": "10.0.0.1/24", "mac": "02:00:00:00:00:01"}},
                             "links": [["h1", "s1-p1", delay, 2.0]]})
+
+
+def test_a_hop_between_host_members_is_counted_in_runs_for_the_grant_not_for_the_floor():
+    """Host members' copies send runs to each other (inaproto.rina_runs): every link of such a hop stores and
+    forwards a whole run, so the grant counts those links at a run of GRANT_RUN_PAYLOADS (89 slots at 2 x 4 with
+    one INA rack, where single frames gave 33 and the 50 % mix ran slot-bound); the floor the agents' windows
+    read (``chain_grant``) stays the single-frame one, and a ring of switches only is not changed."""
+    from controller.chains import GRANT_RUN_PAYLOADS, run_frame_len
+    from inaproto.rina_runs import RUN_FRAME_LEN, RUN_PAYLOADS
+
+    assert run_frame_len(1) == wire.INA_FRAME_LEN and run_frame_len(RUN_PAYLOADS) == RUN_FRAME_LEN == 1511
+    assert GRANT_RUN_PAYLOADS == 6 and run_frame_len(6) == 851
+    topo = _rated_leaf_spine(2, 4, 1)
+    job = _job(topo, {"tor0": 8})
+    floor, frame = chain_round_trip(topo, job)
+    grant, _ = chain_round_trip(topo, job, GRANT_RUN_PAYLOADS)
+    full, _ = chain_round_trip(topo, job, RUN_PAYLOADS)
+    assert floor == pytest.approx(12.0704e-3) and floor < grant < full
+    # the members: tor0, h10 .. h13; three host-host hops of two links each in a loop (6 link crossings), which a
+    # chain and its final sum cross once to twice: the mean chain's extra is that many links' worth of a run
+    extra = (run_frame_len(GRANT_RUN_PAYLOADS) - wire.INA_FRAME_LEN) * 8 / 2e6
+    assert 6 <= (grant - floor) / extra <= 12
+    assert chain_slots(topo, job) == math.ceil(CHAIN_HEADROOM * grant / frame) == 89
+    assert chain_grant(topo, job) == (True, pytest.approx(floor))
+    every = _rated_leaf_spine(2, 4, 2)
+    both = _job(every, {"tor0": 8, "tor1": 8})
+    assert chain_round_trip(every, both, GRANT_RUN_PAYLOADS) == chain_round_trip(every, both)

@@ -432,8 +432,11 @@ def warm_start(argv: Sequence[str]) -> list[str] | None:
         raise UsageError(f"usage: {PROG} {WARM_START} READY_FILE (then the arguments as one JSON line on stdin)")
     import host_agent.agent  # noqa: F401  (what _open_agent imports, loaded before the job arrives)
 
-    with open(argv[1], "w"):
-        pass
+    try:
+        with open(argv[1], "w"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{WARM_START}: cannot create {argv[1]}: {exc.strerror or exc}") from None
     line = sys.stdin.readline()
     if not line.strip():
         return None

@@ -76,7 +76,7 @@ class _PacedLink:
 class RingPhases:
     """Ring set-up, failure handling and the exact ring all-reduce of a segment (mixed into ChunkStream)."""
 
-    _ring_op: tuple[float, float | None, int, bool] | None = None  # in flight: start, expected seconds, members, Rina
+    _ring_op: tuple[float, float | None, int, bool, int] | None = None  # in flight: start, expected s, members, Rina, blocks
 
     def ring_op_worth_finishing(self) -> bool:
         """Whether a move from the ring to INA should let the plain ring op in flight finish rather than abort it.
@@ -85,11 +85,13 @@ class RingPhases:
         3 at 0.5 Mbit/s, one op per call) and INA redoes it; finishing costs the op's rest at the ring's speed instead
         of INA's. INA moves ``frame / payload`` bytes per byte reduced, the ring ``2(n-1)/n``: it is worth finishing
         once its elapsed share is at least ``1 - 1/speed-up`` of its expected time (4 members: 4 %; always when INA
-        is not faster, or when the op's time cannot be estimated yet). False with no plain ring op in flight."""
+        is not faster, or when the op's time cannot be estimated yet). False with no plain ring op in flight, and for
+        an op in row blocks (``--ring-block-seconds``/``--ring-block-bytes``): an abort then loses only the block in
+        flight, while finishing would cost the rest of the segment at the ring's speed."""
         op = self._ring_op
-        if op is None or op[3]:
+        if op is None or op[3] or op[4] > 1:
             return False
-        start, expected, n, _ = op
+        start, expected, n, _, _ = op
         speedup = (2 * (n - 1) / n if n > 1 else 1.0) * wire.INA_DATA_LEN / wire.INA_FRAME_LEN
         if expected is None or speedup <= 1.0:
             return True
@@ -199,7 +201,7 @@ class RingPhases:
         start = last[0]
         per_link = 2 * (n - 1) / n if n > 1 else 1.0
         self._ring_op = (start, K * CHUNK_BYTES * per_link / self._ring_rate_mine if self._ring_rate_mine > 0 else None,
-                         n, rina)
+                         n, rina, len(payloads))
 
         def put(b: int, out: np.ndarray, sums: np.ndarray) -> None:
             lo, hi = spans[b]

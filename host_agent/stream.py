@@ -179,7 +179,7 @@ class StreamStats:
     generation_history: list = field(default_factory=list)
     # per generation change (not the first sync): [seconds from the grant's arrival to the stop, to the
     # barrier's answer, to the replay's end (first missing chunk back where it was), chunks replayed,
-    # seconds of ring work lost (an aborted ring op's time before the stop)]
+    # seconds of ring work lost (an aborted ring op's time before the stop), the new generation, its plan's kind]
     pauses: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -238,7 +238,8 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._wpoll.register(sock, select.POLLIN)
         self._wpoll.register(self._wakefd, select.POLLIN)
         self._notice_at: float | None = None  # when the pending generation's grant arrived
-        self._catchup: list | None = None  # the pause being measured: [notice, stop, synced, first missing, replayed, lost]
+        self._catchup: list | None = None  # the pause being measured: [notice, stop, synced, first missing, replayed, lost,
+        #                                     generation, plan kind]
         self._ring_lost = 0.0  # seconds of the last aborted ring op (host_agent/ring_phases.py)
         self._ring_rate = 0.0  # the ring's rate the members agreed on in this generation (ring_phases: block sizes)
         self._ring_rate_mine = 0.0  # this member's measured ring rate, bytes/s per link (what it reports)
@@ -496,13 +497,13 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
 
     def _caught_up(self) -> None:
         """Record the pause of the last generation change once the stream is back where it stopped."""
-        notice, stop, synced, m, replayed, lost = self._catchup
+        notice, stop, synced, m, replayed, lost, generation, kind = self._catchup
         if self.first_missing() < m:
             return
         self._catchup = None
         now = time.monotonic()
         self.stats.pauses.append([round(stop - notice, 6), round(synced - notice, 6), round(now - notice, 6), replayed,
-                                  round(lost, 6)])
+                                  round(lost, 6), generation, kind.value])
 
     def _next_work(self) -> tuple[Segment, int] | None:
         pos = self._pruned_end
@@ -600,7 +601,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._chain_rtts.clear()
         notice, self._notice_at = self._notice_at, None
         if notice is not None and self.stats.resyncs:
-            self._catchup = [notice, stop, time.monotonic(), m, m - resume, lost]
+            self._catchup = [notice, stop, time.monotonic(), m, m - resume, lost, grant.generation, self._plan.kind]
             self._caught_up()
         self.stats.resyncs += 1
         self.stats.generation_history.append((grant.generation, self._plan.kind, resume))

@@ -104,6 +104,11 @@ def test_warm_start_input_errors_are_one_line(tmp_path, argv, stdin, code, messa
     assert proc.stderr.count("\n") == (1 if message else 0) and message in proc.stderr
 
 
+def test_a_warm_start_ready_file_that_cannot_be_created_is_one_line(tmp_path) -> None:
+    proc = _run_entry_point([cli.WARM_START, str(tmp_path / "missing" / "ready")], "")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "cannot create" in proc.stderr
+
+
 def test_the_testbed_and_the_agent_name_warm_start_alike() -> None:
     from topologies.experiments.testbed import WARM_START
 

@@ -288,10 +288,14 @@ def test_a_jobs_phases_end_at_its_slowest_workers_marks_and_sum_to_its_completio
 
 
 def test_a_moves_pause_is_its_slowest_workers_until_back_where_it_stopped():
-    rows = [{"pauses": [[[0.004, 0.037, 0.037, 0, 0.0], [0.0, 0.087, 0.09, 0, 1.2]],
-                        [[0.001, 0.030, 0.041, 0, 0.0], [0.0, 0.080, 0.102, 0, 1.1]]]},
+    """Records are joined on the move's generation: a move some worker did not record (a newer grant came first)
+    is left out without shifting the others, and a move onto the ring (its replay is ring time) is left out."""
+    rows = [{"pauses": [[[0.004, 0.037, 0.037, 0, 0.0, 3, "ina"], [0.0, 0.087, 0.09, 0, 1.2, 5, "ina"]],
+                        [[0.001, 0.030, 0.041, 0, 0.0, 3, "ina"], [0.0, 0.2, 0.5, 0, 0.0, 4, "ina"],
+                         [0.0, 0.080, 0.102, 0, 1.1, 5, "ina"]]]},
             {"pauses": [[], []]},  # a job that never moved
-            {"pauses": [[[0.0, 0.01, 0.02, 0, 0.0]], []]},  # a move not every worker recorded
+            {"pauses": [[[0.0, 0.01, 0.02, 0, 0.0, 2, "ina"]], []]},  # a move not every worker recorded
+            {"pauses": [[[0.0, 0.01, 0.9, 40, 0.0, 2, "ring"]], [[0.0, 0.01, 0.8, 40, 0.0, 2, "ring"]]]},  # onto the ring
             {}]
     assert move_pauses(rows) == pytest.approx([0.040, 0.102])
 

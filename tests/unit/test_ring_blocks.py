@@ -310,10 +310,12 @@ def test_a_move_from_the_ring_to_ina_lets_the_ring_op_in_flight_finish() -> None
     assert len(moves) == 2, "the run ended before the ring op to finish"
     histories = {tuple(st.generation_history) for _, st in out}
     assert len(histories) == 1, f"every worker resumed at the same chunk in every generation: {histories}"
-    assert [k for _, k, _ in histories.pop()][-2:] == [Backend.RING, Backend.INA]
+    history = histories.pop()
+    assert [k for _, k, _ in history][-2:] == [Backend.RING, Backend.INA]
     for _, stats in out:
         back_to_ina = stats.pauses[-1]
         assert back_to_ina[4] == 0.0 and back_to_ina[3] == 0, f"ring work lost or replayed: {back_to_ina}"
+        assert back_to_ina[5:] == [history[-1][0], "ina"], "a pause record names its move's generation and plan"
 
 
 @pytest.mark.parametrize("op, elapsed_share, finish", [
@@ -323,6 +325,7 @@ def test_a_move_from_the_ring_to_ina_lets_the_ring_op_in_flight_finish() -> None
     ((1.0, 8, False), 0.5, True),  # 8 members: INA 1.22x faster, finish after 18 % of the op
     ((1.0, 8, False), 0.1, False),
     ((1.0, 4, True), 0.9, False),  # Rina's cross-rack ring: aborted as before
+    ((1.0, 8, False, 4), 0.5, False),  # in row blocks: an abort loses only the block in flight
 ])
 def test_a_ring_op_is_worth_finishing_once_its_rest_costs_less_than_its_work_so_far(op, elapsed_share, finish) -> None:
     import time
@@ -331,6 +334,6 @@ def test_a_ring_op_is_worth_finishing_once_its_rest_costs_less_than_its_work_so_
 
     phases = RingPhases()
     if op is not None:
-        expected, n, rina = op
-        phases._ring_op = (time.monotonic() - elapsed_share * (expected or 1.0), expected, n, rina)
+        expected, n, rina, *blocks = op
+        phases._ring_op = (time.monotonic() - elapsed_share * (expected or 1.0), expected, n, rina, blocks[0] if blocks else 1)
     assert phases.ring_op_worth_finishing() is finish

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inaproto.backends import Backend
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, group_by, median
 from topologies.errors import ExperimentError
@@ -249,7 +250,7 @@ class MultijobExperiment(Experiment):
             except AgentFailure as exc:
                 ctx.error(f"{label}: {exc}")
                 ctx.record({"kind": "job", "supply": supply, "pool": pool, "policy": policy, "rep": rep, "error": str(exc)})
-                bed.end_warm()
+                bed.end_warm(jobs)
                 continue
             conditions = Conditions(switch_pids=[sw.process.pid for sw in bed.net.switches if sw.process],
                                     controller_pids=[bed.controller.pid] if bed.controller else [],
@@ -674,7 +675,8 @@ def _steady(calls: list[float], exited: float) -> dict:
     return {"busy_steady_s": busy, "steady_from_s": max(0.0, exited - busy)}
 
 
-PAUSE_STOP, PAUSE_BACK = 0, 2  # indices in an agent's pause record [stop, barrier, back, replayed, ring_lost] (docs/agent.md)
+# indices in an agent's pause record [stop, barrier, back, replayed, ring_lost, generation, kind] (docs/agent.md)
+PAUSE_STOP, PAUSE_BACK, PAUSE_GENERATION, PAUSE_KIND = 0, 2, 5, 6
 
 
 def move_pauses(rows: list[dict]) -> list[float]:
@@ -682,14 +684,20 @@ def move_pauses(rows: list[dict]) -> list[float]:
     (the SyncGeneration barrier and any replay), its slowest worker's. Not in it: the time from the new grant to the
     stop, in which the job still progresses (since session 10 a move off the ring may finish the ring op in flight:
     ``RingPhases.ring_op_worth_finishing``), and the ring work an aborted op loses (ina-sim's ``ring_move_restarts_op``).
-    One value per move: a row's ``pauses`` hold each worker's records in the order of the job's generation changes;
-    moves its workers did not all record are left out."""
+    One value per move, the workers' records joined on the move's generation: a move some worker did not record (a
+    newer grant came before it was back) is left out, and so is a move onto the ring, whose replay is a ring op that
+    ina-sim already charges as ring time."""
     out: list[float] = []
     for row in rows:
         per_worker = row.get("pauses") or []
-        if not per_worker or not all(w and all(isinstance(p, (list, tuple)) for p in w) for w in per_worker):
-            continue
-        for move in zip(*per_worker):
+        by_generation: dict[int, list] = {}
+        for records in per_worker:
+            for p in records or []:
+                if isinstance(p, (list, tuple)) and len(p) > PAUSE_KIND:
+                    by_generation.setdefault(int(p[PAUSE_GENERATION]), []).append(p)
+        for _, move in sorted(by_generation.items()):
+            if len(move) != len(per_worker) or any(p[PAUSE_KIND] == Backend.RING for p in move):
+                continue
             out.append(max(float(p[PAUSE_BACK]) - float(p[PAUSE_STOP]) for p in move))
     return out
 

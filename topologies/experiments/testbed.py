@@ -419,17 +419,21 @@ class Testbed:
                 self._warm[(job.name, wid)] = p
                 ready[(job.name, wid)] = flag
         deadline = time.monotonic() + timeout
-        while ready:
-            for key, flag in list(ready.items()):
-                if flag.exists():
-                    flag.unlink(missing_ok=True)
-                    del ready[key]
-                elif self._warm[key].poll() is not None:
-                    raise AgentFailure(key[0], f"worker {key[1]}'s agent exited before its job started: "
-                                               f"{self._last_line(named[key[0]], key[1])}")
-            if ready and time.monotonic() > deadline:
-                raise AgentFailure(next(iter(ready))[0], f"{len(ready)} agent(s) not ready within {timeout:g} s")
-            time.sleep(0.02)
+        try:
+            while ready:
+                for key, flag in list(ready.items()):
+                    if flag.exists():
+                        flag.unlink(missing_ok=True)
+                        del ready[key]
+                    elif self._warm[key].poll() is not None:
+                        raise AgentFailure(key[0], f"worker {key[1]}'s agent exited before its job started: "
+                                                   f"{self._last_line(named[key[0]], key[1])}")
+                if ready and time.monotonic() > deadline:
+                    raise AgentFailure(next(iter(ready))[0], f"{len(ready)} agent(s) not ready within {timeout:g} s")
+                time.sleep(0.02)
+        except BaseException:
+            self.end_warm(jobs)  # none of them will be handed a job
+            raise
 
     def launch(self, job: AgentJob, job_id: int | None = None) -> list[subprocess.Popen]:
         """Start every worker of ``job`` in its host (or hand a :meth:`prestart` agent its arguments); returns the
@@ -444,11 +448,19 @@ class Testbed:
             log_path = self.log_path(job, wid)
             log_path.parent.mkdir(parents=True, exist_ok=True)
             warm = self._warm.pop((job.name, wid), None)
-            if warm is not None and warm.poll() is None and warm.stdin is not None:
+            if warm is not None:
+                # a prestarted agent that died is this job's failure (its log kept), not a silent cold start
+                if warm.poll() is not None or warm.stdin is None:
+                    raise AgentFailure(job.name, f"worker {wid}'s prestarted agent exited before its job arrived: "
+                                                 f"{self._last_line(job, wid)}")
                 with log_path.open("a") as log:
                     log.write("# arguments: " + " ".join(argv) + "\n")
-                warm.stdin.write((json.dumps(argv[len(agent_command()):]) + "\n").encode())
-                warm.stdin.close()
+                try:
+                    warm.stdin.write((json.dumps(argv[len(agent_command()):]) + "\n").encode())
+                    warm.stdin.close()
+                except OSError as exc:  # it died since the check: a broken pipe
+                    raise AgentFailure(job.name, f"worker {wid}'s prestarted agent did not take its arguments "
+                                                 f"({exc.strerror or exc}): {self._last_line(job, wid)}") from None
                 procs.append(warm)
                 continue
             with log_path.open("w") as log:
@@ -511,7 +523,7 @@ class Testbed:
                 time.sleep(0.02)
         finally:
             self._end_agents(running)
-            self.end_warm()
+            self.end_warm(jobs)
             for job_id in job_ids.values():
                 self.release(job_id)
         return self._collect(jobs, running, started)
@@ -565,7 +577,7 @@ class Testbed:
                 time.sleep(0.02)
         finally:
             self._end_agents(running)
-            self.end_warm()
+            self.end_warm(jobs)
             for name, job_id in job_ids.items():
                 if name not in released:
                     self.release(job_id)
@@ -575,9 +587,13 @@ class Testbed:
         """The processes of the :meth:`prestart` agents not yet handed a job."""
         return [p.pid for p in self._warm.values()]
 
-    def end_warm(self) -> None:
-        """End the :meth:`prestart` agents no job was handed to (their stdin closed, then SIGTERM)."""
-        warm, self._warm = self._warm, {}
+    def end_warm(self, jobs: Sequence[AgentJob] | None = None) -> None:
+        """End the :meth:`prestart` agents no job was handed to (their stdin closed, then SIGTERM): those of ``jobs``
+        (a run's own), or every one."""
+        names = None if jobs is None else {job.name for job in jobs}
+        warm = {k: p for k, p in self._warm.items() if names is None or k[0] in names}
+        for k in warm:
+            del self._warm[k]
         for p in warm.values():
             if p.stdin is not None:
                 try:

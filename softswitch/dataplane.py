@@ -112,6 +112,9 @@ class DataPlane(RingsLoop):
         self._timer: DeadlineTimer | None = None
         self._process_batch = None  # the rings loop's batch entry point (held frames are released in batches)
         self._block_out = False  # whether it can return FrameBlocks (as_block)
+        # while the loop runs frames released from the link delay through the pipeline: when their outputs count
+        # as emitted (DelayLine.emission_time: the switch's own time is spent inside the delay); None: now
+        self._emitted_at: float | None = None
 
     # --- life cycle -------------------------------------------------------------------------------
     def open(self) -> None:
@@ -366,33 +369,44 @@ class DataPlane(RingsLoop):
         if delay is None:
             self._send_all(outq)
         else:
+            self._hold_out(outq)  # the round's own outputs (ports without delay, packet-outs): emitted now
             now = time.monotonic()
             if fast and self._block_out:  # rings: every port's due batches as one, output blocks held per port
-                self._process_union(list(delay.due_in_batches(now).items()), outq)
+                due = list(delay.due_in_batches(now).items())
+                self._emitted_at = delay.emission_time(now)
+                self._process_union(due, outq)
                 self._hold_out(outq)
+                self._emitted_at = None
                 self._send_all(delay.due_out(time.monotonic()))
             elif fast:
                 process, process_batch = self.pipeline.process, self._process_batch
-                for port, frames in delay.due_in(now).items():
+                due = delay.due_in(now)
+                self._emitted_at = delay.emission_time(now)
+                for port, frames in due.items():
                     if process_batch is not None:
                         outq += process_batch(port, frames)
                     else:
                         for frame in frames:
                             outq += process(port, frame)
                 self._hold_out(outq)
+                self._emitted_at = None
                 self._send_all(delay.due_out(time.monotonic()))
             else:
-                for port, frames in delay.due_in(now).items():
+                due = delay.due_in(now)
+                self._emitted_at = delay.emission_time(now)
+                for port, frames in due.items():
                     for frame in frames:
                         self._enter(port, frame)
+                self._emitted_at = None
                 for eport, out in delay.due_out(time.monotonic()):
                     self._transmit(self._packet_id, 0, eport, out)
             self._timer.arm(delay.next_deadline(), time.monotonic())
 
     def _hold_out(self, outq: list[tuple[int, bytes]]) -> None:
-        """Hold (link delay) or send the frames of ``outq`` (emptied): emitted now, held from now."""
+        """Hold (link delay) or send the frames of ``outq`` (emptied): held from when they count as emitted."""
         if outq:
-            now, hold_out = time.monotonic(), self.delay.hold_out
+            now = self._emitted_at if self._emitted_at is not None else time.monotonic()
+            hold_out = self.delay.hold_out
             outq[:] = [(eport, out) for eport, out in outq if not hold_out(eport, out, now)]
             self._send_all(outq)
 
@@ -468,7 +482,8 @@ class DataPlane(RingsLoop):
         else:
             frames = (out,)
         for f in frames:
-            if self.delay is not None and eport in self._sockets and self.delay.hold_out(eport, f, time.monotonic()):
+            emitted = self._emitted_at if self._emitted_at is not None else time.monotonic()
+            if self.delay is not None and eport in self._sockets and self.delay.hold_out(eport, f, emitted):
                 continue
             self._transmit(pid, copy_id, eport, f)
 

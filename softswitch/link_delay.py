@@ -11,6 +11,15 @@ nanosecond resolution; epoll's own millisecond timeout where timerfd is missing)
 A port's delay is constant, so its frames' deadlines never decrease and, with the sequence number breaking
 ties, every port keeps its order.
 
+The switch's own time is spent inside the delay, not on top of it (``emission_time``): the outputs of frames
+released from the ingress line count as emitted at the latest deadline among those frames, not when the Python
+loop got round to them. A hardware switch forwards in microseconds; this one wakes up late, runs the pipeline
+over a round's frames and competes for two cores with the agents, and without this its time (0.2-1.3 ms a round
+trip, more the more frames a round carries: experiment 1's pool-size curve) lengthened every round trip beyond
+the link delay plus serialization the experiments model. Frames are never sent early: an output still waits
+the egress delay after the deadline of the frame that released it, and each egress port keeps the order its
+outputs were emitted in (a deadline is never earlier than the port's previous one).
+
 The packet rings (``ina-switch --io rings``) hold a whole receive batch, and each egress port's rows of a
 batch's output block, as one entry (``hold_in_batch``, ``hold_out_rows``: a numpy array of equal-length
 frames): the frames of a batch share their arrival or emission time, so one deadline is theirs. That keeps
@@ -104,6 +113,8 @@ class DelayLine:
         self._in: list[tuple[float, int, int, bytes | np.ndarray, int]] = []
         self._out: list[tuple[float, int, int, bytes | np.ndarray, int]] = []
         self._seq = 0
+        self._released: float | None = None  # the latest deadline among ingress frames released since emission_time
+        self._last_out: dict[int, float] = {}  # per egress port, the latest deadline held (keeps the port's order)
         self._held = 0  # frames held now (both directions)
         self.held_most = 0  # the most frames held at once (both directions)
 
@@ -136,6 +147,13 @@ class DelayLine:
         """Hold the (n, length) rows a batch emitted to ``port`` as one entry; False if the port has no delay."""
         return self._hold(self._out, port, rows, now, len(rows))
 
+    def emission_time(self, now: float) -> float:
+        """When the outputs of the ingress frames released since the last call count as emitted: the latest of
+        their deadlines (the moment a switch without software delay would have emitted them), never later than
+        ``now``; ``now`` when none was released. Pass it as ``now`` to ``hold_out`` / ``hold_out_rows``."""
+        released, self._released = self._released, None
+        return now if released is None or released > now else released
+
     def _hold(self, heap: list, port: int, frame: bytes | np.ndarray, now: float, count: int) -> bool:
         d = self._seconds.get(port)
         if d is None:
@@ -143,7 +161,13 @@ class DelayLine:
         if d <= 0.0:
             return False
         self._seq += 1
-        heapq.heappush(heap, (now + d, self._seq, port, frame, count))
+        deadline = now + d
+        if heap is self._out:  # emission times may step back (emission_time): never overtake the port's last frame
+            last = self._last_out.get(port, 0.0)
+            if deadline < last:
+                deadline = last
+            self._last_out[port] = deadline
+        heapq.heappush(heap, (deadline, self._seq, port, frame, count))
         self._held += count
         if self._held > self.held_most:
             self.held_most = self._held
@@ -189,7 +213,8 @@ class DelayLine:
     def _due(self, heap: list, now: float) -> dict[int, list[bytes | np.ndarray]]:
         out: dict[int, list[bytes | np.ndarray]] = {}
         while heap and heap[0][0] <= now:
-            _, _, port, frame, count = heapq.heappop(heap)
+            deadline, _, port, frame, count = heapq.heappop(heap)
+            self._released = deadline  # popped in deadline order: the last is the latest
             self._held -= count
             frames = out.get(port)
             if frames is None:

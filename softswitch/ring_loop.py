@@ -149,7 +149,8 @@ class RingsLoop:
         rows = out.by_port()
         if self.delay is not None:
             self._hold_out(outq)  # earlier outputs first, so each port keeps the emission order
-            now, hold = time.monotonic(), self.delay.hold_out_rows
+            now = self._emitted_at if self._emitted_at is not None else time.monotonic()
+            hold = self.delay.hold_out_rows
             rows = {eport: r for eport, r in rows.items() if not hold(eport, r, now)}
         else:
             self._send_all(outq)  # what earlier batches emitted leaves first

@@ -43,6 +43,30 @@ def test_frames_wait_their_port_delay_in_both_directions_and_keep_their_order():
     assert line.held_most == 10
 
 
+def test_the_switchs_own_time_is_spent_inside_the_delay_and_each_port_keeps_its_order():
+    """Outputs of frames released late count as emitted at the releasing frame's deadline, never later than now."""
+    line = DelayLine(LinkDelay(0.005))
+    assert line.emission_time(7.0) == 7.0  # nothing released: now
+    line.hold_in(1, b"g0", 1.000)
+    line.hold_in(2, b"g1", 1.001)
+    assert line.due_in(1.0072) == {1: [b"g0"], 2: [b"g1"]}  # the loop woke 1.2 ms after the last deadline
+    emitted = line.emission_time(1.0075)
+    assert emitted == pytest.approx(1.006)
+    assert line.emission_time(1.0075) == 1.0075  # consumed
+    line.hold_out(3, b"r0", emitted)
+    assert line.due_out(1.0109) == [] and line.due_out(1.011) == [(3, b"r0")]  # 5 ms after 1.006, not after 1.0075
+    # an output emitted "earlier" than the port's last one waits behind it (no reordering on a port)
+    line.hold_out(4, b"late", 2.000)
+    line.hold_out(4, b"early", 1.999)
+    line.hold_out(5, b"other port", 1.999)
+    assert line.due_out(2.0045) == [(5, b"other port")]
+    assert line.due_out(2.005) == [(4, b"late"), (4, b"early")]
+    # the batches of the rings path count the same way
+    line.hold_in_batch(1, np.zeros((2, 4), np.uint8), 3.0)
+    line.due_in_batches(3.1)
+    assert line.emission_time(3.1) == pytest.approx(3.005)
+
+
 def test_batches_are_held_as_one_entry_and_joined_when_due_together():
     """The rings path holds a receive batch and each port's output rows as one entry each."""
     line = DelayLine(LinkDelay(0.010, ((3, 0.0),)))

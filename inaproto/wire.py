@@ -68,6 +68,9 @@ class Flags(enum.IntFlag):
     RETRANSMIT = 0x01  # set by a worker on a resent gradient (informational; the switch needs no flag)
     OVERFLOW = 0x02  # set by the switch in a result when any lane overflowed int32 during the sum
     HELD = 0x04  # set by the switch in a status: the sender's contribution is in the incomplete copy
+    TX_COUNTED = 0x08  # set by a worker on a gradient: ``reserved`` carries its transmission counter mod 128
+    GAP = 0x10  # set by the switch in a status (a gap report): frames sent before this one were lost
+    PREV_DONE = 0x20  # set by the switch in a result: ``reserved`` is the job's previous completion's seq mod 128
 
 
 class DropReason(enum.IntEnum):

@@ -610,6 +610,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._rtt.reset()  # the new plan may aggregate in another switch
         self._rtt.path_floor = self._path_floor(grant)
         self._chain_rtts.clear()
+        self._signals_seen = False  # ... which may not send loss signals (a chain's, an older program)
         notice, self._notice_at = self._notice_at, None
         if notice is not None and self.stats.resyncs:
             self._catchup = [notice, stop, time.monotonic(), m, m - resume, lost, grant.generation, self._plan.kind]

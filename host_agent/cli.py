@@ -40,6 +40,7 @@ from inaproto.cli import Parser, UsageError
 
 PROG = "ina-agent"
 QUERIES_ENV = "INA_AGENT_QUERIES"  # default of --queries: lets ina-exp runs compare the loss recovery
+LOSS_SIGNALS_ENV = "INA_AGENT_LOSS_SIGNALS"  # default of --loss-signals: lets ina-exp runs compare with and without
 IO_ENV = "INA_AGENT_IO"  # default of --io: lets a launcher (ina-exp) force per-packet I/O on every agent
 RING_PIECES_ENV = "INA_RING_PIECE_BYTES"  # default of --ring-piece-bytes: lets ina-exp runs compare the ring's pipelining
 RING_BLOCK_SECONDS_ENV = "INA_RING_BLOCK_SECONDS"  # default of --ring-block-seconds: A/B of the ring's row blocks
@@ -128,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                        default=os.environ.get(QUERIES_ENV, QueryMode.OFF.value),
                        help="when loss found early is asked of the switch (QUERY) instead of resending the gradient: "
                             f"never, after a resend, or first (default: ${QUERIES_ENV}, else off; docs/agent.md, 'Queries')")
+        p.add_argument("--loss-signals", choices=["on", "off"], default=os.environ.get(LOSS_SIGNALS_ENV, "on"),
+                       help="number INA gradients so the switch reports this worker's lost frames and each result "
+                            "names the job's previous completion: resend own losses at once, leave a peer's to the "
+                            f"peer (default: ${LOSS_SIGNALS_ENV}, else on; docs/agent.md, 'Loss signals')")
         p.add_argument("--ring-piece-bytes", type=_nonneg_int, default=os.environ.get(RING_PIECES_ENV, str(PIECE_BYTES)),
                        metavar="B", help="pieces ring steps are pipelined by, bytes (0: whole chunks, unpipelined; "
                                          f"default: ${RING_PIECES_ENV}, else {PIECE_BYTES}; docs/agent.md, 'Ring')")
@@ -260,6 +265,7 @@ def _open_agent(args: argparse.Namespace, spec: JobSpec):
                                                path_rtt_floor=None if args.path_rtt_floor_ms is None
                                                else args.path_rtt_floor_ms / 1e3,
                                                queries=QueryMode(args.queries),
+                                               loss_signals=args.loss_signals == "on",
                                                ring_piece_bytes=args.ring_piece_bytes,
                                                ring_block_seconds=args.ring_block_seconds,
                                                ring_block_bytes=args.ring_block_bytes),

@@ -105,6 +105,9 @@ class Flight:
         self.qstate = bytearray(K)  # QueryState of each chunk
         self.payload_resent = bytearray(K)  # 1: the gradient itself was resent (a query alone is never spurious)
         self.held_n = 0  # chunks HELD: at the switch, off the link (not counted in the congestion window)
+        self.txn = np.full(K, -1, dtype=np.int64)  # loss signals: each chunk's latest transmission counter
+        self.numbered = False  # the window numbers its frames (``Flags.TX_COUNTED``; docs/agent.md, "Loss signals")
+        self.signals = False  # ... and the switch sends loss signals: RACK leaves a peer's loss to the peer
         self.reorder_mult = reorder_mult
         self.classes = classes
         c = int(classes.max()) + 1 if classes is not None and len(classes) else 1
@@ -370,6 +373,9 @@ class Flight:
         c = self.classes[lo:hi] if self.classes is not None else np.zeros(hi - lo, dtype=np.int64)
         cand &= self._overtaken(lo, hi, t)
         wait = np.minimum(self._rtt[c], self.rtt.recent_min)
+        if self.signals:  # this worker's own losses are signalled by the switch: an unsignalled one is a peer's (its
+            # recovery takes a resend's round trip) or a signal lost on the way, which this later resend covers
+            wait = wait + self.resend_timeout()
         due = np.where(resent, t + self.resend_timeout(), t + (wait + self.reorder_window()))
         if self.stats.queries:  # a query's status waits in the same queues as a chunk: its loss, not a late
             # answer, is what a query timeout means, so it waits for the RTO, not the short resend timer

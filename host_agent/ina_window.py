@@ -26,6 +26,9 @@ PAYLOAD = wire.INA_PAYLOAD_LEN
 GRADIENT, RESULT = int(wire.MsgType.GRADIENT), int(wire.MsgType.RESULT)
 QUERY, STATUS = int(wire.MsgType.QUERY), int(wire.MsgType.STATUS)
 F_RETRANSMIT, F_OVERFLOW, F_HELD = int(wire.Flags.RETRANSMIT), int(wire.Flags.OVERFLOW), int(wire.Flags.HELD)
+F_TX_COUNTED, F_GAP, F_PREV_DONE = int(wire.Flags.TX_COUNTED), int(wire.Flags.GAP), int(wire.Flags.PREV_DONE)
+TX_MOD = wire.TX_COUNTER_MOD  # the transmission counter and a completion's seq travel mod 128
+_RS = wire.INA_FIELD_OFFSETS["reserved_shadow"]  # byte of ``reserved`` (7 bits) and ``shadow`` (1)
 QUERIES_UNANSWERED = 3  # queries timed out, none ever answered: the switch does not answer them (a chain's); stop
 _HDR = wire.HEADER
 
@@ -39,17 +42,18 @@ class WindowMode(enum.Enum):
 
 
 def gradient_packets(contrib: np.ndarray, first: int, base: int, num_slots: int, job_id: int, generation: int,
-                     worker_id: int) -> memoryview:
-    """The GRADIENT payloads of chunks ``first, first + 1, ...`` (the rows of ``contrib``), back to back, in one pass."""
+                     worker_id: int, flags: int = 0) -> memoryview:
+    """The GRADIENT payloads of chunks ``first, first + 1, ...`` (the rows of ``contrib``), back to back, in one pass
+    (writable: with ``Flags.TX_COUNTED`` each send stamps its counter into ``reserved``)."""
     rel = np.arange(first - base, first - base + contrib.shape[0], dtype=np.int64)
     rec = np.empty(contrib.shape[0], dtype=wire.PAYLOAD_DTYPE)
-    rec["msg_type"], rec["flags"], rec["job_id"], rec["generation"] = GRADIENT, 0, job_id, generation
+    rec["msg_type"], rec["flags"], rec["job_id"], rec["generation"] = GRADIENT, flags, job_id, generation
     rec["slot"] = rel % num_slots
     rec["seq"] = (rel + base) & 0xFFFFFFFF
     rec["worker_id"] = worker_id
     rec["reserved_shadow"] = (rel // num_slots) & 1
     rec["lanes"] = contrib
-    return memoryview(rec.tobytes())
+    return memoryview(rec.view(np.uint8).reshape(-1))
 
 
 class InaPhase:
@@ -78,13 +82,38 @@ class InaPhase:
         final = mode is WindowMode.FINAL
         partial = bytearray(K * CHUNK_BYTES) if mode is WindowMode.PARTIAL else None
         pflag = bytearray(K) if mode is WindowMode.PARTIAL else None
-        pkts = gradient_packets(seg.contrib[i0:], a + i0, base, S, job, gen, wid)
         est, cwnd = self._rtt, self._cwnd
         cwnd.clamp(S)
         classes = None  # Rina on chains: each partition's results come over a chain of its own length
         if rack.chains > 1:  # one class per chain (``Rack.slot_chains``), not per slot
             classes = np.asarray(rack.slot_chains, dtype=np.int64)[np.arange(a - base, a - base + K, dtype=np.int64) % S]
+        # loss signals (docs/agent.md, "Loss signals"): plain INA numbers its frames for the switch's gap reports
+        counted = final and classes is None and self.options.loss_signals
+        pkts = gradient_packets(seg.contrib[i0:], a + i0, base, S, job, gen, wid, F_TX_COUNTED if counted else 0)
         flight = Flight(K, i0, est, cwnd, S, self.stats, self._reorder_mult, classes, self._chain_rtts)
+        flight.numbered = counted
+        flight.signals = counted and self._signals_seen
+        txlog = self._txlog
+        if counted:
+            col = np.frombuffer(pkts, dtype=np.uint8)[_RS::PAYLOAD]  # each packet's reserved:7 | shadow:1 byte
+
+            def stamp(first: int, end: int) -> None:
+                """Number chunks ``[first, end)``, about to go in this order, with the next transmission counters."""
+                tx = self._txn
+                if end - first == 1:
+                    col[first - i0] = ((tx % TX_MOD) << 1) | (col[first - i0] & 1)
+                    flight.txn[first] = tx
+                    txlog[tx % TX_MOD] = a + first
+                else:
+                    txs = np.arange(tx, tx + end - first, dtype=np.int64)
+                    c = col[first - i0 : end - i0]
+                    c[:] = ((txs % TX_MOD) << 1).astype(np.uint8) | (c & 1)
+                    flight.txn[first:end] = txs
+                    txlog[txs % TX_MOD] = np.arange(a + first, a + end, dtype=np.int64)
+                self._txn = tx + end - first
+        else:
+            def stamp(first: int, end: int) -> None:
+                pass
         qstate = flight.qstate
         # queries in place of RACK's resends (docs/agent.md, "Queries"): a single switch answers them
         qmode = self.options.queries
@@ -129,6 +158,15 @@ class InaPhase:
                         queued[i] = 1
                         lost.appendleft((i, True))
                 results.missing.clear()
+            if results.signalled:  # the switch's loss signals named these chunks lost: resend them first
+                fresh = [i for i in results.signalled if not got[i] and not queued[i]]
+                for i in reversed(fresh):
+                    queued[i] = 1
+                    lost.appendleft((i, True))
+                results.signalled.clear()
+                if fresh:
+                    stats.signal_resends += len(fresh)
+                    cwnd.on_loss(now, est.path_rtt, est.srtt)
             if progressed:
                 last_progress = now
             # 2. find lost chunks: early (RACK), else the window's timer (restarted by every new result)
@@ -200,7 +238,12 @@ class InaPhase:
                     if self._queries_unanswered >= QUERIES_UNANSWERED:
                         queries = False
                 pkt = bytearray(pkts[off : off + PAYLOAD])
-                pkt[1] = F_RETRANSMIT
+                if counted:
+                    stamp(i, i + 1)  # the packet's copy below carries it
+                    pkt[1] = F_RETRANSMIT | F_TX_COUNTED
+                    pkt[_RS] = col[i - i0]
+                else:
+                    pkt[1] = F_RETRANSMIT
                 io.send_run(memoryview(pkt), PAYLOAD, 1, addr)
                 flight.resent(i, now, early)
                 stats.retransmits += 1
@@ -218,6 +261,7 @@ class InaPhase:
                 for j in [j for j in deferred if got[j - S]]:
                     deferred.remove(j)
                     unsent[j] = queued[j] = 0
+                    stamp(j, j + 1)
                     io.send_run(pkts[(j - i0) * PAYLOAD :], PAYLOAD, 1, addr)
                     flight.sent(j, j + 1, now)
                     sent += 1
@@ -234,6 +278,7 @@ class InaPhase:
                         busy = got.find(0, lo_s, upper - S) if upper - S > lo_s else -1
                         end = upper if busy < 0 else busy + S
                         if end > nxt:
+                            stamp(nxt, end)
                             io.send_run(pkts[(nxt - i0) * PAYLOAD :], PAYLOAD, end - nxt, addr)
                             flight.sent(nxt, end, now)
                             sent += end - nxt
@@ -258,6 +303,7 @@ class InaPhase:
                         nxt += 1
                 if nxt > first:
                     count = nxt - first
+                    stamp(first, nxt)
                     io.send_run(pkts[(first - i0) * PAYLOAD :], PAYLOAD, count, addr)
                     results.sent = nxt
                     flight.sent(first, nxt, now)
@@ -341,6 +387,7 @@ class ResultBatch:
         self.view = memoryview(self.buf)
         self.progressed = False
         self.missing: list[int] = []  # chunks the switch's status says it lacks (their payload goes next)
+        self.signalled: list[int] = []  # chunks the switch's loss signals name lost (docs/agent.md, "Loss signals")
 
     def drain(self) -> bool:
         """Take every datagram waiting; True if any chunk got its result."""
@@ -378,11 +425,15 @@ class ResultBatch:
         return keep - off
 
     def _status(self, off: int) -> None:
-        """The switch's answer to a query: HELD (a peer's recovery completes the copy) or not (resend)."""
+        """The switch's answer to a query: HELD (a peer's recovery completes the copy) or not (resend); or a gap
+        report (``Flags.GAP``)."""
         stats = self.stream.stats
         _mt, fl, jid, g, _slot, seq, _w, _last = _HDR.unpack_from(self.buf, off)
         if jid != self.job or g != self.gen:
             stats.stale += 1
+            return
+        if fl & F_GAP:
+            self._gap(_slot, _last >> 1)
             return
         i = (seq - self.seg.a) & 0xFFFFFFFF
         if i >= self.sent or i < self.i0 or self.got[i]:
@@ -394,6 +445,40 @@ class ResultBatch:
             stats.queries_held += 1
         if self.flight.status(i, held, time.monotonic()):
             self.missing.append(i)
+
+    def _gap(self, count: int, revealed: int) -> None:
+        """A gap report: the ``count`` frames this worker sent before the one numbered ``revealed`` (mod 128) did not
+        reach the switch. Each one's chunk is lost if that frame is still its latest transmission and it has no
+        result (the report may name frames the switch answered, or whose chunk went again since)."""
+        flight, got, txlog = self.flight, self.got, self.stream._txlog
+        self.stream.stats.gap_reports += 1
+        if not flight.numbered:
+            return
+        a, i0, sent = self.seg.a, self.i0, self.sent
+        for k in range(1, min(count, TX_MOD - 1) + 1):
+            tx = (revealed - k) % TX_MOD
+            i = int(txlog[tx]) - a
+            if i0 <= i < sent and not got[i] and flight.txn[i] % TX_MOD == tx:
+                self.signalled.append(i)
+
+    def _prev_done(self, pairs: list[tuple[int, int]]) -> None:
+        """Results that carried ``Flags.PREV_DONE``: each ``(i, p)`` is a result's chunk and the low 7 bits of the
+        job's completion before it. That completion's chunk (the one with those bits nearest ``i``) without a result
+        here lost its result on the way: resend it (the switch answers a completed copy's sender alone), unless it
+        went again less than a one-way trip ago (that answer is on its way)."""
+        flight, got = self.flight, self.got
+        if not flight.signals:
+            self.stream._signals_seen = flight.signals = flight.numbered
+            if not flight.signals:
+                return
+        a, i0, sent = self.seg.a, self.i0, self.sent
+        recent = self.now - 0.5 * flight.rtt.path_rtt
+        for i, p in pairs:
+            c = i - ((i + a - p - 1) % TX_MOD + 1)  # the nearest below i with seq mod 128 == p ...
+            if i - c > TX_MOD // 2 and c + TX_MOD < sent:
+                c += TX_MOD  # ... or above it, if that is nearer
+            if i0 <= c < sent and not got[c] and flight.sent_at[c] < recent:
+                self.signalled.append(c)
 
     def _apply(self, m: int) -> None:
         if m < self.VECTOR_FROM:
@@ -410,12 +495,15 @@ class ResultBatch:
         values, flags, src = self.values, self.flags, self.src
         unpack, hdr, cb = _HDR.unpack_from, wire.INA_HEADER_LEN, CHUNK_BYTES
         sel: list[int] = []
+        prev: list[tuple[int, int]] = []
         for off in range(0, m * PAYLOAD, PAYLOAD):
             _mt, fl, jid, g, _slot, seq, _w, _last = unpack(buf, off)
             if jid != job or g != gen:
                 stats.stale += 1
                 continue
             i = (seq - a) & 0xFFFFFFFF
+            if fl & F_PREV_DONE:
+                prev.append((i, _last >> 1))
             if i >= sent or i < i0 or got[i]:
                 stats.ignored += 1
                 if i0 <= i < sent:
@@ -433,6 +521,8 @@ class ResultBatch:
             self.remaining -= len(sel)
             self.progressed = True
             flight.delivered_few(sel, self.now)
+        if prev and flight.numbered:
+            self._prev_done(prev)
 
     def _apply_many(self, m: int) -> None:
         stats = self.stream.stats
@@ -450,15 +540,20 @@ class ResultBatch:
             if first.size != pos.size:
                 pos = pos[np.sort(first)]
         stats.ignored += int(np.count_nonzero(ours)) - int(pos.size)
+        prev = ours & ((rec["flags"] & F_PREV_DONE) != 0) if self.flight.numbered else None
         if int(np.count_nonzero(inwin)) != pos.size:  # duplicates of chunks in the window
             dup = inwin.copy()
             dup[pos] = False
             for i in idx[dup]:
                 self.flight.duplicate(int(i))
-        if not pos.size:
-            return
-        sel = idx[pos]
-        got[sel] = 1
+        if pos.size:
+            self._take(rec, pos, idx[pos])
+        if prev is not None and prev.any():
+            self._prev_done(list(zip(idx[prev].tolist(), (rec["reserved_shadow"][prev] >> 1).tolist())))
+
+    def _take(self, rec: np.ndarray, pos: np.ndarray, sel: np.ndarray) -> None:
+        """The first results of chunks ``sel`` (at ``pos`` of the batch ``rec``)."""
+        np.frombuffer(self.got, dtype=np.uint8)[sel] = 1
         self.remaining -= int(pos.size)
         self.progressed = True
         if self.values is not None:

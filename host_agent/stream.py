@@ -37,7 +37,7 @@ from host_agent.errors import AgentError, AgentTimeout, Interrupted, JobReleased
 from host_agent.fixedpoint import split_chunks
 from host_agent.flight import QueryMode
 from host_agent.grant import Grant, Plan, Worker, plan_for
-from host_agent.ina_window import InaPhase, WindowMode
+from host_agent.ina_window import TX_MOD, InaPhase, WindowMode
 from host_agent.rina import RinaPhases
 from host_agent.ring import RingAllReduce
 from host_agent.ring_pieces import PIECE_BYTES
@@ -87,6 +87,11 @@ class StreamOptions:
             and its path round trip never goes below the grant's ``chain_rtt_floor``.
         ring_piece_bytes: the pieces ring steps are pipelined by (``host_agent.ring_pieces``; 0: whole
             chunks, every step waiting for the whole step before it, as before session 8).
+        loss_signals: number every INA gradient (``Flags.TX_COUNTED``) so the switch reports this worker's own lost
+            frames (gap reports) and each result names the job's previous completion (``Flags.PREV_DONE``): a
+            worker then resends its own losses at once and leaves a peer's to the peer (docs/agent.md, "Loss
+            signals"). Plain INA only; RACK waits for a peer's recovery only once the switch has shown it sends
+            the signals.
         ring_block_seconds, ring_block_bytes: a ring phase runs in row blocks, one ring op each, back to back in
             one pipelined stream, so a move off the ring loses only the block in flight: blocks of
             ``ring_block_bytes`` when set (> 0), else of about ``ring_block_seconds`` of wire time at the ring's
@@ -110,6 +115,7 @@ class StreamOptions:
     ring_piece_bytes: int = PIECE_BYTES
     ring_block_seconds: float = 0.0  # off by default: blocks cost at 10 Mbit/s, 8 members (docs/experiments.md, "Row blocks")
     ring_block_bytes: int = 0
+    loss_signals: bool = True
     queries: QueryMode = QueryMode.OFF  # measured no gain yet (experiment 4, session 6); when RACK asks the switch instead of resending (docs/agent.md, "Queries")
 
     def __post_init__(self) -> None:
@@ -152,6 +158,8 @@ class StreamStats:
     spurious_resends: int = 0  # resent chunks whose original reached the switch (host_agent/flight.py)
     queries: int = 0  # QUERYs sent in place of RACK's resends (docs/agent.md, "Queries")
     queries_held: int = 0  # of their answers, those saying the switch holds the gradient (no resend needed)
+    gap_reports: int = 0  # the switch's reports of this worker's lost frames (docs/agent.md, "Loss signals")
+    signal_resends: int = 0  # resends of chunks a gap report or a result's PREV_DONE named lost
     # seconds an INA window had chunks left to send but could not send them (docs/agent.md, "Where the time
     # goes"): waiting for the result of the chunk that last used the next slot (loss recovery, a late peer),
     # for the congestion window, and with every chunk sent, for the last results (the tail)
@@ -276,6 +284,9 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._chain_rtts: list = []  # Rina on chains: recent round trips per chain (Flight's class_rtts)
         self._queries_answered = False  # the switch answered a query (a chain's switch does not)
         self._queries_unanswered = 0  # queries that timed out before any was answered
+        self._txn = 0  # loss signals: this worker's INA gradient frames to the job so far (the counter's source)
+        self._txlog = np.full(TX_MOD, -1, dtype=np.int64)  # ... the chunk each counter value (mod 128) last carried
+        self._signals_seen = False  # a result carried PREV_DONE: the switch sends loss signals
         self._guard_until = 0.0
         self._pace_next = 0.0  # link emulation: when the next INA packet may leave
         self._pace_gap = (wire.INA_FRAME_LEN * 8 / options.link_bps) if options.link_bps else 0.0
@@ -599,6 +610,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
         self._rtt.reset()  # the new plan may aggregate in another switch
         self._rtt.path_floor = self._path_floor(grant)
         self._chain_rtts.clear()
+        self._signals_seen = False  # ... which may not send loss signals (a chain's, an older program)
         notice, self._notice_at = self._notice_at, None
         if notice is not None and self.stats.resyncs:
             self._catchup = [notice, stop, time.monotonic(), m, m - resume, lost, grant.generation, self._plan.kind]

@@ -68,6 +68,13 @@ class Flags(enum.IntFlag):
     RETRANSMIT = 0x01  # set by a worker on a resent gradient (informational; the switch needs no flag)
     OVERFLOW = 0x02  # set by the switch in a result when any lane overflowed int32 during the sum
     HELD = 0x04  # set by the switch in a status: the sender's contribution is in the incomplete copy
+    # Loss signals (docs/protocol.md, "Loss signals"), for jobs not on chains:
+    TX_COUNTED = 0x08  # set by a worker on a gradient: reserved = its transmission counter to the job, mod 128
+    GAP = 0x10  # set by the switch in a status (a gap report): slot = frames lost just before the one in reserved
+    PREV_DONE = 0x20  # set by the switch in a multicast result: reserved = seq & 0x7F of the job's previous one
+
+
+TX_COUNTER_MOD = 128  # the transmission counter travels in the 7-bit reserved field
 
 
 class DropReason(enum.IntEnum):

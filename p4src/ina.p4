@@ -49,6 +49,10 @@ const bit<8> INA_STATUS    = 5;  /* switch -> that worker, header only: INA_FLAG
 const bit<8> INA_FLAG_RETRANSMIT = 0x01;
 const bit<8> INA_FLAG_OVERFLOW   = 0x02;
 const bit<8> INA_FLAG_HELD       = 0x04;  /* in a status: the sender's contribution is in the incomplete copy */
+/* Loss signals (docs/protocol.md, "Loss signals"), for jobs not on chains: */
+const bit<8> INA_FLAG_TX_COUNTED = 0x08;  /* in a gradient: reserved = the sender's transmission counter mod 128 */
+const bit<8> INA_FLAG_GAP        = 0x10;  /* in a status (gap report): slot = frames lost before reserved's */
+const bit<8> INA_FLAG_PREV_DONE  = 0x20;  /* in a multicast result: reserved = seq[6:0] of the previous one */
 
 /* Index of the ina_drops / ina_job_drops counters. */
 const bit<8> DROP_MALFORMED         = 1;

@@ -28,7 +28,7 @@ import numpy as np
 from inaproto import wire
 from inaproto.wire import DropReason, MsgType
 from softswitch import pipeline_batch
-from softswitch.tables import COUNTERS, NUM_CELLS, TABLES, Match, PipelineError, Table, TableEntry
+from softswitch.tables import COUNTERS, NUM_BINDINGS, NUM_CELLS, TABLES, Match, PipelineError, Table, TableEntry
 
 DROP_PORT = 511  # BMv2's default drop port
 TYPE_IPV4 = 0x0800
@@ -45,6 +45,8 @@ _O_INA = wire.INA_OFFSET
 _O_FLAGS = _O_INA + wire.INA_FIELD_OFFSETS["flags"]
 _O_JOB = _O_INA + wire.INA_FIELD_OFFSETS["job_id"]
 _O_WORKER = _O_INA + wire.INA_FIELD_OFFSETS["worker_id"]
+_O_SLOT = _O_INA + wire.INA_FIELD_OFFSETS["slot"]
+_O_RESERVED = _O_INA + wire.INA_FIELD_OFFSETS["reserved_shadow"]  # reserved:7 | shadow:1
 _O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
 _INA_END = _O_DATA + wire.INA_DATA_LEN
 _CELL_BYTES = wire.LANES * 4
@@ -53,6 +55,7 @@ _GRADIENT, _RESULT, _BROADCAST = int(MsgType.GRADIENT), int(MsgType.RESULT), int
 _QUERY, _STATUS, _HELD = int(MsgType.QUERY), int(MsgType.STATUS), int(wire.Flags.HELD)
 _OVERFLOW = int(wire.Flags.OVERFLOW)
 _RETRANSMIT = int(wire.Flags.RETRANSMIT)
+_TX_COUNTED, _GAP, _PREV_DONE = int(wire.Flags.TX_COUNTED), int(wire.Flags.GAP), int(wire.Flags.PREV_DONE)
 # SWAR masks over LANES int32 lanes in one big-endian integer: each lane's sign bit, and the bits below it.
 _SIGNS = int.from_bytes(b"\x80\x00\x00\x00" * wire.LANES, "big")
 _LOWS = int.from_bytes(b"\x7f\xff\xff\xff" * wire.LANES, "big")
@@ -112,6 +115,10 @@ class InaPipeline:
         self.ina_bitmap, self.ina_count, self.ina_overflow, self.ina_seq = (
             array.array("q", bytes(8 * NUM_CELLS)) for _ in range(4))
         self.ina_final = [0] * NUM_CELLS
+        # Loss signals (docs/protocol.md): per (job, member) 0x80 | the transmission counter expected next (0: none
+        # seen), index job_id * 32 + worker_id; per job 0x80 | seq & 0x7F of its latest counted completion.
+        self.ina_tx_next = array.array("q", bytes(8 * NUM_BINDINGS))
+        self.ina_last_done = array.array("q", bytes(8 * wire.MAX_JOBS))
         # Lanes in wire order (big-endian int32), cell after cell; ina_lanes is a (NUM_CELLS, LANES) view of it.
         self._lanes_buf = bytearray(NUM_CELLS * _CELL_BYTES)
         self.ina_lanes = np.frombuffer(self._lanes_buf, dtype=INT32).reshape(NUM_CELLS, wire.LANES)
@@ -121,7 +128,7 @@ class InaPipeline:
         lanes = self.ina_lanes.astype(np.int32)
         return (
             list(self.ina_owner), list(self.ina_bitmap), list(self.ina_count), list(self.ina_overflow), list(self.ina_seq),
-            list(self.ina_final), lanes,
+            list(self.ina_final), list(self.ina_tx_next), list(self.ina_last_done), lanes,
         )
 
     # --- control plane, by P4Info names ------------------------------------------------------------
@@ -421,6 +428,18 @@ class InaPipeline:
             counters["MyIngress.ina_duplicates"][job_id] += 1
             return []
 
+        # 6t. Loss signals (docs/protocol.md, "Loss signals"): a counted gradient of a job not on a chain checks its
+        # sender's transmission counter against the one expected next; without a gap the next one is written now,
+        # whatever the frame's fate (with one, only by the gap report that a dropped frame becomes).
+        tx_counted = flags & _TX_COUNTED and not chain
+        if tx_counted:
+            reserved = last >> 1
+            tx_idx = (job_id << 5) + worker_id
+            tx_next = self.ina_tx_next[tx_idx]
+            tx_gap = tx_next & 0x80 and (tx_next & 0x7F) != reserved
+            if not tx_gap:
+                self.ina_tx_next[tx_idx] = 0x80 | ((reserved + 1) & 0x7F)
+
         if self.ina_owner[slot_abs] != owner:
             self.ina_owner[slot_abs] = owner
             c0 = slot_abs << 1
@@ -472,6 +491,8 @@ class InaPipeline:
             ina_overflow[cell] = overflow
             counters["MyIngress.ina_aggregated"][job_id] += 1
             if not complete:
+                if tx_counted and tx_gap:
+                    return self._gap_report(frame, ingress_port, tx_idx, tx_next)
                 return []
             out = bytearray(frame)
             out[_O_DATA:_INA_END] = total
@@ -481,6 +502,8 @@ class InaPipeline:
                 return self._send_onward(out, job_id, own_member_id, next_grp, ingress_port)
             if chain:
                 self.ina_final[cell] = 1
+            if tx_counted:
+                self._stamp_prev_done(out, job_id, seq)
             self._multicast_to_job(out)
             return self._replicate(mcast_grp, out, ingress_port)
 
@@ -488,6 +511,8 @@ class InaPipeline:
         counters["MyIngress.ina_duplicates"][job_id] += 1
         final = self.ina_final[cell] if chain else 1
         if count != 0 or age != 0 or bitmap & wbit == 0:
+            if tx_counted and tx_gap:
+                return self._gap_report(frame, ingress_port, tx_idx, tx_next)
             return []
         o = cell * _CELL_BYTES
         out = bytearray(frame)
@@ -497,6 +522,8 @@ class InaPipeline:
         if final != 1:  # chains: a copy still waiting for the final sum sends its partial onward again
             out[_O_FLAGS] |= _RETRANSMIT
             return self._send_onward(out, job_id, own_member_id, next_grp, ingress_port)
+        if tx_counted:
+            out[_O_RESERVED] &= 1  # an answer to a resend carries no PREV_DONE: reserved 0
         self._reply_to_sender(out)
         return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 
@@ -516,6 +543,31 @@ class InaPipeline:
         self._multicast_to_job(out)
         self.counters["MyIngress.ina_partials"][job_id] += 1
         return self._replicate(next_grp, out, ingress_port)
+
+    def _stamp_prev_done(self, out: bytearray, job_id: int, seq: int) -> None:
+        """A counted completion's result names the job's previous completion (ina_last_done): reserved = its seq's
+        low 7 bits and PREV_DONE, or reserved 0 if there was none; then this completion becomes the previous one."""
+        last_done = self.ina_last_done[job_id]
+        if last_done != 0:
+            out[_O_FLAGS] |= _PREV_DONE
+        out[_O_RESERVED] = ((last_done & 0x7F) << 1) | (out[_O_RESERVED] & 1)
+        self.ina_last_done[job_id] = 0x80 | (seq & 0x7F)
+
+    def _gap_report(self, frame: bytes, ingress_port: int, tx_idx: int, tx_next: int) -> list[tuple[int, bytes]]:
+        """A dropped counted frame that revealed a gap becomes the gap report to its sender: a header-only STATUS
+        with GAP, slot = the frames lost (reserved - expected, mod 128), reserved its own counter; the counter
+        expected next follows it."""
+        reserved = frame[_O_RESERVED] >> 1
+        self.ina_tx_next[tx_idx] = 0x80 | ((reserved + 1) & 0x7F)
+        out = bytearray(frame)
+        del out[_O_DATA:_INA_END]  # hdr.ina_data.setInvalid()
+        out[_O_INA] = _STATUS
+        out[_O_FLAGS] = _GAP
+        out[_O_SLOT : _O_SLOT + 2] = _U16.pack((reserved - tx_next) & 0x7F)
+        out[_O_IP + 2 : _O_IP + 4] = _U16.pack(wire.INA_QUERY_IPV4_LEN)
+        out[_O_UDP + 4 : _O_UDP + 6] = _U16.pack(wire.INA_QUERY_UDP_LEN)
+        self._reply_to_sender(out)
+        return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 
     @staticmethod
     def _reply_to_sender(out: bytearray) -> None:

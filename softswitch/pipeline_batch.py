@@ -40,16 +40,17 @@ VECTOR_MIN = 32
 _LEN = wire.INA_FRAME_LEN
 _O_IP, _O_UDP, _O_INA = wire.ETH_LEN, wire.ETH_LEN + wire.IPV4_LEN, wire.INA_OFFSET
 _O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
+_TX_COUNTED = int(wire.Flags.TX_COUNTED)
 _INA_PORT_BYTES = np.frombuffer(wire.INA_UDP_PORT.to_bytes(2, "big"), np.uint8)
 DROP_PORT = 511
 _OFF = {name: _O_INA + off for name, off in wire.INA_FIELD_OFFSETS.items()}
 # A whole INA frame as a numpy record: what the vectorised parser reads (names as in p4src/ina.p4's headers).
 FRAME_DTYPE = np.dtype({
     "names": ["eth_src_hi", "eth_src_lo", "ipv4_src", "udp_srcPort", "etherType", "version_ihl", "totalLen", "protocol", "ipv4_words", "udp_dstPort", "udp_length",
-              "msg_type", "job_id", "generation", "slot", "seq", "worker_id", "reserved_shadow", "lanes"],
-    "formats": [">u2", ">u4", ">u4", ">u2", ">u2", "u1", ">u2", "u1", (">u2", (10,)), ">u2", ">u2", "u1", ">u2", ">u2", ">u2", ">u4", "u1", "u1",
+              "msg_type", "flags", "job_id", "generation", "slot", "seq", "worker_id", "reserved_shadow", "lanes"],
+    "formats": [">u2", ">u4", ">u4", ">u2", ">u2", "u1", ">u2", "u1", (">u2", (10,)), ">u2", ">u2", "u1", "u1", ">u2", ">u2", ">u2", ">u4", "u1", "u1",
                 (wire.LANES_DTYPE, (wire.LANES,))],
-    "offsets": [6, 8, _O_IP + 12, _O_UDP, 12, _O_IP, _O_IP + 2, _O_IP + 9, _O_IP, _O_UDP + 2, _O_UDP + 4, _OFF["msg_type"], _OFF["job_id"],
+    "offsets": [6, 8, _O_IP + 12, _O_UDP, 12, _O_IP, _O_IP + 2, _O_IP + 9, _O_IP, _O_UDP + 2, _O_UDP + 4, _OFF["msg_type"], _OFF["flags"], _OFF["job_id"],
                 _OFF["generation"], _OFF["slot"], _OFF["seq"], _OFF["worker_id"], _OFF["reserved_shadow"], _O_DATA],
     "itemsize": _LEN,
 })
@@ -271,6 +272,8 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
             return _one_by_one(pipeline, port_of, _listed(frames))
         return pipeline_chains.process_chain_batch(pipeline, port_of, ingress_port, frames, rec, where)
     if len(rec) < vector_min:
+        return _one_by_one(pipeline, port_of, _listed(frames))
+    if (rec["flags"] & _TX_COUNTED).any():  # loss signals: one at a time (for now)
         return _one_by_one(pipeline, port_of, _listed(frames))
     raw = rec.view(np.uint8).reshape(len(rec), _LEN)
     # MyVerifyChecksum: the checksum field equals 0xFFFF - folded sum of the other nine words (never 0 here:

@@ -109,6 +109,7 @@ def gradient(
     generation: int = 0,
     msg_type: int = wire.MsgType.GRADIENT,
     flags: int = 0,
+    reserved: int = 0,
 ) -> bytes:
     """A worker's INA frame to the switch, built with scapy."""
     return raw(
@@ -117,7 +118,7 @@ def gradient(
         / UDP(sport=worker.udp_port, dport=wire.INA_UDP_PORT)
         / INA(
             msg_type=msg_type, flags=flags, job_id=job_id, generation=generation, slot=slot, seq=seq,
-            worker_id=worker.wid, shadow=shadow, lanes=[int(v) for v in lanes],
+            worker_id=worker.wid, reserved=reserved, shadow=shadow, lanes=[int(v) for v in lanes],
         )
     )
 

@@ -215,3 +215,34 @@ def test_queries_under_loss_keep_every_sum_exact(mode: QueryMode) -> None:
         _check_exact([o[0] for o in out], inputs)
         if mode is QueryMode.FIRST:
             assert all(o[1].queries > 0 for o in out) and sum(o[1].queries_held for o in out) > 0
+
+
+def test_loss_signals_resend_a_workers_own_losses_and_keep_every_sum_exact() -> None:
+    """With the switch's loss signals (docs/agent.md, "Loss signals") each worker numbers its frames, learns of its
+    own lost gradients from gap reports and of its lost results from the next result, and resends those; every sum
+    stays exact. Without them (the option off) no frame is numbered and no signal comes."""
+    rng = np.random.default_rng(11)
+    inputs = [[rng.standard_normal(6000).astype(np.float32) for _ in range(2)] for _ in range(4)]
+    for signals in (True, False):
+        opts = AgentOptions(stream=StreamOptions(op_timeout=20.0, loss_signals=signals))
+        with LocalCluster(["s1"] * 4, slots=16, faults=Faults(drop=0.05), seed=3, options=opts) as cl:
+            out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]], agent.stats))
+            _check_exact([o[0] for o in out], inputs)
+            stats = [o[1] for o in out]
+            assert cl.switch().dropped > 0
+            if signals:
+                assert all(s.gap_reports > 0 and s.signal_resends > 0 for s in stats)
+            else:
+                assert all(s.gap_reports == 0 and s.signal_resends == 0 for s in stats)
+
+
+def test_without_loss_numbered_frames_reach_the_switch_in_sequence() -> None:
+    """Every gradient frame (first sends in runs, skipped lanes sent late, resends) takes the next counter value:
+    without loss the switch reports no gap, and its results show the workers it sends the signals."""
+    rng = np.random.default_rng(12)
+    inputs = [[rng.standard_normal(5000).astype(np.float32) for _ in range(3)] for _ in range(3)]
+    with LocalCluster(["s1"] * 3, slots=8, options=QUICK) as cl:
+        out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]],
+                                    agent.stats, agent.stream._signals_seen))
+        _check_exact([o[0] for o in out], inputs)
+        assert all(o[1].gap_reports == 0 and o[1].signal_resends == 0 and o[2] for o in out)

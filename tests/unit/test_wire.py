@@ -38,6 +38,9 @@ def test_constants_match_p4():
     assert all(p4.ints[f"INA_{m.name}"] == m.value for m in wire.MsgType)
     assert p4.ints["INA_FLAG_OVERFLOW"] == wire.Flags.OVERFLOW
     assert p4.ints["INA_FLAG_HELD"] == wire.Flags.HELD
+    assert p4.ints["INA_FLAG_TX_COUNTED"] == wire.Flags.TX_COUNTED
+    assert p4.ints["INA_FLAG_GAP"] == wire.Flags.GAP
+    assert p4.ints["INA_FLAG_PREV_DONE"] == wire.Flags.PREV_DONE
     assert p4.ints["INA_QUERY_IPV4_LEN"] == wire.INA_QUERY_IPV4_LEN
     assert p4.ints["INA_QUERY_UDP_LEN"] == wire.INA_QUERY_UDP_LEN
     for reason in wire.DropReason:
@@ -90,6 +93,18 @@ def test_scapy_layer_builds_golden_bytes_and_dissects():
     assert back.lanes == list(range(-16, 16))
     # results come from the INA port to the worker's port: bound on sport too
     assert Ether(raw(Ether() / IP() / UDP(sport=wire.INA_UDP_PORT, dport=4000) / pkt)).haslayer(INA)
+
+
+def test_scapy_layer_names_every_flag_by_its_bit():
+    """The loss signals' flags (docs/protocol.md, "Loss signals") in the scapy layer, with the 7-bit reserved."""
+    for flag in wire.Flags:
+        if flag:
+            pkt = INA(flags=flag.name, reserved=0x55, shadow=1)
+            assert raw(pkt)[1] == flag.value and raw(pkt)[13] == (0x55 << 1) | 1
+            assert int(INA(raw(pkt)).flags) == flag.value
+    both = INA(flags="TX_COUNTED+RETRANSMIT", reserved=127)
+    assert wire.unpack_header(raw(both))[1:2] == (int(wire.Flags.TX_COUNTED | wire.Flags.RETRANSMIT),)
+    assert wire.unpack_header(raw(both)).reserved == 127
 
 
 def test_numpy_record_builds_the_same_bytes():

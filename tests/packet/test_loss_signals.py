@@ -1,0 +1,268 @@
+"""Loss signals (docs/protocol.md, "Loss signals"): a worker's transmission counter on its counted gradients
+(TX_COUNTED), the gap report the switch sends when frames of that worker did not arrive (GAP), and the previous
+completion named in every counted completion's result (PREV_DONE). Exact bytes out, on every target; the
+registers where the target shows them (the model)."""
+from __future__ import annotations
+
+import numpy as np
+from scapy.all import IP, UDP, Ether, Raw, raw
+
+from inaproto import wire
+from inaproto.scapy_layer import INA
+from tests.packet.test_chains import JOB as CHAIN_JOB
+from tests.packet.test_chains import _two_switches
+from tests.targets import (SWITCH_IP, SWITCH_MAC, Worker, assert_same_registers, dissect, gradient, install_job,
+                           make_workers, register_state)
+
+JOB, GEN, BASE, SLOTS = 6, 2, 40, 8
+COUNTED = int(wire.Flags.TX_COUNTED)
+PREV_DONE = int(wire.Flags.PREV_DONE)
+
+
+def _lanes(worker: Worker, seq: int) -> list[int]:
+    return [(worker.wid + 1) * 1000 + seq * 3 + lane for lane in range(wire.LANES)]
+
+
+def _sum(workers: list[Worker], seq: int) -> list[int]:
+    return [sum(col) for col in zip(*(_lanes(w, seq) for w in workers))]
+
+
+def counted(w: Worker, slot: int, seq: int, tx: int, *, shadow: int = 0, flags: int = 0, job: int = JOB,
+            generation: int = GEN) -> bytes:
+    """A counted gradient: ``tx`` is the worker's transmission counter mod 128."""
+    return gradient(w, job, slot, _lanes(w, seq), seq=seq, shadow=shadow, generation=generation,
+                    flags=COUNTED | flags, reserved=tx)
+
+
+def _result(w: Worker, slot: int, seq: int, lanes: list[int], *, flags: int, reserved: int, shadow: int = 0) -> bytes:
+    """The exact result frame ``w`` gets (a replica of a multicast, or the answer to its resend)."""
+    return raw(Ether(src=SWITCH_MAC, dst=w.mac) / IP(src=SWITCH_IP, dst=w.ip)
+               / UDP(sport=wire.INA_UDP_PORT, dport=w.udp_port, chksum=0)
+               / INA(msg_type=wire.MsgType.RESULT, flags=flags, job_id=JOB, generation=GEN, slot=slot, seq=seq,
+                     worker_id=w.wid, reserved=reserved, shadow=shadow, lanes=lanes))
+
+
+def _gap_report(w: Worker, seq: int, tx: int, lost: int, *, shadow: int = 0) -> bytes:
+    """The exact gap report: a header-only STATUS with GAP, slot = frames lost, reserved = the revealing counter
+    (seq, shadow and the rest are the revealing frame's)."""
+    h = wire.InaHeader(wire.MsgType.STATUS, wire.Flags.GAP, JOB, GEN, lost, seq, w.wid, shadow, tx)
+    return raw(Ether(src=SWITCH_MAC, dst=w.mac) / IP(src=SWITCH_IP, dst=w.ip)
+               / UDP(sport=wire.INA_UDP_PORT, dport=w.udp_port, chksum=0) / Raw(wire.pack_header(h)))
+
+
+def _setup(target, k: int = 2) -> list[Worker]:
+    workers = make_workers(k)
+    install_job(target, JOB, workers, base=BASE, num_slots=SLOTS, generation=GEN)
+    return workers
+
+
+def _quiet(target) -> None:
+    assert target.receive(expect=0, timeout=0.05) == []
+
+
+def _one(target, port: int) -> bytes:
+    out = target.receive(expect=1)
+    assert [p for p, _ in out] == [port], out
+    return out[0][1]
+
+
+def _multicast(target, workers: list[Worker], slot: int, seq: int, *, flags: int, reserved: int, shadow: int = 0) -> None:
+    """Exactly one result per worker, each byte for byte."""
+    out = target.receive(expect=len(workers))
+    assert sorted(p for p, _ in out) == [w.port for w in workers]
+    lanes = _sum(workers, seq)
+    for w in workers:
+        got = [f for p, f in out if p == w.port][0]
+        assert got == _result(w, slot, seq, lanes, flags=flags, reserved=reserved, shadow=shadow), dissect(got).show(dump=True)
+
+
+def _registers(target):
+    """(ina_tx_next, ina_last_done) where the target shows its registers, else None."""
+    pipeline = getattr(target, "pipeline", None)
+    return None if pipeline is None else (pipeline.ina_tx_next, pipeline.ina_last_done)
+
+
+def test_counted_stream_without_loss_names_the_previous_completion(target):
+    w0, w1 = workers = _setup(target)
+    for k, seq in enumerate((200, 201, 202, 330)):  # low 7 bits 72, 73, 74, 74
+        slot = k % SLOTS
+        target.send(w0.port, counted(w0, slot, seq, tx=k))
+        _quiet(target)  # no report: nothing was lost
+        target.send(w1.port, counted(w1, slot, seq, tx=k))
+        if k == 0:  # the job's first completion: no previous one
+            _multicast(target, workers, slot, seq, flags=0, reserved=0)
+        else:
+            _multicast(target, workers, slot, seq, flags=PREV_DONE, reserved=(200, 201, 202)[k - 1] & 0x7F)
+    regs = _registers(target)
+    if regs is not None:
+        tx_next, last_done = regs
+        assert (tx_next[JOB * 32], tx_next[JOB * 32 + 1], last_done[JOB]) == (0x84, 0x84, 0x80 | (330 & 0x7F))
+        assert sum(tx_next) == 0x84 * 2 and sum(last_done) == last_done[JOB]
+    assert target.read_counter("MyEgress.ina_results", JOB) == 8
+
+
+def test_dropped_frame_makes_the_next_dropped_frame_a_gap_report(target):
+    w0, w1 = workers = _setup(target)
+    target.send(w0.port, counted(w0, 0, 10, tx=0))
+    _quiet(target)
+    # tx 1 (slot 1, chunk 11) is lost; tx 2 joins slot 2 without completing it: its fate is a drop, so it
+    # becomes the report "1 frame before tx 2 did not arrive", with the revealing frame's header fields
+    target.send(w0.port, counted(w0, 2, 12, tx=2, shadow=1))
+    assert _one(target, w0.port) == _gap_report(w0, 12, tx=2, lost=1, shadow=1)
+    regs = _registers(target)
+    if regs is not None:
+        assert regs[0][JOB * 32] == 0x80 | 3
+    # the reported frame was still aggregated: worker 1 completes slot 2 with it
+    target.send(w1.port, counted(w1, 2, 12, tx=0, shadow=1))
+    _multicast(target, workers, 2, 12, flags=0, reserved=0, shadow=1)
+    # the counter continues from the report: tx 3 is no gap; then tx 4 and 5 are lost and tx 6 is a duplicate
+    # of chunk 10 (dropped: slot 0 waits for worker 1), reported as 2 frames lost
+    target.send(w0.port, counted(w0, 3, 13, tx=3))
+    _quiet(target)
+    target.send(w0.port, counted(w0, 0, 10, tx=6, flags=int(wire.Flags.RETRANSMIT)))
+    assert _one(target, w0.port) == _gap_report(w0, 10, tx=6, lost=2)
+    target.send(w0.port, counted(w0, 4, 14, tx=7))
+    _quiet(target)
+    assert target.read_counter("MyIngress.ina_duplicates", JOB) == 1
+    assert target.read_counter("MyIngress.ina_aggregated", JOB) == 5
+    assert target.read_counter("MyEgress.ina_results", JOB) == 2
+
+
+def test_gap_revealed_by_a_completion_or_an_answer_is_reported_by_the_next_dropped_frame(target):
+    w0, w1 = workers = _setup(target)
+    target.send(w1.port, counted(w1, 0, 20, tx=0))
+    target.send(w1.port, counted(w1, 1, 21, tx=1))
+    _quiet(target)
+    target.send(w0.port, counted(w0, 0, 20, tx=0))
+    _multicast(target, workers, 0, 20, flags=0, reserved=0)
+    # tx 1 is lost; tx 2 completes slot 1: the result goes out as usual, no report, the counter is not advanced
+    target.send(w0.port, counted(w0, 1, 21, tx=2))
+    _multicast(target, workers, 1, 21, flags=PREV_DONE, reserved=20)
+    regs = _registers(target)
+    if regs is not None:
+        assert regs[0][JOB * 32] == 0x80 | 1
+    # tx 3 resends chunk 20, answered from the complete copy (reserved 0, no PREV_DONE): no report either
+    target.send(w0.port, counted(w0, 0, 20, tx=3, flags=int(wire.Flags.RETRANSMIT)))
+    assert _one(target, w0.port) == _result(w0, 0, 20, _sum(workers, 20), flags=0, reserved=0)
+    # tx 4 is dropped (slot 2 waits for worker 1): it reports everything since tx 1, the lost frame and the two
+    # that revealed the gap
+    target.send(w0.port, counted(w0, 2, 22, tx=4))
+    assert _one(target, w0.port) == _gap_report(w0, 22, tx=4, lost=3)
+    target.send(w0.port, counted(w0, 3, 23, tx=5))
+    _quiet(target)
+    if regs is not None:
+        assert regs[0][JOB * 32] == 0x80 | 6 and regs[1][JOB] == 0x80 | 21
+
+
+def test_counter_and_previous_completion_wrap_at_128(target):
+    w0, w1 = workers = _setup(target)
+    for k, (seq, tx) in enumerate(((126, 125), (127, 126), (128, 127), (129, 0), (130, 1))):
+        target.send(w0.port, counted(w0, k, seq, tx=tx))
+        _quiet(target)
+        target.send(w1.port, counted(w1, k, seq, tx=(tx + 3) % 128))
+        if k == 0:
+            _multicast(target, workers, k, seq, flags=0, reserved=0)
+        else:  # 126, 127, then 0 and 1 after the wrap: PREV_DONE tells reserved 0 from "none yet"
+            _multicast(target, workers, k, seq, flags=PREV_DONE, reserved=(seq - 1) & 0x7F)
+    # worker 0 expects 2 next: tx 127 reports the 125 frames 2 .. 126 lost
+    target.send(w0.port, counted(w0, 5, 131, tx=127))
+    assert _one(target, w0.port) == _gap_report(w0, 131, tx=127, lost=125)
+    # worker 0 now expects 0 (127 + 1, wrapped), worker 1 expects 5
+    target.send(w1.port, counted(w1, 6, 132, tx=5))
+    _quiet(target)
+    target.send(w1.port, counted(w1, 7, 133, tx=6))
+    _quiet(target)
+    target.send(w0.port, counted(w0, 6, 132, tx=0))
+    _multicast(target, workers, 6, 132, flags=PREV_DONE, reserved=130 & 0x7F)
+    target.send(w0.port, counted(w0, 7, 133, tx=3))  # 1 and 2 lost: it completes, so no report
+    _multicast(target, workers, 7, 133, flags=PREV_DONE, reserved=132 & 0x7F)
+    target.send(w0.port, counted(w0, 0, 134, tx=4))  # dropped: reports 1, 2 and the completing frame
+    assert _one(target, w0.port) == _gap_report(w0, 134, tx=4, lost=3)
+
+
+def test_uncounted_frames_keep_todays_bytes_and_state(target):
+    """Without TX_COUNTED the result carries the completing frame's reserved, no report, no register changes."""
+    w0, w1 = workers = _setup(target)
+    before = _registers(target)
+    before = None if before is None else (list(before[0]), list(before[1]))
+    target.send(w0.port, gradient(w0, JOB, 0, _lanes(w0, 50), seq=50, generation=GEN, reserved=9))
+    target.send(w0.port, gradient(w0, JOB, 1, _lanes(w0, 51), seq=51, generation=GEN, reserved=77))  # a "gap"
+    _quiet(target)
+    target.send(w1.port, gradient(w1, JOB, 0, _lanes(w1, 50), seq=50, generation=GEN, reserved=33))
+    _multicast(target, workers, 0, 50, flags=0, reserved=33)
+    target.send(w0.port, gradient(w0, JOB, 0, _lanes(w0, 50), seq=50, generation=GEN, reserved=5,
+                                  flags=wire.Flags.RETRANSMIT))
+    assert _one(target, w0.port) == _result(w0, 0, 50, _sum(workers, 50), flags=0, reserved=5)
+    after = _registers(target)
+    if after is not None:
+        assert (list(after[0]), list(after[1])) == before
+    # a counted broadcast and query are as without the flag: the broadcast's bytes as they came, the query's status
+    bcast = bytearray(gradient(w0, JOB, 0, _lanes(w0, 1), seq=1, generation=GEN, msg_type=wire.MsgType.BROADCAST,
+                               flags=COUNTED, reserved=100))
+    target.send(w0.port, bytes(bcast))
+    out = target.receive(expect=2)
+    assert sorted(p for p, _ in out) == [1, 2]
+    for _, f in out:
+        ina = dissect(f)[INA]
+        assert (int(ina.flags), ina.reserved, ina.msg_type) == (COUNTED, 100, wire.MsgType.BROADCAST)
+    q = wire.InaHeader(wire.MsgType.QUERY, COUNTED, JOB, GEN, 3, 60, w0.wid, 0, 100)
+    target.send(w0.port, raw(Ether(src=w0.mac, dst=SWITCH_MAC) / IP(src=w0.ip, dst=SWITCH_IP)
+                             / UDP(sport=w0.udp_port, dport=wire.INA_UDP_PORT) / Raw(wire.pack_header(q))))
+    status = dissect(_one(target, w0.port))[INA]
+    assert (status.msg_type, int(status.flags), status.reserved) == (wire.MsgType.STATUS, 0, 100)
+    after = _registers(target)
+    if after is not None:
+        assert (list(after[0]), list(after[1])) == before
+
+
+def test_foreign_spoofed_and_stale_counted_frames_change_no_state(target):
+    w0, w1 = workers = _setup(target)
+    target.send(w0.port, counted(w0, 0, 70, tx=10))
+    _quiet(target)
+    before = register_state(target)
+    stranger = make_workers(4)[3]  # not a member
+    target.send(stranger.port, counted(stranger, 1, 71, tx=50))
+    spoofed = counted(Worker(0, 2), 1, 71, tx=50)  # worker 0's frame on worker 1's port
+    target.send(2, spoofed)
+    target.send(w0.port, counted(w0, 1, 71, tx=50, generation=GEN + 1))  # stale generation
+    target.send(w0.port, counted(w0, SLOTS, 71, tx=50))  # slot out of range
+    target.send(w0.port, counted(w0, 1, 71, tx=50, job=JOB + 1))  # unknown job
+    bad = bytearray(counted(w0, 1, 71, tx=50))
+    bad[wire.ETH_LEN + 10] ^= 0xFF  # IPv4 checksum
+    target.send(w0.port, bytes(bad))
+    _quiet(target)
+    assert_same_registers(before, register_state(target))
+    drops = {r: target.read_counter("MyIngress.ina_drops", r) for r in wire.DropReason}
+    assert drops[wire.DropReason.FOREIGN_WORKER] == 1 and drops[wire.DropReason.SPOOFED] == 1
+    assert drops[wire.DropReason.STALE_GENERATION] == 1 and drops[wire.DropReason.SLOT_OUT_OF_RANGE] == 1
+    assert drops[wire.DropReason.UNKNOWN_JOB] == 1 and drops[wire.DropReason.MALFORMED] == 1
+    # worker 0's counter still expects 11: its next frame is no gap
+    target.send(w0.port, counted(w0, 1, 71, tx=11))
+    _quiet(target)
+    target.send(w1.port, counted(w1, 0, 70, tx=0))
+    _multicast(target, workers, 0, 70, flags=0, reserved=0)
+
+
+def test_chain_jobs_ignore_the_flag(switches):
+    """A job on chains: counted frames with counters that would be gaps give no report and no PREV_DONE; the
+    results carry the completing frame's reserved, as without the flag."""
+    fabric, workers_at = _two_switches(switches)
+    for rnd, tx in enumerate((5, 9, 40)):
+        seq, shadow = 1 + rnd, rnd % 2
+        total = np.zeros(wire.LANES, np.int64)
+        for s, ws in workers_at.items():
+            for w in ws:
+                v = np.full(wire.LANES, w.wid + rnd, np.int64)
+                total += v
+                fabric.send(s, w.port, gradient(w, CHAIN_JOB, 1, v, seq=seq, shadow=shadow, flags=COUNTED, reserved=tx))
+        delivered = fabric.run()
+        got = [p for pkts in delivered.values() for p in pkts]
+        assert len(got) == 4
+        for pkt in got:
+            ina = pkt[INA]
+            assert (ina.msg_type, int(ina.flags), ina.reserved, ina.seq) == (wire.MsgType.RESULT, 0, tx, seq)
+            assert ina.lanes == [int(v) for v in total]
+    for t in fabric.switches:
+        regs = _registers(t)
+        if regs is not None:
+            assert not any(regs[0]) and not any(regs[1])

@@ -349,6 +349,15 @@ class Flight:
         (their result came less than a path round trip after the second; docs/experiments.md, session 9)."""
         return max(max(self.rtt.srtt, self.recent_min()) + 2 * self.reorder_window(), self.rtt.rto_min)
 
+    def peer_wait(self) -> float:
+        """With loss signals, how much longer than RACK's usual wait a hole no signal named is left alone: it is a
+        peer's loss (the peer learns of it when RACK would, then its resend takes a round trip behind its own
+        queue), a lane lagging after a peer's lost result, or, rarely, a signal lost on the way. The
+        retransmission timeout (SRTT + 4 RTTVAR, at least SRTT + ``rto_min``), at least the resend timeout: one
+        smoothed round trip alone (session 11's first cut) still resent ~80 % of these holes needlessly at 5 %
+        loss in experiment 4."""
+        return max(self.resend_timeout(), self.rtt.rto)
+
     def short_wait(self) -> float:
         """One recent shortest round trip (with path classes, the longest class's: ``recent_min``) and two
         reorder windows, at least ``rto_min``."""
@@ -373,9 +382,8 @@ class Flight:
         c = self.classes[lo:hi] if self.classes is not None else np.zeros(hi - lo, dtype=np.int64)
         cand &= self._overtaken(lo, hi, t)
         wait = np.minimum(self._rtt[c], self.rtt.recent_min)
-        if self.signals:  # this worker's own losses are signalled by the switch: an unsignalled one is a peer's (its
-            # recovery takes a resend's round trip) or a signal lost on the way, which this later resend covers
-            wait = wait + self.resend_timeout()
+        if self.signals:  # this worker's own losses are signalled by the switch: an unsignalled one is a peer's
+            wait = wait + self.peer_wait()
         due = np.where(resent, t + self.resend_timeout(), t + (wait + self.reorder_window()))
         if self.stats.queries:  # a query's status waits in the same queues as a chunk: its loss, not a late
             # answer, is what a query timeout means, so it waits for the RTO, not the short resend timer

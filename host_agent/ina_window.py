@@ -284,10 +284,14 @@ class InaPhase:
                             sent += end - nxt
                             left -= end - nxt
                             nxt = end
-                        if busy < 0 or left <= 0 or unsent[busy]:  # done, full, or that lane is two behind
+                        if busy < 0 or left <= 0 or len(deferred) >= S:  # done, full, or a slot count of chunks skipped
                             break
                         deferred.append(nxt)
                         unsent[nxt] = queued[nxt] = 1  # queued: no loss detection for a chunk not sent yet
+                        lag, j = 1, busy  # chunks of this lane now skipped (StreamStats.lane_lag_max)
+                        while j >= i0 and unsent[j]:
+                            lag, j = lag + 1, j - S
+                        stats.lane_lag_max = max(stats.lane_lag_max, lag)
                         nxt += 1
                     results.sent = nxt
                     first = nxt  # sent already

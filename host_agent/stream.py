@@ -160,6 +160,7 @@ class StreamStats:
     queries_held: int = 0  # of their answers, those saying the switch holds the gradient (no resend needed)
     gap_reports: int = 0  # the switch's reports of this worker's lost frames (docs/agent.md, "Loss signals")
     signal_resends: int = 0  # resends of chunks a gap report or a result's PREV_DONE named lost
+    lane_lag_max: int = 0  # most chunks of one lane skipped at once (waiting for a recovery: docs/agent.md, lanes)
     # seconds an INA window had chunks left to send but could not send them (docs/agent.md, "Where the time
     # goes"): waiting for the result of the chunk that last used the next slot (loss recovery, a late peer),
     # for the congestion window, and with every chunk sent, for the last results (the tail)

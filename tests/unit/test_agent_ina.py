@@ -202,6 +202,7 @@ def test_lanes_skipped_behind_a_loss_stay_exact_under_heavy_loss(slots: int) -> 
         out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]], agent.stats))
         _check_exact([o[0] for o in out], inputs)
         assert cl.switch().dropped > 0 and all(o[1].early_resends > 0 for o in out)
+        assert max(o[1].lane_lag_max for o in out) >= 2  # a lane fell more than one chunk behind the others
 
 
 @pytest.mark.parametrize("mode", [QueryMode.FIRST, QueryMode.RESEND])

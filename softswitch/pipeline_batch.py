@@ -16,6 +16,13 @@ duplicate, a drop, a broadcast, anything not INA, packet-outs) goes through ``pi
 time, in arrival order, afterwards: it follows its own slot's aggregated part and touches no other
 aggregated slot, and the counters the two groups share are sums, so the two groups commute. Outputs are put
 back in arrival order.
+
+Loss signals (counted gradients, docs/protocol.md "Loss signals"): their registers are per member and per job,
+not per slot, so the order across slots matters. A batch with counted gradients is vectorised only whole: every
+frame aggregated here (no resend, duplicate, drop or other frame) and no gap in any member's counter (the
+common lossless case); then each member's ina_tx_next ends as its last counted frame writes it, and each
+completion names the previous one in arrival order (``_tx_counters``, ``_stamp_prev_done``). Any other batch
+with counted gradients (a gap: loss) goes one frame at a time.
 """
 from __future__ import annotations
 
@@ -40,7 +47,7 @@ VECTOR_MIN = 32
 _LEN = wire.INA_FRAME_LEN
 _O_IP, _O_UDP, _O_INA = wire.ETH_LEN, wire.ETH_LEN + wire.IPV4_LEN, wire.INA_OFFSET
 _O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
-_TX_COUNTED = int(wire.Flags.TX_COUNTED)
+_TX_COUNTED, _PREV_DONE = int(wire.Flags.TX_COUNTED), int(wire.Flags.PREV_DONE)
 _INA_PORT_BYTES = np.frombuffer(wire.INA_UDP_PORT.to_bytes(2, "big"), np.uint8)
 DROP_PORT = 511
 _OFF = {name: _O_INA + off for name, off in wire.INA_FIELD_OFFSETS.items()}
@@ -273,8 +280,14 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
         return pipeline_chains.process_chain_batch(pipeline, port_of, ingress_port, frames, rec, where)
     if len(rec) < vector_min:
         return _one_by_one(pipeline, port_of, _listed(frames))
-    if (rec["flags"] & _TX_COUNTED).any():  # loss signals: one at a time (for now)
-        return _one_by_one(pipeline, port_of, _listed(frames))
+    counted = (rec["flags"] & _TX_COUNTED) != 0
+    if counted.any():
+        # loss signals: the batch must be one whose every frame is aggregated here (checked below), so the
+        # counters and the previous completion follow arrival order (see _tx_counters)
+        if where is not None:
+            return _one_by_one(pipeline, port_of, _listed(frames))
+    else:
+        counted = None
     raw = rec.view(np.uint8).reshape(len(rec), _LEN)
     # MyVerifyChecksum: the checksum field equals 0xFFFF - folded sum of the other nine words (never 0 here:
     # IHL is 5), i.e. (0xFFFF - rest % 0xFFFF) % 0xFFFF
@@ -312,13 +325,25 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
     cand = np.flatnonzero(ok)
     if len(cand) == 0:
         return _one_by_one(pipeline, port_of, _listed(frames))
-    agg = _aggregate_runs(pipeline, rec, cand, slot_abs, job_id, worker_id, jobs)
+    tx_writes = None
+    if counted is not None:
+        if len(cand) < n:
+            return _one_by_one(pipeline, port_of, _listed(frames))
+        tx_writes = _tx_counters(pipeline, rec, counted, job_id, worker_id)
+        if tx_writes is None:  # a gap: its report depends on the frame's fate
+            return _one_by_one(pipeline, port_of, _listed(frames))
+    agg = _aggregate_runs(pipeline, rec, cand, slot_abs, job_id, worker_id, jobs, whole=counted is not None)
     if agg is None:
         return _one_by_one(pipeline, port_of, _listed(frames))
     vec, done, total, overflow, jc_done = agg
+    stamps = None
+    if counted is not None:
+        tx_index, tx_value = tx_writes
+        np.frombuffer(pipeline.ina_tx_next, np.int64)[tx_index] = tx_value
+        stamps = _stamp_prev_done(pipeline, rec, counted, done, jc_done)
     # --- outputs, in arrival order: the completed slots' results and every frame of the per-frame path
     vector_pos = vec if where is None else where[vec]
-    blocks = _replica_blocks(pipeline, raw[done], total, overflow, jc_done, jobs) if len(done) else {}
+    blocks = _replica_blocks(pipeline, raw[done], total, overflow, jc_done, jobs, stamps) if len(done) else {}
     if len(vector_pos) == n and sum(len(b[0]) for b in blocks.values()) == len(done):
         # the common case: nothing else to interleave
         if as_block and len(blocks) <= 1:
@@ -355,13 +380,16 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
         res[_O_DATA:_LEN] = total_be[i].tobytes()
         res[_O_INA] = int(wire.MsgType.RESULT)
         res[_OFF["flags"]] = int(wire.Flags.OVERFLOW) if overflow[i] else 0
+        if stamps is not None:
+            res[_OFF["flags"]] |= int(stamps[0][i])
+            res[_OFF["reserved_shadow"]] = int(stamps[1][i])
         pipeline._multicast_to_job(res)
         out += pipeline._replicate(int(mcast[i]), res, port_of(pos))
     return out
 
 
 def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, slot_abs: np.ndarray, job_id: np.ndarray,
-                    worker_id: np.ndarray, jobs: _JobArrays):
+                    worker_id: np.ndarray, jobs: _JobArrays, *, whole: bool = False):
     """MyIngress.apply step 6 for the valid gradients ``cand`` (indices into ``rec``, arrival order), a run per slot.
 
     The gradients into one slot form a run in arrival order. The leading part of each run that the per-frame
@@ -374,7 +402,7 @@ def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, sl
 
     Returns (the indices into ``rec`` aggregated, arrival order; the indices of the gradients that completed a
     slot, arrival order; their totals (int32); their overflow flags; their jobs), or None if nothing is
-    aggregated."""
+    aggregated, or with ``whole`` if not every gradient of ``cand`` would be (then no state has changed)."""
     m = len(cand)
     sa = slot_abs[cand]
     if _distinct(sa):
@@ -423,6 +451,8 @@ def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, sl
         length = np.minimum.reduceat(np.where(joins, m, rank), starts)  # the first rank that does not join
         length = np.minimum(length, np.diff(starts, append=m))
         vec_sorted = rank < length[run_of]
+    if whole and not vec_sorted.all():
+        return None
     active = np.flatnonzero(length)
     if not len(active):
         return None
@@ -488,6 +518,59 @@ def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, sl
     return vec, done, total[done_runs], overflow[done_runs], jc_r[done_runs]
 
 
+def _tx_counters(pipeline: InaPipeline, rec: np.ndarray, counted: np.ndarray, job_id: np.ndarray, worker_id: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Step 6t for the counted gradients of a batch whose every frame is aggregated here: if each continues its
+    member's transmission counter (the first the one ina_tx_next expects, or any if none yet; each next one
+    the previous plus 1, mod 128), none reveals a gap and each writes its own counter plus 1 whatever its fate,
+    so the registers end as the last one per member writes them: (their indices, those values). None if any
+    reveals a gap (its gap report depends on its fate: the batch goes one frame at a time)."""
+    c = np.flatnonzero(counted)
+    idx = (job_id[c] << 5) + worker_id[c]  # ina_tx_next's index: job_id * 32 + worker_id
+    tx = (rec["reserved_shadow"][c] >> 1).astype(np.int64)
+    if idx[0] != idx[-1] or not (idx == idx[0]).all():  # several members: each one's frames in arrival order
+        order = np.argsort(idx, kind="stable")
+        idx, tx = idx[order], tx[order]
+    same = idx[1:] == idx[:-1]
+    if (same & (tx[1:] != (tx[:-1] + 1) & 0x7F)).any():
+        return None
+    last = np.append(np.flatnonzero(~same), len(idx) - 1)  # each member's last counted frame
+    first = np.append(0, last[:-1] + 1)
+    expected = np.frombuffer(pipeline.ina_tx_next, np.int64)[idx[first]]
+    if ((expected & 0x80 != 0) & ((expected & 0x7F) != tx[first])).any():
+        return None
+    return idx[last], 0x80 | ((tx[last] + 1) & 0x7F)
+
+
+def _stamp_prev_done(pipeline: InaPipeline, rec: np.ndarray, counted: np.ndarray, done: np.ndarray,
+                     jobs_done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MyIngress.stamp_prev_done for the counted completions ``done`` (indices into ``rec``, arrival order) of the
+    jobs ``jobs_done``: each names its job's previous counted completion, the batch's in arrival order, the
+    first the one ina_last_done holds, which ends as the last one's. Returns (flags to add, the reserved:7 |
+    shadow:1 byte) per completion (uncounted ones: no flag, their own byte)."""
+    flags = np.zeros(len(done), np.uint8)
+    byte = rec["reserved_shadow"][done].copy()
+    d = np.flatnonzero(counted[done])
+    if not len(d):
+        return flags, byte
+    jobs_d = jobs_done[d]
+    low = 0x80 | (rec["seq"][done[d]].astype(np.int64) & 0x7F)  # what each writes to ina_last_done
+    if jobs_d[0] != jobs_d[-1] or not (jobs_d == jobs_d[0]).all():  # several jobs: each one's in arrival order
+        order = np.argsort(jobs_d, kind="stable")
+        d, jobs_d, low = d[order], jobs_d[order], low[order]
+    last_done = np.frombuffer(pipeline.ina_last_done, np.int64)
+    same = jobs_d[1:] == jobs_d[:-1]
+    prev = np.empty(len(d), np.int64)
+    prev[1:] = low[:-1]
+    first = np.append(0, np.flatnonzero(~same) + 1)
+    prev[first] = last_done[jobs_d[first]]
+    last = np.append(first[1:] - 1, len(d) - 1)
+    last_done[jobs_d[last]] = low[last]
+    flags[d] = np.where(prev != 0, _PREV_DONE, 0)
+    byte[d] = ((prev & 0x7F) << 1) | (byte[d] & 1)
+    return flags, byte
+
+
 class _GroupReplicas:
     """A job's multicast group as arrays: its ports, and per replica the bytes set_worker_addr writes and their
     share of the IPv4 checksum (the destination address's words). Kept while the group and ina_worker stand."""
@@ -520,11 +603,13 @@ def _group_replicas(pipeline: InaPipeline, job: int, group: int) -> _GroupReplic
 
 
 def _replica_blocks(pipeline: InaPipeline, done_rows: np.ndarray, total: np.ndarray, overflow: np.ndarray,
-                    jobs_done: np.ndarray, jobs: _JobArrays) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+                    jobs_done: np.ndarray, jobs: _JobArrays, stamps: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
     """The replicas of every completed slot whose job's group has only set_worker_addr workers on data ports
     (the common case), built at once: the steps of ``InaPipeline._replicate`` on a (results x replicas)
     array. ``done_rows`` are the completing gradients' frames (a copy), ``total``, ``overflow`` and ``jobs_done``
-    their sums, flags and jobs. Per job: (its indices into the completed results, the replicas' ports, the
+    their sums, flags and jobs; ``stamps`` the loss signals' (flags to add, reserved:7 | shadow:1 byte) per result
+    (``_stamp_prev_done``). Per job: (its indices into the completed results, the replicas' ports, the
     (k * r, length) frames, result after result, the ports' period). Completed slots of any other job are left
     out (the caller builds those one at a time)."""
     built: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]] = {}
@@ -539,6 +624,9 @@ def _replica_blocks(pipeline: InaPipeline, done_rows: np.ndarray, total: np.ndar
         res[:, _O_DATA:_LEN] = total[mine].astype(wire.LANES_DTYPE).view(np.uint8).reshape(k, wire.INA_DATA_LEN)
         res[:, _O_INA] = int(wire.MsgType.RESULT)
         res[:, _OFF["flags"]] = np.where(overflow[mine] != 0, int(wire.Flags.OVERFLOW), 0)
+        if stamps is not None:
+            res[:, _OFF["flags"]] |= stamps[0][mine]
+            res[:, _OFF["reserved_shadow"]] = stamps[1][mine]
         res[:, 6:12] = res[:, 0:6]  # multicast_to_job
         res[:, _O_IP + 12 : _O_IP + 16] = res[:, _O_IP + 16 : _O_IP + 20]
         res[:, _O_UDP : _O_UDP + 2] = _INA_PORT_BYTES

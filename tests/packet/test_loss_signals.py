@@ -9,8 +9,7 @@ from scapy.all import IP, UDP, Ether, Raw, raw
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from tests.packet.test_chains import JOB as CHAIN_JOB
-from tests.packet.test_chains import _two_switches
+from tests.packet.test_chains import JOB as CHAIN_JOB, _two_switches
 from tests.targets import (SWITCH_IP, SWITCH_MAC, Worker, assert_same_registers, dissect, gradient, install_job,
                            make_workers, register_state)
 
@@ -72,7 +71,7 @@ def _multicast(target, workers: list[Worker], slot: int, seq: int, *, flags: int
     assert sorted(p for p, _ in out) == [w.port for w in workers]
     lanes = _sum(workers, seq)
     for w in workers:
-        got = [f for p, f in out if p == w.port][0]
+        got = next(f for p, f in out if p == w.port)
         assert got == _result(w, slot, seq, lanes, flags=flags, reserved=reserved, shadow=shadow), dissect(got).show(dump=True)
 
 

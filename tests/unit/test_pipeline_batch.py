@@ -28,9 +28,9 @@ def _pipeline() -> InaPipeline:
 
 
 def _frame(wid: int, job: int, slot: int, seq: int, shadow: int, lanes: list[int], *, msg_type=wire.MsgType.GRADIENT,
-           generation: int | None = None, corrupt: str = "") -> bytes:
+           generation: int | None = None, corrupt: str = "", flags: int = 0, reserved: int = 0) -> bytes:
     gen = JOBS.get(job, {}).get("generation", 0) if generation is None else generation
-    header = wire.InaHeader(msg_type, 0, job, gen, slot, seq, wid, shadow)
+    header = wire.InaHeader(msg_type, flags, job, gen, slot, seq, wid, shadow, reserved)
     frame = bytearray(wire.udp_frame(bytes.fromhex(f"0200000001{wid + 1:02x}"), SWITCH_MAC, bytes([10, 0, 1, wid + 1]),
                                      SWITCH_IP, 40000 + wid, wire.INA_UDP_PORT, wire.encode_payload(header, np.array(lanes))))
     if corrupt == "checksum":
@@ -61,7 +61,8 @@ _BATCHES = st.lists(st.tuples(st.integers(1, 4), st.lists(_FRAME, min_size=1, ma
 
 
 def _state(p: InaPipeline):
-    return p.register_snapshot()[:5], p.ina_lanes.tobytes(), {k: list(v) for k, v in p.counters.items()}
+    """Every register (ina_tx_next and ina_last_done included), the lanes' bytes and every counter."""
+    return p.register_snapshot()[:-1], p.ina_lanes.tobytes(), {k: list(v) for k, v in p.counters.items()}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -247,3 +248,122 @@ def test_a_round_of_every_worker_in_one_union_batch_is_summed_at_once(monkeypatc
     assert got.as_list() == expected
     assert len(expected) == 4 * 4  # a result per slot, to each of the 4 workers
     assert _state(batch) == _state(one)
+
+
+# --- Loss signals (docs/protocol.md, "Loss signals"): counted gradients in batches --------------------------------
+_COUNTED = int(wire.Flags.TX_COUNTED)
+
+
+def _counted_stream(specs, start: dict[tuple[int, int], int]) -> list[tuple[int, bytes]]:
+    """(port, frame) for specs (job, wid, slot, seq, lanes, lost, flags) in order: each of a worker's frames takes
+    the next value of its transmission counter (from ``start``), a lost one too, but is not sent."""
+    counters = dict(start)
+    out = []
+    for job, wid, slot, seq, lanes, lost, flags in specs:
+        wid %= JOBS[job]["workers"]
+        tx = counters.get((job, wid), 0)
+        counters[(job, wid)] = tx + 1
+        if not lost:
+            out.append((wid + 1, _frame(wid, job, slot, seq, seq & 1, lanes, flags=flags, reserved=tx % 128)))
+    return out
+
+
+_COUNTED_SPEC = st.tuples(
+    st.sampled_from([1, 1, 1, 2]), st.integers(0, 3), st.integers(0, 1), st.integers(0, 2),
+    st.lists(_LANE, min_size=wire.LANES, max_size=wire.LANES),
+    st.sampled_from([False] * 9 + [True]),  # lost
+    st.sampled_from([_COUNTED] * 6 + [_COUNTED | int(wire.Flags.RETRANSMIT), 0]),  # an uncounted frame now and then
+)
+# A whole round of a job's slot (every worker, in worker order; one of them lost now and then): completions.
+_COUNTED_ROUND = st.builds(
+    lambda job, slot, seq, lanes, lost, flags: [(job, wid, slot, seq, lanes, wid == lost, flags)
+                                                for wid in range(JOBS[job]["workers"])],
+    st.sampled_from([1, 2]), st.integers(0, 3), st.integers(0, 5), st.lists(_LANE, min_size=wire.LANES, max_size=wire.LANES),
+    st.sampled_from([-1] * 8 + [0, 1]), st.sampled_from([_COUNTED] * 8 + [0]),
+)
+_COUNTED_BATCH = st.lists(st.one_of(_COUNTED_SPEC.map(lambda spec: [spec]), _COUNTED_ROUND), min_size=1, max_size=12).map(
+    lambda items: [spec for item in items for spec in item])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batches=st.lists(_COUNTED_BATCH, min_size=1, max_size=6),
+       start=st.integers(0, 127), vector_min=st.sampled_from([1, 4]), rows=st.booleans())
+def test_counted_batches_equal_one_frame_at_a_time(batches, start, vector_min, rows):
+    """Counted gradients of two jobs (counters from ``start``, wrapping at 128), some lost (gap reports), resends
+    (answers with reserved 0) and completions (PREV_DONE), in union batches: the outputs and every register and
+    counter are those of ``process``."""
+    one, batch = _pipeline(), _pipeline()
+    starts = {(job, wid): start + 7 * wid + job for job in JOBS for wid in range(4)}
+    for specs in batches:
+        ported = _counted_stream(specs, starts)
+        for job, wid, *_ in specs:  # the next batch continues every counter
+            starts[(job, wid % JOBS[job]["workers"])] += 1
+        if not ported:
+            continue
+        ports = np.array([p for p, _ in ported], np.int64)
+        frames = [f for _, f in ported]
+        expected = [out for p, f in ported for out in one.process(p, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, ports, _as_rows(frames) if rows else frames,
+                                               vector_min=vector_min, as_block=rows)
+        assert _listed(got) == expected
+        assert _state(batch) == _state(one)
+
+
+def _counted_rounds(rounds: range, start: int, rng: np.random.Generator, lose: set[tuple[int, int]] = frozenset()):
+    """Job 1's workers 0-3, each its own port batch per round (slots 0-3, seq = round): counted from ``start``;
+    (round, worker) in ``lose`` loses that worker's frame for slot 1 of the round."""
+    batches = []
+    for r in rounds:
+        for wid in range(4):
+            frames = []
+            for slot in range(4):
+                tx = (start + (r - rounds[0]) * 4 + slot) % 128
+                if (r, wid) not in lose or slot != 1:
+                    frames.append(_frame(wid, 1, slot, 4 * r + slot, r & 1, rng.integers(-(2**20), 2**20, wire.LANES).tolist(),
+                                         flags=_COUNTED, reserved=tx))
+            batches.append((wid + 1, frames))
+    return batches
+
+
+def test_lossless_counted_batches_take_the_vector_path(monkeypatch):
+    """The common case (every gradient counted, nothing lost): no frame through the per-frame path; each result
+    names the previous completion, the first of each batch the register's, the counters wrap at 128."""
+    rng = np.random.default_rng(5)
+    one, batch = _pipeline(), _pipeline()
+    per_frame = []
+    real = InaPipeline._process
+    monkeypatch.setattr(InaPipeline, "_process", lambda self, port, f: per_frame.append(f) or real(self, port, f))
+    results = []
+    for port, frames in _counted_rounds(range(40, 75), 120, rng):  # counters 120 ... past 127
+        expected = [out for f in frames for out in real(one, port, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, port, _as_rows(frames), vector_min=1, as_block=True)
+        assert isinstance(got, pipeline_batch.FrameBlock)
+        assert got.as_list() == expected
+        results += expected
+        assert _state(batch) == _state(one)
+    assert per_frame == []
+    heads = [wire.unpack_header(f, wire.INA_OFFSET) for _, f in results[::4]]  # one replica per result
+    assert [h.seq for h in heads] == list(range(160, 300))
+    assert heads[0].flags == 0 and heads[0].reserved == 0
+    assert all(h.flags == wire.Flags.PREV_DONE and h.reserved == (h.seq - 1) & 0x7F for h in heads[1:])
+    assert batch.ina_last_done[1] == 0x80 | (299 & 0x7F)
+    assert [batch.ina_tx_next[32 + wid] for wid in range(4)] == [0x80 | ((120 + 35 * 4) % 128)] * 4
+
+
+def test_a_lost_frame_sends_its_batch_one_frame_at_a_time_with_the_gap_report(monkeypatch):
+    """Worker 2 loses its slot 1 frame of round 3: its next frame (slot 2, not completing) becomes the gap report;
+    that batch goes one frame at a time, the next ones take the vector path again."""
+    rng = np.random.default_rng(6)
+    one, batch = _pipeline(), _pipeline()
+    outs = []
+    for port, frames in _counted_rounds(range(1, 6), 0, rng, lose={(3, 2)}):
+        expected = [out for f in frames for out in one.process(port, f)]
+        got = batch.process_batch(port, frames)
+        assert got == expected
+        assert _state(batch) == _state(one)
+        outs += got
+    reports = [(p, wire.unpack_header(f, wire.INA_OFFSET)) for p, f in outs if len(f) == wire.INA_QUERY_FRAME_LEN]
+    assert [(p, h.msg_type, h.flags, h.slot, h.reserved, h.seq) for p, h in reports] == [
+        (3, wire.MsgType.STATUS, wire.Flags.GAP, 1, (2 * 4 + 2) % 128, 4 * 3 + 2)]

@@ -287,11 +287,20 @@ _COUNTED_BATCH = st.lists(st.one_of(_COUNTED_SPEC.map(lambda spec: [spec]), _COU
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(batches=st.lists(_COUNTED_BATCH, min_size=1, max_size=6),
-       start=st.integers(0, 127), vector_min=st.sampled_from([1, 4]), rows=st.booleans())
-def test_counted_batches_equal_one_frame_at_a_time(batches, start, vector_min, rows):
+       start=st.integers(0, 127), vector_min=st.sampled_from([1, 4]), rows=st.booleans(), loop=st.booleans())
+def test_counted_batches_equal_one_frame_at_a_time(batches, start, vector_min, rows, loop):
     """Counted gradients of two jobs (counters from ``start``, wrapping at 128), some lost (gap reports), resends
     (answers with reserved 0) and completions (PREV_DONE), in union batches: the outputs and every register and
-    counter are those of ``process``."""
+    counter are those of ``process``. The counters checked in the Python loop or with numpy (``loop``)."""
+    saved = pipeline_batch.TX_LOOP_MAX
+    pipeline_batch.TX_LOOP_MAX = saved if loop else 0
+    try:
+        _check_counted_batches(batches, start, vector_min, rows)
+    finally:
+        pipeline_batch.TX_LOOP_MAX = saved
+
+
+def _check_counted_batches(batches, start: int, vector_min: int, rows: bool) -> None:
     one, batch = _pipeline(), _pipeline()
     starts = {(job, wid): start + 7 * wid + job for job in JOBS for wid in range(4)}
     for specs in batches:
@@ -367,3 +376,37 @@ def test_a_lost_frame_sends_its_batch_one_frame_at_a_time_with_the_gap_report(mo
     reports = [(p, wire.unpack_header(f, wire.INA_OFFSET)) for p, f in outs if len(f) == wire.INA_QUERY_FRAME_LEN]
     assert [(p, h.msg_type, h.flags, h.slot, h.reserved, h.seq) for p, h in reports] == [
         (3, wire.MsgType.STATUS, wire.Flags.GAP, 1, (2 * 4 + 2) % 128, 4 * 3 + 2)]
+
+
+@pytest.mark.parametrize("loop_max", [pipeline_batch.TX_LOOP_MAX, 0])
+def test_two_jobs_and_uncounted_frames_in_one_vectorised_batch(monkeypatch, loop_max):
+    """Union batches of whole rounds of both jobs (disjoint slots), each job's completions named in its own order,
+    job 2's frames counted in some batches only: every frame on the vector path, outputs and state exact."""
+    one, batch = _pipeline(), _pipeline()
+    monkeypatch.setattr(batch, "_process", lambda *a: pytest.fail("a frame took the per-frame path"))
+    monkeypatch.setattr(pipeline_batch, "TX_LOOP_MAX", loop_max)
+    tx = {(1, w): 100 + w for w in range(4)} | {(2, w): 126 + w for w in range(2)}
+    heads = []
+    for r in range(6):
+        ported = []
+        job2_counted = r % 3 != 1
+        for job, slots, workers in ((1, (0, 1), 4), (2, (2, 3), 2)):
+            for wid in range(workers):
+                for slot in slots:
+                    counted = job == 1 or job2_counted
+                    flags, reserved = (_COUNTED, tx[(job, wid)] % 128) if counted else (0, 5)
+                    tx[(job, wid)] += counted
+                    ported.append((wid + 1, _frame(wid, job, slot, 10 * r + slot, r & 1, [r + wid + slot] * wire.LANES,
+                                                   flags=flags, reserved=reserved)))
+        expected = [out for p, f in ported for out in one.process(p, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, np.array([p for p, _ in ported]), [f for _, f in ported], vector_min=1)
+        assert got == expected
+        assert _state(batch) == _state(one)
+        heads += [wire.unpack_header(f, wire.INA_OFFSET) for _, f in got]
+    job2 = [h for h in heads[::2] if h.job_id == 2]  # one replica of each (two workers)
+    assert [(h.seq, h.flags, h.reserved) for h in job2] == [
+        (2, 0, 0), (3, wire.Flags.PREV_DONE, 2), (12, 0, 5), (13, 0, 5), (22, wire.Flags.PREV_DONE, 3),
+        (23, wire.Flags.PREV_DONE, 22), (32, wire.Flags.PREV_DONE, 23), (33, wire.Flags.PREV_DONE, 32),
+        (42, 0, 5), (43, 0, 5), (52, wire.Flags.PREV_DONE, 33), (53, wire.Flags.PREV_DONE, 52)]
+    assert batch.ina_last_done[1] == 0x80 | 51 and batch.ina_last_done[2] == 0x80 | 53

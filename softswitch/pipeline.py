@@ -545,8 +545,9 @@ class InaPipeline:
         return self._replicate(next_grp, out, ingress_port)
 
     def _stamp_prev_done(self, out: bytearray, job_id: int, seq: int) -> None:
-        """A counted completion's result names the job's previous completion (ina_last_done): reserved = its seq's
-        low 7 bits and PREV_DONE, or reserved 0 if there was none; then this completion becomes the previous one."""
+        """action stamp_prev_done: a counted completion's result names the job's previous completion (ina_last_done):
+        reserved = its seq's low 7 bits and PREV_DONE, or reserved 0 if there was none; then this completion becomes
+        the previous one."""
         last_done = self.ina_last_done[job_id]
         if last_done != 0:
             out[_O_FLAGS] |= _PREV_DONE
@@ -554,9 +555,9 @@ class InaPipeline:
         self.ina_last_done[job_id] = 0x80 | (seq & 0x7F)
 
     def _gap_report(self, frame: bytes, ingress_port: int, tx_idx: int, tx_next: int) -> list[tuple[int, bytes]]:
-        """A dropped counted frame that revealed a gap becomes the gap report to its sender: a header-only STATUS
-        with GAP, slot = the frames lost (reserved - expected, mod 128), reserved its own counter; the counter
-        expected next follows it."""
+        """action gap_report: a dropped counted frame that revealed a gap becomes the gap report to its sender: a
+        header-only STATUS with GAP, slot = the frames lost (reserved - expected, mod 128), reserved its own
+        counter; the counter expected next follows it."""
         reserved = frame[_O_RESERVED] >> 1
         self.ina_tx_next[tx_idx] = 0x80 | ((reserved + 1) & 0x7F)
         out = bytearray(frame)

@@ -293,8 +293,9 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
     counted = raw[:, _O_FLAGS] & _TX_COUNTED
     n_counted = np.count_nonzero(counted)
     if n_counted:
-        # loss signals: the batch must be one whose every frame is aggregated here (checked below), so the
-        # counters and the previous completion follow arrival order (see _tx_counters)
+        # loss signals: a batch with counted gradients must be one whose every frame is aggregated here (checked
+        # below), so the counters and the previous completion follow arrival order (see _tx_counters); counted
+        # frames only among the frames of other lengths (all per-frame, in arrival order) share no state with it
         if where is not None:
             return _one_by_one(pipeline, port_of, _listed(frames))
         counted = None if n_counted == len(rec) else np.flatnonzero(counted)

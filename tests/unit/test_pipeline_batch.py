@@ -410,3 +410,20 @@ def test_two_jobs_and_uncounted_frames_in_one_vectorised_batch(monkeypatch, loop
         (23, wire.Flags.PREV_DONE, 22), (32, wire.Flags.PREV_DONE, 23), (33, wire.Flags.PREV_DONE, 32),
         (42, 0, 5), (43, 0, 5), (52, wire.Flags.PREV_DONE, 33), (53, wire.Flags.PREV_DONE, 52)]
     assert batch.ina_last_done[1] == 0x80 | 51 and batch.ina_last_done[2] == 0x80 | 53
+
+
+@pytest.mark.parametrize("sized_counted", [True, False])
+def test_a_counted_frame_of_another_length_in_a_batch(sized_counted):
+    """A counted gradient with trailing bytes (still INA: the lengths are in its headers) among whole frames of the
+    same worker, counted (the batch goes one frame at a time) or not (only it touches the loss signals' state)."""
+    one, batch = _pipeline(), _pipeline()
+    flags = _COUNTED if sized_counted else 0
+    frames = [_frame(0, 1, s, 1, 1, [s] * wire.LANES, flags=flags, reserved=s) for s in range(4)]
+    frames[1] = _frame(0, 1, 1, 1, 1, [1] * wire.LANES, flags=_COUNTED, reserved=7) + b"\x00" * 6  # longer
+    frames[3] = _frame(0, 1, 3, 1, 1, [3] * wire.LANES, flags=flags, reserved=9)  # counted: every frame after 0 a gap
+    expected = [out for f in frames for out in one.process(1, f)]
+    with batch.lock:
+        got = pipeline_batch.process_batch(batch, 1, frames, vector_min=1)
+    assert got == expected
+    assert [f[wire.INA_OFFSET] for _, f in got] == [wire.MsgType.STATUS] * (3 if sized_counted else 0)
+    assert _state(batch) == _state(one)

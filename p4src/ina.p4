@@ -53,6 +53,9 @@ const bit<8> INA_FLAG_HELD       = 0x04;  /* in a status: the sender's contribut
 const bit<8> INA_FLAG_TX_COUNTED = 0x08;  /* in a gradient: reserved = the sender's transmission counter mod 128 */
 const bit<8> INA_FLAG_GAP        = 0x10;  /* in a status (gap report): slot = frames lost before reserved's */
 const bit<8> INA_FLAG_PREV_DONE  = 0x20;  /* in a multicast result: reserved = seq[6:0] of the previous one */
+/* A counted frame (reserved - expected) mod 128 = 1 .. INA_TX_LATE_HALF - 1 ahead of the counter expected next
+ * reveals a gap; INA_TX_LATE_HALF or more ahead is behind it: a late frame (reordered or duplicated), no gap. */
+const bit<7> INA_TX_LATE_HALF = 64;
 
 /* Index of the ina_drops / ina_job_drops counters. */
 const bit<8> DROP_MALFORMED         = 1;
@@ -202,6 +205,7 @@ struct metadata_t {
     bit<1>  tx_gap;        /* its transmission counter is not the one expected next */
     bit<32> tx_idx;        /* job_id * 32 + worker_id */
     bit<8>  tx_next;       /* ina_tx_next[tx_idx] as the frame found it */
+    bit<7>  tx_ahead;      /* (hdr.ina.reserved - tx_next[6:0]) mod 128: 0 in sequence, 1..63 a gap, 64.. late */
     bit<8>  last_done;     /* ina_last_done[job_id] as the completion found it */
 }
 
@@ -516,14 +520,14 @@ control MyIngress(inout headers_t hdr,
     }
 
     /* Loss signals: a counted frame that revealed a gap and would be dropped becomes the gap report to its sender,
-     * header only: INA_STATUS with INA_FLAG_GAP, slot = frames lost (reserved - expected, mod 128), reserved its
-     * own counter; the counter expected next follows it. */
+     * header only: INA_STATUS with INA_FLAG_GAP, slot = frames lost (tx_ahead: reserved - expected, mod 128),
+     * reserved its own counter; the counter expected next follows it. */
     action gap_report() {
         ina_tx_next.write(meta.tx_idx, 8w0x80 | (bit<8>)(hdr.ina.reserved + 1));
         hdr.ina_data.setInvalid();
         hdr.ina.msg_type = INA_STATUS;
         hdr.ina.flags = INA_FLAG_GAP;
-        hdr.ina.slot = (bit<16>)(hdr.ina.reserved - meta.tx_next[6:0]);
+        hdr.ina.slot = (bit<16>)meta.tx_ahead;
         hdr.ipv4.totalLen = INA_QUERY_IPV4_LEN;
         hdr.udp.length = INA_QUERY_UDP_LEN;
         reply_to_sender();
@@ -713,16 +717,21 @@ control MyIngress(inout headers_t hdr,
         }
 
         /* 6t. Loss signals (docs/protocol.md, "Loss signals"): a counted gradient of a job not on a chain checks its
-         * sender's transmission counter against the one expected next; without a gap the next one is written now,
-         * whatever the frame's fate (with one, only by the gap report that a dropped frame becomes). */
+         * sender's transmission counter against the one expected next; in sequence the next one is written now,
+         * whatever the frame's fate; a gap (1 .. INA_TX_LATE_HALF - 1 ahead) writes it only by the gap report that
+         * a dropped frame becomes; a late frame (INA_TX_LATE_HALF or more ahead, i.e. behind: reordered or
+         * duplicated) neither reports nor writes, and is otherwise as in sequence. */
         meta.tx_counted = 0;
         meta.tx_gap = 0;
         if (meta.chain == 0 && (hdr.ina.flags & INA_FLAG_TX_COUNTED) != 0) {
             meta.tx_counted = 1;
             meta.tx_idx = (bit<32>)hdr.ina.job_id * 32 + (bit<32>)hdr.ina.worker_id;
             ina_tx_next.read(meta.tx_next, meta.tx_idx);
-            if (meta.tx_next[7:7] == 1 && meta.tx_next[6:0] != hdr.ina.reserved) {
-                meta.tx_gap = 1;
+            meta.tx_ahead = hdr.ina.reserved - meta.tx_next[6:0];
+            if (meta.tx_next[7:7] == 1 && meta.tx_ahead != 0) {
+                if (meta.tx_ahead < INA_TX_LATE_HALF) {
+                    meta.tx_gap = 1;
+                }
             } else {
                 ina_tx_next.write(meta.tx_idx, 8w0x80 | (bit<8>)(hdr.ina.reserved + 1));
             }

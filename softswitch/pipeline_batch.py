@@ -22,7 +22,8 @@ not per slot, so the order across slots matters. A batch with counted gradients 
 frame aggregated here (no resend, duplicate, drop or other frame) and no gap in any member's counter (the
 common lossless case); then each member's ina_tx_next ends as its last counted frame writes it, and each
 completion names the previous one in arrival order (``_tx_counters``, ``_stamp_prev_done``). Any other batch
-with counted gradients (a gap: loss) goes one frame at a time.
+with counted gradients (a gap: loss; a late frame, reordered or duplicated, that leaves its member's counter
+as it is) goes one frame at a time.
 """
 from __future__ import annotations
 
@@ -542,7 +543,8 @@ def _tx_counters(pipeline: InaPipeline, raw: np.ndarray, c: np.ndarray | None, j
     each continues its member's transmission counter (the first the one ina_tx_next expects, or any if none yet;
     each next one the previous plus 1, mod 128), none reveals a gap and each writes its own counter plus 1
     whatever its fate, so the registers end as the last one per member writes them: (their indices, those
-    values). None if any reveals a gap (its gap report depends on its fate: the batch goes one frame at a time)."""
+    values). None if any does not continue its member's counter: a gap (its gap report depends on its fate) or a
+    late frame (behind the counter: no report, no write); the batch goes one frame at a time (both are rare)."""
     tx = (raw[:, _O_RS] if c is None else raw[c, _O_RS]) >> 1  # uint8
     n = len(tx)
     tx_next = pipeline.ina_tx_next

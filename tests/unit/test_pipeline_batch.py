@@ -256,14 +256,19 @@ _COUNTED = int(wire.Flags.TX_COUNTED)
 
 def _counted_stream(specs, start: dict[tuple[int, int], int]) -> list[tuple[int, bytes]]:
     """(port, frame) for specs (job, wid, slot, seq, lanes, lost, flags) in order: each of a worker's frames takes
-    the next value of its transmission counter (from ``start``), a lost one too, but is not sent."""
+    the next value of its transmission counter (from ``start``), a lost one too, but is not sent. ``lost`` < 0: a
+    late frame (reordered or duplicated by the network), sent with the counter ``-lost`` behind the next value,
+    which it does not take."""
     counters = dict(start)
     out = []
     for job, wid, slot, seq, lanes, lost, flags in specs:
         wid %= JOBS[job]["workers"]
         tx = counters.get((job, wid), 0)
-        counters[(job, wid)] = tx + 1
-        if not lost:
+        if lost < 0:
+            tx += lost
+        else:
+            counters[(job, wid)] = tx + 1
+        if lost <= 0:
             out.append((wid + 1, _frame(wid, job, slot, seq, seq & 1, lanes, flags=flags, reserved=tx % 128)))
     return out
 
@@ -271,12 +276,13 @@ def _counted_stream(specs, start: dict[tuple[int, int], int]) -> list[tuple[int,
 _COUNTED_SPEC = st.tuples(
     st.sampled_from([1, 1, 1, 2]), st.integers(0, 3), st.integers(0, 1), st.integers(0, 2),
     st.lists(_LANE, min_size=wire.LANES, max_size=wire.LANES),
-    st.sampled_from([False] * 9 + [True]),  # lost
+    # lost (1), or late by 1, 2, 63, 64 (the boundary: 64 behind is 64 ahead, late) or 65 (63 ahead: a gap)
+    st.sampled_from([0] * 14 + [1] * 2 + [-1, -2, -63, -64, -65]),
     st.sampled_from([_COUNTED] * 6 + [_COUNTED | int(wire.Flags.RETRANSMIT), 0]),  # an uncounted frame now and then
 )
 # A whole round of a job's slot (every worker, in worker order; one of them lost now and then): completions.
 _COUNTED_ROUND = st.builds(
-    lambda job, slot, seq, lanes, lost, flags: [(job, wid, slot, seq, lanes, wid == lost, flags)
+    lambda job, slot, seq, lanes, lost, flags: [(job, wid, slot, seq, lanes, int(wid == lost), flags)
                                                 for wid in range(JOBS[job]["workers"])],
     st.sampled_from([1, 2]), st.integers(0, 3), st.integers(0, 5), st.lists(_LANE, min_size=wire.LANES, max_size=wire.LANES),
     st.sampled_from([-1] * 8 + [0, 1]), st.sampled_from([_COUNTED] * 8 + [0]),
@@ -289,9 +295,10 @@ _COUNTED_BATCH = st.lists(st.one_of(_COUNTED_SPEC.map(lambda spec: [spec]), _COU
 @given(batches=st.lists(_COUNTED_BATCH, min_size=1, max_size=6),
        start=st.integers(0, 127), vector_min=st.sampled_from([1, 4]), rows=st.booleans(), loop=st.booleans())
 def test_counted_batches_equal_one_frame_at_a_time(batches, start, vector_min, rows, loop):
-    """Counted gradients of two jobs (counters from ``start``, wrapping at 128), some lost (gap reports), resends
-    (answers with reserved 0) and completions (PREV_DONE), in union batches: the outputs and every register and
-    counter are those of ``process``. The counters checked in the Python loop or with numpy (``loop``)."""
+    """Counted gradients of two jobs (counters from ``start``, wrapping at 128), some lost (gap reports), some late
+    (no report, the counter left), resends (answers with reserved 0) and completions (PREV_DONE), in union
+    batches: the outputs and every register and counter are those of ``process``. The counters checked in the
+    Python loop or with numpy (``loop``)."""
     saved = pipeline_batch.TX_LOOP_MAX
     pipeline_batch.TX_LOOP_MAX = saved if loop else 0
     try:
@@ -305,8 +312,8 @@ def _check_counted_batches(batches, start: int, vector_min: int, rows: bool) -> 
     starts = {(job, wid): start + 7 * wid + job for job in JOBS for wid in range(4)}
     for specs in batches:
         ported = _counted_stream(specs, starts)
-        for job, wid, *_ in specs:  # the next batch continues every counter
-            starts[(job, wid % JOBS[job]["workers"])] += 1
+        for job, wid, _slot, _seq, _lanes, lost, _flags in specs:  # the next batch continues every counter
+            starts[(job, wid % JOBS[job]["workers"])] += lost >= 0
         if not ported:
             continue
         ports = np.array([p for p, _ in ported], np.int64)
@@ -379,6 +386,43 @@ def test_a_lost_frame_sends_its_batch_one_frame_at_a_time_with_the_gap_report(mo
 
 
 @pytest.mark.parametrize("loop_max", [pipeline_batch.TX_LOOP_MAX, 0])
+@pytest.mark.parametrize("behind", [1, 5, wire.TX_LATE_HALF])
+def test_a_late_frame_sends_its_batch_one_frame_at_a_time_without_a_report(monkeypatch, loop_max, behind):
+    """Worker 1's round 17 batch ends with a copy of its frame ``behind`` counters behind the one expected next,
+    reordered or duplicated by the network (1: the batch's last frame again, whose copy waits; 5: the previous
+    round's, answered; 64, the farthest behind, (tx - expected) mod 128 = 64: round 2's, long gone): that batch
+    goes one frame at a time, with no gap report and the counter left where it was, so the next batches take the
+    vector path again; outputs and state exact."""
+    rng = np.random.default_rng(7)
+    one, batch = _pipeline(), _pipeline()
+    monkeypatch.setattr(pipeline_batch, "TX_LOOP_MAX", loop_max)
+    per_frame = []
+    real = InaPipeline._process
+    monkeypatch.setattr(InaPipeline, "_process", lambda self, port, f: per_frame.append(f) or real(self, port, f))
+    sent: list[bytes] = []  # worker 1's frames in order: sent[k] carries counter (100 + k) mod 128
+    outs = []
+    late = False
+    for port, frames in _counted_rounds(range(1, 21), 100, rng):
+        if port == 2:
+            sent += frames
+            if len(sent) == 68:  # round 17
+                frames = [*frames, sent[-behind]]
+                late = True
+        expected = [out for f in frames for out in real(one, port, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, port, frames, vector_min=1)
+        assert got == expected
+        assert _state(batch) == _state(one)
+        outs += got
+        assert len(per_frame) == (5 if late else 0)  # only the batch with the late frame, one frame at a time
+        if len(sent) == 68 and port == 2:
+            assert batch.ina_tx_next[32 + 1] == 0x80 | (100 + 68) % 128
+    assert not [f for _, f in outs if len(f) == wire.INA_QUERY_FRAME_LEN]  # no gap report, no status
+    assert [batch.ina_tx_next[32 + wid] for wid in range(4)] == [0x80 | (100 + 80) % 128] * 4
+    assert batch.counters["MyIngress.ina_duplicates"][1] == 1
+
+
+@pytest.mark.parametrize("loop_max", [pipeline_batch.TX_LOOP_MAX, 0])
 def test_two_jobs_and_uncounted_frames_in_one_vectorised_batch(monkeypatch, loop_max):
     """Union batches of whole rounds of both jobs (disjoint slots), each job's completions named in its own order,
     job 2's frames counted in some batches only: every frame on the vector path, outputs and state exact."""
@@ -418,9 +462,9 @@ def test_a_counted_frame_of_another_length_in_a_batch(sized_counted):
     same worker, counted (the batch goes one frame at a time) or not (only it touches the loss signals' state)."""
     one, batch = _pipeline(), _pipeline()
     flags = _COUNTED if sized_counted else 0
-    frames = [_frame(0, 1, s, 1, 1, [s] * wire.LANES, flags=flags, reserved=s) for s in range(4)]
+    # counted: every frame after 0 a gap (of 6 frames)
+    frames = [_frame(0, 1, s, 1, 1, [s] * wire.LANES, flags=flags, reserved=7 * s) for s in range(4)]
     frames[1] = _frame(0, 1, 1, 1, 1, [1] * wire.LANES, flags=_COUNTED, reserved=7) + b"\x00" * 6  # longer
-    frames[3] = _frame(0, 1, 3, 1, 1, [3] * wire.LANES, flags=flags, reserved=9)  # counted: every frame after 0 a gap
     expected = [out for f in frames for out in one.process(1, f)]
     with batch.lock:
         got = pipeline_batch.process_batch(batch, 1, frames, vector_min=1)

@@ -75,6 +75,10 @@ class Flags(enum.IntFlag):
 
 
 TX_COUNTER_MOD = 128  # the transmission counter travels in the 7-bit reserved field
+# A counted frame (counter - expected) mod TX_COUNTER_MOD = 1 .. TX_LATE_HALF - 1 ahead reveals a gap of that many
+# frames; TX_LATE_HALF or more ahead is behind the expected one: a late frame (reordered or duplicated), no gap
+# (the P4's INA_TX_LATE_HALF; half the counter space, as TCP's sequence arithmetic).
+TX_LATE_HALF = TX_COUNTER_MOD // 2
 
 
 class DropReason(enum.IntEnum):

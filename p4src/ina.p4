@@ -53,6 +53,9 @@ const bit<8> INA_FLAG_HELD       = 0x04;  /* in a status: the sender's contribut
 const bit<8> INA_FLAG_TX_COUNTED = 0x08;  /* in a gradient: reserved = the sender's transmission counter mod 128 */
 const bit<8> INA_FLAG_GAP        = 0x10;  /* in a status (gap report): slot = frames lost before reserved's */
 const bit<8> INA_FLAG_PREV_DONE  = 0x20;  /* in a multicast result: reserved = seq[6:0] of the previous one */
+/* A counted frame (reserved - expected) mod 128 = 1 .. INA_TX_LATE_HALF - 1 ahead of the counter expected next
+ * reveals a gap; INA_TX_LATE_HALF or more ahead is behind it: a late frame (reordered or duplicated), no gap. */
+const bit<7> INA_TX_LATE_HALF = 64;
 
 /* Index of the ina_drops / ina_job_drops counters. */
 const bit<8> DROP_MALFORMED         = 1;
@@ -116,13 +119,13 @@ header udp_t {
 
 header ina_t {
     bit<8>  msg_type;    /* INA_GRADIENT, INA_RESULT, INA_BROADCAST */
-    bit<8>  flags;       /* 0x01 retransmission (from workers), 0x02 overflow (in results) */
+    bit<8>  flags;       /* INA_FLAG_*: 0x01 retransmission (from workers), 0x02 overflow (in results) ... */
     bit<16> job_id;
     bit<16> generation;  /* must equal the job table's generation */
     bit<16> slot;        /* index within the job's slot range */
     bit<32> seq;         /* chunk sequence number, carried unchanged into the result */
     bit<8>  worker_id;   /* bit position in the job's worker mask; in a result: the recipient */
-    bit<7>  reserved;
+    bit<7>  reserved;    /* loss signals: a transmission counter (TX_COUNTED, GAP), a seq's low bits (PREV_DONE) */
     bit<1>  shadow;      /* which of the slot's two copies */
 }
 
@@ -197,6 +200,13 @@ struct metadata_t {
     bit<16> next_grp;      /* group with one replica towards the next hop (rid = own_member_id) */
     bit<8>  final;         /* ina_final of the copy: it holds the final sum */
     bit<1>  transit;       /* a job this switch only carries (ina_transit) */
+    /* loss signals (docs/protocol.md, "Loss signals") */
+    bit<1>  tx_counted;    /* a gradient with INA_FLAG_TX_COUNTED of a job not on a chain */
+    bit<1>  tx_gap;        /* its transmission counter is not the one expected next */
+    bit<32> tx_idx;        /* job_id * 32 + worker_id */
+    bit<8>  tx_next;       /* ina_tx_next[tx_idx] as the frame found it */
+    bit<7>  tx_ahead;      /* (hdr.ina.reserved - tx_next[6:0]) mod 128: 0 in sequence, 1..63 a gap, 64.. late */
+    bit<8>  last_done;     /* ina_last_done[job_id] as the completion found it */
 }
 
 /*************************************************************************
@@ -379,6 +389,10 @@ control MyIngress(inout headers_t hdr,
     }
     /* ---- end of chains' declarations ---- */
 
+    /* ---- Loss signals (docs/protocol.md, "Loss signals"): jobs not on chains, counted gradients only ---- */
+    register<bit<8>>(NUM_BINDINGS) ina_tx_next;  /* job_id * 32 + worker_id: 0x80 | counter expected next; 0 none */
+    register<bit<8>>(MAX_JOBS) ina_last_done;    /* job_id: 0x80 | seq[6:0] of its latest counted completion; 0 none */
+
     action drop() {
         mark_to_drop(standard_metadata);
     }
@@ -492,6 +506,31 @@ control MyIngress(inout headers_t hdr,
         hdr.udp.srcPort = INA_UDP_PORT;
         standard_metadata.egress_spec = standard_metadata.ingress_port;
         meta.ina_out = 1;
+    }
+
+    /* Loss signals: a counted completion's result names the job's previous completion (reserved = its seq's low
+     * 7 bits and INA_FLAG_PREV_DONE, or reserved 0 if there was none); then it becomes the previous one. */
+    action stamp_prev_done() {
+        ina_last_done.read(meta.last_done, (bit<32>)hdr.ina.job_id);
+        hdr.ina.reserved = meta.last_done[6:0];
+        if (meta.last_done != 0) {
+            hdr.ina.flags = hdr.ina.flags | INA_FLAG_PREV_DONE;
+        }
+        ina_last_done.write((bit<32>)hdr.ina.job_id, 8w0x80 | (bit<8>)hdr.ina.seq[6:0]);
+    }
+
+    /* Loss signals: a counted frame that revealed a gap and would be dropped becomes the gap report to its sender,
+     * header only: INA_STATUS with INA_FLAG_GAP, slot = frames lost (tx_ahead: reserved - expected, mod 128),
+     * reserved its own counter; the counter expected next follows it. */
+    action gap_report() {
+        ina_tx_next.write(meta.tx_idx, 8w0x80 | (bit<8>)(hdr.ina.reserved + 1));
+        hdr.ina_data.setInvalid();
+        hdr.ina.msg_type = INA_STATUS;
+        hdr.ina.flags = INA_FLAG_GAP;
+        hdr.ina.slot = (bit<16>)meta.tx_ahead;
+        hdr.ipv4.totalLen = INA_QUERY_IPV4_LEN;
+        hdr.udp.length = INA_QUERY_UDP_LEN;
+        reply_to_sender();
     }
 
     apply {
@@ -676,6 +715,28 @@ control MyIngress(inout headers_t hdr,
             }
             exit;
         }
+
+        /* 6t. Loss signals (docs/protocol.md, "Loss signals"): a counted gradient of a job not on a chain checks its
+         * sender's transmission counter against the one expected next; in sequence the next one is written now,
+         * whatever the frame's fate; a gap (1 .. INA_TX_LATE_HALF - 1 ahead) writes it only by the gap report that
+         * a dropped frame becomes; a late frame (INA_TX_LATE_HALF or more ahead, i.e. behind: reordered or
+         * duplicated) neither reports nor writes, and is otherwise as in sequence. */
+        meta.tx_counted = 0;
+        meta.tx_gap = 0;
+        if (meta.chain == 0 && (hdr.ina.flags & INA_FLAG_TX_COUNTED) != 0) {
+            meta.tx_counted = 1;
+            meta.tx_idx = (bit<32>)hdr.ina.job_id * 32 + (bit<32>)hdr.ina.worker_id;
+            ina_tx_next.read(meta.tx_next, meta.tx_idx);
+            meta.tx_ahead = hdr.ina.reserved - meta.tx_next[6:0];
+            if (meta.tx_next[7:7] == 1 && meta.tx_ahead != 0) {
+                if (meta.tx_ahead < INA_TX_LATE_HALF) {
+                    meta.tx_gap = 1;
+                }
+            } else {
+                ina_tx_next.write(meta.tx_idx, 8w0x80 | (bit<8>)(hdr.ina.reserved + 1));
+            }
+        }
+
         if (meta.prev_owner != meta.owner) {
             ina_owner.write(meta.slot_abs, meta.owner);
             ina_bitmap.write(meta.slot_abs << 1, 0);
@@ -760,8 +821,13 @@ control MyIngress(inout headers_t hdr,
                     if (meta.chain == 1) {
                         ina_final.write(meta.cell, 1);
                     }
+                    if (meta.tx_counted == 1) {
+                        stamp_prev_done();
+                    }
                     multicast_to_job();
                 }
+            } else if (meta.tx_gap == 1) {
+                gap_report();
             } else {
                 drop();
             }
@@ -787,12 +853,17 @@ control MyIngress(inout headers_t hdr,
                     hdr.ina.flags = INA_FLAG_OVERFLOW;
                 }
                 if (meta.final == 1) {
+                    if (meta.tx_counted == 1) {
+                        hdr.ina.reserved = 0;  /* an answer to a resend carries no PREV_DONE */
+                    }
                     reply_to_sender();
                 } else {
                     /* chains: a copy still waiting for the final sum sends its partial onward again */
                     hdr.ina.flags = hdr.ina.flags | INA_FLAG_RETRANSMIT;
                     send_onward();
                 }
+            } else if (meta.tx_gap == 1) {
+                gap_report();
             } else {
                 drop();
             }

@@ -56,6 +56,7 @@ _QUERY, _STATUS, _HELD = int(MsgType.QUERY), int(MsgType.STATUS), int(wire.Flags
 _OVERFLOW = int(wire.Flags.OVERFLOW)
 _RETRANSMIT = int(wire.Flags.RETRANSMIT)
 _TX_COUNTED, _GAP, _PREV_DONE = int(wire.Flags.TX_COUNTED), int(wire.Flags.GAP), int(wire.Flags.PREV_DONE)
+_TX_LATE_HALF = wire.TX_LATE_HALF  # INA_TX_LATE_HALF
 # SWAR masks over LANES int32 lanes in one big-endian integer: each lane's sign bit, and the bits below it.
 _SIGNS = int.from_bytes(b"\x80\x00\x00\x00" * wire.LANES, "big")
 _LOWS = int.from_bytes(b"\x7f\xff\xff\xff" * wire.LANES, "big")
@@ -429,15 +430,20 @@ class InaPipeline:
             return []
 
         # 6t. Loss signals (docs/protocol.md, "Loss signals"): a counted gradient of a job not on a chain checks its
-        # sender's transmission counter against the one expected next; without a gap the next one is written now,
-        # whatever the frame's fate (with one, only by the gap report that a dropped frame becomes).
+        # sender's transmission counter against the one expected next; in sequence the next one is written now,
+        # whatever the frame's fate; a gap (1 .. INA_TX_LATE_HALF - 1 ahead) writes it only by the gap report that
+        # a dropped frame becomes; a late frame (INA_TX_LATE_HALF or more ahead, i.e. behind: reordered or
+        # duplicated) neither reports nor writes, and is otherwise as in sequence.
         tx_counted = flags & _TX_COUNTED and not chain
         if tx_counted:
             reserved = last >> 1
             tx_idx = (job_id << 5) + worker_id
             tx_next = self.ina_tx_next[tx_idx]
-            tx_gap = tx_next & 0x80 and (tx_next & 0x7F) != reserved
-            if not tx_gap:
+            tx_ahead = (reserved - tx_next) & 0x7F
+            if tx_next & 0x80 and tx_ahead:
+                tx_gap = tx_ahead < _TX_LATE_HALF
+            else:
+                tx_gap = False
                 self.ina_tx_next[tx_idx] = 0x80 | ((reserved + 1) & 0x7F)
 
         if self.ina_owner[slot_abs] != owner:
@@ -492,7 +498,7 @@ class InaPipeline:
             counters["MyIngress.ina_aggregated"][job_id] += 1
             if not complete:
                 if tx_counted and tx_gap:
-                    return self._gap_report(frame, ingress_port, tx_idx, tx_next)
+                    return self._gap_report(frame, ingress_port, tx_idx, tx_ahead)
                 return []
             out = bytearray(frame)
             out[_O_DATA:_INA_END] = total
@@ -512,7 +518,7 @@ class InaPipeline:
         final = self.ina_final[cell] if chain else 1
         if count != 0 or age != 0 or bitmap & wbit == 0:
             if tx_counted and tx_gap:
-                return self._gap_report(frame, ingress_port, tx_idx, tx_next)
+                return self._gap_report(frame, ingress_port, tx_idx, tx_ahead)
             return []
         o = cell * _CELL_BYTES
         out = bytearray(frame)
@@ -545,25 +551,26 @@ class InaPipeline:
         return self._replicate(next_grp, out, ingress_port)
 
     def _stamp_prev_done(self, out: bytearray, job_id: int, seq: int) -> None:
-        """A counted completion's result names the job's previous completion (ina_last_done): reserved = its seq's
-        low 7 bits and PREV_DONE, or reserved 0 if there was none; then this completion becomes the previous one."""
+        """action stamp_prev_done: a counted completion's result names the job's previous completion (ina_last_done):
+        reserved = its seq's low 7 bits and PREV_DONE, or reserved 0 if there was none; then this completion becomes
+        the previous one."""
         last_done = self.ina_last_done[job_id]
         if last_done != 0:
             out[_O_FLAGS] |= _PREV_DONE
         out[_O_RESERVED] = ((last_done & 0x7F) << 1) | (out[_O_RESERVED] & 1)
         self.ina_last_done[job_id] = 0x80 | (seq & 0x7F)
 
-    def _gap_report(self, frame: bytes, ingress_port: int, tx_idx: int, tx_next: int) -> list[tuple[int, bytes]]:
-        """A dropped counted frame that revealed a gap becomes the gap report to its sender: a header-only STATUS
-        with GAP, slot = the frames lost (reserved - expected, mod 128), reserved its own counter; the counter
-        expected next follows it."""
+    def _gap_report(self, frame: bytes, ingress_port: int, tx_idx: int, tx_ahead: int) -> list[tuple[int, bytes]]:
+        """action gap_report: a dropped counted frame that revealed a gap becomes the gap report to its sender: a
+        header-only STATUS with GAP, slot = the frames lost (tx_ahead: reserved - expected, mod 128), reserved its
+        own counter; the counter expected next follows it."""
         reserved = frame[_O_RESERVED] >> 1
         self.ina_tx_next[tx_idx] = 0x80 | ((reserved + 1) & 0x7F)
         out = bytearray(frame)
         del out[_O_DATA:_INA_END]  # hdr.ina_data.setInvalid()
         out[_O_INA] = _STATUS
         out[_O_FLAGS] = _GAP
-        out[_O_SLOT : _O_SLOT + 2] = _U16.pack((reserved - tx_next) & 0x7F)
+        out[_O_SLOT : _O_SLOT + 2] = _U16.pack(tx_ahead)
         out[_O_IP + 2 : _O_IP + 4] = _U16.pack(wire.INA_QUERY_IPV4_LEN)
         out[_O_UDP + 4 : _O_UDP + 6] = _U16.pack(wire.INA_QUERY_UDP_LEN)
         self._reply_to_sender(out)

@@ -16,6 +16,14 @@ duplicate, a drop, a broadcast, anything not INA, packet-outs) goes through ``pi
 time, in arrival order, afterwards: it follows its own slot's aggregated part and touches no other
 aggregated slot, and the counters the two groups share are sums, so the two groups commute. Outputs are put
 back in arrival order.
+
+Loss signals (counted gradients, docs/protocol.md "Loss signals"): their registers are per member and per job,
+not per slot, so the order across slots matters. A batch with counted gradients is vectorised only whole: every
+frame aggregated here (no resend, duplicate, drop or other frame) and no gap in any member's counter (the
+common lossless case); then each member's ina_tx_next ends as its last counted frame writes it, and each
+completion names the previous one in arrival order (``_tx_counters``, ``_stamp_prev_done``). Any other batch
+with counted gradients (a gap: loss; a late frame, reordered or duplicated, that leaves its member's counter
+as it is) goes one frame at a time.
 """
 from __future__ import annotations
 
@@ -40,7 +48,15 @@ VECTOR_MIN = 32
 _LEN = wire.INA_FRAME_LEN
 _O_IP, _O_UDP, _O_INA = wire.ETH_LEN, wire.ETH_LEN + wire.IPV4_LEN, wire.INA_OFFSET
 _O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
-_TX_COUNTED = int(wire.Flags.TX_COUNTED)
+_TX_COUNTED, _PREV_DONE = int(wire.Flags.TX_COUNTED), int(wire.Flags.PREV_DONE)
+# Counted gradients of several members up to this many per batch are checked in one Python loop over integers
+# (about 0.12 us a frame), more with numpy (about 25 array operations a batch): the loop is cheaper below it.
+TX_LOOP_MAX = 192
+_O_FLAGS, _O_RS = _O_INA + wire.INA_FIELD_OFFSETS["flags"], _O_INA + wire.INA_FIELD_OFFSETS["reserved_shadow"]
+_O_SEQ_LOW = _O_INA + wire.INA_FIELD_OFFSETS["seq"] + 3  # the seq's last byte (big-endian): its low 7 bits
+_PREV_DONE_ROW = np.full(1 << 16, _PREV_DONE, np.uint8)  # PREV_DONE for every completion of a batch
+_PREV_DONE_ROW.flags.writeable = False
+_CONSECUTIVE = bytes(i & 0x7F for i in range(128 + TX_LOOP_MAX + (1 << 16)))  # counters t, t + 1, ... mod 128
 _INA_PORT_BYTES = np.frombuffer(wire.INA_UDP_PORT.to_bytes(2, "big"), np.uint8)
 DROP_PORT = 511
 _OFF = {name: _O_INA + off for name, off in wire.INA_FIELD_OFFSETS.items()}
@@ -208,14 +224,15 @@ def _wrap32(x: np.ndarray) -> np.ndarray:
 
 
 _SLOT_MARK = np.zeros(wire.NUM_SLOTS, np.int64)  # scratch for finding slots used twice in a batch (one I/O thread)
+_MEMBER_MARK = np.zeros(wire.MAX_JOBS * 32, np.int64)  # the same for ina_tx_next's indices (job, member)
 _POSITIONS = np.arange(1 << 16)
 
 
-def _distinct(slots: np.ndarray) -> bool:
-    """Whether no value occurs twice in ``slots`` (values in 0..NUM_SLOTS-1)."""
+def _distinct(slots: np.ndarray, mark: np.ndarray = _SLOT_MARK) -> bool:
+    """Whether no value occurs twice in ``slots`` (values in 0..len(mark)-1)."""
     index = _POSITIONS[: len(slots)] if len(slots) <= len(_POSITIONS) else np.arange(len(slots))
-    _SLOT_MARK[slots] = index  # the last occurrence of each value wins
-    return bool((_SLOT_MARK[slots] == index).all())
+    mark[slots] = index  # the last occurrence of each value wins
+    return bool((mark[slots] == index).all())
 
 
 def _port_of(ingress_port: int | np.ndarray):
@@ -273,9 +290,17 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
         return pipeline_chains.process_chain_batch(pipeline, port_of, ingress_port, frames, rec, where)
     if len(rec) < vector_min:
         return _one_by_one(pipeline, port_of, _listed(frames))
-    if (rec["flags"] & _TX_COUNTED).any():  # loss signals: one at a time (for now)
-        return _one_by_one(pipeline, port_of, _listed(frames))
     raw = rec.view(np.uint8).reshape(len(rec), _LEN)
+    counted = raw[:, _O_FLAGS] & _TX_COUNTED
+    n_counted = np.count_nonzero(counted)
+    if n_counted:
+        # loss signals: a batch with counted gradients must be one whose every frame is aggregated here (checked
+        # below), so the counters and the previous completion follow arrival order (see _tx_counters); counted
+        # frames only among the frames of other lengths (all per-frame, in arrival order) share no state with it
+        if where is not None:
+            return _one_by_one(pipeline, port_of, _listed(frames))
+        counted = None if n_counted == len(rec) else np.flatnonzero(counted)
+    sender = None
     # MyVerifyChecksum: the checksum field equals 0xFFFF - folded sum of the other nine words (never 0 here:
     # IHL is 5), i.e. (0xFFFF - rest % 0xFFFF) % 0xFFFF
     words = rec["ipv4_words"]
@@ -295,6 +320,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
                 and (jobs.bound_bytes[job, worker] == first[_BOUND_COLUMNS]).all()):
             return _one_by_one(pipeline, port_of, _listed(frames))
         slot_abs = int(jobs.base_slot[job]) + slot
+        sender = (job, worker)
         ok = checksum_ok & (slot < jobs.num_slots[job]) & (slot_abs < wire.NUM_SLOTS)
     else:
         job_id = rec["job_id"].astype(np.int64)
@@ -312,13 +338,30 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
     cand = np.flatnonzero(ok)
     if len(cand) == 0:
         return _one_by_one(pipeline, port_of, _listed(frames))
-    agg = _aggregate_runs(pipeline, rec, cand, slot_abs, job_id, worker_id, jobs)
+    tx_writes = None
+    if n_counted:
+        if len(cand) < n:
+            return _one_by_one(pipeline, port_of, _listed(frames))
+        tx_writes = _tx_counters(pipeline, raw, counted, job_id, worker_id, sender)
+        if tx_writes is None:  # a gap: its report depends on the frame's fate
+            return _one_by_one(pipeline, port_of, _listed(frames))
+    agg = _aggregate_runs(pipeline, rec, cand, slot_abs, job_id, worker_id, jobs, whole=n_counted > 0)
     if agg is None:
         return _one_by_one(pipeline, port_of, _listed(frames))
     vec, done, total, overflow, jc_done = agg
+    stamps = None
+    done_rows = raw[done]  # a copy: the results are built in it
+    if n_counted:
+        members, values = tx_writes
+        if isinstance(members, np.ndarray):
+            np.frombuffer(pipeline.ina_tx_next, np.int64)[members] = values
+        else:
+            deque(map(pipeline.ina_tx_next.__setitem__, members, values), maxlen=0)
+        if len(done):
+            stamps = _stamp_prev_done(pipeline, done_rows, counted is None, jc_done)
     # --- outputs, in arrival order: the completed slots' results and every frame of the per-frame path
     vector_pos = vec if where is None else where[vec]
-    blocks = _replica_blocks(pipeline, raw[done], total, overflow, jc_done, jobs) if len(done) else {}
+    blocks = _replica_blocks(pipeline, done_rows, total, overflow, jc_done, jobs, stamps) if len(done) else {}
     if len(vector_pos) == n and sum(len(b[0]) for b in blocks.values()) == len(done):
         # the common case: nothing else to interleave
         if as_block and len(blocks) <= 1:
@@ -355,13 +398,16 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
         res[_O_DATA:_LEN] = total_be[i].tobytes()
         res[_O_INA] = int(wire.MsgType.RESULT)
         res[_OFF["flags"]] = int(wire.Flags.OVERFLOW) if overflow[i] else 0
+        if stamps is not None:
+            res[_OFF["flags"]] |= int(stamps[0][i])
+            res[_OFF["reserved_shadow"]] = int(stamps[1][i])
         pipeline._multicast_to_job(res)
         out += pipeline._replicate(int(mcast[i]), res, port_of(pos))
     return out
 
 
 def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, slot_abs: np.ndarray, job_id: np.ndarray,
-                    worker_id: np.ndarray, jobs: _JobArrays):
+                    worker_id: np.ndarray, jobs: _JobArrays, *, whole: bool = False):
     """MyIngress.apply step 6 for the valid gradients ``cand`` (indices into ``rec``, arrival order), a run per slot.
 
     The gradients into one slot form a run in arrival order. The leading part of each run that the per-frame
@@ -374,7 +420,7 @@ def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, sl
 
     Returns (the indices into ``rec`` aggregated, arrival order; the indices of the gradients that completed a
     slot, arrival order; their totals (int32); their overflow flags; their jobs), or None if nothing is
-    aggregated."""
+    aggregated, or with ``whole`` if not every gradient of ``cand`` would be (then no state has changed)."""
     m = len(cand)
     sa = slot_abs[cand]
     if _distinct(sa):
@@ -423,6 +469,8 @@ def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, sl
         length = np.minimum.reduceat(np.where(joins, m, rank), starts)  # the first rank that does not join
         length = np.minimum(length, np.diff(starts, append=m))
         vec_sorted = rank < length[run_of]
+    if whole and not vec_sorted.all():
+        return None
     active = np.flatnonzero(length)
     if not len(active):
         return None
@@ -488,6 +536,114 @@ def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, sl
     return vec, done, total[done_runs], overflow[done_runs], jc_r[done_runs]
 
 
+def _tx_counters(pipeline: InaPipeline, raw: np.ndarray, c: np.ndarray | None, job_id: np.ndarray, worker_id: np.ndarray,
+                 sender: tuple[int, int] | None) -> tuple[np.ndarray | list[int], np.ndarray | list[int]] | None:
+    """Step 6t for the counted gradients of a batch whose every frame is aggregated here (``raw`` the frames,
+    ``c`` the counted ones' indices, None: every frame; ``sender``: (job, worker) when all are one member's): if
+    each continues its member's transmission counter (the first the one ina_tx_next expects, or any if none yet;
+    each next one the previous plus 1, mod 128), none reveals a gap and each writes its own counter plus 1
+    whatever its fate, so the registers end as the last one per member writes them: (their indices, those
+    values). None if any does not continue its member's counter: a gap (its gap report depends on its fate) or a
+    late frame (behind the counter: no report, no write); the batch goes one frame at a time (both are rare)."""
+    tx = (raw[:, _O_RS] if c is None else raw[c, _O_RS]) >> 1  # uint8
+    n = len(tx)
+    tx_next = pipeline.ina_tx_next
+    if sender is not None or n <= TX_LOOP_MAX:
+        # each member's frames in one piece (one worker's window, or port after port) compared as bytes with a
+        # run of consecutive counters; members in pieces or seen twice in one dictionary
+        txs = tx.tobytes()
+        if sender is not None:
+            member = (sender[0] << 5) + sender[1]
+            runs = [(member, 0, n)]
+        else:
+            idx = (job_id << 5) + worker_id if c is None else (job_id[c] << 5) + worker_id[c]  # job_id*32 + worker
+            cuts = np.flatnonzero(idx[1:] != idx[:-1]).tolist()
+            starts = [0, *(i + 1 for i in cuts)]
+            runs = list(zip(idx[starts].tolist(), starts, [*starts[1:], n]))
+        following: dict[int, int] = {}
+        for member, a, b in runs:
+            t0 = txs[a]
+            if txs[a:b] != _CONSECUTIVE[t0 : t0 + b - a]:
+                return None
+            e = following.get(member)
+            if e is None:
+                e = tx_next[member]
+                if e & 0x80 and e & 0x7F != t0:
+                    return None
+            elif e != t0:
+                return None
+            following[member] = txs[b - 1] + 1 & 0x7F
+        return list(following), [0x80 | t for t in following.values()]
+    idx = (job_id << 5) + worker_id if c is None else (job_id[c] << 5) + worker_id[c]  # job_id * 32 + worker_id
+    new = np.empty(n, bool)
+    new[0] = True
+    np.not_equal(idx[1:], idx[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    if not _distinct(idx[starts], _MEMBER_MARK):  # a member's frames not in one piece (not port after port): sort
+        order = np.argsort(idx, kind="stable")
+        idx, tx = idx[order], tx[order]
+        np.not_equal(idx[1:], idx[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+    if not (new[1:] | (tx[1:] == ((tx[:-1] + 1) & 0x7F))).all():
+        return None
+    members = idx[starts]
+    expected = np.frombuffer(pipeline.ina_tx_next, np.int64)[members]
+    if ((expected >= 0x80) & ((expected & 0x7F) != tx[starts])).any():
+        return None
+    ends = np.empty_like(starts)  # each member's last counted frame
+    ends[:-1] = starts[1:] - 1
+    ends[-1] = n - 1
+    return members, 0x80 | ((tx[ends] + 1) & 0x7F)
+
+
+def _stamp_prev_done(pipeline: InaPipeline, rows: np.ndarray, all_counted: bool, jobs_done: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """MyIngress.stamp_prev_done for the counted completions among ``rows`` (the completing gradients' frames,
+    arrival order; ``all_counted``: every one is) of the jobs ``jobs_done``: each names its job's previous
+    counted completion, the batch's in arrival order, the first the one ina_last_done holds, which ends as the
+    last one's. Returns (flags to add, the reserved:7 | shadow:1 byte) per completion (uncounted ones: no
+    flag, their own byte)."""
+    k = len(rows)
+    seq_low, byte = rows[:, _O_SEQ_LOW], rows[:, _O_RS]
+    if all_counted and jobs_done[0] == jobs_done[-1] and (k < 3 or (jobs_done == jobs_done[0]).all()):
+        job = int(jobs_done[0])  # the common case: one job, every completion counted
+        last_done = pipeline.ina_last_done[job]
+        stamped = np.empty(k, np.uint8)  # reserved = the previous one's seq & 0x7F (<< 1 drops bit 7), the shadow
+        stamped[0] = (last_done & 0x7F) << 1 | int(byte[0]) & 1
+        np.bitwise_or(seq_low[:-1] << 1, byte[1:] & 1, out=stamped[1:])
+        flags = _PREV_DONE_ROW[:k]
+        if not last_done:
+            flags = flags.copy()
+            flags[0] = 0
+        pipeline.ina_last_done[job] = 0x80 | int(seq_low[-1]) & 0x7F
+        return flags, stamped
+    low = seq_low & 0x7F  # what each writes to ina_last_done, without 0x80
+    flags = np.zeros(k, np.uint8)
+    byte = byte.copy()
+    d = np.arange(k) if all_counted else np.flatnonzero(rows[:, _O_FLAGS] & _TX_COUNTED)
+    if not len(d):
+        return flags, byte
+    jobs_d, low_d = jobs_done[d], low[d].astype(np.int64) | 0x80
+    if jobs_d[0] != jobs_d[-1] or not (jobs_d == jobs_d[0]).all():  # several jobs: each one's in arrival order
+        order = np.argsort(jobs_d, kind="stable")
+        d, jobs_d, low_d = d[order], jobs_d[order], low_d[order]
+    new = np.empty(len(d), bool)
+    new[0] = True
+    np.not_equal(jobs_d[1:], jobs_d[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    last = np.empty_like(first)
+    last[:-1] = first[1:] - 1
+    last[-1] = len(d) - 1
+    last_done = np.frombuffer(pipeline.ina_last_done, np.int64)
+    prev = np.empty(len(d), np.int64)
+    prev[1:] = low_d[:-1]
+    prev[first] = last_done[jobs_d[first]]
+    last_done[jobs_d[last]] = low_d[last]
+    flags[d] = np.where(prev != 0, _PREV_DONE, 0)
+    byte[d] = ((prev & 0x7F) << 1) | (byte[d] & 1)
+    return flags, byte
+
+
 class _GroupReplicas:
     """A job's multicast group as arrays: its ports, and per replica the bytes set_worker_addr writes and their
     share of the IPv4 checksum (the destination address's words). Kept while the group and ina_worker stand."""
@@ -520,11 +676,13 @@ def _group_replicas(pipeline: InaPipeline, job: int, group: int) -> _GroupReplic
 
 
 def _replica_blocks(pipeline: InaPipeline, done_rows: np.ndarray, total: np.ndarray, overflow: np.ndarray,
-                    jobs_done: np.ndarray, jobs: _JobArrays) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+                    jobs_done: np.ndarray, jobs: _JobArrays, stamps: tuple[np.ndarray, np.ndarray] | None = None
+                    ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
     """The replicas of every completed slot whose job's group has only set_worker_addr workers on data ports
     (the common case), built at once: the steps of ``InaPipeline._replicate`` on a (results x replicas)
     array. ``done_rows`` are the completing gradients' frames (a copy), ``total``, ``overflow`` and ``jobs_done``
-    their sums, flags and jobs. Per job: (its indices into the completed results, the replicas' ports, the
+    their sums, flags and jobs; ``stamps`` the loss signals' (flags to add, reserved:7 | shadow:1 byte) per result
+    (``_stamp_prev_done``). Per job: (its indices into the completed results, the replicas' ports, the
     (k * r, length) frames, result after result, the ports' period). Completed slots of any other job are left
     out (the caller builds those one at a time)."""
     built: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, int]] = {}
@@ -539,6 +697,9 @@ def _replica_blocks(pipeline: InaPipeline, done_rows: np.ndarray, total: np.ndar
         res[:, _O_DATA:_LEN] = total[mine].astype(wire.LANES_DTYPE).view(np.uint8).reshape(k, wire.INA_DATA_LEN)
         res[:, _O_INA] = int(wire.MsgType.RESULT)
         res[:, _OFF["flags"]] = np.where(overflow[mine] != 0, int(wire.Flags.OVERFLOW), 0)
+        if stamps is not None:
+            res[:, _OFF["flags"]] |= stamps[0][mine]
+            res[:, _OFF["reserved_shadow"]] = stamps[1][mine]
         res[:, 6:12] = res[:, 0:6]  # multicast_to_job
         res[:, _O_IP + 12 : _O_IP + 16] = res[:, _O_IP + 16 : _O_IP + 20]
         res[:, _O_UDP : _O_UDP + 2] = _INA_PORT_BYTES

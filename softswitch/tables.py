@@ -61,6 +61,8 @@ ACTIONS: dict[str, ActionSpec] = {
         ),
         ActionSpec("MyIngress.transit", ()),
         ActionSpec("MyIngress.send_onward", ()),
+        ActionSpec("MyIngress.stamp_prev_done", ()),  # loss signals (docs/protocol.md)
+        ActionSpec("MyIngress.gap_report", ()),
         ActionSpec("MyEgress.drop", ()),
         ActionSpec("MyEgress.set_worker_addr", (("mac", 48), ("ip", 32), ("udp_port", 16))),
     )

@@ -9,8 +9,7 @@ from scapy.all import IP, UDP, Ether, Raw, raw
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from tests.packet.test_chains import JOB as CHAIN_JOB
-from tests.packet.test_chains import _two_switches
+from tests.packet.test_chains import JOB as CHAIN_JOB, _two_switches
 from tests.targets import (SWITCH_IP, SWITCH_MAC, Worker, assert_same_registers, dissect, gradient, install_job,
                            make_workers, register_state)
 
@@ -72,7 +71,7 @@ def _multicast(target, workers: list[Worker], slot: int, seq: int, *, flags: int
     assert sorted(p for p, _ in out) == [w.port for w in workers]
     lanes = _sum(workers, seq)
     for w in workers:
-        got = [f for p, f in out if p == w.port][0]
+        got = next(f for p, f in out if p == w.port)
         assert got == _result(w, slot, seq, lanes, flags=flags, reserved=reserved, shadow=shadow), dissect(got).show(dump=True)
 
 
@@ -159,25 +158,89 @@ def test_counter_and_previous_completion_wrap_at_128(target):
     for k, (seq, tx) in enumerate(((126, 125), (127, 126), (128, 127), (129, 0), (130, 1))):
         target.send(w0.port, counted(w0, k, seq, tx=tx))
         _quiet(target)
-        target.send(w1.port, counted(w1, k, seq, tx=(tx + 3) % 128))
+        target.send(w1.port, counted(w1, k, seq, tx=(tx - 10) % 128))  # 115 .. 119
         if k == 0:
             _multicast(target, workers, k, seq, flags=0, reserved=0)
         else:  # 126, 127, then 0 and 1 after the wrap: PREV_DONE tells reserved 0 from "none yet"
             _multicast(target, workers, k, seq, flags=PREV_DONE, reserved=(seq - 1) & 0x7F)
-    # worker 0 expects 2 next: tx 127 reports the 125 frames 2 .. 126 lost
-    target.send(w0.port, counted(w0, 5, 131, tx=127))
-    assert _one(target, w0.port) == _gap_report(w0, 131, tx=127, lost=125)
-    # worker 0 now expects 0 (127 + 1, wrapped), worker 1 expects 5
-    target.send(w1.port, counted(w1, 6, 132, tx=5))
+    # worker 1 expects 120 next: tx 5 reports the 13 frames 120 .. 127, 0 .. 4 lost (the difference mod 128)
+    target.send(w1.port, counted(w1, 5, 131, tx=5))
+    assert _one(target, w1.port) == _gap_report(w1, 131, tx=5, lost=13)
+    # worker 0 expects 2 (127 + 1 wrapped, plus 2), worker 1 expects 6
+    target.send(w1.port, counted(w1, 6, 132, tx=6))
     _quiet(target)
-    target.send(w1.port, counted(w1, 7, 133, tx=6))
+    target.send(w1.port, counted(w1, 7, 133, tx=7))
     _quiet(target)
-    target.send(w0.port, counted(w0, 6, 132, tx=0))
+    target.send(w0.port, counted(w0, 6, 132, tx=2))
     _multicast(target, workers, 6, 132, flags=PREV_DONE, reserved=130 & 0x7F)
-    target.send(w0.port, counted(w0, 7, 133, tx=3))  # 1 and 2 lost: it completes, so no report
+    target.send(w0.port, counted(w0, 7, 133, tx=5))  # 3 and 4 lost: it completes, so no report
     _multicast(target, workers, 7, 133, flags=PREV_DONE, reserved=132 & 0x7F)
-    target.send(w0.port, counted(w0, 0, 134, tx=4))  # dropped: reports 1, 2 and the completing frame
-    assert _one(target, w0.port) == _gap_report(w0, 134, tx=4, lost=3)
+    target.send(w0.port, counted(w0, 0, 134, tx=6))  # dropped: reports 3, 4 and the completing frame
+    assert _one(target, w0.port) == _gap_report(w0, 134, tx=6, lost=3)
+
+
+def test_late_frames_give_no_report_and_leave_the_counter(target):
+    """A counted frame behind the counter expected next (reordered by the network, or a duplicate) is a late frame:
+    no gap report, ina_tx_next unchanged, otherwise exactly the in-sequence frame's fate and bytes (a completion
+    multicast with PREV_DONE, an answer with reserved 0, a drop)."""
+    w0, w1 = workers = _setup(target)
+    target.send(w0.port, counted(w0, 0, 10, tx=0))
+    _quiet(target)
+    target.send(w1.port, counted(w1, 0, 10, tx=0))
+    _multicast(target, workers, 0, 10, flags=0, reserved=0)
+    target.send(w1.port, counted(w1, 1, 11, tx=1))
+    _quiet(target)
+    # worker 0's tx 1 (chunk 11) is delayed: tx 2 overtakes it and reports it (slot 2 waits for worker 1)
+    target.send(w0.port, counted(w0, 2, 12, tx=2))
+    assert _one(target, w0.port) == _gap_report(w0, 12, tx=2, lost=1)
+    regs = _registers(target)
+    if regs is not None:
+        assert regs[0][JOB * 32] == 0x80 | 3
+    # the late tx 1 ((1 - 3) mod 128 = 126 ahead: behind) completes slot 1: the result as in sequence, no report
+    target.send(w0.port, counted(w0, 1, 11, tx=1))
+    _multicast(target, workers, 1, 11, flags=PREV_DONE, reserved=10)
+    # the network duplicates it: the answer to the sender alone (reserved 0), as a resend in sequence gets
+    target.send(w0.port, counted(w0, 1, 11, tx=1))
+    assert _one(target, w0.port) == _result(w0, 1, 11, _sum(workers, 11), flags=0, reserved=0)
+    # and duplicates tx 2 (127 ahead), whose copy waits: dropped, not "127 frames lost"
+    target.send(w0.port, counted(w0, 2, 12, tx=2))
+    _quiet(target)
+    if regs is not None:
+        assert (regs[0][JOB * 32], regs[1][JOB]) == (0x80 | 3, 0x80 | 11)
+    # the counter still expects 3: the next frame in sequence passes with no report, and the next gap counts from it
+    target.send(w0.port, counted(w0, 3, 13, tx=3))
+    _quiet(target)
+    target.send(w0.port, counted(w0, 4, 14, tx=5))
+    assert _one(target, w0.port) == _gap_report(w0, 14, tx=5, lost=1)
+    assert target.read_counter("MyIngress.ina_duplicates", JOB) == 2
+    assert target.read_counter("MyIngress.ina_aggregated", JOB) == 7
+    assert target.read_counter("MyEgress.ina_results", JOB) == 5
+    # worker 1 completes slots 2-4: each late or reported frame of worker 0 was added once
+    for slot, seq in ((2, 12), (3, 13), (4, 14)):
+        target.send(w1.port, counted(w1, slot, seq, tx=slot))
+        _multicast(target, workers, slot, seq, flags=PREV_DONE, reserved=(11, 12, 13)[slot - 2])
+
+
+def test_half_the_counter_space_tells_a_gap_from_a_late_frame(target):
+    """(tx - expected) mod 128: 1 .. 63 is a gap of that many frames, 64 .. 127 a late frame (behind)."""
+    w0, w1 = workers = _setup(target)
+    assert wire.TX_LATE_HALF == 64
+    target.send(w0.port, counted(w0, 0, 20, tx=0))
+    _quiet(target)
+    target.send(w0.port, counted(w0, 1, 21, tx=64))  # 63 ahead of 1: the largest gap
+    assert _one(target, w0.port) == _gap_report(w0, 21, tx=64, lost=63)
+    target.send(w0.port, counted(w0, 2, 22, tx=1))  # 64 ahead of 65: late
+    _quiet(target)
+    target.send(w0.port, counted(w0, 3, 23, tx=66))  # 1 ahead of 65: a gap (the late frame did not move it)
+    assert _one(target, w0.port) == _gap_report(w0, 23, tx=66, lost=1)
+    target.send(w0.port, counted(w0, 4, 24, tx=67))
+    _quiet(target)
+    regs = _registers(target)
+    if regs is not None:
+        assert regs[0][JOB * 32] == 0x80 | 68
+    for k in range(5):  # every frame was added once, the late one included
+        target.send(w1.port, counted(w1, k, 20 + k, tx=k))
+        _multicast(target, workers, k, 20 + k, flags=PREV_DONE if k else 0, reserved=(19 + k) & 0x7F if k else 0)
 
 
 def test_uncounted_frames_keep_todays_bytes_and_state(target):

@@ -28,9 +28,9 @@ def _pipeline() -> InaPipeline:
 
 
 def _frame(wid: int, job: int, slot: int, seq: int, shadow: int, lanes: list[int], *, msg_type=wire.MsgType.GRADIENT,
-           generation: int | None = None, corrupt: str = "") -> bytes:
+           generation: int | None = None, corrupt: str = "", flags: int = 0, reserved: int = 0) -> bytes:
     gen = JOBS.get(job, {}).get("generation", 0) if generation is None else generation
-    header = wire.InaHeader(msg_type, 0, job, gen, slot, seq, wid, shadow)
+    header = wire.InaHeader(msg_type, flags, job, gen, slot, seq, wid, shadow, reserved)
     frame = bytearray(wire.udp_frame(bytes.fromhex(f"0200000001{wid + 1:02x}"), SWITCH_MAC, bytes([10, 0, 1, wid + 1]),
                                      SWITCH_IP, 40000 + wid, wire.INA_UDP_PORT, wire.encode_payload(header, np.array(lanes))))
     if corrupt == "checksum":
@@ -61,7 +61,8 @@ _BATCHES = st.lists(st.tuples(st.integers(1, 4), st.lists(_FRAME, min_size=1, ma
 
 
 def _state(p: InaPipeline):
-    return p.register_snapshot()[:5], p.ina_lanes.tobytes(), {k: list(v) for k, v in p.counters.items()}
+    """Every register (ina_tx_next and ina_last_done included), the lanes' bytes and every counter."""
+    return p.register_snapshot()[:-1], p.ina_lanes.tobytes(), {k: list(v) for k, v in p.counters.items()}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -246,4 +247,227 @@ def test_a_round_of_every_worker_in_one_union_batch_is_summed_at_once(monkeypatc
     assert isinstance(got, pipeline_batch.FrameBlock)
     assert got.as_list() == expected
     assert len(expected) == 4 * 4  # a result per slot, to each of the 4 workers
+    assert _state(batch) == _state(one)
+
+
+# --- Loss signals (docs/protocol.md, "Loss signals"): counted gradients in batches --------------------------------
+_COUNTED = int(wire.Flags.TX_COUNTED)
+
+
+def _counted_stream(specs, start: dict[tuple[int, int], int]) -> list[tuple[int, bytes]]:
+    """(port, frame) for specs (job, wid, slot, seq, lanes, lost, flags) in order: each of a worker's frames takes
+    the next value of its transmission counter (from ``start``), a lost one too, but is not sent. ``lost`` < 0: a
+    late frame (reordered or duplicated by the network), sent with the counter ``-lost`` behind the next value,
+    which it does not take."""
+    counters = dict(start)
+    out = []
+    for job, wid, slot, seq, lanes, lost, flags in specs:
+        wid %= JOBS[job]["workers"]
+        tx = counters.get((job, wid), 0)
+        if lost < 0:
+            tx += lost
+        else:
+            counters[(job, wid)] = tx + 1
+        if lost <= 0:
+            out.append((wid + 1, _frame(wid, job, slot, seq, seq & 1, lanes, flags=flags, reserved=tx % 128)))
+    return out
+
+
+_COUNTED_SPEC = st.tuples(
+    st.sampled_from([1, 1, 1, 2]), st.integers(0, 3), st.integers(0, 1), st.integers(0, 2),
+    st.lists(_LANE, min_size=wire.LANES, max_size=wire.LANES),
+    # lost (1), or late by 1, 2, 63, 64 (the boundary: 64 behind is 64 ahead, late) or 65 (63 ahead: a gap)
+    st.sampled_from([0] * 14 + [1] * 2 + [-1, -2, -63, -64, -65]),
+    st.sampled_from([_COUNTED] * 6 + [_COUNTED | int(wire.Flags.RETRANSMIT), 0]),  # an uncounted frame now and then
+)
+# A whole round of a job's slot (every worker, in worker order; one of them lost now and then): completions.
+_COUNTED_ROUND = st.builds(
+    lambda job, slot, seq, lanes, lost, flags: [(job, wid, slot, seq, lanes, int(wid == lost), flags)
+                                                for wid in range(JOBS[job]["workers"])],
+    st.sampled_from([1, 2]), st.integers(0, 3), st.integers(0, 5), st.lists(_LANE, min_size=wire.LANES, max_size=wire.LANES),
+    st.sampled_from([-1] * 8 + [0, 1]), st.sampled_from([_COUNTED] * 8 + [0]),
+)
+_COUNTED_BATCH = st.lists(st.one_of(_COUNTED_SPEC.map(lambda spec: [spec]), _COUNTED_ROUND), min_size=1, max_size=12).map(
+    lambda items: [spec for item in items for spec in item])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(batches=st.lists(_COUNTED_BATCH, min_size=1, max_size=6),
+       start=st.integers(0, 127), vector_min=st.sampled_from([1, 4]), rows=st.booleans(), loop=st.booleans())
+def test_counted_batches_equal_one_frame_at_a_time(batches, start, vector_min, rows, loop):
+    """Counted gradients of two jobs (counters from ``start``, wrapping at 128), some lost (gap reports), some late
+    (no report, the counter left), resends (answers with reserved 0) and completions (PREV_DONE), in union
+    batches: the outputs and every register and counter are those of ``process``. The counters checked in the
+    Python loop or with numpy (``loop``)."""
+    saved = pipeline_batch.TX_LOOP_MAX
+    pipeline_batch.TX_LOOP_MAX = saved if loop else 0
+    try:
+        _check_counted_batches(batches, start, vector_min, rows)
+    finally:
+        pipeline_batch.TX_LOOP_MAX = saved
+
+
+def _check_counted_batches(batches, start: int, vector_min: int, rows: bool) -> None:
+    one, batch = _pipeline(), _pipeline()
+    starts = {(job, wid): start + 7 * wid + job for job in JOBS for wid in range(4)}
+    for specs in batches:
+        ported = _counted_stream(specs, starts)
+        for job, wid, _slot, _seq, _lanes, lost, _flags in specs:  # the next batch continues every counter
+            starts[(job, wid % JOBS[job]["workers"])] += lost >= 0
+        if not ported:
+            continue
+        ports = np.array([p for p, _ in ported], np.int64)
+        frames = [f for _, f in ported]
+        expected = [out for p, f in ported for out in one.process(p, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, ports, _as_rows(frames) if rows else frames,
+                                               vector_min=vector_min, as_block=rows)
+        assert _listed(got) == expected
+        assert _state(batch) == _state(one)
+
+
+def _counted_rounds(rounds: range, start: int, rng: np.random.Generator, lose: set[tuple[int, int]] = frozenset()):
+    """Job 1's workers 0-3, each its own port batch per round (slots 0-3, seq = round): counted from ``start``;
+    (round, worker) in ``lose`` loses that worker's frame for slot 1 of the round."""
+    batches = []
+    for r in rounds:
+        for wid in range(4):
+            frames = []
+            for slot in range(4):
+                tx = (start + (r - rounds[0]) * 4 + slot) % 128
+                if (r, wid) not in lose or slot != 1:
+                    frames.append(_frame(wid, 1, slot, 4 * r + slot, r & 1, rng.integers(-(2**20), 2**20, wire.LANES).tolist(),
+                                         flags=_COUNTED, reserved=tx))
+            batches.append((wid + 1, frames))
+    return batches
+
+
+def test_lossless_counted_batches_take_the_vector_path(monkeypatch):
+    """The common case (every gradient counted, nothing lost): no frame through the per-frame path; each result
+    names the previous completion, the first of each batch the register's, the counters wrap at 128."""
+    rng = np.random.default_rng(5)
+    one, batch = _pipeline(), _pipeline()
+    per_frame = []
+    real = InaPipeline._process
+    monkeypatch.setattr(InaPipeline, "_process", lambda self, port, f: per_frame.append(f) or real(self, port, f))
+    results = []
+    for port, frames in _counted_rounds(range(40, 75), 120, rng):  # counters 120 ... past 127
+        expected = [out for f in frames for out in real(one, port, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, port, _as_rows(frames), vector_min=1, as_block=True)
+        assert isinstance(got, pipeline_batch.FrameBlock)
+        assert got.as_list() == expected
+        results += expected
+        assert _state(batch) == _state(one)
+    assert per_frame == []
+    heads = [wire.unpack_header(f, wire.INA_OFFSET) for _, f in results[::4]]  # one replica per result
+    assert [h.seq for h in heads] == list(range(160, 300))
+    assert heads[0].flags == 0 and heads[0].reserved == 0
+    assert all(h.flags == wire.Flags.PREV_DONE and h.reserved == (h.seq - 1) & 0x7F for h in heads[1:])
+    assert batch.ina_last_done[1] == 0x80 | (299 & 0x7F)
+    assert [batch.ina_tx_next[32 + wid] for wid in range(4)] == [0x80 | ((120 + 35 * 4) % 128)] * 4
+
+
+def test_a_lost_frame_sends_its_batch_one_frame_at_a_time_with_the_gap_report(monkeypatch):
+    """Worker 2 loses its slot 1 frame of round 3: its next frame (slot 2, not completing) becomes the gap report;
+    that batch goes one frame at a time, the next ones take the vector path again."""
+    rng = np.random.default_rng(6)
+    one, batch = _pipeline(), _pipeline()
+    outs = []
+    for port, frames in _counted_rounds(range(1, 6), 0, rng, lose={(3, 2)}):
+        expected = [out for f in frames for out in one.process(port, f)]
+        got = batch.process_batch(port, frames)
+        assert got == expected
+        assert _state(batch) == _state(one)
+        outs += got
+    reports = [(p, wire.unpack_header(f, wire.INA_OFFSET)) for p, f in outs if len(f) == wire.INA_QUERY_FRAME_LEN]
+    assert [(p, h.msg_type, h.flags, h.slot, h.reserved, h.seq) for p, h in reports] == [
+        (3, wire.MsgType.STATUS, wire.Flags.GAP, 1, (2 * 4 + 2) % 128, 4 * 3 + 2)]
+
+
+@pytest.mark.parametrize("loop_max", [pipeline_batch.TX_LOOP_MAX, 0])
+@pytest.mark.parametrize("behind", [1, 5, wire.TX_LATE_HALF])
+def test_a_late_frame_sends_its_batch_one_frame_at_a_time_without_a_report(monkeypatch, loop_max, behind):
+    """Worker 1's round 17 batch ends with a copy of its frame ``behind`` counters behind the one expected next,
+    reordered or duplicated by the network (1: the batch's last frame again, whose copy waits; 5: the previous
+    round's, answered; 64, the farthest behind, (tx - expected) mod 128 = 64: round 2's, long gone): that batch
+    goes one frame at a time, with no gap report and the counter left where it was, so the next batches take the
+    vector path again; outputs and state exact."""
+    rng = np.random.default_rng(7)
+    one, batch = _pipeline(), _pipeline()
+    monkeypatch.setattr(pipeline_batch, "TX_LOOP_MAX", loop_max)
+    per_frame = []
+    real = InaPipeline._process
+    monkeypatch.setattr(InaPipeline, "_process", lambda self, port, f: per_frame.append(f) or real(self, port, f))
+    sent: list[bytes] = []  # worker 1's frames in order: sent[k] carries counter (100 + k) mod 128
+    outs = []
+    late = False
+    for port, frames in _counted_rounds(range(1, 21), 100, rng):
+        if port == 2:
+            sent += frames
+            if len(sent) == 68:  # round 17
+                frames = [*frames, sent[-behind]]
+                late = True
+        expected = [out for f in frames for out in real(one, port, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, port, frames, vector_min=1)
+        assert got == expected
+        assert _state(batch) == _state(one)
+        outs += got
+        assert len(per_frame) == (5 if late else 0)  # only the batch with the late frame, one frame at a time
+        if len(sent) == 68 and port == 2:
+            assert batch.ina_tx_next[32 + 1] == 0x80 | (100 + 68) % 128
+    assert not [f for _, f in outs if len(f) == wire.INA_QUERY_FRAME_LEN]  # no gap report, no status
+    assert [batch.ina_tx_next[32 + wid] for wid in range(4)] == [0x80 | (100 + 80) % 128] * 4
+    assert batch.counters["MyIngress.ina_duplicates"][1] == 1
+
+
+@pytest.mark.parametrize("loop_max", [pipeline_batch.TX_LOOP_MAX, 0])
+def test_two_jobs_and_uncounted_frames_in_one_vectorised_batch(monkeypatch, loop_max):
+    """Union batches of whole rounds of both jobs (disjoint slots), each job's completions named in its own order,
+    job 2's frames counted in some batches only: every frame on the vector path, outputs and state exact."""
+    one, batch = _pipeline(), _pipeline()
+    monkeypatch.setattr(batch, "_process", lambda *a: pytest.fail("a frame took the per-frame path"))
+    monkeypatch.setattr(pipeline_batch, "TX_LOOP_MAX", loop_max)
+    tx = {(1, w): 100 + w for w in range(4)} | {(2, w): 126 + w for w in range(2)}
+    heads = []
+    for r in range(6):
+        ported = []
+        job2_counted = r % 3 != 1
+        for job, slots, workers in ((1, (0, 1), 4), (2, (2, 3), 2)):
+            for wid in range(workers):
+                for slot in slots:
+                    counted = job == 1 or job2_counted
+                    flags, reserved = (_COUNTED, tx[(job, wid)] % 128) if counted else (0, 5)
+                    tx[(job, wid)] += counted
+                    ported.append((wid + 1, _frame(wid, job, slot, 10 * r + slot, r & 1, [r + wid + slot] * wire.LANES,
+                                                   flags=flags, reserved=reserved)))
+        expected = [out for p, f in ported for out in one.process(p, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, np.array([p for p, _ in ported]), [f for _, f in ported], vector_min=1)
+        assert got == expected
+        assert _state(batch) == _state(one)
+        heads += [wire.unpack_header(f, wire.INA_OFFSET) for _, f in got]
+    job2 = [h for h in heads[::2] if h.job_id == 2]  # one replica of each (two workers)
+    assert [(h.seq, h.flags, h.reserved) for h in job2] == [
+        (2, 0, 0), (3, wire.Flags.PREV_DONE, 2), (12, 0, 5), (13, 0, 5), (22, wire.Flags.PREV_DONE, 3),
+        (23, wire.Flags.PREV_DONE, 22), (32, wire.Flags.PREV_DONE, 23), (33, wire.Flags.PREV_DONE, 32),
+        (42, 0, 5), (43, 0, 5), (52, wire.Flags.PREV_DONE, 33), (53, wire.Flags.PREV_DONE, 52)]
+    assert batch.ina_last_done[1] == 0x80 | 51 and batch.ina_last_done[2] == 0x80 | 53
+
+
+@pytest.mark.parametrize("sized_counted", [True, False])
+def test_a_counted_frame_of_another_length_in_a_batch(sized_counted):
+    """A counted gradient with trailing bytes (still INA: the lengths are in its headers) among whole frames of the
+    same worker, counted (the batch goes one frame at a time) or not (only it touches the loss signals' state)."""
+    one, batch = _pipeline(), _pipeline()
+    flags = _COUNTED if sized_counted else 0
+    # counted: every frame after 0 a gap (of 6 frames)
+    frames = [_frame(0, 1, s, 1, 1, [s] * wire.LANES, flags=flags, reserved=7 * s) for s in range(4)]
+    frames[1] = _frame(0, 1, 1, 1, 1, [1] * wire.LANES, flags=_COUNTED, reserved=7) + b"\x00" * 6  # longer
+    expected = [out for f in frames for out in one.process(1, f)]
+    with batch.lock:
+        got = pipeline_batch.process_batch(batch, 1, frames, vector_min=1)
+    assert got == expected
+    assert [f[wire.INA_OFFSET] for _, f in got] == [wire.MsgType.STATUS] * (3 if sized_counted else 0)
     assert _state(batch) == _state(one)

@@ -41,6 +41,7 @@ def test_constants_match_p4():
     assert p4.ints["INA_FLAG_TX_COUNTED"] == wire.Flags.TX_COUNTED
     assert p4.ints["INA_FLAG_GAP"] == wire.Flags.GAP
     assert p4.ints["INA_FLAG_PREV_DONE"] == wire.Flags.PREV_DONE
+    assert p4.ints["INA_TX_LATE_HALF"] == wire.TX_LATE_HALF == wire.TX_COUNTER_MOD // 2
     assert p4.ints["INA_QUERY_IPV4_LEN"] == wire.INA_QUERY_IPV4_LEN
     assert p4.ints["INA_QUERY_UDP_LEN"] == wire.INA_QUERY_UDP_LEN
     for reason in wire.DropReason:

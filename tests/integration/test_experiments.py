@@ -158,6 +158,7 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         points = doc["summary"]["points"]
         assert [p["loss"] for p in points] == [0.0, 0.05]
         assert points[1]["retransmits_per_chunk"] > 0  # the switch really dropped INA packets
+        assert points[0]["gap_reports"] == 0 and points[1]["gap_reports"] > 0  # the switch's loss signals came
         assert all(p["exact"] is True for p in points)  # and every result is still the exact sum
         assert "--fault-drop 0.05" in (run_dir / "runs" / "02-loss5-ina" / "logs" / "s1.log").read_text().splitlines()[0]
     elif name == "hetero":

@@ -20,6 +20,7 @@ from topologies.experiments.testbed import INA_UDP_BASE, AgentJob
 
 GOODPUT_TARGETS = ((0.01, 0.90), (0.05, 0.70))  # (loss, share of lossless goodput), every result exact
 WAIT_KEYS = ("slot_wait_s", "cwnd_wait_s", "tail_wait_s")  # host_agent.stream.StreamStats
+SUMMED_KEYS = ("window_cuts", "loss_cuts", "gap_reports", "signal_resends")  # StreamStats counts summed over workers
 
 
 @dataclass(frozen=True)
@@ -115,15 +116,17 @@ class LossExperiment(Experiment):
             stats = [w.get("stats") or {} for w in workers]
             for key in WAIT_KEYS:  # where the time went, per worker, warm-up included (docs/agent.md)
                 row[key] = [round(float(s.get(key, 0.0)), 4) for s in stats]
-            for key in ("window_cuts", "loss_cuts"):
+            for key in SUMMED_KEYS:
                 row[key] = sum(int(s.get(key, 0)) for s in stats)
+            row["lane_lag_max"] = max((int(s.get("lane_lag_max", 0)) for s in stats), default=0)
             ctx.record(row)
             exact = {True: "exact", False: "NOT EXACT", None: "unchecked"}[row["exact"]]
             ctx.progress(f"  median {row['seconds_median'] * 1e3:.0f} ms, goodput {row['goodput_mbps']:.2f} Mbit/s, "
                          f"{row['retransmits']} retransmits ({row['early_resends']} early, {row['timeouts']} timeouts, "
                          f"{row['spurious_resends']} spurious), waits slot/window/tail "
                          f"{'/'.join(f'{max(row[k]) * 1e3:.0f}' for k in WAIT_KEYS)} ms, "
-                         f"{row['window_cuts']} cuts ({row['loss_cuts']} on loss), {exact}")
+                         f"{row['window_cuts']} cuts ({row['loss_cuts']} on loss), {row['gap_reports']} gap reports, "
+                         f"{row['signal_resends']} resends on a signal, lanes up to {row['lane_lag_max']} behind, {exact}")
 
     @staticmethod
     def summarize(rows: list[dict], config: LossConfig) -> dict:
@@ -133,7 +136,7 @@ class LossExperiment(Experiment):
         points = [{"loss": r["loss"], "goodput_mbps": r["goodput_mbps"], "seconds_median": r["seconds_median"],
                    "seconds_min": r.get("seconds_min"), "seconds_max": r.get("seconds_max"),
                    "retransmits_per_chunk": r.get("retransmits_per_chunk"), "exact": r["exact"],
-                   **{k: r.get(k) for k in ("early_resends", "timeouts", "spurious_resends", "window_cuts", "loss_cuts")},
+                   **{k: r.get(k) for k in ("early_resends", "timeouts", "spurious_resends", *SUMMED_KEYS, "lane_lag_max")},
                    **{k: max(r[k]) if r.get(k) else None for k in WAIT_KEYS}} for r in ina]
         for p, r in zip(points, ina):
             # the uplink model (docs/experiments.md, experiment 4, session 8): a call takes at least the framed wire

@@ -451,7 +451,7 @@ class ResultBatch:
             self.missing.append(i)
 
     def _gap(self, count: int, revealed: int) -> None:
-        """A gap report: the ``count`` frames this worker sent before the one numbered ``revealed`` (mod 128) did not
+        """A gap report (a STATUS, or a result to this worker's frame that revealed it): the ``count`` frames this worker sent before the one numbered ``revealed`` (mod 128) did not
         reach the switch. Each one's chunk is lost if that frame is still its latest transmission and it has no
         result (the report may name frames the switch answered, or whose chunk went again since)."""
         flight, got, txlog = self.flight, self.got, self.stream._txlog
@@ -500,6 +500,7 @@ class ResultBatch:
         unpack, hdr, cb = _HDR.unpack_from, wire.INA_HEADER_LEN, CHUNK_BYTES
         sel: list[int] = []
         prev: list[tuple[int, int]] = []
+        gaps: list[int] = []
         for off in range(0, m * PAYLOAD, PAYLOAD):
             _mt, fl, jid, g, _slot, seq, _w, _last = unpack(buf, off)
             if jid != job or g != gen:
@@ -508,6 +509,8 @@ class ResultBatch:
             i = (seq - a) & 0xFFFFFFFF
             if fl & F_PREV_DONE:
                 prev.append((i, _last >> 1))
+            if fl & F_GAP:  # this worker's frame that the switch delivered revealed a gap: slot = lost << 7 | counter
+                gaps.append(_slot)
             if i >= sent or i < i0 or got[i]:
                 stats.ignored += 1
                 if i0 <= i < sent:
@@ -525,6 +528,8 @@ class ResultBatch:
             self.remaining -= len(sel)
             self.progressed = True
             flight.delivered_few(sel, self.now)
+        for gap in gaps:
+            self._gap(gap >> 7, gap & 0x7F)
         if prev and flight.numbered:
             self._prev_done(prev)
 
@@ -552,6 +557,10 @@ class ResultBatch:
                 self.flight.duplicate(int(i))
         if pos.size:
             self._take(rec, pos, idx[pos])
+        gaps = ours & ((rec["flags"] & F_GAP) != 0)
+        if gaps.any():  # gaps this worker's delivered frames revealed: slot = lost << 7 | counter
+            for gap in rec["slot"][gaps].tolist():
+                self._gap(gap >> 7, gap & 0x7F)
         if prev is not None and prev.any():
             self._prev_done(list(zip(idx[prev].tolist(), (rec["reserved_shadow"][prev] >> 1).tolist())))
 

@@ -51,7 +51,9 @@ const bit<8> INA_FLAG_OVERFLOW   = 0x02;
 const bit<8> INA_FLAG_HELD       = 0x04;  /* in a status: the sender's contribution is in the incomplete copy */
 /* Loss signals (docs/protocol.md, "Loss signals"), for jobs not on chains: */
 const bit<8> INA_FLAG_TX_COUNTED = 0x08;  /* in a gradient: reserved = the sender's transmission counter mod 128 */
-const bit<8> INA_FLAG_GAP        = 0x10;  /* in a status (gap report): slot = frames lost before reserved's */
+const bit<8> INA_FLAG_GAP        = 0x10;  /* in a status (gap report): slot = frames lost before reserved's;
+                                            * in a result to the revealing frame's sender: slot = lost << 7 | its
+                                            * counter */
 const bit<8> INA_FLAG_PREV_DONE  = 0x20;  /* in a multicast result: reserved = seq[6:0] of the previous one */
 /* A counted frame (reserved - expected) mod 128 = 1 .. INA_TX_LATE_HALF - 1 ahead of the counter expected next
  * reveals a gap; INA_TX_LATE_HALF or more ahead is behind it: a late frame (reordered or duplicated), no gap. */
@@ -204,9 +206,11 @@ struct metadata_t {
     bit<1>  tx_counted;    /* a gradient with INA_FLAG_TX_COUNTED of a job not on a chain */
     bit<1>  tx_gap;        /* its transmission counter is not the one expected next */
     bit<32> tx_idx;        /* job_id * 32 + worker_id */
-    bit<8>  tx_next;       /* ina_tx_next[tx_idx] as the frame found it */
+    bit<32> tx_next;       /* ina_tx_next[tx_idx] as the frame found it */
     bit<7>  tx_ahead;      /* (hdr.ina.reserved - tx_next[6:0]) mod 128: 0 in sequence, 1..63 a gap, 64.. late */
-    bit<8>  last_done;     /* ina_last_done[job_id] as the completion found it */
+    bit<16> gap_slot;      /* a gap a delivered frame revealed: tx_ahead << 7 | reserved, for its sender's copy */
+    bit<8>  gap_worker;    /* that frame's sender: the recipient whose copy carries INA_FLAG_GAP */
+    bit<32> last_done;     /* ina_last_done[job_id] as the completion found it */
 }
 
 /*************************************************************************
@@ -390,8 +394,10 @@ control MyIngress(inout headers_t hdr,
     /* ---- end of chains' declarations ---- */
 
     /* ---- Loss signals (docs/protocol.md, "Loss signals"): jobs not on chains, counted gradients only ---- */
-    register<bit<8>>(NUM_BINDINGS) ina_tx_next;  /* job_id * 32 + worker_id: 0x80 | counter expected next; 0 none */
-    register<bit<8>>(MAX_JOBS) ina_last_done;    /* job_id: 0x80 | seq[6:0] of its latest counted completion; 0 none */
+    /* Both hold generation << 8 | 0x80 | a 7-bit value, so that a value of an earlier generation of the job, or of an
+     * earlier job with the same id (the controller never reuses a generation), reads as none. */
+    register<bit<32>>(NUM_BINDINGS) ina_tx_next;  /* job_id * 32 + worker_id: the counter expected next */
+    register<bit<32>>(MAX_JOBS) ina_last_done;    /* job_id: seq[6:0] of its latest counted completion */
 
     action drop() {
         mark_to_drop(standard_metadata);
@@ -512,18 +518,19 @@ control MyIngress(inout headers_t hdr,
      * 7 bits and INA_FLAG_PREV_DONE, or reserved 0 if there was none); then it becomes the previous one. */
     action stamp_prev_done() {
         ina_last_done.read(meta.last_done, (bit<32>)hdr.ina.job_id);
-        hdr.ina.reserved = meta.last_done[6:0];
-        if (meta.last_done != 0) {
+        hdr.ina.reserved = 0;
+        if (meta.last_done[7:7] == 1 && meta.last_done[23:8] == hdr.ina.generation) {
+            hdr.ina.reserved = meta.last_done[6:0];
             hdr.ina.flags = hdr.ina.flags | INA_FLAG_PREV_DONE;
         }
-        ina_last_done.write((bit<32>)hdr.ina.job_id, 8w0x80 | (bit<8>)hdr.ina.seq[6:0]);
+        ina_last_done.write((bit<32>)hdr.ina.job_id,
+                            ((bit<32>)hdr.ina.generation << 8) | 32w0x80 | (bit<32>)hdr.ina.seq[6:0]);
     }
 
     /* Loss signals: a counted frame that revealed a gap and would be dropped becomes the gap report to its sender,
      * header only: INA_STATUS with INA_FLAG_GAP, slot = frames lost (tx_ahead: reserved - expected, mod 128),
-     * reserved its own counter; the counter expected next follows it. */
+     * reserved its own counter. (A delivered one carries the gap in its sender's copy: meta.gap_slot.) */
     action gap_report() {
-        ina_tx_next.write(meta.tx_idx, 8w0x80 | (bit<8>)(hdr.ina.reserved + 1));
         hdr.ina_data.setInvalid();
         hdr.ina.msg_type = INA_STATUS;
         hdr.ina.flags = INA_FLAG_GAP;
@@ -717,10 +724,12 @@ control MyIngress(inout headers_t hdr,
         }
 
         /* 6t. Loss signals (docs/protocol.md, "Loss signals"): a counted gradient of a job not on a chain checks its
-         * sender's transmission counter against the one expected next; in sequence the next one is written now,
-         * whatever the frame's fate; a gap (1 .. INA_TX_LATE_HALF - 1 ahead) writes it only by the gap report that
-         * a dropped frame becomes; a late frame (INA_TX_LATE_HALF or more ahead, i.e. behind: reordered or
-         * duplicated) neither reports nor writes, and is otherwise as in sequence. */
+         * sender's transmission counter against the one expected next (none: not yet, or of another generation);
+         * in sequence, or a gap (1 .. INA_TX_LATE_HALF - 1 ahead), the next one is written now, whatever the
+         * frame's fate, and the frame's fate says how the gap is reported: a dropped frame becomes the gap report,
+         * a delivered one carries it to its sender (the sender's copy of a completion, or the answer to a resend);
+         * a late frame (INA_TX_LATE_HALF or more ahead, i.e. behind: reordered or duplicated) neither reports nor
+         * writes, and is otherwise as in sequence. */
         meta.tx_counted = 0;
         meta.tx_gap = 0;
         if (meta.chain == 0 && (hdr.ina.flags & INA_FLAG_TX_COUNTED) != 0) {
@@ -728,12 +737,17 @@ control MyIngress(inout headers_t hdr,
             meta.tx_idx = (bit<32>)hdr.ina.job_id * 32 + (bit<32>)hdr.ina.worker_id;
             ina_tx_next.read(meta.tx_next, meta.tx_idx);
             meta.tx_ahead = hdr.ina.reserved - meta.tx_next[6:0];
-            if (meta.tx_next[7:7] == 1 && meta.tx_ahead != 0) {
-                if (meta.tx_ahead < INA_TX_LATE_HALF) {
+            if (meta.tx_next[7:7] == 0 || meta.tx_next[23:8] != hdr.ina.generation) {
+                meta.tx_ahead = 0;  /* none expected: in sequence */
+            }
+            if (meta.tx_ahead < INA_TX_LATE_HALF) {
+                if (meta.tx_ahead != 0) {
                     meta.tx_gap = 1;
+                    meta.gap_slot = ((bit<16>)meta.tx_ahead << 7) | (bit<16>)hdr.ina.reserved;
+                    meta.gap_worker = hdr.ina.worker_id;
                 }
-            } else {
-                ina_tx_next.write(meta.tx_idx, 8w0x80 | (bit<8>)(hdr.ina.reserved + 1));
+                ina_tx_next.write(meta.tx_idx, ((bit<32>)hdr.ina.generation << 8) | 32w0x80
+                                               | (bit<32>)(hdr.ina.reserved + 1));
             }
         }
 
@@ -855,6 +869,10 @@ control MyIngress(inout headers_t hdr,
                 if (meta.final == 1) {
                     if (meta.tx_counted == 1) {
                         hdr.ina.reserved = 0;  /* an answer to a resend carries no PREV_DONE */
+                        if (meta.tx_gap == 1) {
+                            hdr.ina.flags = hdr.ina.flags | INA_FLAG_GAP;
+                            hdr.ina.slot = meta.gap_slot;
+                        }
                     }
                     reply_to_sender();
                 } else {
@@ -910,6 +928,11 @@ control MyEgress(inout headers_t hdr,
         if (meta.ina_mcast == 1) {
             if (!ina_worker.apply().hit) {
                 exit;
+            }
+            /* Loss signals: the completing frame revealed a gap: its sender's copy of the result carries it. */
+            if (meta.tx_gap == 1 && hdr.ina.worker_id == meta.gap_worker) {
+                hdr.ina.flags = hdr.ina.flags | INA_FLAG_GAP;
+                hdr.ina.slot = meta.gap_slot;
             }
         }
         if (meta.ina_out == 1) {

@@ -62,6 +62,12 @@ _SIGNS = int.from_bytes(b"\x80\x00\x00\x00" * wire.LANES, "big")
 _LOWS = int.from_bytes(b"\x7f\xff\xff\xff" * wire.LANES, "big")
 
 
+def _gap_slot(tx_ahead: int, reserved: int) -> bytes:
+    """The slot field of a result that carries a gap to its sender (meta.gap_slot): frames lost << 7 | the counter
+    of the frame that revealed them."""
+    return _U16.pack((tx_ahead << 7) | reserved)
+
+
 def _csum16_folded(header: bytes | bytearray) -> int:
     """The folded 16-bit one's complement sum of a 20-byte header (as wire.ipv4_checksum folds it, before ~).
 
@@ -430,21 +436,22 @@ class InaPipeline:
             return []
 
         # 6t. Loss signals (docs/protocol.md, "Loss signals"): a counted gradient of a job not on a chain checks its
-        # sender's transmission counter against the one expected next; in sequence the next one is written now,
-        # whatever the frame's fate; a gap (1 .. INA_TX_LATE_HALF - 1 ahead) writes it only by the gap report that
-        # a dropped frame becomes; a late frame (INA_TX_LATE_HALF or more ahead, i.e. behind: reordered or
-        # duplicated) neither reports nor writes, and is otherwise as in sequence.
+        # sender's transmission counter against the one expected next (none: not yet, or of another generation);
+        # in sequence, or a gap (1 .. INA_TX_LATE_HALF - 1 ahead), the next one is written now, whatever the
+        # frame's fate, and the frame's fate says how the gap is reported: a dropped frame becomes the gap report,
+        # a delivered one carries it to its sender (the sender's copy of a completion, or the answer to a resend);
+        # a late frame (INA_TX_LATE_HALF or more ahead, i.e. behind: reordered or duplicated) neither reports nor
+        # writes, and is otherwise as in sequence.
         tx_counted = flags & _TX_COUNTED and not chain
+        tx_gap = False
         if tx_counted:
             reserved = last >> 1
             tx_idx = (job_id << 5) + worker_id
             tx_next = self.ina_tx_next[tx_idx]
-            tx_ahead = (reserved - tx_next) & 0x7F
-            if tx_next & 0x80 and tx_ahead:
-                tx_gap = tx_ahead < _TX_LATE_HALF
-            else:
-                tx_gap = False
-                self.ina_tx_next[tx_idx] = 0x80 | ((reserved + 1) & 0x7F)
+            tx_ahead = (reserved - tx_next) & 0x7F if tx_next & 0x80 and tx_next >> 8 == generation else 0
+            if tx_ahead < _TX_LATE_HALF:
+                tx_gap = tx_ahead != 0
+                self.ina_tx_next[tx_idx] = (generation << 8) | 0x80 | ((reserved + 1) & 0x7F)
 
         if self.ina_owner[slot_abs] != owner:
             self.ina_owner[slot_abs] = owner
@@ -497,8 +504,8 @@ class InaPipeline:
             ina_overflow[cell] = overflow
             counters["MyIngress.ina_aggregated"][job_id] += 1
             if not complete:
-                if tx_counted and tx_gap:
-                    return self._gap_report(frame, ingress_port, tx_idx, tx_ahead)
+                if tx_gap:
+                    return self._gap_report(frame, ingress_port, tx_ahead)
                 return []
             out = bytearray(frame)
             out[_O_DATA:_INA_END] = total
@@ -509,16 +516,18 @@ class InaPipeline:
             if chain:
                 self.ina_final[cell] = 1
             if tx_counted:
-                self._stamp_prev_done(out, job_id, seq)
+                self._stamp_prev_done(out, job_id, generation, seq)
             self._multicast_to_job(out)
+            if tx_gap:  # MyEgress: the sender's copy carries the gap its frame revealed
+                return self._replicate(mcast_grp, out, ingress_port, (worker_id, _gap_slot(tx_ahead, reserved)))
             return self._replicate(mcast_grp, out, ingress_port)
 
         # 6b. Seen before: a completed copy answers its sender alone; anything else is dropped.
         counters["MyIngress.ina_duplicates"][job_id] += 1
         final = self.ina_final[cell] if chain else 1
         if count != 0 or age != 0 or bitmap & wbit == 0:
-            if tx_counted and tx_gap:
-                return self._gap_report(frame, ingress_port, tx_idx, tx_ahead)
+            if tx_gap:
+                return self._gap_report(frame, ingress_port, tx_ahead)
             return []
         o = cell * _CELL_BYTES
         out = bytearray(frame)
@@ -530,6 +539,9 @@ class InaPipeline:
             return self._send_onward(out, job_id, own_member_id, next_grp, ingress_port)
         if tx_counted:
             out[_O_RESERVED] &= 1  # an answer to a resend carries no PREV_DONE: reserved 0
+            if tx_gap:
+                out[_O_FLAGS] |= _GAP
+                out[_O_SLOT : _O_SLOT + 2] = _gap_slot(tx_ahead, reserved)
         self._reply_to_sender(out)
         return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 
@@ -550,22 +562,22 @@ class InaPipeline:
         self.counters["MyIngress.ina_partials"][job_id] += 1
         return self._replicate(next_grp, out, ingress_port)
 
-    def _stamp_prev_done(self, out: bytearray, job_id: int, seq: int) -> None:
-        """action stamp_prev_done: a counted completion's result names the job's previous completion (ina_last_done):
-        reserved = its seq's low 7 bits and PREV_DONE, or reserved 0 if there was none; then this completion becomes
-        the previous one."""
+    def _stamp_prev_done(self, out: bytearray, job_id: int, generation: int, seq: int) -> None:
+        """action stamp_prev_done: a counted completion's result names the job's previous completion (ina_last_done,
+        if of this generation): reserved = its seq's low 7 bits and PREV_DONE, or reserved 0 if there was none; then
+        this completion becomes the previous one."""
         last_done = self.ina_last_done[job_id]
-        if last_done != 0:
+        if last_done & 0x80 and last_done >> 8 == generation:
             out[_O_FLAGS] |= _PREV_DONE
-        out[_O_RESERVED] = ((last_done & 0x7F) << 1) | (out[_O_RESERVED] & 1)
-        self.ina_last_done[job_id] = 0x80 | (seq & 0x7F)
+            out[_O_RESERVED] = ((last_done & 0x7F) << 1) | (out[_O_RESERVED] & 1)
+        else:
+            out[_O_RESERVED] &= 1
+        self.ina_last_done[job_id] = (generation << 8) | 0x80 | (seq & 0x7F)
 
-    def _gap_report(self, frame: bytes, ingress_port: int, tx_idx: int, tx_ahead: int) -> list[tuple[int, bytes]]:
+    def _gap_report(self, frame: bytes, ingress_port: int, tx_ahead: int) -> list[tuple[int, bytes]]:
         """action gap_report: a dropped counted frame that revealed a gap becomes the gap report to its sender: a
         header-only STATUS with GAP, slot = the frames lost (tx_ahead: reserved - expected, mod 128), reserved its
-        own counter; the counter expected next follows it."""
-        reserved = frame[_O_RESERVED] >> 1
-        self.ina_tx_next[tx_idx] = 0x80 | ((reserved + 1) & 0x7F)
+        own counter."""
         out = bytearray(frame)
         del out[_O_DATA:_INA_END]  # hdr.ina_data.setInvalid()
         out[_O_INA] = _STATUS
@@ -609,8 +621,10 @@ class InaPipeline:
         return self._egress(ingress_port, egress_spec, 0, out, ina_out=False, ina_mcast=False)
 
     # --- traffic manager ---------------------------------------------------------------------------
-    def _replicate(self, group: int, out: bytearray, ingress_port: int) -> list[tuple[int, bytes]]:
-        """Replicas of an INA packet (multicast_to_job): MyEgress with ina_mcast = ina_out = 1 for each.
+    def _replicate(self, group: int, out: bytearray, ingress_port: int, gap: tuple[int, bytes] | None = None
+                   ) -> list[tuple[int, bytes]]:
+        """Replicas of an INA packet (multicast_to_job): MyEgress with ina_mcast = ina_out = 1 for each; ``gap``:
+        (meta.gap_worker, meta.gap_slot) of a completion that revealed a gap, whose sender's copy carries it.
 
         The same steps as ``_egress`` for every replica, with what all replicas share done once: the UDP
         checksum and the IPv4 checksum field are zeroed, the bytes set_worker_addr leaves alone are cut once,
@@ -618,7 +632,7 @@ class InaPipeline:
         integer value is that plus the address, see ``_csum16_folded``).
         """
         if group == 0:  # no multicast group: BMv2 sends to egress_spec, which is unset (port 0)
-            return self._egress(ingress_port, 0, 0, out, ina_out=True, ina_mcast=True)
+            return self._egress(ingress_port, 0, 0, out, ina_out=True, ina_mcast=True, gap=gap)
         emitted: list[tuple[int, bytes]] = []
         replicas = self.multicast_groups.get(group, ())
         if not replicas:
@@ -654,6 +668,10 @@ class InaPipeline:
                 x = x_base + ip_value
                 folded = x % 0xFFFF or (0xFFFF if x else 0)
                 r = b"".join((mac, a, pack(0xFFFF - folded), b, ip, c, udp_port, d, worker_id, e))
+                if gap is not None and worker_id[0] == gap[0]:
+                    r = bytearray(r)
+                    r[_O_FLAGS] |= _GAP
+                    r[_O_SLOT : _O_SLOT + 2] = gap[1]
             if port == wire.CPU_PORT:  # packet_in header: ingress_port:9, _pad:7
                 r = pack((ingress_port & 0x1FF) << 7) + r
             emitted.append((port, bytes(r)))
@@ -661,7 +679,8 @@ class InaPipeline:
 
     # --- MyEgress.apply, MyComputeChecksum, MyDeparser ---------------------------------------------
     def _egress(
-        self, ingress_port: int, egress_port: int, egress_rid: int, out: bytearray, *, ina_out: bool, ina_mcast: bool
+        self, ingress_port: int, egress_port: int, egress_rid: int, out: bytearray, *, ina_out: bool, ina_mcast: bool,
+        gap: tuple[int, bytes] | None = None,
     ) -> list[tuple[int, bytes]]:
         if egress_port == DROP_PORT:
             return []
@@ -676,6 +695,9 @@ class InaPipeline:
             else:  # action set_worker_addr
                 out[0:6], out[_O_IP + 16 : _O_IP + 20], out[_O_UDP + 2 : _O_UDP + 4] = addr[:3]
                 out[_O_WORKER] = egress_rid & 0xFF  # hdr.ina.worker_id
+                if gap is not None and out[_O_WORKER] == gap[0]:  # the sender's copy carries its gap
+                    out[_O_FLAGS] |= _GAP
+                    out[_O_SLOT : _O_SLOT + 2] = gap[1]
         if ina_out:
             out[_O_UDP + 6 : _O_UDP + 8] = b"\x00\x00"  # UDP checksum 0: the payload changed
             if out[_O_INA] == MsgType.RESULT:

@@ -342,7 +342,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
     if n_counted:
         if len(cand) < n:
             return _one_by_one(pipeline, port_of, _listed(frames))
-        tx_writes = _tx_counters(pipeline, raw, counted, job_id, worker_id, sender)
+        tx_writes = _tx_counters(pipeline, raw, counted, job_id, worker_id, sender, jobs.generation)
         if tx_writes is None:  # a gap: its report depends on the frame's fate
             return _one_by_one(pipeline, port_of, _listed(frames))
     agg = _aggregate_runs(pipeline, rec, cand, slot_abs, job_id, worker_id, jobs, whole=n_counted > 0)
@@ -358,7 +358,7 @@ def process_batch(pipeline: InaPipeline, ingress_port: int | np.ndarray, frames:
         else:
             deque(map(pipeline.ina_tx_next.__setitem__, members, values), maxlen=0)
         if len(done):
-            stamps = _stamp_prev_done(pipeline, done_rows, counted is None, jc_done)
+            stamps = _stamp_prev_done(pipeline, done_rows, counted is None, jc_done, jobs.generation)
     # --- outputs, in arrival order: the completed slots' results and every frame of the per-frame path
     vector_pos = vec if where is None else where[vec]
     blocks = _replica_blocks(pipeline, done_rows, total, overflow, jc_done, jobs, stamps) if len(done) else {}
@@ -537,10 +537,12 @@ def _aggregate_runs(pipeline: InaPipeline, rec: np.ndarray, cand: np.ndarray, sl
 
 
 def _tx_counters(pipeline: InaPipeline, raw: np.ndarray, c: np.ndarray | None, job_id: np.ndarray, worker_id: np.ndarray,
-                 sender: tuple[int, int] | None) -> tuple[np.ndarray | list[int], np.ndarray | list[int]] | None:
+                 sender: tuple[int, int] | None, generation: np.ndarray
+                 ) -> tuple[np.ndarray | list[int], np.ndarray | list[int]] | None:
     """Step 6t for the counted gradients of a batch whose every frame is aggregated here (``raw`` the frames,
     ``c`` the counted ones' indices, None: every frame; ``sender``: (job, worker) when all are one member's): if
-    each continues its member's transmission counter (the first the one ina_tx_next expects, or any if none yet;
+    each continues its member's transmission counter (the first the one ina_tx_next expects, or any if none of
+    the job's generation (``generation``: per job, every frame's here);
     each next one the previous plus 1, mod 128), none reveals a gap and each writes its own counter plus 1
     whatever its fate, so the registers end as the last one per member writes them: (their indices, those
     values). None if any does not continue its member's counter: a gap (its gap report depends on its fate) or a
@@ -568,12 +570,12 @@ def _tx_counters(pipeline: InaPipeline, raw: np.ndarray, c: np.ndarray | None, j
             e = following.get(member)
             if e is None:
                 e = tx_next[member]
-                if e & 0x80 and e & 0x7F != t0:
+                if e & 0x80 and e >> 8 == generation[member >> 5] and e & 0x7F != t0:
                     return None
             elif e != t0:
                 return None
             following[member] = txs[b - 1] + 1 & 0x7F
-        return list(following), [0x80 | t for t in following.values()]
+        return list(following), [int(generation[m >> 5]) << 8 | 0x80 | t for m, t in following.items()]
     idx = (job_id << 5) + worker_id if c is None else (job_id[c] << 5) + worker_id[c]  # job_id * 32 + worker_id
     new = np.empty(n, bool)
     new[0] = True
@@ -588,26 +590,30 @@ def _tx_counters(pipeline: InaPipeline, raw: np.ndarray, c: np.ndarray | None, j
         return None
     members = idx[starts]
     expected = np.frombuffer(pipeline.ina_tx_next, np.int64)[members]
-    if ((expected >= 0x80) & ((expected & 0x7F) != tx[starts])).any():
+    gen = generation[members >> 5] << 8
+    if (((expected & 0x80) != 0) & ((expected & ~0xFF) == gen) & ((expected & 0x7F) != tx[starts])).any():
         return None
     ends = np.empty_like(starts)  # each member's last counted frame
     ends[:-1] = starts[1:] - 1
     ends[-1] = n - 1
-    return members, 0x80 | ((tx[ends] + 1) & 0x7F)
+    return members, gen | 0x80 | ((tx[ends] + 1) & 0x7F)
 
 
-def _stamp_prev_done(pipeline: InaPipeline, rows: np.ndarray, all_counted: bool, jobs_done: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def _stamp_prev_done(pipeline: InaPipeline, rows: np.ndarray, all_counted: bool, jobs_done: np.ndarray,
+                     generation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """MyIngress.stamp_prev_done for the counted completions among ``rows`` (the completing gradients' frames,
     arrival order; ``all_counted``: every one is) of the jobs ``jobs_done``: each names its job's previous
-    counted completion, the batch's in arrival order, the first the one ina_last_done holds, which ends as the
-    last one's. Returns (flags to add, the reserved:7 | shadow:1 byte) per completion (uncounted ones: no
+    counted completion, the batch's in arrival order, the first the one ina_last_done holds if of the job's
+    ``generation``, which ends as the last one's. Returns (flags to add, the reserved:7 | shadow:1 byte) per completion (uncounted ones: no
     flag, their own byte)."""
     k = len(rows)
     seq_low, byte = rows[:, _O_SEQ_LOW], rows[:, _O_RS]
     if all_counted and jobs_done[0] == jobs_done[-1] and (k < 3 or (jobs_done == jobs_done[0]).all()):
         job = int(jobs_done[0])  # the common case: one job, every completion counted
+        gen = int(generation[job]) << 8
         last_done = pipeline.ina_last_done[job]
+        if last_done & ~0x7F != gen | 0x80:  # none of this generation
+            last_done = 0
         stamped = np.empty(k, np.uint8)  # reserved = the previous one's seq & 0x7F (<< 1 drops bit 7), the shadow
         stamped[0] = (last_done & 0x7F) << 1 | int(byte[0]) & 1
         np.bitwise_or(seq_low[:-1] << 1, byte[1:] & 1, out=stamped[1:])
@@ -615,7 +621,7 @@ def _stamp_prev_done(pipeline: InaPipeline, rows: np.ndarray, all_counted: bool,
         if not last_done:
             flags = flags.copy()
             flags[0] = 0
-        pipeline.ina_last_done[job] = 0x80 | int(seq_low[-1]) & 0x7F
+        pipeline.ina_last_done[job] = gen | 0x80 | int(seq_low[-1]) & 0x7F
         return flags, stamped
     low = seq_low & 0x7F  # what each writes to ina_last_done, without 0x80
     flags = np.zeros(k, np.uint8)
@@ -623,7 +629,8 @@ def _stamp_prev_done(pipeline: InaPipeline, rows: np.ndarray, all_counted: bool,
     d = np.arange(k) if all_counted else np.flatnonzero(rows[:, _O_FLAGS] & _TX_COUNTED)
     if not len(d):
         return flags, byte
-    jobs_d, low_d = jobs_done[d], low[d].astype(np.int64) | 0x80
+    jobs_d = jobs_done[d]
+    low_d = low[d].astype(np.int64) | 0x80 | generation[jobs_d] << 8  # what each writes to ina_last_done
     if jobs_d[0] != jobs_d[-1] or not (jobs_d == jobs_d[0]).all():  # several jobs: each one's in arrival order
         order = np.argsort(jobs_d, kind="stable")
         d, jobs_d, low_d = d[order], jobs_d[order], low_d[order]
@@ -637,7 +644,8 @@ def _stamp_prev_done(pipeline: InaPipeline, rows: np.ndarray, all_counted: bool,
     last_done = np.frombuffer(pipeline.ina_last_done, np.int64)
     prev = np.empty(len(d), np.int64)
     prev[1:] = low_d[:-1]
-    prev[first] = last_done[jobs_d[first]]
+    held = last_done[jobs_d[first]]
+    prev[first] = np.where(held & ~0x7F == (generation[jobs_d[first]] << 8) | 0x80, held, 0)  # of this generation
     last_done[jobs_d[last]] = low_d[last]
     flags[d] = np.where(prev != 0, _PREV_DONE, 0)
     byte[d] = ((prev & 0x7F) << 1) | (byte[d] & 1)

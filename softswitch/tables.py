@@ -140,8 +140,8 @@ REGISTERS: dict[str, tuple[int, int]] = {  # name -> (bitwidth, size)
     "MyIngress.ina_seq": (32, NUM_CELLS),
     "MyIngress.ina_lanes": (32, NUM_CELLS * wire.LANES),
     "MyIngress.ina_final": (8, NUM_CELLS),
-    "MyIngress.ina_tx_next": (8, NUM_BINDINGS),
-    "MyIngress.ina_last_done": (8, wire.MAX_JOBS),
+    "MyIngress.ina_tx_next": (32, NUM_BINDINGS),
+    "MyIngress.ina_last_done": (32, wire.MAX_JOBS),
 }
 
 Match = tuple  # exact: (value, ...); lpm: ((value, prefix_len),)

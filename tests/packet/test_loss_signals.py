@@ -9,6 +9,7 @@ from scapy.all import IP, UDP, Ether, Raw, raw
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
+from inaproto.job_entries import WorkerAddress, job_entries
 from tests.packet.test_chains import JOB as CHAIN_JOB, _two_switches
 from tests.targets import (SWITCH_IP, SWITCH_MAC, Worker, assert_same_registers, dissect, gradient, install_job,
                            make_workers, register_state)
@@ -16,6 +17,12 @@ from tests.targets import (SWITCH_IP, SWITCH_MAC, Worker, assert_same_registers,
 JOB, GEN, BASE, SLOTS = 6, 2, 40, 8
 COUNTED = int(wire.Flags.TX_COUNTED)
 PREV_DONE = int(wire.Flags.PREV_DONE)
+GAP = int(wire.Flags.GAP)
+
+
+def held(value: int, generation: int = GEN) -> int:
+    """A value of ina_tx_next / ina_last_done as the switch keeps it: generation << 8 | 0x80 | 7 bits."""
+    return generation << 8 | 0x80 | value
 
 
 def _lanes(worker: Worker, seq: int) -> list[int]:
@@ -33,11 +40,15 @@ def counted(w: Worker, slot: int, seq: int, tx: int, *, shadow: int = 0, flags: 
                     flags=COUNTED | flags, reserved=tx)
 
 
-def _result(w: Worker, slot: int, seq: int, lanes: list[int], *, flags: int, reserved: int, shadow: int = 0) -> bytes:
-    """The exact result frame ``w`` gets (a replica of a multicast, or the answer to its resend)."""
+def _result(w: Worker, slot: int, seq: int, lanes: list[int], *, flags: int, reserved: int, shadow: int = 0,
+            gap: tuple[int, int] | None = None, generation: int = GEN) -> bytes:
+    """The exact result frame ``w`` gets (a replica of a multicast, or the answer to its resend); ``gap``: (frames
+    lost, revealing counter) that its own frame revealed, carried with GAP in the slot field."""
+    if gap is not None:
+        flags, slot = flags | GAP, gap[0] << 7 | gap[1]
     return raw(Ether(src=SWITCH_MAC, dst=w.mac) / IP(src=SWITCH_IP, dst=w.ip)
                / UDP(sport=wire.INA_UDP_PORT, dport=w.udp_port, chksum=0)
-               / INA(msg_type=wire.MsgType.RESULT, flags=flags, job_id=JOB, generation=GEN, slot=slot, seq=seq,
+               / INA(msg_type=wire.MsgType.RESULT, flags=flags, job_id=JOB, generation=generation, slot=slot, seq=seq,
                      worker_id=w.wid, reserved=reserved, shadow=shadow, lanes=lanes))
 
 
@@ -65,14 +76,19 @@ def _one(target, port: int) -> bytes:
     return out[0][1]
 
 
-def _multicast(target, workers: list[Worker], slot: int, seq: int, *, flags: int, reserved: int, shadow: int = 0) -> None:
-    """Exactly one result per worker, each byte for byte."""
+def _multicast(target, workers: list[Worker], slot: int, seq: int, *, flags: int, reserved: int, shadow: int = 0,
+               gap: tuple[Worker, int, int] | None = None, generation: int = GEN) -> None:
+    """Exactly one result per worker, each byte for byte; ``gap``: (the completing frame's sender, frames lost, its
+    counter): that worker's copy alone carries the gap."""
     out = target.receive(expect=len(workers))
     assert sorted(p for p, _ in out) == [w.port for w in workers]
     lanes = _sum(workers, seq)
     for w in workers:
         got = next(f for p, f in out if p == w.port)
-        assert got == _result(w, slot, seq, lanes, flags=flags, reserved=reserved, shadow=shadow), dissect(got).show(dump=True)
+        mine = gap[1:] if gap is not None and gap[0] is w else None
+        want = _result(w, slot, seq, lanes, flags=flags, reserved=reserved, shadow=shadow, gap=mine,
+                       generation=generation)
+        assert got == want, dissect(got).show(dump=True)
 
 
 def _registers(target):
@@ -95,8 +111,8 @@ def test_counted_stream_without_loss_names_the_previous_completion(target):
     regs = _registers(target)
     if regs is not None:
         tx_next, last_done = regs
-        assert (tx_next[JOB * 32], tx_next[JOB * 32 + 1], last_done[JOB]) == (0x84, 0x84, 0x80 | (330 & 0x7F))
-        assert sum(tx_next) == 0x84 * 2 and sum(last_done) == last_done[JOB]
+        assert (tx_next[JOB * 32], tx_next[JOB * 32 + 1], last_done[JOB]) == (held(4), held(4), held(330 & 0x7F))
+        assert sum(tx_next) == held(4) * 2 and sum(last_done) == last_done[JOB]
     assert target.read_counter("MyEgress.ina_results", JOB) == 8
 
 
@@ -110,7 +126,7 @@ def test_dropped_frame_makes_the_next_dropped_frame_a_gap_report(target):
     assert _one(target, w0.port) == _gap_report(w0, 12, tx=2, lost=1, shadow=1)
     regs = _registers(target)
     if regs is not None:
-        assert regs[0][JOB * 32] == 0x80 | 3
+        assert regs[0][JOB * 32] == held(3)
     # the reported frame was still aggregated: worker 1 completes slot 2 with it
     target.send(w1.port, counted(w1, 2, 12, tx=0, shadow=1))
     _multicast(target, workers, 2, 12, flags=0, reserved=0, shadow=1)
@@ -127,30 +143,81 @@ def test_dropped_frame_makes_the_next_dropped_frame_a_gap_report(target):
     assert target.read_counter("MyEgress.ina_results", JOB) == 2
 
 
-def test_gap_revealed_by_a_completion_or_an_answer_is_reported_by_the_next_dropped_frame(target):
+def test_gap_revealed_by_a_completion_or_an_answer_goes_to_its_sender_in_the_result(target):
+    """A delivered frame that reveals a gap carries it to its sender: GAP in the sender's copy of the completion
+    (the other workers' copies are as without loss), or in the answer to a resend; slot = lost << 7 | counter. The
+    counter expected next follows it, so the next frame in sequence is no gap."""
     w0, w1 = workers = _setup(target)
     target.send(w1.port, counted(w1, 0, 20, tx=0))
     target.send(w1.port, counted(w1, 1, 21, tx=1))
     _quiet(target)
     target.send(w0.port, counted(w0, 0, 20, tx=0))
     _multicast(target, workers, 0, 20, flags=0, reserved=0)
-    # tx 1 is lost; tx 2 completes slot 1: the result goes out as usual, no report, the counter is not advanced
+    # tx 1 is lost; tx 2 completes slot 1: worker 0's copy says "1 frame before tx 2 did not arrive"
     target.send(w0.port, counted(w0, 1, 21, tx=2))
-    _multicast(target, workers, 1, 21, flags=PREV_DONE, reserved=20)
+    _multicast(target, workers, 1, 21, flags=PREV_DONE, reserved=20, gap=(w0, 1, 2))
     regs = _registers(target)
     if regs is not None:
-        assert regs[0][JOB * 32] == 0x80 | 1
-    # tx 3 resends chunk 20, answered from the complete copy (reserved 0, no PREV_DONE): no report either
-    target.send(w0.port, counted(w0, 0, 20, tx=3, flags=int(wire.Flags.RETRANSMIT)))
-    assert _one(target, w0.port) == _result(w0, 0, 20, _sum(workers, 20), flags=0, reserved=0)
-    # tx 4 is dropped (slot 2 waits for worker 1): it reports everything since tx 1, the lost frame and the two
-    # that revealed the gap
-    target.send(w0.port, counted(w0, 2, 22, tx=4))
-    assert _one(target, w0.port) == _gap_report(w0, 22, tx=4, lost=3)
-    target.send(w0.port, counted(w0, 3, 23, tx=5))
+        assert regs[0][JOB * 32] == held(3)
+    # tx 3 and 4 are lost; tx 5 resends chunk 20, answered from the complete copy (reserved 0, no PREV_DONE)
+    # with the gap of 2 frames
+    target.send(w0.port, counted(w0, 0, 20, tx=5, flags=int(wire.Flags.RETRANSMIT)))
+    assert _one(target, w0.port) == _result(w0, 0, 20, _sum(workers, 20), flags=0, reserved=0, gap=(2, 5))
+    # tx 6 is in sequence: dropped (slot 2 waits for worker 1), no report
+    target.send(w0.port, counted(w0, 2, 22, tx=6))
     _quiet(target)
     if regs is not None:
-        assert regs[0][JOB * 32] == 0x80 | 6 and regs[1][JOB] == 0x80 | 21
+        assert regs[0][JOB * 32] == held(7) and regs[1][JOB] == held(21)
+    # worker 1 completes slot 2 in sequence: no gap in anybody's copy
+    target.send(w1.port, counted(w1, 2, 22, tx=2))
+    _multicast(target, workers, 2, 22, flags=PREV_DONE, reserved=21)
+
+
+def test_the_last_contributor_gets_every_gap(target):
+    """A worker whose every frame completes a slot (a straggler: its peers are always ahead) learns each of its
+    losses from its copy of the result, however many frames apart: the counter expected next never goes stale
+    (before, a gap revealed by a completion was never reported and left the counter behind, so 64 frames later
+    every frame of the straggler read as late)."""
+    w0, w1 = workers = _setup(target)
+    tx, prev = 0, None
+    for k in range(72):
+        seq = 300 + k
+        slot, shadow = k % SLOTS, k // SLOTS % 2  # each use of a slot in the other copy
+        target.send(w1.port, counted(w1, slot, seq, tx=k, shadow=shadow))
+        _quiet(target)
+        lost = 1 if k in (1, 70) else 0  # worker 0's frame before this one is lost
+        tx += lost
+        target.send(w0.port, counted(w0, slot, seq, tx=tx, shadow=shadow))
+        flags, reserved = (0, 0) if prev is None else (PREV_DONE, prev & 0x7F)
+        _multicast(target, workers, slot, seq, flags=flags, reserved=reserved, shadow=shadow,
+                   gap=(w0, 1, tx) if lost else None)
+        prev, tx = seq, tx + 1
+    regs = _registers(target)
+    if regs is not None:
+        assert (regs[0][JOB * 32], regs[0][JOB * 32 + 1]) == (held(74), held(72))
+
+
+def test_a_new_generation_starts_the_counters_afresh(target):
+    """The registers keep the generation of what they hold: after the job's generation changes (or its id is reused
+    by a new job, which the controller gives a new generation), the first counted frame is in sequence whatever
+    its counter, and the first completion names no previous one."""
+    w0, w1 = workers = _setup(target)
+    target.send(w0.port, counted(w0, 0, 10, tx=40))
+    _quiet(target)
+    target.send(w1.port, counted(w1, 0, 10, tx=100))
+    _multicast(target, workers, 0, 10, flags=0, reserved=0)
+    entries = job_entries(JOB, [WorkerAddress(w.wid, w.port, w.mac, w.ip, w.udp_port) for w in workers],
+                          base_slot=BASE, num_slots=SLOTS, generation=GEN + 1)
+    target.modify_entry(entries.job.table, entries.job.match, entries.job.action, entries.job.params)
+    # counters 0 would be 88 ahead (late) and 28 ahead (a gap of 28) of what generation GEN left
+    target.send(w0.port, counted(w0, 1, 11, tx=0, generation=GEN + 1))
+    _quiet(target)
+    target.send(w1.port, counted(w1, 1, 11, tx=0, generation=GEN + 1))
+    _multicast(target, workers, 1, 11, flags=0, reserved=0, generation=GEN + 1)
+    regs = _registers(target)
+    if regs is not None:
+        assert (regs[0][JOB * 32], regs[0][JOB * 32 + 1], regs[1][JOB]) == (held(1, GEN + 1), held(1, GEN + 1),
+                                                                           held(11, GEN + 1))
 
 
 def test_counter_and_previous_completion_wrap_at_128(target):
@@ -173,10 +240,10 @@ def test_counter_and_previous_completion_wrap_at_128(target):
     _quiet(target)
     target.send(w0.port, counted(w0, 6, 132, tx=2))
     _multicast(target, workers, 6, 132, flags=PREV_DONE, reserved=130 & 0x7F)
-    target.send(w0.port, counted(w0, 7, 133, tx=5))  # 3 and 4 lost: it completes, so no report
-    _multicast(target, workers, 7, 133, flags=PREV_DONE, reserved=132 & 0x7F)
-    target.send(w0.port, counted(w0, 0, 134, tx=6))  # dropped: reports 3, 4 and the completing frame
-    assert _one(target, w0.port) == _gap_report(w0, 134, tx=6, lost=3)
+    target.send(w0.port, counted(w0, 7, 133, tx=5))  # 3 and 4 lost: it completes, its copy reports them
+    _multicast(target, workers, 7, 133, flags=PREV_DONE, reserved=132 & 0x7F, gap=(w0, 2, 5))
+    target.send(w0.port, counted(w0, 0, 134, tx=6))  # dropped, in sequence: no report
+    _quiet(target)
 
 
 def test_late_frames_give_no_report_and_leave_the_counter(target):
@@ -195,7 +262,7 @@ def test_late_frames_give_no_report_and_leave_the_counter(target):
     assert _one(target, w0.port) == _gap_report(w0, 12, tx=2, lost=1)
     regs = _registers(target)
     if regs is not None:
-        assert regs[0][JOB * 32] == 0x80 | 3
+        assert regs[0][JOB * 32] == held(3)
     # the late tx 1 ((1 - 3) mod 128 = 126 ahead: behind) completes slot 1: the result as in sequence, no report
     target.send(w0.port, counted(w0, 1, 11, tx=1))
     _multicast(target, workers, 1, 11, flags=PREV_DONE, reserved=10)
@@ -206,7 +273,7 @@ def test_late_frames_give_no_report_and_leave_the_counter(target):
     target.send(w0.port, counted(w0, 2, 12, tx=2))
     _quiet(target)
     if regs is not None:
-        assert (regs[0][JOB * 32], regs[1][JOB]) == (0x80 | 3, 0x80 | 11)
+        assert (regs[0][JOB * 32], regs[1][JOB]) == (held(3), held(11))
     # the counter still expects 3: the next frame in sequence passes with no report, and the next gap counts from it
     target.send(w0.port, counted(w0, 3, 13, tx=3))
     _quiet(target)
@@ -237,7 +304,7 @@ def test_half_the_counter_space_tells_a_gap_from_a_late_frame(target):
     _quiet(target)
     regs = _registers(target)
     if regs is not None:
-        assert regs[0][JOB * 32] == 0x80 | 68
+        assert regs[0][JOB * 32] == held(68)
     for k in range(5):  # every frame was added once, the late one included
         target.send(w1.port, counted(w1, k, 20 + k, tx=k))
         _multicast(target, workers, k, 20 + k, flags=PREV_DONE if k else 0, reserved=(19 + k) & 0x7F if k else 0)

@@ -130,6 +130,24 @@ def test_results_in_a_long_batch_are_checked_as_in_a_short_one() -> None:
     assert out[0] == out[1] and out[0][0] == [0, 4]
 
 
+def test_a_result_carrying_a_gap_names_the_lost_frames_chunks_in_short_and_long_batches() -> None:
+    """The switch delivered this worker's frame 115 (chunk 15) as a completion or an answer and found frames 113
+    and 114 (chunks 13, 14) missing: its copy carries GAP, slot = 2 << 7 | 115 % 128. Same in both batch paths."""
+    out = []
+    for vector in (False, True):
+        rb, stub, flight, got = _window()
+        rb.VECTOR_FROM = 0 if vector else 10**9
+        h = wire.InaHeader(int(wire.MsgType.RESULT), int(wire.Flags.GAP), JOB, GEN, 2 << 7 | 115 % TX_MOD, 1000 + 15,
+                           0, 0)
+        data = _result(1000 + 1) + wire.encode_payload(h, np.zeros(wire.LANES, dtype=np.int32)) + _result(1000 + 2)
+        rb.buf[: len(data)] = data
+        rb._apply(3)
+        out.append((rb.signalled, bytes(got), stub.stats.gap_reports))
+    assert out[0] == out[1]
+    signalled, got, reports = out[0]
+    assert signalled == [14, 13] and reports == 1 and [i for i, g in enumerate(got) if g] == [1, 2, 15]
+
+
 def test_rack_waits_for_a_peers_recovery_before_it_resends_a_hole_once_the_switch_signals() -> None:
     """A hole no signal named is a peer's loss (its recovery takes a resend's round trip) or a lost signal."""
     timers = []

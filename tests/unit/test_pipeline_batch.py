@@ -364,8 +364,35 @@ def test_lossless_counted_batches_take_the_vector_path(monkeypatch):
     assert [h.seq for h in heads] == list(range(160, 300))
     assert heads[0].flags == 0 and heads[0].reserved == 0
     assert all(h.flags == wire.Flags.PREV_DONE and h.reserved == (h.seq - 1) & 0x7F for h in heads[1:])
-    assert batch.ina_last_done[1] == 0x80 | (299 & 0x7F)
-    assert [batch.ina_tx_next[32 + wid] for wid in range(4)] == [0x80 | ((120 + 35 * 4) % 128)] * 4
+    assert batch.ina_last_done[1] == 3 << 8 | 0x80 | (299 & 0x7F)
+    assert [batch.ina_tx_next[32 + wid] for wid in range(4)] == [3 << 8 | 0x80 | ((120 + 35 * 4) % 128)] * 4
+
+
+def test_counters_of_another_generation_read_as_none_in_the_vector_path(monkeypatch):
+    """Registers holding job 1's earlier generation (2; it is 3 now): the first counted frames are in sequence
+    whatever their counters and the first completion names no previous one, in the vector path as frame by frame."""
+    rng = np.random.default_rng(6)
+    one, batch = _pipeline(), _pipeline()
+    for p in (one, batch):
+        for wid in range(4):
+            p.ina_tx_next[32 + wid] = 2 << 8 | 0x80 | 90  # 5 would be a gap of 43 in generation 3
+        p.ina_last_done[1] = 2 << 8 | 0x80 | 7
+    per_frame = []
+    real = InaPipeline._process
+    monkeypatch.setattr(InaPipeline, "_process", lambda self, port, f: per_frame.append(f) or real(self, port, f))
+    results = []
+    for port, frames in _counted_rounds(range(40, 44), 5, rng):
+        expected = [out for f in frames for out in real(one, port, f)]
+        with batch.lock:
+            got = pipeline_batch.process_batch(batch, port, _as_rows(frames), vector_min=1, as_block=True)
+        assert got.as_list() == expected
+        results += expected
+        assert _state(batch) == _state(one)
+    assert per_frame == []
+    heads = [wire.unpack_header(f, wire.INA_OFFSET) for _, f in results[::4]]
+    assert heads[0].flags == 0 and heads[0].reserved == 0
+    assert not [f for _, f in results if len(f) == wire.INA_QUERY_FRAME_LEN]  # no gap report
+    assert [batch.ina_tx_next[32 + wid] for wid in range(4)] == [3 << 8 | 0x80 | (5 + 16) % 128] * 4
 
 
 def test_a_lost_frame_sends_its_batch_one_frame_at_a_time_with_the_gap_report(monkeypatch):
@@ -416,9 +443,9 @@ def test_a_late_frame_sends_its_batch_one_frame_at_a_time_without_a_report(monke
         outs += got
         assert len(per_frame) == (5 if late else 0)  # only the batch with the late frame, one frame at a time
         if len(sent) == 68 and port == 2:
-            assert batch.ina_tx_next[32 + 1] == 0x80 | (100 + 68) % 128
+            assert batch.ina_tx_next[32 + 1] == 3 << 8 | 0x80 | (100 + 68) % 128
     assert not [f for _, f in outs if len(f) == wire.INA_QUERY_FRAME_LEN]  # no gap report, no status
-    assert [batch.ina_tx_next[32 + wid] for wid in range(4)] == [0x80 | (100 + 80) % 128] * 4
+    assert [batch.ina_tx_next[32 + wid] for wid in range(4)] == [3 << 8 | 0x80 | (100 + 80) % 128] * 4
     assert batch.counters["MyIngress.ina_duplicates"][1] == 1
 
 
@@ -453,7 +480,7 @@ def test_two_jobs_and_uncounted_frames_in_one_vectorised_batch(monkeypatch, loop
         (2, 0, 0), (3, wire.Flags.PREV_DONE, 2), (12, 0, 5), (13, 0, 5), (22, wire.Flags.PREV_DONE, 3),
         (23, wire.Flags.PREV_DONE, 22), (32, wire.Flags.PREV_DONE, 23), (33, wire.Flags.PREV_DONE, 32),
         (42, 0, 5), (43, 0, 5), (52, wire.Flags.PREV_DONE, 33), (53, wire.Flags.PREV_DONE, 52)]
-    assert batch.ina_last_done[1] == 0x80 | 51 and batch.ina_last_done[2] == 0x80 | 53
+    assert batch.ina_last_done[1] == 3 << 8 | 0x80 | 51 and batch.ina_last_done[2] == 0x80 | 53
 
 
 @pytest.mark.parametrize("sized_counted", [True, False])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import select
+import time
 
 import numpy as np
 import pytest
@@ -110,3 +111,24 @@ def test_the_timer_fires_at_the_deadline_not_before():
         ep.close()
     finally:
         timer.close()
+
+
+class _FailingPipeline:
+    """A pipeline whose processing raises (a bug, or a frame it cannot handle)."""
+
+    def process(self, port, frame):
+        raise RuntimeError("pipeline failed")
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_release_whose_processing_raises_leaves_no_emission_time_behind(fast):
+    """Outputs of frames released from the delay count as emitted at the release's emission time; when processing
+    raises, that time is cleared, so nothing processed later is timed from the failed release."""
+    from softswitch.dataplane import DataPlane
+
+    dp = DataPlane(_FailingPipeline(), {}, link_delay=LinkDelay(0.005))
+    dp._process_batch = None
+    assert dp.delay.hold_in(1, b"frame", time.monotonic() - 1.0)  # due long ago
+    with pytest.raises(RuntimeError, match="pipeline failed"):
+        dp._release_held([], fast)
+    assert dp._emitted_at is None and dp.delay.held == 0

@@ -37,7 +37,7 @@ from softswitch.faults import FaultConfig, FaultInjector
 from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay
 from softswitch.pcap import PcapWriter
 from softswitch.port_socket import PACKET_OUTGOING, interface_is_up, open_port_socket
-from softswitch.ring_io import PacketRing, RingUnavailable
+from softswitch.ring_io import PacketRing, RingUnavailable, receive_drops
 from softswitch.ring_loop import RingsLoop
 
 BATCH = 64  # frames read from one socket before the next poll
@@ -183,6 +183,10 @@ class DataPlane(RingsLoop):
                 log.warning("port %d: rings lost %d frames longer than a slot, %d to a full receive ring (kernel), "
                             "%d in failed transmit flushes (full qdisc, link down)", port, *lost)
             ring.close()
+        for port, sock in self._sockets.items():
+            lost = 0 if port in self._rings else receive_drops(sock)
+            if lost:
+                log.warning("port %d: %d frames lost to a full receive buffer (kernel)", port, lost)
         self._rings.clear()
         for sock in self._sockets.values():
             sock.close()

@@ -132,3 +132,37 @@ def test_a_release_whose_processing_raises_leaves_no_emission_time_behind(fast):
     with pytest.raises(RuntimeError, match="pipeline failed"):
         dp._release_held([], fast)
     assert dp._emitted_at is None and dp.delay.held == 0
+
+
+class _PacketSocket:
+    """A port's packet socket whose kernel dropped ``drops`` frames at its full receive buffer."""
+
+    def __init__(self, drops: int) -> None:
+        self.drops, self.closed = drops, False
+
+    def getsockopt(self, level, name, size):
+        import struct
+
+        from softswitch.ring_io import PACKET_STATISTICS, SOL_PACKET
+
+        assert (level, name, size) == (SOL_PACKET, PACKET_STATISTICS, 8)
+        return struct.pack("=II", 100, self.drops)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_closing_logs_the_frames_a_port_lost_to_a_full_receive_buffer(caplog):
+    """Frames the kernel dropped before the switch read them (``--io frames``) are named when the switch stops, as the
+    rings' are: a lossless run's gap reports can only name those (tests/integration/test_experiments.py)."""
+    import logging
+
+    from softswitch.dataplane import DataPlane
+
+    dp = DataPlane(_FailingPipeline(), {1: "a", 2: "b"})
+    dp._sockets = {1: _PacketSocket(3), 2: _PacketSocket(0)}
+    socks = list(dp._sockets.values())
+    with caplog.at_level(logging.WARNING, logger="ina-switch"):
+        dp.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["port 1: 3 frames lost to a full receive buffer (kernel)"] and all(s.closed for s in socks)

@@ -263,8 +263,8 @@ class InaPhase:
                     if self._queries_unanswered >= QUERIES_UNANSWERED:
                         queries = False
                 pkt = bytearray(pkts[off : off + PAYLOAD])
+                prev_tx = int(flight.txn[i])  # its latest frame's counter, should this one be refused
                 if counted:
-                    prev_tx = int(flight.txn[i])
                     stamp(i, i + 1)  # the packet's copy below carries it
                     pkt[1] = F_RETRANSMIT | F_TX_COUNTED
                     pkt[_RS] = col[i - i0]

@@ -105,7 +105,7 @@ class Flight:
         self.qstate = bytearray(K)  # QueryState of each chunk
         self.payload_resent = bytearray(K)  # 1: the gradient itself was resent (a query alone is never spurious)
         self.held_n = 0  # chunks HELD: at the switch, off the link (not counted in the congestion window)
-        self.txn = np.full(K, -1, dtype=np.int64)  # loss signals: each chunk's latest transmission counter
+        self.txn = np.full(K, -1, dtype=np.int64)  # loss signals: each chunk's latest transmission counter (-1: none)
         self.numbered = False  # the window numbers its frames (``Flags.TX_COUNTED``; docs/agent.md, "Loss signals")
         self.signals = False  # ... and the switch sends loss signals: RACK leaves a peer's loss to the peer
         self.reorder_mult = reorder_mult

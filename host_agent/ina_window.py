@@ -20,7 +20,7 @@ from host_agent.flight import Flight, QueryMode, QueryState
 from host_agent.grant import Rack
 from inaproto import wire
 
-__all__ = ["InaPhase", "ResultBatch", "WindowMode", "gradient_packets"]
+__all__ = ["InaPhase", "ResultBatch", "WindowMode", "gradient_packets", "queue_signalled"]
 
 PAYLOAD = wire.INA_PAYLOAD_LEN
 GRADIENT, RESULT = int(wire.MsgType.GRADIENT), int(wire.MsgType.RESULT)
@@ -54,6 +54,24 @@ def gradient_packets(contrib: np.ndarray, first: int, base: int, num_slots: int,
     rec["reserved_shadow"] = (rel // num_slots) & 1
     rec["lanes"] = contrib
     return memoryview(rec.view(np.uint8).reshape(-1))
+
+
+def queue_signalled(signalled: list[int], got: bytearray, queued: bytearray, named: bytearray,
+                    lost: deque[tuple[int, bool]]) -> int:
+    """Put the chunks the switch's loss signals named lost (``ResultBatch.signalled``, emptied) at the front of
+    ``lost``, in the order named, each once (a report and a ``PREV_DONE``, or two reports, may name a chunk twice),
+    and mark every named chunk without a result in ``named`` (its payload goes, never a query: the switch lacks its
+    gradient or its answer). Returns how many were queued (chunks with a result or queued already are not)."""
+    fresh = []
+    for i in signalled:
+        if not got[i]:
+            named[i] = 1
+            if not queued[i]:
+                queued[i] = 1
+                fresh.append(i)
+    lost.extendleft((i, True) for i in reversed(fresh))
+    signalled.clear()
+    return len(fresh)
 
 
 class InaPhase:
@@ -111,8 +129,17 @@ class InaPhase:
                     flight.txn[first:end] = txs
                     txlog[txs % TX_MOD] = np.arange(a + first, a + end, dtype=np.int64)
                 self._txn = tx + end - first
+
+            def give_back(first: int, end: int, prev: int = -1) -> None:
+                """Chunks ``[first, end)``, the last stamped, did not go (the socket refused them): their counters
+                go to the next frames, so the switch sees no gap (``DatagramIo.send_run``'s ``in_order``)."""
+                self._txn -= end - first
+                flight.txn[first:end] = prev  # a first send: never numbered; a resend: its previous frame's
         else:
             def stamp(first: int, end: int) -> None:
+                pass
+
+            def give_back(first: int, end: int, prev: int = -1) -> None:
                 pass
         qstate = flight.qstate
         # queries in place of RACK's resends (docs/agent.md, "Queries"): a single switch answers them
@@ -130,6 +157,7 @@ class InaPhase:
             if delay > 0:
                 time.sleep(delay)
         lost: deque[tuple[int, bool]] = deque()  # (chunk, found early) to resend, in order
+        named = bytearray(K)  # 1: the switch's loss signals named it lost: its payload goes, never a query
         queued = bytearray(K)  # 1: in `lost`, or skipped and not sent yet (no loss detection for either)
         unsent = bytearray(K)  # 1: skipped while its slot was busy, not sent yet (in `deferred`)
         deferred: list[int] = []  # those chunks, in order
@@ -159,13 +187,9 @@ class InaPhase:
                         lost.appendleft((i, True))
                 results.missing.clear()
             if results.signalled:  # the switch's loss signals named these chunks lost: resend them first
-                fresh = [i for i in results.signalled if not got[i] and not queued[i]]
-                for i in reversed(fresh):
-                    queued[i] = 1
-                    lost.appendleft((i, True))
-                results.signalled.clear()
+                fresh = queue_signalled(results.signalled, got, queued, named, lost)
                 if fresh:
-                    stats.signal_resends += len(fresh)
+                    stats.signal_resends += fresh
                     cwnd.on_loss(now, est.path_rtt, est.srtt)
             if progressed:
                 last_progress = now
@@ -220,11 +244,12 @@ class InaPhase:
                     self._pace_next = max(self._pace_next, now - 8 * pace) + pace
                 i, early = lost.popleft()
                 queued[i] = 0
+                signalled, named[i] = named[i], 0
                 if got[i]:
                     continue
                 off = (i - i0) * PAYLOAD
-                if queries and early and qstate[i] != QueryState.QUERIED and qstate[i] != QueryState.MISSING \
-                        and (query_first or flight.payload_resent[i]):
+                if queries and early and not signalled and qstate[i] != QueryState.QUERIED \
+                        and qstate[i] != QueryState.MISSING and (query_first or flight.payload_resent[i]):
                     # found by RACK (again, after a resend): ask whether the switch has the gradient (a peer's
                     # loss or lag shows the same as this worker's own; only its own needs the payload)
                     q = bytearray(pkts[off : off + wire.INA_HEADER_LEN])
@@ -238,13 +263,16 @@ class InaPhase:
                     if self._queries_unanswered >= QUERIES_UNANSWERED:
                         queries = False
                 pkt = bytearray(pkts[off : off + PAYLOAD])
+                prev_tx = int(flight.txn[i])  # its latest frame's counter, should this one be refused
                 if counted:
                     stamp(i, i + 1)  # the packet's copy below carries it
                     pkt[1] = F_RETRANSMIT | F_TX_COUNTED
                     pkt[_RS] = col[i - i0]
                 else:
                     pkt[1] = F_RETRANSMIT
-                io.send_run(memoryview(pkt), PAYLOAD, 1, addr)
+                io.send_run(memoryview(pkt), PAYLOAD, 1, addr, in_order=counted)
+                if io.unsent:  # refused (the socket's buffer full): lost as on the link, the timer resends it
+                    give_back(i, i + 1, prev_tx)
                 flight.resent(i, now, early)
                 stats.retransmits += 1
             # 4. send what the slots, the congestion window, the reorder guard and pacing allow
@@ -259,10 +287,13 @@ class InaPhase:
                 # they are older than every chunk in flight, and a window cut since the skip could fill with
                 # chunks whose peers wait for these (a deadlock: 8 workers at 5 % loss stalled until timeout)
                 for j in [j for j in deferred if got[j - S]]:
+                    stamp(j, j + 1)
+                    io.send_run(pkts[(j - i0) * PAYLOAD :], PAYLOAD, 1, addr, in_order=counted)
+                    if io.unsent:  # refused (the socket's buffer full): it stays skipped, sent next turn
+                        give_back(j, j + 1)
+                        break
                     deferred.remove(j)
                     unsent[j] = queued[j] = 0
-                    stamp(j, j + 1)
-                    io.send_run(pkts[(j - i0) * PAYLOAD :], PAYLOAD, 1, addr)
                     flight.sent(j, j + 1, now)
                     sent += 1
                     left -= 1
@@ -279,11 +310,17 @@ class InaPhase:
                         end = upper if busy < 0 else busy + S
                         if end > nxt:
                             stamp(nxt, end)
-                            io.send_run(pkts[(nxt - i0) * PAYLOAD :], PAYLOAD, end - nxt, addr)
+                            io.send_run(pkts[(nxt - i0) * PAYLOAD :], PAYLOAD, end - nxt, addr, in_order=counted)
+                            refused = io.unsent  # the socket's buffer full: the rest go next turn
+                            if refused:
+                                give_back(end - refused, end)
+                                end -= refused
                             flight.sent(nxt, end, now)
                             sent += end - nxt
                             left -= end - nxt
                             nxt = end
+                            if refused:
+                                break
                         if busy < 0 or left <= 0 or len(deferred) >= S:  # done, full, or a slot count of chunks skipped
                             break
                         deferred.append(nxt)
@@ -308,7 +345,11 @@ class InaPhase:
                 if nxt > first:
                     count = nxt - first
                     stamp(first, nxt)
-                    io.send_run(pkts[(first - i0) * PAYLOAD :], PAYLOAD, count, addr)
+                    io.send_run(pkts[(first - i0) * PAYLOAD :], PAYLOAD, count, addr, in_order=counted)
+                    if io.unsent:  # the socket's buffer full: the rest go next turn
+                        give_back(nxt - io.unsent, nxt)
+                        nxt -= io.unsent
+                        count = nxt - first
                     results.sent = nxt
                     flight.sent(first, nxt, now)
                     sent += count
@@ -462,27 +503,29 @@ class ResultBatch:
         for k in range(1, min(count, TX_MOD - 1) + 1):
             tx = (revealed - k) % TX_MOD
             i = int(txlog[tx]) - a
-            if i0 <= i < sent and not got[i] and flight.txn[i] % TX_MOD == tx:
-                self.signalled.append(i)
+            if i0 <= i < sent and not got[i] and flight.txn[i] >= 0 and flight.txn[i] % TX_MOD == tx:
+                self.signalled.append(i)  # (-1, never numbered, is 127 mod 128)
 
     def _prev_done(self, pairs: list[tuple[int, int]]) -> None:
         """Results that carried ``Flags.PREV_DONE``: each ``(i, p)`` is a result's chunk and the low 7 bits of the
-        job's completion before it. That completion's chunk (the one with those bits nearest ``i``) without a result
-        here lost its result on the way: resend it (the switch answers a completed copy's sender alone), unless it
-        went again less than a one-way trip ago (that answer is on its way)."""
+        job's completion before it. That completion's chunk without a result here lost its result on the way:
+        resend it (the switch answers a completed copy's sender alone). It is looked for within half the counter
+        space of ``i`` (``TX_LATE_HALF``) among the window's outstanding chunks (sent, no result), and resent only if it
+        is the one chunk there with those bits (where lanes lag by 64 chunks or more, the chunks 64 below and 64 above
+        ``i`` are equally plausible) and did not go again less than a one-way trip ago (that answer is on its way)."""
         flight, got = self.flight, self.got
         if not flight.signals:
             self.stream._signals_seen = flight.signals = flight.numbered
             if not flight.signals:
                 return
-        a, i0, sent = self.seg.a, self.i0, self.sent
+        a, i0, sent, half = self.seg.a, self.i0, self.sent, wire.TX_LATE_HALF
         recent = self.now - 0.5 * flight.rtt.path_rtt
+        sent_at = flight.sent_at
         for i, p in pairs:
-            c = i - ((i + a - p - 1) % TX_MOD + 1)  # the nearest below i with seq mod 128 == p ...
-            if i - c > TX_MOD // 2 and c + TX_MOD < sent:
-                c += TX_MOD  # ... or above it, if that is nearer
-            if i0 <= c < sent and not got[c] and flight.sent_at[c] < recent:
-                self.signalled.append(c)
+            c = i - half + (p - (i - half + a)) % TX_MOD  # the lowest chunk at or above i - 64 with seq mod 128 == p
+            found = [k for k in (c, c + TX_MOD) if k <= i + half and i0 <= k < sent and not got[k] and sent_at[k] > 0]
+            if len(found) == 1 and sent_at[found[0]] < recent:
+                self.signalled.append(found[0])
 
     def _apply(self, m: int) -> None:
         if m < self.VECTOR_FROM:

@@ -35,6 +35,12 @@ _INT = struct.Struct("=i")  # UDP_GRO's control message: the segment size, a nat
 _GSO_UNSUPPORTED = {errno.EIO, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOPROTOOPT, errno.EMSGSIZE}
 
 
+def _refused(exc: OSError) -> bool:
+    """The socket cannot take the datagram now (its buffer full: EAGAIN or ENOBUFS; an interrupted call; a
+    pending ICMP error): it is dropped, as on the link."""
+    return isinstance(exc, (BlockingIOError, ConnectionRefusedError, InterruptedError)) or exc.errno == errno.ENOBUFS
+
+
 class IoMode(enum.Enum):
     """How an agent's UDP socket moves datagrams."""
 
@@ -76,6 +82,7 @@ class DatagramIo:
         self.gso = mode is IoMode.BATCHED and gso_supported(sock)
         self.gro = _set_gro(sock, mode is IoMode.BATCHED)  # off explicitly: an earlier user may have set it
         self._cmsg_cache: dict[int, list] = {}
+        self.unsent = 0  # datagrams of the last ``send_run(..., in_order=True)`` that did not go
         log.info("%s: UDP send %s, receive %s", name,
                  "in GSO batches (UDP_SEGMENT)" if self.gso else "per packet (sendto)",
                  "with GRO (UDP_GRO)" if self.gro else "per datagram")
@@ -83,14 +90,20 @@ class DatagramIo:
             log.info("%s: the kernel lacks %s: per-packet fallback for it", name,
                      " and ".join(n for n, ok in (("UDP_SEGMENT", self.gso), ("UDP_GRO", self.gro)) if not ok))
 
-    def send_run(self, buf: memoryview, size: int, count: int, addr: tuple[str, int]) -> int:
+    def send_run(self, buf: memoryview, size: int, count: int, addr: tuple[str, int], *, in_order: bool = False) -> int:
         """Send ``count`` datagrams of ``size`` bytes, back to back in ``buf``, to ``addr``; returns the
         system calls made. A datagram the socket cannot take now (buffer full) is dropped, like a lost
-        packet: the caller's retransmission recovers it."""
+        packet: the caller's retransmission recovers it.
+
+        ``in_order``: stop at the first datagram the socket refuses (a GSO call takes all its datagrams or
+        none) and leave in ``unsent`` how many of the run, from that one on, did not go (0: all went). A
+        caller that numbers its datagrams (``Flags.TX_COUNTED``) gives those numbers back: a receiver would
+        otherwise read the refused ones as lost on the way (docs/agent.md, "Loss signals")."""
+        self.unsent = 0
         if count <= 0:
             return 0
         if not self.gso or count == 1:
-            return self._send_each(buf, size, 0, count, addr)
+            return self._send_each(buf, size, 0, count, addr, in_order)
         per_call = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size))
         cmsg = self._cmsg_cache.get(size)
         if cmsg is None:
@@ -102,28 +115,40 @@ class DatagramIo:
             k = min(per_call, count - first)
             calls += 1
             if k == 1:
-                calls += self._send_each(buf, size, first, 1, addr) - 1
+                calls += self._send_each(buf, size, first, 1, addr, in_order) - 1
+                if self.unsent:
+                    self.unsent = count - first
+                    return calls
             else:
                 try:
                     sendmsg([buf[first * size : (first + k) * size]], cmsg, 0, addr)
-                except (BlockingIOError, ConnectionRefusedError, InterruptedError):
-                    pass
                 except OSError as exc:
-                    if exc.errno not in _GSO_UNSUPPORTED:
-                        raise
-                    self.gso = False
-                    log.warning("%s: a segmented UDP send failed (%s): sending per packet from now on", self.name, exc)
-                    return calls + self._send_each(buf, size, first, count - first, addr)
+                    if not _refused(exc):
+                        if exc.errno not in _GSO_UNSUPPORTED:
+                            raise
+                        self.gso = False
+                        log.warning("%s: a segmented UDP send failed (%s): sending per packet from now on", self.name, exc)
+                        return calls + self._send_each(buf, size, first, count - first, addr, in_order)
+                    if in_order:  # the call took none of its datagrams
+                        self.unsent = count - first
+                        return calls
             first += k
         return calls
 
-    def _send_each(self, buf: memoryview, size: int, first: int, count: int, addr: tuple[str, int]) -> int:
+    def _send_each(self, buf: memoryview, size: int, first: int, count: int, addr: tuple[str, int],
+                   in_order: bool = False) -> int:
+        """One ``sendto`` per datagram; returns the calls made (with ``in_order``, up to the first refused one,
+        and ``unsent`` counts it and the rest)."""
         sendto = self.sock.sendto
         for j in range(first, first + count):
             try:
                 sendto(buf[j * size : (j + 1) * size], addr)
-            except (BlockingIOError, ConnectionRefusedError, InterruptedError):
-                pass
+            except OSError as exc:
+                if not _refused(exc):
+                    raise
+                if in_order:
+                    self.unsent = first + count - j
+                    return j - first + 1
         return count
 
     def drain(self, view: memoryview, on_run: Callable[[int, int, int], int]) -> int:

@@ -37,7 +37,7 @@ from softswitch.faults import FaultConfig, FaultInjector
 from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay
 from softswitch.pcap import PcapWriter
 from softswitch.port_socket import PACKET_OUTGOING, interface_is_up, open_port_socket
-from softswitch.ring_io import PacketRing, RingUnavailable
+from softswitch.ring_io import PacketRing, RingUnavailable, receive_drops
 from softswitch.ring_loop import RingsLoop
 
 BATCH = 64  # frames read from one socket before the next poll
@@ -183,6 +183,10 @@ class DataPlane(RingsLoop):
                 log.warning("port %d: rings lost %d frames longer than a slot, %d to a full receive ring (kernel), "
                             "%d in failed transmit flushes (full qdisc, link down)", port, *lost)
             ring.close()
+        for port, sock in self._sockets.items():
+            lost = 0 if port in self._rings else receive_drops(sock)
+            if lost:
+                log.warning("port %d: %d frames lost to a full receive buffer (kernel)", port, lost)
         self._rings.clear()
         for sock in self._sockets.values():
             sock.close()
@@ -371,33 +375,41 @@ class DataPlane(RingsLoop):
         else:
             self._hold_out(outq)  # the round's own outputs (ports without delay, packet-outs): emitted now
             now = time.monotonic()
+            # outputs of frames released from the delay count as emitted at their emission time; reset however
+            # the processing ends (an exception must not leave later outputs timed from this release)
             if fast and self._block_out:  # rings: every port's due batches as one, output blocks held per port
                 due = list(delay.due_in_batches(now).items())
                 self._emitted_at = delay.emission_time(now)
-                self._process_union(due, outq)
-                self._hold_out(outq)
-                self._emitted_at = None
+                try:
+                    self._process_union(due, outq)
+                    self._hold_out(outq)
+                finally:
+                    self._emitted_at = None
                 self._send_all(delay.due_out(time.monotonic()))
             elif fast:
                 process, process_batch = self.pipeline.process, self._process_batch
                 due = delay.due_in(now)
                 self._emitted_at = delay.emission_time(now)
-                for port, frames in due.items():
-                    if process_batch is not None:
-                        outq += process_batch(port, frames)
-                    else:
-                        for frame in frames:
-                            outq += process(port, frame)
-                self._hold_out(outq)
-                self._emitted_at = None
+                try:
+                    for port, frames in due.items():
+                        if process_batch is not None:
+                            outq += process_batch(port, frames)
+                        else:
+                            for frame in frames:
+                                outq += process(port, frame)
+                    self._hold_out(outq)
+                finally:
+                    self._emitted_at = None
                 self._send_all(delay.due_out(time.monotonic()))
             else:
                 due = delay.due_in(now)
                 self._emitted_at = delay.emission_time(now)
-                for port, frames in due.items():
-                    for frame in frames:
-                        self._enter(port, frame)
-                self._emitted_at = None
+                try:
+                    for port, frames in due.items():
+                        for frame in frames:
+                            self._enter(port, frame)
+                finally:
+                    self._emitted_at = None
                 for eport, out in delay.due_out(time.monotonic()):
                     self._transmit(self._packet_id, 0, eport, out)
             self._timer.arm(delay.next_deadline(), time.monotonic())

@@ -60,6 +60,15 @@ _TX_LEN = struct.Struct("=II")  # tp_len, tp_snaplen
 SMALL_BATCH = 8  # fewer ready frames than this are read with struct, one at a time (numpy's fixed cost is larger)
 
 
+def receive_drops(sock) -> int:
+    """Frames the kernel dropped at a packet socket since the last call (its receive ring or buffer full:
+    PACKET_STATISTICS, which each read resets)."""
+    try:
+        return struct.unpack("=II", sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))[1]
+    except OSError:
+        return 0
+
+
 class RingUnavailable(OSError):
     """The kernel (or its configuration) does not give this socket PACKET_MMAP rings."""
 
@@ -107,10 +116,7 @@ class PacketRing:
 
     def receive_drops(self) -> int:
         """Frames the kernel dropped since the last call because the receive ring was full (PACKET_STATISTICS)."""
-        try:
-            return struct.unpack("=II", self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))[1]
-        except OSError:
-            return 0
+        return receive_drops(self.sock)
 
     @property
     def mapped_bytes(self) -> int:

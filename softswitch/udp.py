@@ -35,7 +35,8 @@ class UdpWorker(Protocol):
 
 SWITCH_MAC = bytes.fromhex("0200000000fe")
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-_CMSG_SPACE = socket.CMSG_SPACE(16)
+_SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)  # each read says how many datagrams the kernel dropped so far
+_CMSG_SPACE = socket.CMSG_SPACE(16) + socket.CMSG_SPACE(4)
 
 
 def _mac_bytes(worker_id: int) -> bytes:
@@ -80,9 +81,14 @@ class UdpSwitch:
         self.received = 0
         self.forwarded = 0
         self.dropped = 0
+        self.kernel_drops = 0  # datagrams the kernel dropped before the switch read them (its socket's buffer full)
         self._queue: list = []  # heap of (release time, order, "in"/"out", payload, address)
         self._order = 0
         self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, _SO_RXQ_OVFL, 1)
+        except OSError:  # pragma: no cover - every Linux since 2.6.33 has it
+            pass
         self._stop = threading.Event()
         self._held = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"udp-switch-{name}", daemon=True)
@@ -196,6 +202,8 @@ class UdpSwitch:
                     if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(cdata) >= 16:
                         sec, nsec = struct.unpack("qq", cdata[:16])
                         at = sec + nsec * 1e-9
+                    elif level == socket.SOL_SOCKET and kind == _SO_RXQ_OVFL and len(cdata) >= 4:
+                        self.kernel_drops = struct.unpack("I", cdata[:4])[0]  # a running count
                 self.received += 1
                 self._schedule("in", data, src, at)
             if self._held.is_set():

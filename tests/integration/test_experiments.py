@@ -7,6 +7,7 @@ The whole file takes about two minutes on the 2-core machine (docs/experiments.m
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -158,7 +159,13 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         points = doc["summary"]["points"]
         assert [p["loss"] for p in points] == [0.0, 0.05]
         assert points[1]["retransmits_per_chunk"] > 0  # the switch really dropped INA packets
-        assert points[0]["gap_reports"] == 0 and points[1]["gap_reports"] > 0  # the switch's loss signals came
+        assert points[1]["gap_reports"] > 0  # the switch's loss signals came
+        # lossless: a gap report names at least one frame that did not reach the switch's pipeline, and without
+        # injected loss only the kernel loses frames there (a full receive ring or buffer), which the switch logs
+        # when it stops (a send the worker's socket refused takes no counter)
+        log = (run_dir / "runs" / "01-loss0-ina" / "logs" / "s1.log").read_text()
+        kernel_drops = sum(int(n) for n in re.findall(r"(\d+) (?:frames lost )?to a full receive (?:ring|buffer)", log))
+        assert points[0]["gap_reports"] <= kernel_drops
         assert all(p["exact"] is True for p in points)  # and every result is still the exact sum
         assert "--fault-drop 0.05" in (run_dir / "runs" / "02-loss5-ina" / "logs" / "s1.log").read_text().splitlines()[0]
     elif name == "hetero":

@@ -67,7 +67,11 @@ def _setup(target, k: int = 2) -> list[Worker]:
 
 
 def _quiet(target) -> None:
-    assert target.receive(expect=0, timeout=0.05) == []
+    """Nothing came out for the frames sent so far. A condition, not a wait for silence: the model's outputs are
+    there when ``send`` returns, and a switch process's ``receive`` returns once a barrier frame sent behind them
+    on every port used came back (tests/integration/switch_process.py), i.e. after everything the switch emitted for
+    them; ``expect=0`` waits for nothing more."""
+    assert target.receive(expect=0) == []
 
 
 def _one(target, port: int) -> bytes:

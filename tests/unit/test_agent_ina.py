@@ -237,13 +237,29 @@ def test_loss_signals_resend_a_workers_own_losses_and_keep_every_sum_exact() -> 
                 assert all(s.gap_reports == 0 and s.signal_resends == 0 for s in stats)
 
 
+def _udp_rcvbuf_errors() -> int:
+    """The network namespace's UDP datagrams dropped at a full receive buffer so far (/proc/net/snmp)."""
+    with open("/proc/net/snmp") as f:
+        rows = [line.split() for line in f if line.startswith("Udp:")]
+    return int(rows[1][rows[0].index("RcvbufErrors")])
+
+
 def test_without_loss_numbered_frames_reach_the_switch_in_sequence() -> None:
     """Every gradient frame (first sends in runs, skipped lanes sent late, resends) takes the next counter value:
-    without loss the switch reports no gap, and its results show the workers it sends the signals."""
+    without loss the switch reports no gap but for frames the kernel dropped at a full socket buffer (counted, not
+    assumed away), and its results show the workers it sends the signals."""
     rng = np.random.default_rng(12)
     inputs = [[rng.standard_normal(5000).astype(np.float32) for _ in range(3)] for _ in range(3)]
+    rcvbuf_errors = _udp_rcvbuf_errors()
     with LocalCluster(["s1"] * 3, slots=8, options=QUICK) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]],
                                     agent.stats, agent.stream._signals_seen))
         _check_exact([o[0] for o in out], inputs)
-        assert all(o[1].gap_reports == 0 and o[1].signal_resends == 0 and o[2] for o in out)
+        assert all(o[2] for o in out)
+        # loopback drops nothing but what a full socket buffer drops: each gap report names at least one frame the
+        # kernel dropped before the switch read it (a send the worker's own socket refused takes no counter), and
+        # each resend on a signal a frame so named (up to 63 a report) or a result dropped at a worker's socket
+        # (the machine's UDP receive-buffer errors meanwhile bound those)
+        reports, resends = sum(o[1].gap_reports for o in out), sum(o[1].signal_resends for o in out)
+        assert reports <= cl.switch().kernel_drops
+        assert resends <= 63 * reports + _udp_rcvbuf_errors() - rcvbuf_errors

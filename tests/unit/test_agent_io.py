@@ -123,6 +123,56 @@ def test_refused_gso_send_falls_back_to_per_packet_once_and_logs(caplog) -> None
         tx.close()
 
 
+class _FullSocket:
+    """A socket whose buffer is full from its ``full_from``-th send call on (EAGAIN, or ENOBUFS)."""
+
+    def __init__(self, sock: socket.socket, full_from: int, error: OSError) -> None:
+        self._sock, self.full_from, self.error, self.calls = sock, full_from, error, 0
+
+    def _call(self) -> None:
+        self.calls += 1
+        if self.calls >= self.full_from:
+            raise self.error
+
+    def sendmsg(self, *args, **kwargs):
+        self._call()
+        return self._sock.sendmsg(*args, **kwargs)
+
+    def sendto(self, *args, **kwargs):
+        self._call()
+        return self._sock.sendto(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
+@pytest.mark.parametrize("mode", [IoMode.BATCHED, IoMode.PER_PACKET])
+@pytest.mark.parametrize("error", [BlockingIOError(errno.EAGAIN, "full"), OSError(errno.ENOBUFS, "no buffer space")])
+def test_a_send_the_socket_refuses_is_dropped_and_in_order_says_how_many_did_not_go(mode: IoMode, error) -> None:
+    """A full buffer drops datagrams (the caller's recovery resends them); ``in_order`` stops at the first refused one
+    and counts it and the rest in ``unsent``, so a caller that numbers its datagrams can give those numbers back."""
+    if mode is IoMode.BATCHED and not HAS_GSO:
+        pytest.skip("no UDP_SEGMENT here")
+    rx, tx = _sink(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        buf = _packets(150)
+        full_from = 2 if mode is IoMode.BATCHED else 65  # the second GSO call, or the 65th datagram
+        io = DatagramIo(_FullSocket(tx, full_from, error), mode)
+        io.send_run(memoryview(buf), P, 150, rx.getsockname(), in_order=True)
+        assert io.unsent == 150 - 64 and io.gso == (mode is IoMode.BATCHED)
+        assert _read_all(rx, 64) == [buf[j * P : (j + 1) * P] for j in range(64)]
+        io.sock.full_from = 10**9
+        io.send_run(memoryview(buf), P, 150, rx.getsockname(), in_order=True)
+        assert io.unsent == 0 and len(_read_all(rx, 150)) == 150
+        io.sock.full_from, io.sock.calls = 1, 0
+        io.send_run(memoryview(buf), P, 150, rx.getsockname())  # without in_order: every call tried, all dropped
+        assert io.unsent == 0 and io.sock.calls == (3 if mode is IoMode.BATCHED else 150)
+        assert not select.select([rx], [], [], 0.0)[0]
+    finally:
+        rx.close()
+        tx.close()
+
+
 @needs_gro
 def test_gro_drain_splits_coalesced_reads_into_datagrams() -> None:
     """A GSO send on loopback reaches a GRO socket as one read; the drain hands over every datagram,

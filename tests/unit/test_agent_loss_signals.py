@@ -2,13 +2,15 @@
 job's previous completion resend exactly this worker's own losses; RACK leaves a peer's loss to the peer."""
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 import pytest
 
 from host_agent.chunks import Segment
 from host_agent.congestion import CongestionWindow
 from host_agent.flight import Flight
-from host_agent.ina_window import TX_MOD, ResultBatch
+from host_agent.ina_window import TX_MOD, ResultBatch, queue_signalled
 from host_agent.rtt import RttEstimator
 from host_agent.stream import StreamStats
 from inaproto import wire
@@ -76,6 +78,55 @@ def test_a_gap_report_names_the_chunks_of_the_lost_frames_that_are_still_their_l
     flight.txn[13] = 200  # chunk 13 went again since: the lost frame is not its latest
     _feed(rb, [_gap_report(100 + 15, 5)])  # frames 110..114 (chunks 10..14) lost before frame 115
     assert rb.signalled == [14, 11, 10] and stub.stats.gap_reports == 1
+
+
+def test_a_gap_report_never_names_a_chunk_that_went_without_a_counter() -> None:
+    """A chunk never numbered (``Flight.txn`` -1, e.g. a skipped lane not sent yet) is not "counter 127" (-1 mod 128)."""
+    rb, stub, flight, got = _window()
+    flight.txn[35] = -1
+    stub._txlog[127] = 1000 + 35  # the counter value 127 last carried chunk 35 (e.g. of a replay's numbering)
+    _feed(rb, [_gap_report(0, 1)])  # the frame numbered 127 before frame 0 was lost
+    assert rb.signalled == [] and stub.stats.gap_reports == 1
+    flight.txn[35] = 127 + TX_MOD
+    _feed(rb, [_gap_report(0, 1)])
+    assert rb.signalled == [35]
+
+
+def test_a_chunk_named_twice_is_queued_once_in_the_order_named_and_marked_for_its_payload() -> None:
+    """A gap report and a PREV_DONE (or two reports) may name one chunk: one resend, in the order first named; a chunk
+    queued already (by RACK) keeps its place but is marked too; one with a result is left alone."""
+    rb, stub, flight, got = _window()
+    got[4] = 1
+    _feed(rb, [_gap_report(100 + 16, 2), _result(1000 + 20, prev=(1000 + 15) % TX_MOD),
+               _gap_report(100 + 14, 1), _result(1000 + 21, prev=(1000 + 4) % TX_MOD)])
+    assert rb.signalled == [15, 14, 15, 13]
+    queued, named = bytearray(64), bytearray(64)
+    queued[13] = 1
+    lost: deque[tuple[int, bool]] = deque([(13, True)])
+    assert queue_signalled(rb.signalled, got, queued, named, lost) == 2
+    assert list(lost) == [(15, True), (14, True), (13, True)] and rb.signalled == []
+    assert [i for i in range(64) if named[i]] == [13, 14, 15] and [i for i in range(64) if queued[i]] == [13, 14, 15]
+
+
+def test_a_completion_named_equally_near_two_outstanding_chunks_is_left_alone() -> None:
+    """PREV_DONE names 7 bits: when lanes lag 64 chunks or more, the chunks 64 below and 64 above the result's are
+    equally plausible; only a single outstanding candidate within half the counter space is resent."""
+    rb, stub, flight, got = _window(K=200, sent=140)
+    _feed(rb, [_result(1000 + 70, prev=(1000 + 6) % TX_MOD)])  # 6 = 70 - 64 and 134 = 70 + 64: both outstanding
+    assert rb.signalled == []
+    got[135] = 1
+    _feed(rb, [_result(1000 + 71, prev=(1000 + 7) % TX_MOD)])  # 135 has its result: 7 alone
+    assert rb.signalled == [7]
+    rb.signalled.clear()
+    flight.sent_at[136] = 0.0  # a skipped lane's chunk, not sent yet, cannot have completed: 8 alone
+    _feed(rb, [_result(1000 + 72, prev=(1000 + 8) % TX_MOD)])
+    assert rb.signalled == [8]
+    rb.signalled.clear()
+    _feed(rb, [_result(1000 + 80, prev=(1000 + 13) % TX_MOD)])  # 13 is 67 below (beyond half the space), 141 unsent
+    assert rb.signalled == []
+    flight.resent(10, rb.now - 0.001, early=True)  # two candidates, one just resent: still ambiguous
+    _feed(rb, [_result(1000 + 74, prev=(1000 + 10) % TX_MOD)])
+    assert rb.signalled == []
 
 
 def test_a_gap_report_of_another_generation_or_for_frames_never_sent_changes_nothing() -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import select
+import time
 
 import numpy as np
 import pytest
@@ -110,3 +111,58 @@ def test_the_timer_fires_at_the_deadline_not_before():
         ep.close()
     finally:
         timer.close()
+
+
+class _FailingPipeline:
+    """A pipeline whose processing raises (a bug, or a frame it cannot handle)."""
+
+    def process(self, port, frame):
+        raise RuntimeError("pipeline failed")
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_release_whose_processing_raises_leaves_no_emission_time_behind(fast):
+    """Outputs of frames released from the delay count as emitted at the release's emission time; when processing
+    raises, that time is cleared, so nothing processed later is timed from the failed release."""
+    from softswitch.dataplane import DataPlane
+
+    dp = DataPlane(_FailingPipeline(), {}, link_delay=LinkDelay(0.005))
+    dp._process_batch = None
+    assert dp.delay.hold_in(1, b"frame", time.monotonic() - 1.0)  # due long ago
+    with pytest.raises(RuntimeError, match="pipeline failed"):
+        dp._release_held([], fast)
+    assert dp._emitted_at is None and dp.delay.held == 0
+
+
+class _PacketSocket:
+    """A port's packet socket whose kernel dropped ``drops`` frames at its full receive buffer."""
+
+    def __init__(self, drops: int) -> None:
+        self.drops, self.closed = drops, False
+
+    def getsockopt(self, level, name, size):
+        import struct
+
+        from softswitch.ring_io import PACKET_STATISTICS, SOL_PACKET
+
+        assert (level, name, size) == (SOL_PACKET, PACKET_STATISTICS, 8)
+        return struct.pack("=II", 100, self.drops)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_closing_logs_the_frames_a_port_lost_to_a_full_receive_buffer(caplog):
+    """Frames the kernel dropped before the switch read them (``--io frames``) are named when the switch stops, as the
+    rings' are: a lossless run's gap reports can only name those (tests/integration/test_experiments.py)."""
+    import logging
+
+    from softswitch.dataplane import DataPlane
+
+    dp = DataPlane(_FailingPipeline(), {1: "a", 2: "b"})
+    dp._sockets = {1: _PacketSocket(3), 2: _PacketSocket(0)}
+    socks = list(dp._sockets.values())
+    with caplog.at_level(logging.WARNING, logger="ina-switch"):
+        dp.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["port 1: 3 frames lost to a full receive buffer (kernel)"] and all(s.closed for s in socks)

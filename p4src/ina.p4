@@ -541,6 +541,7 @@ control MyIngress(inout headers_t hdr,
     }
 
     apply {
+        meta.tx_gap = 0;  /* MyEgress reads it on every multicast, also those that leave before step 6t */
         /* 1. Packet-out from the controller: send as told. */
         if (hdr.packet_out.isValid()) {
             standard_metadata.egress_spec = hdr.packet_out.egress_port;

@@ -449,11 +449,20 @@ def test_a_late_frame_sends_its_batch_one_frame_at_a_time_without_a_report(monke
     assert batch.counters["MyIngress.ina_duplicates"][1] == 1
 
 
+@pytest.mark.parametrize("stale", [False, True])
 @pytest.mark.parametrize("loop_max", [pipeline_batch.TX_LOOP_MAX, 0])
-def test_two_jobs_and_uncounted_frames_in_one_vectorised_batch(monkeypatch, loop_max):
+def test_two_jobs_and_uncounted_frames_in_one_vectorised_batch(monkeypatch, loop_max, stale):
     """Union batches of whole rounds of both jobs (disjoint slots), each job's completions named in its own order,
-    job 2's frames counted in some batches only: every frame on the vector path, outputs and state exact."""
+    job 2's frames counted in some batches only: every frame on the vector path, outputs and state exact.
+    ``stale``: the registers first hold values of earlier generations of both jobs, which read as none."""
     one, batch = _pipeline(), _pipeline()
+    if stale:
+        for p in (one, batch):
+            for w in range(4):
+                p.ina_tx_next[32 + w] = 2 << 8 | 0x80 | 50  # job 1 is at generation 3: 100 would be a gap here
+            for w in range(2):
+                p.ina_tx_next[64 + w] = 9 << 8 | 0x80 | 3  # job 2 at generation 0
+            p.ina_last_done[1], p.ina_last_done[2] = 2 << 8 | 0x80 | 77, 9 << 8 | 0x80 | 88
     monkeypatch.setattr(batch, "_process", lambda *a: pytest.fail("a frame took the per-frame path"))
     monkeypatch.setattr(pipeline_batch, "TX_LOOP_MAX", loop_max)
     tx = {(1, w): 100 + w for w in range(4)} | {(2, w): 126 + w for w in range(2)}

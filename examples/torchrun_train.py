@@ -163,6 +163,34 @@ def gloo_weighted_hook(weight_of, bucket):
 
 
 def train(args: argparse.Namespace) -> dict:
+    """Run the worker in a gloo process group that is gone, its threads joined, when this returns.
+
+    PyTorch's shutdown order (docs "Shutdown"): everything that uses the group ends first, then
+    ``destroy_process_group``. ``destroy_process_group`` only drops torch's own references: DDP and
+    its reducer hold the group, so ``_train`` returns (its DDP, optimizer and hook state die with it)
+    before the call. ``torch.distributed.nn`` is imported before the group exists: DDP imports it
+    lazily, and its functions take ``group=group.WORLD`` as a default argument, which, evaluated after
+    ``init_process_group``, would keep the group (and gloo's worker threads) alive until the
+    interpreter clears its modules at exit. Destroyed there, while the interpreter is being torn
+    down, the group's C++ destructor can abort the process (``terminate called without an active
+    exception``, exit -6) after a run that otherwise succeeded.
+    """
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.nn  # noqa: F401  before init_process_group: see above
+
+    torch.set_num_threads(1)  # one core per worker at most: the machine is shared
+    dist.init_process_group("gloo")
+    summary = _train(args, dist.get_rank(), dist.get_world_size())
+    gc.collect()  # DDP's reference cycles, if any: nothing may hold the group past destroy_process_group
+    dist.destroy_process_group()
+    return summary
+
+
+def _train(args: argparse.Namespace, rank: int, world: int) -> dict:
+    """One worker's training, in the initialised process group; returns the run's summary."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -170,10 +198,6 @@ def train(args: argparse.Namespace) -> dict:
 
     from host_agent.allocation import AdaptiveAllocator, AdaptiveConfig, ComputeMeter, static_allocation
     from host_agent.torch_hook import AgentHookState, Numerics, WeightedBatchSampler, get_hook
-
-    torch.set_num_threads(1)  # one core per worker at most: the machine is shared
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
 
     def gather(value):
         out = [None] * world
@@ -276,7 +300,6 @@ def train(args: argparse.Namespace) -> dict:
         state.close()
     if agent is not None:
         agent.close()
-    dist.destroy_process_group()
 
     later = steps_log[1:] or steps_log  # the first step includes DDP's bucket rebuild
     med = lambda key: statistics.median(s[key] for s in later) if later and key in later[0] else None  # noqa: E731

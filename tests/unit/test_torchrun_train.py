@@ -7,6 +7,8 @@ controller, and with DDP's own gloo all-reduce. The runs go side by side to save
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +83,25 @@ def test_adaptive_allocation_shrinks_the_slow_workers_share(tmp_path) -> None:
     res = _finish(runs, tmp_path)["adaptive"]
     assert res["steps"] == 3 * (1437 // 240) and sum(res["batch_sizes"]) == 240
     assert res["batch_sizes"][1] < res["batch_sizes"][0], res["batch_sizes"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc")
+@pytest.mark.parametrize("comm", ["ina", "gloo"])
+def test_the_process_group_is_gone_when_train_returns(tmp_path, comm: str) -> None:
+    """No gloo thread outlives ``train``: a group destroyed at interpreter teardown can abort the process (exit -6)."""
+    probe = (
+        "import os, runpy, sys\n"
+        f"main = runpy.run_path({str(SCRIPT)!r})['main']\n"
+        f"rc = main([*{list(TINY)!r}, '--comm', {comm!r}, '--allocation', 'static'])\n"
+        "names = sorted(open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task'))\n"
+        "print('rc', rc, 'threads', ','.join(names), flush=True)\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = r.stdout.splitlines()[-1]
+    assert last.startswith("rc 0 threads ") and "gloo" not in last, last

@@ -125,6 +125,22 @@ def test_agents_ride_out_a_controller_killed_during_registration(bed):
     restarted = threading.Event()
     during_outage = {name: 0 for name in jobs}
     all_reducing = {name: threading.Event() for name in jobs}
+    calls = {name: {"floor": 0, "limit": None} for name in jobs}
+    calls_lock = threading.Lock()
+
+    def another_call(name: str, done: int) -> bool:
+        """One decision per job, which both workers follow: a and b all-reduce until the controller is back (and at
+        least 3 times), c and d 3 times. A worker that decided to go on commits its peer to that call too (decided
+        apart, one worker could start a call its peer, seeing the restart a moment later, never joins)."""
+        with calls_lock:
+            c = calls[name]
+            if c["limit"] is None:
+                enough = done >= 3 and (name not in "ab" or restarted.is_set())
+                if not enough or done < c["floor"]:
+                    c["floor"] = max(c["floor"], done + 1)
+                    return True
+                c["limit"] = done
+            return done < c["limit"]
 
     def run_job(name: str) -> list:
         spec, sockets = jobs[name]
@@ -133,8 +149,7 @@ def test_agents_ride_out_a_controller_killed_during_registration(bed):
             agent = Agent(spec, i, controller=bed.listen, sock=sockets[i][0], listener=sockets[i][1], options=opts)
             try:
                 outs = []
-                # a and b all-reduce until the controller is back (and at least 3 times); c and d 3 times
-                while len(outs) < 3 or (name in "ab" and not restarted.is_set()):
+                while another_call(name, len(outs)):
                     outs.append(agent.allreduce(inputs[name][i]))
                     all_reducing[name].set()
                     if down.is_set() and not restarted.is_set() and i == 0:

@@ -572,7 +572,7 @@ class ResultBatch:
             self.progressed = True
             flight.delivered_few(sel, self.now)
         for gap in gaps:
-            self._gap(gap >> 7, gap & 0x7F)
+            self._gap(*wire.split_gap_slot(gap))
         if prev and flight.numbered:
             self._prev_done(prev)
 
@@ -603,7 +603,7 @@ class ResultBatch:
         gaps = ours & ((rec["flags"] & F_GAP) != 0)
         if gaps.any():  # gaps this worker's delivered frames revealed: slot = lost << 7 | counter
             for gap in rec["slot"][gaps].tolist():
-                self._gap(gap >> 7, gap & 0x7F)
+                self._gap(*wire.split_gap_slot(gap))
         if prev is not None and prev.any():
             self._prev_done(list(zip(idx[prev].tolist(), (rec["reserved_shadow"][prev] >> 1).tolist())))
 

@@ -81,6 +81,17 @@ TX_COUNTER_MOD = 128  # the transmission counter travels in the 7-bit reserved f
 TX_LATE_HALF = TX_COUNTER_MOD // 2
 
 
+def gap_slot(lost: int, counter: int) -> int:
+    """The ``slot`` of a result that carries ``Flags.GAP`` to its sender: frames lost << 7 | the counter of the frame
+    that revealed them (the P4's meta.gap_slot)."""
+    return (lost << 7) | counter
+
+
+def split_gap_slot(slot: int) -> tuple[int, int]:
+    """(frames lost, revealing counter) from a ``gap_slot``."""
+    return slot >> 7, slot & (TX_COUNTER_MOD - 1)
+
+
 class DropReason(enum.IntEnum):
     """Index into the ina_drops / ina_job_drops counters (the P4's DROP_* constants)."""
 

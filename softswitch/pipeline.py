@@ -62,10 +62,12 @@ _SIGNS = int.from_bytes(b"\x80\x00\x00\x00" * wire.LANES, "big")
 _LOWS = int.from_bytes(b"\x7f\xff\xff\xff" * wire.LANES, "big")
 
 
-def _gap_slot(tx_ahead: int, reserved: int) -> bytes:
-    """The slot field of a result that carries a gap to its sender (meta.gap_slot): frames lost << 7 | the counter
-    of the frame that revealed them."""
-    return _U16.pack((tx_ahead << 7) | reserved)
+def _carry_gap(buf: bytearray, gap: tuple[int, bytes] | None) -> None:
+    """MyEgress on the sender's replica of a completion that revealed a gap (``gap``: meta.gap_worker and the
+    packed meta.gap_slot), and the answer to a resend that did: GAP and the slot field."""
+    if gap is not None and buf[_O_WORKER] == gap[0]:
+        buf[_O_FLAGS] |= _GAP
+        buf[_O_SLOT : _O_SLOT + 2] = gap[1]
 
 
 def _csum16_folded(header: bytes | bytearray) -> int:
@@ -519,7 +521,7 @@ class InaPipeline:
                 self._stamp_prev_done(out, job_id, generation, seq)
             self._multicast_to_job(out)
             if tx_gap:  # MyEgress: the sender's copy carries the gap its frame revealed
-                return self._replicate(mcast_grp, out, ingress_port, (worker_id, _gap_slot(tx_ahead, reserved)))
+                return self._replicate(mcast_grp, out, ingress_port, (worker_id, _U16.pack(wire.gap_slot(tx_ahead, reserved))))
             return self._replicate(mcast_grp, out, ingress_port)
 
         # 6b. Seen before: a completed copy answers its sender alone; anything else is dropped.
@@ -540,8 +542,7 @@ class InaPipeline:
         if tx_counted:
             out[_O_RESERVED] &= 1  # an answer to a resend carries no PREV_DONE: reserved 0
             if tx_gap:
-                out[_O_FLAGS] |= _GAP
-                out[_O_SLOT : _O_SLOT + 2] = _gap_slot(tx_ahead, reserved)
+                _carry_gap(out, (worker_id, _U16.pack(wire.gap_slot(tx_ahead, reserved))))
         self._reply_to_sender(out)
         return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 
@@ -670,8 +671,7 @@ class InaPipeline:
                 r = b"".join((mac, a, pack(0xFFFF - folded), b, ip, c, udp_port, d, worker_id, e))
                 if gap is not None and worker_id[0] == gap[0]:
                     r = bytearray(r)
-                    r[_O_FLAGS] |= _GAP
-                    r[_O_SLOT : _O_SLOT + 2] = gap[1]
+                    _carry_gap(r, gap)
             if port == wire.CPU_PORT:  # packet_in header: ingress_port:9, _pad:7
                 r = pack((ingress_port & 0x1FF) << 7) + r
             emitted.append((port, bytes(r)))
@@ -695,9 +695,7 @@ class InaPipeline:
             else:  # action set_worker_addr
                 out[0:6], out[_O_IP + 16 : _O_IP + 20], out[_O_UDP + 2 : _O_UDP + 4] = addr[:3]
                 out[_O_WORKER] = egress_rid & 0xFF  # hdr.ina.worker_id
-                if gap is not None and out[_O_WORKER] == gap[0]:  # the sender's copy carries its gap
-                    out[_O_FLAGS] |= _GAP
-                    out[_O_SLOT : _O_SLOT + 2] = gap[1]
+                _carry_gap(out, gap)  # the sender's copy carries its gap
         if ina_out:
             out[_O_UDP + 6 : _O_UDP + 8] = b"\x00\x00"  # UDP checksum 0: the payload changed
             if out[_O_INA] == MsgType.RESULT:

@@ -13,7 +13,7 @@ BUILD    := build
 PYTEST   := $(PY) -m pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo demo-model run test test-fast p4 proto bench bench-switch soak stop clean
+.PHONY: help install demo demo-model run test test-fast lint p4 proto bench bench-switch soak stop clean
 
 help: ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -40,6 +40,9 @@ test: $(STAMP) ## every test tier (integration needs root; bmv2 runs where simpl
 
 test-fast: $(STAMP) ## unit and packet tiers only (no root)
 	$(PYTEST) tests -q -m "unit or packet"
+
+lint: $(STAMP) ## ruff's default rules over the tree (configuration in pyproject.toml)
+	$(BIN)/ruff check .
 
 p4: $(BUILD)/ina.json ## compile p4src/ with p4c into build/ and compare its P4Info with the committed one
 

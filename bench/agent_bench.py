@@ -38,13 +38,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from host_agent.agent import bind_worker_sockets  # noqa: E402
-from host_agent.grant import Grant, SwitchGrant, Worker  # noqa: E402
-from host_agent.stream import ChunkStream, StreamOptions  # noqa: E402
-from host_agent.udp_io import IoMode, gso_supported  # noqa: E402
-from inaproto import wire  # noqa: E402
+from host_agent.agent import bind_worker_sockets
+from host_agent.grant import Grant, SwitchGrant, Worker
+from host_agent.stream import ChunkStream, StreamOptions
+from host_agent.udp_io import IoMode, gso_supported
+from inaproto import wire
 
 DEADLINE = time.monotonic() + 110.0
 
@@ -329,7 +329,7 @@ def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps
                     raise AssertionError(f"worker {i}: wrong {backend} sum")
             stats[i] = stream.stats
             stream.close()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
             barrier.abort()
         finally:
@@ -400,7 +400,7 @@ def _gloo_child(rank: int, n: int, store: str, workers: str, elements: int, iter
         agent.close()
         dist.destroy_process_group()
         out.put((rank, statistics.median(gloo[1:]), statistics.median(ours[1:])))
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001
         out.put((rank, None, repr(exc)))
 
 
@@ -431,7 +431,7 @@ def bench_gloo(sizes: tuple[int, ...], elements: int, iterations: int, tmpdir: s
         for p in procs:
             p.join(10)
         if any(r[1] is None for r in res):
-            print(f"  n={n}: failed: {[r[2] for r in res if r[1] is None][0]}")
+            print(f"  n={n}: failed: {next(r[2] for r in res if r[1] is None)}")
             continue
         gloo = max(r[1] for r in res)
         ours = max(r[2] for r in res)
@@ -456,7 +456,7 @@ def _exp_once(bw: float, io: str, workers: int, out: str) -> dict:
     if shutil.which("flock"):  # Mininet names collide between concurrent runs
         cmd = ["flock", "/tmp/ina-integration.lock"] + cmd
     subprocess.run(cmd, env=dict(os.environ, INA_AGENT_IO=io), check=True, stdout=subprocess.DEVNULL, timeout=900)
-    latest = sorted(glob.glob(os.path.join(out, "allreduce", "2*", "results.json")))[-1]
+    latest = max(glob.glob(os.path.join(out, "allreduce", "2*", "results.json")))
     with open(latest) as fh:
         rows = {r["backend"]: r for r in json.load(fh)["rows"] if r.get("kind") == "allreduce"}
     return {"ina_s": rows["ina"]["seconds_median"], "ring_s": rows["ring"]["seconds_median"],
@@ -475,8 +475,8 @@ def bench_end_to_end(bws: tuple[float, ...], rounds: int, workers: int, out: str
     for bw in bws:
         runs: dict[str, list[dict]] = {"batched": [], "per-packet": []}
         for k in range(rounds):
-            for io in runs:
-                runs[io].append(_exp_once(bw, io, workers, os.path.join(out, f"e2e-{bw:g}-{io}-{k}")))
+            for io, io_runs in runs.items():
+                io_runs.append(_exp_once(bw, io, workers, os.path.join(out, f"e2e-{bw:g}-{io}-{k}")))
         wire_s = chunks * wire.INA_FRAME_LEN * 8 / (bw * 1e6)
         row = {"bw_mbps": bw, "workers": workers, "ina_wire_s": wire_s, "ideal_with_headers": ideal, "runs": runs}
         for io, r in runs.items():

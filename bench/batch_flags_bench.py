@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -27,12 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from inaproto import wire  # noqa: E402
-from inaproto.job_entries import WorkerAddress, job_entries  # noqa: E402
-from softswitch import pipeline_batch  # noqa: E402
-from softswitch.pipeline import InaPipeline  # noqa: E402
+from inaproto import wire
+from inaproto.job_entries import WorkerAddress, job_entries
+from softswitch import pipeline_batch
+from softswitch.pipeline import InaPipeline
 
 JOB = 1
 SWITCH_MAC, SWITCH_IP = bytes.fromhex("0200000000fe"), bytes([10, 0, 0, 254])
@@ -115,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         print("batch_flags_bench: --workers must divide 64 (1..32) and --window be a multiple of 64", file=sys.stderr)
         return 2
     results: dict[str, list[float]] = {}
-    load = [open("/proc/loadavg").read().split()[0]]
+    load = [os.getloadavg()[0]]
     for _ in range(args.reps):
         for shape in ("union", "port"):
             for name, flags in (("plain", 0), ("counted", int(wire.Flags.TX_COUNTED))):
                 results.setdefault(f"{shape}/{name}", []).append(run(args.workers, args.window, args.rounds, shape, flags) * 1e6)
-    load.append(open("/proc/loadavg").read().split()[0])
+    load.append(os.getloadavg()[0])
     print(f"process_batch, {args.workers} workers, window {args.window}, {args.rounds} rounds, {args.reps} reps; "
-          f"load {load[0]} -> {load[1]}")
+          f"load {load[0]:.2f} -> {load[1]:.2f}")
     print("us per gradient: median [min-max]")
     for key, values in results.items():
         print(f"  {key:16s} {statistics.median(values):6.2f} [{min(values):.2f}-{max(values):.2f}]")

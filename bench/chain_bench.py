@@ -53,11 +53,12 @@ def _build(config: dict):
 
 def record(args: argparse.Namespace) -> None:
     sys.path.insert(0, ".")
+    import dataclasses
+
+    from host_agent.host_member import CopyMode
     from softswitch.pipeline import InaPipeline
     from tests.udp_switch import LocalCluster, quantised_sum
     from tests.unit.test_agent_rina_chains import OPTIONS, _install_chains
-    import dataclasses
-    from host_agent.host_member import CopyMode
 
     pipes: dict[int, dict] = {}
     process, process_batch = InaPipeline.process, InaPipeline.process_batch

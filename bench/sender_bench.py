@@ -36,10 +36,12 @@ for path in (ROOT, os.path.join(ROOT, "bench")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-import agent_bench  # noqa: E402
-from agent_bench import _time_backend  # noqa: E402
-from host_agent.udp_io import IoMode  # noqa: E402
-from inaproto import wire  # noqa: E402
+import agent_bench
+from agent_bench import _time_backend
+
+from host_agent.udp_io import IoMode
+from inaproto import wire
+
 
 def bench_sender(windows: tuple[int, ...], losses: tuple[float, ...], loss_window: int, elements: int,
                  iterations: int, link_bps: float, rounds: int, rtt: float = 0.0,
@@ -101,7 +103,7 @@ def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int, 
     n = 4
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal(elements).astype(np.float32) for _ in range(n)]
-    steps = [dict(slots=16, bases=200), dict(slots=0), dict(slots=16, bases=0)] * 8
+    steps = [{"slots": 16, "bases": 200}, {"slots": 0}, {"slots": 16, "bases": 0}] * 8
     blocks = {} if ring_block_seconds is None else {"ring_block_seconds": ring_block_seconds}  # session 9: row blocks
     opts = AgentOptions(stream=StreamOptions(op_timeout=30.0, link_bps=bps, **blocks))
     with LocalCluster(["s1"] * n, slots=16, options=opts) as cl:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable from a checkout without installing
 
-from controller.policies import POLICIES, make_policy  # noqa: E402
-from simulator.calibration import Calibration  # noqa: E402
-from simulator.cluster import ClusterSpec  # noqa: E402
-from simulator.engine import Simulation  # noqa: E402
-from simulator.placement import make_placement  # noqa: E402
-from simulator.trace import SyntheticConfig, generate_trace, interarrival_for_load  # noqa: E402
+from controller.policies import POLICIES, make_policy
+from simulator.calibration import Calibration
+from simulator.cluster import ClusterSpec
+from simulator.engine import Simulation
+from simulator.placement import make_placement
+from simulator.trace import SyntheticConfig, generate_trace, interarrival_for_load
 
 
 def run_once(num_jobs: int, policy: str, cluster: ClusterSpec, seed: int) -> tuple[float, int, int]:

@@ -46,22 +46,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import grpc  # noqa: E402
-import numpy as np  # noqa: E402
+import grpc
+import numpy as np
+from soak_net import SwitchBed, SwitchFaults, exact_sum, inputs, write_config
 
-from host_agent.agent import Agent, AgentOptions, bind_worker_sockets  # noqa: E402
-from host_agent.grant import JobSpec, Worker  # noqa: E402
-from host_agent.stream import StreamOptions  # noqa: E402
-from inaproto import admission_pb2 as pb  # noqa: E402
-from inaproto import admission_pb2_grpc as pb_grpc  # noqa: E402
-from inaproto import wire  # noqa: E402
-from inaproto.commands import Command, command_argv  # noqa: E402
-from inaproto.credentials import admission_channel, new_secret  # noqa: E402
-from softswitch.p4runtime_server import P4RuntimeServer  # noqa: E402
-from softswitch.pipeline import InaPipeline  # noqa: E402
-from softswitch.udp import Faults, UdpSwitch  # noqa: E402
-
-from soak_net import SwitchBed, SwitchFaults, exact_sum, inputs, write_config  # noqa: E402  (bench/, beside this file)
+from host_agent.agent import Agent, AgentOptions, bind_worker_sockets
+from host_agent.grant import JobSpec, Worker
+from host_agent.stream import StreamOptions
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
+from inaproto import wire
+from inaproto.commands import Command, command_argv
+from inaproto.credentials import admission_channel, new_secret
+from softswitch.p4runtime_server import P4RuntimeServer
+from softswitch.pipeline import InaPipeline
+from softswitch.udp import Faults, UdpSwitch
 
 
 class SwitchMode(str, Enum):
@@ -266,7 +265,7 @@ class Soak:
                                  "replayed_chunks"):
                         setattr(tally, name, getattr(tally, name) + getattr(s, name))
                     tally.generations = max(tally.generations, len(s.generation_history))
-            except Exception as exc:  # a failed call: its chunks (and the job's remaining work) are lost
+            except Exception as exc:  # a failed call: its chunks (and the job's remaining work) are lost  # noqa: BLE001
                 with lock:
                     tally.failed_calls += 1
                     tally.lost_chunks += chunks
@@ -356,14 +355,14 @@ class Soak:
 def summary_lines(s: dict) -> list[str]:
     o = s["options"]
     return [
-        f"soak: {o['jobs']} jobs x {o['workers']} workers, {o['elements']} elements per all-reduce, {s['seconds']} s, "
+        (f"soak: {o['jobs']} jobs x {o['workers']} workers, {o['elements']} elements per all-reduce, {s['seconds']} s, "
         f"faults loss {o['loss']:.0%} duplicate {o['duplicate']:.0%} reorder {o['reorder']:.0%} (each way), "
-        f"{s['controller_starts'] - 1} controller kill(s) + restart(s), policy change",
-        f"  all-reduces: {s['allreduces']}   wrong results: {s['wrong_results']}   lost chunks: {s['lost_chunks']}   "
-        f"failed calls: {s['failed_calls']}   hung jobs: {len(s['hung_jobs'])}",
-        f"  switch: {o['switch']}; recovery: {s['retransmits']} retransmissions of {s['chunks_sent']} chunks sent "
+        f"{s['controller_starts'] - 1} controller kill(s) + restart(s), policy change"),
+        (f"  all-reduces: {s['allreduces']}   wrong results: {s['wrong_results']}   lost chunks: {s['lost_chunks']}   "
+        f"failed calls: {s['failed_calls']}   hung jobs: {len(s['hung_jobs'])}"),
+        (f"  switch: {o['switch']}; recovery: {s['retransmits']} retransmissions of {s['chunks_sent']} chunks sent "
         f"({s['retransmits_per_chunk']:.3f} per chunk: {s['early_resends']} early, {s['timeouts']} timer expiries, "
-        f"{s['spurious_resends']} spurious), {s['resyncs']} resyncs, {s['replayed_chunks']} replayed chunks",
+        f"{s['spurious_resends']} spurious), {s['resyncs']} resyncs, {s['replayed_chunks']} replayed chunks"),
         f"  load average at the end: {' '.join(f'{x:.2f}' for x in s['load'])}",
     ]
 

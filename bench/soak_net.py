@@ -25,10 +25,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from host_agent.fixedpoint import dequantize, quantize  # noqa: E402
-from inaproto import wire  # noqa: E402
+from host_agent.fixedpoint import dequantize, quantize
+from inaproto import wire
 
 SUBNET = "10.0.1"
 SWITCH_IP = f"{SUBNET}.254"
@@ -167,7 +167,7 @@ def run_worker(config_path: str) -> int:
             if out[-1] < n - 0.5:  # someone has seen the deadline: this was the last call
                 break
             call += 1
-    except Exception as exc:  # a failed call: the parent counts its chunks lost
+    except Exception as exc:  # a failed call: the parent counts its chunks lost  # noqa: BLE001
         tally["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         if agent is not None:

@@ -50,10 +50,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from inaproto import wire  # noqa: E402
-from inaproto.job_entries import JobEntries, WorkerAddress, job_entries  # noqa: E402
+from inaproto import wire
+from inaproto.job_entries import JobEntries, WorkerAddress, job_entries
 
 JOB_ID, GROUP = 1, 1
 MODES = ("echo", "rings", "frames")  # the bare per-packet loop, then ina-switch on each I/O path
@@ -362,7 +362,8 @@ class Switch:
 
     def __init__(self, net, n: int, window: int, log_dir: Path, io: str) -> None:
         from controller.p4entity import Schema
-        from controller.switch import Switch as P4RuntimeSwitch, SwitchOptions
+        from controller.switch import Switch as P4RuntimeSwitch
+        from controller.switch import SwitchOptions
         from topologies.switch_process import SwitchProcess
 
         self.n, self.window, self.generation = n, window, 0

@@ -13,21 +13,50 @@ from __future__ import annotations
 import ipaddress
 import math
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from controller.path_floor import frame_seconds
 from controller.store import Job
 from controller.topology import LinkRate, Topology, next_hops_towards
 from inaproto import wire
-from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, JobEntries, TransitEntry, WorkerAddress,
-                                  chain_entries, job_entries, split_generation)
-from inaproto.rina_ring import (HOST_PORT, NETWORK_PORT, Rack, Ring, RingMember, host_copy_entries, host_copy_port,
-                                ring_of)
+from inaproto.job_entries import (
+    ChainEntries,
+    ChainHop,
+    ChainLink,
+    JobEntries,
+    TransitEntry,
+    WorkerAddress,
+    chain_entries,
+    job_entries,
+    split_generation,
+)
+from inaproto.rina_ring import (
+    HOST_PORT,
+    NETWORK_PORT,
+    Rack,
+    Ring,
+    RingMember,
+    host_copy_entries,
+    host_copy_port,
+    ring_of,
+)
 from inaproto.rina_runs import MAX_VARIANTS, RUN_ENTRY_LEN, RUN_PAYLOADS, run_header_len
 
-__all__ = ["CHAIN_HEADROOM", "GRANT_RUN_PAYLOADS", "HOST_PORT", "NETWORK_PORT", "RingMember", "RinaPlan", "chain_grant", "chain_round_trip", "chain_slots",
-           "job_state", "plan_rina", "run_frame_len"]
+__all__ = [
+    "CHAIN_HEADROOM",
+    "GRANT_RUN_PAYLOADS",
+    "HOST_PORT",
+    "NETWORK_PORT",
+    "RinaPlan",
+    "RingMember",
+    "chain_grant",
+    "chain_round_trip",
+    "chain_slots",
+    "job_state",
+    "plan_rina",
+    "run_frame_len",
+]
 
 
 @dataclass(frozen=True)

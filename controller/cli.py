@@ -18,8 +18,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import Callable, TextIO
+from typing import TextIO
 
 import grpc
 from google.protobuf import json_format

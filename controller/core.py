@@ -24,13 +24,12 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import grpc
 
-from inaproto import admission_pb2 as pb
 from controller.auth import TRUSTED, Authority, Caller, SwitchTls, admin_credential_path, hash_secret
 from controller.barrier import GenerationBarriers
 from controller.chains import chain_slots
@@ -38,18 +37,19 @@ from controller.errors import Refusal
 from controller.memory import allocate_pools
 from controller.p4entity import Schema
 from controller.policies import POLICIES, AllocationPolicy, JobDemand, SlotRange, make_policy
-from controller.store import Job, Store
 from controller.programming import FIRST_JOB_ID, SwitchProgrammer
+from controller.store import Job, Store
 from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import Topology
 from controller.trees import TreeLayout, tree_layout, tree_ranges
 from controller.validation import validate_registration
 from controller.views import job_grant, job_info, memory_map, switch_stats, wire_generation
+from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.backends import Backend
 from inaproto.job_entries import BindingEntry, ChainEntry, JobEntry, TransitEntry, WorkerEntry
 
-__all__ = ["ControllerOptions", "Refusal", "Controller", "Subscription", "DEFAULT_SCALE"]
+__all__ = ["DEFAULT_SCALE", "Controller", "ControllerOptions", "Refusal", "Subscription"]
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +145,9 @@ class Controller:
         self.store = Store(self.options.db_path)
         self.authority = Authority(self.options.admin_credential or admin_credential_path(self.options.db_path))
         stored_policy = self.store.get_meta("policy")
-        if stored_policy is not None and stored_policy != self._policy_name:
-            if stored_policy in POLICIES:
-                log.warning("policy %r from the database overrides %r (change it with `inactl policy set`)", stored_policy, self._policy_name)
-                self._policy_name, self._policy = stored_policy, make_policy(stored_policy)
+        if stored_policy is not None and stored_policy != self._policy_name and stored_policy in POLICIES:
+            log.warning("policy %r from the database overrides %r (change it with `inactl policy set`)", stored_policy, self._policy_name)
+            self._policy_name, self._policy = stored_policy, make_policy(stored_policy)
         self._next_generation = int(self.store.get_meta("next_generation", "1"))
         self._next_job_id = int(self.store.get_meta("next_job_id", str(FIRST_JOB_ID)))
         jobs = self.store.load_jobs()

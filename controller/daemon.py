@@ -17,15 +17,15 @@ import threading
 from pathlib import Path
 
 from controller.auth import ServerTls, SwitchTls
-from controller.core import DEFAULT_SCALE, Controller, Refusal, ControllerOptions
+from controller.core import DEFAULT_SCALE, Controller, ControllerOptions, Refusal
 from controller.p4entity import Schema
 from controller.policies import POLICIES
 from controller.service import serve
 from controller.store import StoreError
 from controller.switch import SwitchError
 from controller.topology import Topology, TopologyError, write_runtime_json
-from inaproto.commands import REPO, repo_path
 from inaproto.cli import Parser
+from inaproto.commands import REPO, repo_path
 
 DEFAULT_LISTEN = "127.0.0.1:50060"
 

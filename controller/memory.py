@@ -5,12 +5,12 @@ checks its answer; :func:`memory_view` describes a pool's occupancy (free space,
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from controller.policies import AllocationPolicy, JobDemand, SlotRange, validate_allocation
 
-__all__ = ["allocate_pools", "MemoryView", "memory_view"]
+__all__ = ["MemoryView", "allocate_pools", "memory_view"]
 
 
 def allocate_pools(

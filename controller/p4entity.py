@@ -19,10 +19,10 @@ from p4.v1 import p4runtime_pb2
 from p4runtime_sh.bytes_utils import parse_value, to_canonical_bytes
 from p4runtime_sh.context import Context, P4Type
 
-from softswitch.p4program import load_p4info
 from controller.errors import ControllerError
+from softswitch.p4program import load_p4info
 
-__all__ = ["Schema", "SchemaError", "TableEntry", "MulticastGroup", "encode_value", "format_value"]
+__all__ = ["MulticastGroup", "Schema", "SchemaError", "TableEntry", "encode_value", "format_value"]
 
 _EXACT = p4info_pb2.MatchField.EXACT
 _LPM = p4info_pb2.MatchField.LPM
@@ -85,7 +85,7 @@ def parse_json_value(value: object, bitwidth: int, what: str) -> int:
     if isinstance(value, str):
         try:
             return _decode(parse_value(value, bitwidth))
-        except Exception as exc:  # p4runtime-shell's UserError subclasses
+        except Exception as exc:  # p4runtime-shell's UserError subclasses  # noqa: BLE001
             raise SchemaError(f"{what}: {exc}") from None
     raise SchemaError(f"{what}: {value!r} is not a number or address")
 
@@ -113,7 +113,7 @@ class Schema:
         self._packet_headers = {h.preamble.name: h for h in p4info.controller_packet_metadata}
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "Schema":
+    def from_file(cls, path: str | Path) -> Schema:
         return cls(load_p4info(path))
 
     # --- lookups ------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ class Schema:
             names = [mf.name for mf in t.match_fields]
             unknown = set(match) - set(names)
             if unknown:
-                raise SchemaError(f"{table}: no match field {sorted(unknown)[0]!r}")
+                raise SchemaError(f"{table}: no match field {min(unknown)!r}")
             match = tuple(match.get(n) for n in names)
         if isinstance(params, dict):
             names = [p.name for p in a.params]
@@ -245,7 +245,7 @@ class Schema:
             params.append(parse_json_value(pvals[p.name], p.bitwidth, f"{action.preamble.name}.{p.name}"))
         extra = set(pvals) - {p.name for p in action.params}
         if extra:
-            raise SchemaError(f"{action.preamble.name}: no parameter {sorted(extra)[0]!r}")
+            raise SchemaError(f"{action.preamble.name}: no parameter {min(extra)!r}")
         if doc.get("default_action"):
             e = TableEntry(table.preamble.name, (), action.preamble.name, tuple(params), 0, True)
             self.to_proto(e)
@@ -268,7 +268,7 @@ class Schema:
                 match.append(parse_json_value(v, mf.bitwidth, what))
         unknown = set(mvals) - {mf.name for mf in table.match_fields}
         if unknown:
-            raise SchemaError(f"{table.preamble.name}: no match field {sorted(unknown)[0]!r}")
+            raise SchemaError(f"{table.preamble.name}: no match field {min(unknown)!r}")
         e = TableEntry(table.preamble.name, tuple(match), action.preamble.name, tuple(params), int(doc.get("priority", 0)))
         self.to_proto(e)
         return e

@@ -19,7 +19,7 @@ A crossing without a known rate gives 0 for the switch: no floor. A tree's root 
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from controller.store import Job
 from controller.topology import Topology
@@ -60,7 +60,7 @@ def path_rtt_floors(topology: Topology, job: Job, root: str | None = None) -> di
     if None in every_host or None in every_uplink:
         return floors
     up = max(every_host) + max(every_uplink)
-    for sw in hosts:
+    for sw, host_floor in hosts.items():
         if topology.switches[sw].ina:
-            floors[sw] = up + uplinks[sw] + hosts[sw]
+            floors[sw] = up + uplinks[sw] + host_floor
     return floors

@@ -37,24 +37,26 @@ fragmented do they compact (slide ranges toward slot 0), which moves some jobs.
 from __future__ import annotations
 
 import abc
+import itertools
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import ClassVar, Iterable, Mapping, Sequence
+from typing import ClassVar
 
 __all__ = [
-    "JobDemand",
-    "SlotRange",
+    "POLICIES",
     "Allocation",
     "AllocationPolicy",
-    "SizedPolicy",
     "EqualPolicy",
     "FirstFitPolicy",
-    "WeightedPolicy",
+    "JobDemand",
     "PriorityPolicy",
-    "POLICIES",
-    "register_policy",
+    "SizedPolicy",
+    "SlotRange",
+    "WeightedPolicy",
     "make_policy",
+    "register_policy",
     "validate_allocation",
 ]
 
@@ -182,7 +184,7 @@ def validate_allocation(
             raise ValueError(f"job {job.job_id}: holds {rng.size} slots, below min_slots {job.min_slots}")
         held.append((rng.base, rng.end, job.job_id))
     held.sort()
-    for (_, end_a, id_a), (base_b, _, id_b) in zip(held, held[1:]):
+    for (_, end_a, id_a), (base_b, _, id_b) in itertools.pairwise(held):
         if base_b < end_a:
             raise ValueError(f"jobs {id_a} and {id_b} hold overlapping slots")
 

@@ -23,21 +23,30 @@ whose entries had to be repaired gets a new generation, written with the same tw
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from collections.abc import Mapping
 
 import grpc
 
 from controller.chains import plan_rina
-from controller.trees import plan_tree
 from controller.errors import Refusal
 from controller.p4entity import MulticastGroup, Schema, TableEntry
 from controller.store import Job
 from controller.switch import Switch, SwitchError, SwitchState
 from controller.topology import Topology
+from controller.trees import plan_tree
 from inaproto import wire
 from inaproto.backends import Backend
-from inaproto.job_entries import (BindingEntry, ChainEntry, JobEntry, TransitEntry, WorkerAddress, WorkerEntry,
-                                  job_entries, job_group, split_generation)
+from inaproto.job_entries import (
+    BindingEntry,
+    ChainEntry,
+    JobEntry,
+    TransitEntry,
+    WorkerAddress,
+    WorkerEntry,
+    job_entries,
+    job_group,
+    split_generation,
+)
 
 __all__ = ["FIRST_JOB_ID", "SwitchProgrammer"]
 

@@ -13,10 +13,10 @@ from concurrent import futures
 
 import grpc
 
-from inaproto import admission_pb2 as pb
-from inaproto import admission_pb2_grpc as pb_grpc
 from controller.auth import Caller, ServerTls, caller_credential
 from controller.core import Controller, Refusal
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 
 __all__ = ["AdmissionService", "serve"]
 

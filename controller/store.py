@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable
 
 from controller.errors import ControllerError
-from inaproto import admission_pb2 as pb
 from controller.policies import SlotRange
+from inaproto import admission_pb2 as pb
 
 __all__ = ["Job", "Store", "StoreError"]
 
@@ -87,7 +87,7 @@ class Job:
     def range_on(self, switch: str) -> SlotRange | None:
         return dict(self.ranges).get(switch)
 
-    def with_ranges(self, ranges: dict[str, SlotRange | None], **changes) -> "Job":
+    def with_ranges(self, ranges: dict[str, SlotRange | None], **changes) -> Job:
         return replace(self, ranges=tuple(sorted(ranges.items())), **changes)
 
 

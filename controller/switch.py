@@ -20,8 +20,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Self
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -32,7 +33,7 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from controller.errors import ControllerError
 from controller.p4entity import MulticastGroup, Schema, SchemaError, TableEntry, encode_value
 
-__all__ = ["SwitchOptions", "SwitchError", "Switch", "SwitchState", "plan_writes", "ReconcileReport", "update_errors"]
+__all__ = ["ReconcileReport", "Switch", "SwitchError", "SwitchOptions", "SwitchState", "plan_writes", "update_errors"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class SwitchError(ControllerError):
         return msg
 
     @classmethod
-    def from_rpc(cls, switch: str, op: str, exc: grpc.RpcError) -> "SwitchError":
+    def from_rpc(cls, switch: str, op: str, exc: grpc.RpcError) -> SwitchError:
         code = exc.code() if callable(getattr(exc, "code", None)) else grpc.StatusCode.UNKNOWN
         details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
         return cls(switch, op, code, details or "", update_errors(exc))
@@ -110,7 +111,7 @@ class SwitchState:
     groups: dict[int, MulticastGroup] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, entries: Iterable[TableEntry] = (), groups: Iterable[MulticastGroup] = ()) -> "SwitchState":
+    def of(cls, entries: Iterable[TableEntry] = (), groups: Iterable[MulticastGroup] = ()) -> SwitchState:
         return cls({e.key: e for e in entries}, {g.group_id: g for g in groups})
 
 
@@ -294,7 +295,7 @@ class Switch:
         self._close_stream()
         self._channel.close()
 
-    def __enter__(self) -> "Switch":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -419,7 +420,7 @@ class Switch:
         fields = self.schema.packet_metadata("packet_out")
         unknown = set(metadata) - {f.name for f in fields}
         if unknown:
-            raise SchemaError(f"packet_out has no metadata {sorted(unknown)[0]!r}")
+            raise SchemaError(f"packet_out has no metadata {min(unknown)!r}")
         for f in fields:
             msg.packet.metadata.add(metadata_id=f.id, value=encode_value(metadata.get(f.name, 0), f.bitwidth))
         requests.put(msg)

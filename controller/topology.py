@@ -28,25 +28,25 @@ import json
 import math
 import re
 from collections import Counter, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from controller.errors import ControllerError
-from inaproto import wire
 from controller.p4entity import MulticastGroup, Schema, SchemaError, TableEntry
+from inaproto import wire
 
 __all__ = [
-    "TopologyError",
-    "SwitchInfo",
-    "HostInfo",
-    "Topology",
-    "parse_switch_spec",
-    "write_runtime_json",
-    "next_hops_towards",
     "DEFAULT_SWITCH_IP",
     "DEFAULT_SWITCH_MAC",
+    "HostInfo",
     "LinkRate",
+    "SwitchInfo",
+    "Topology",
+    "TopologyError",
+    "next_hops_towards",
+    "parse_switch_spec",
+    "write_runtime_json",
 ]
 
 DEFAULT_SWITCH_IP = "10.0.0.254"
@@ -147,7 +147,7 @@ class Topology:
 
     # --- loading ------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path) -> "Topology":
+    def load(cls, path: str | Path) -> Topology:
         path = Path(path)
         try:
             doc = json.loads(path.read_text())
@@ -156,7 +156,7 @@ class Topology:
         return cls.from_dict(doc, base_dir=path.parent)
 
     @classmethod
-    def from_dict(cls, doc: dict, base_dir: Path | str = ".") -> "Topology":
+    def from_dict(cls, doc: dict, base_dir: Path | str = ".") -> Topology:
         if not isinstance(doc, dict) or not isinstance(doc.get("switches"), dict):
             raise TopologyError("topology needs a 'switches' object")
         switches: dict[str, SwitchInfo] = {}
@@ -220,7 +220,7 @@ class Topology:
         return topo
 
     @classmethod
-    def from_specs(cls, specs: list[str]) -> "Topology":
+    def from_specs(cls, specs: list[str]) -> Topology:
         switches = {}
         for spec in specs:
             info = parse_switch_spec(spec)

@@ -14,16 +14,24 @@ number of slots on every switch of its tree into the entries each switch needs. 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from controller.chains import job_state
 from controller.policies import SlotRange
 from controller.store import Job
 from controller.topology import Topology
 from inaproto import wire
-from inaproto.job_entries import (ChainEntries, ChainHop, ChainLink, ChainPartition, JobEntries, chain_entries,
-                                  job_entries, split_generation)
+from inaproto.job_entries import (
+    ChainEntries,
+    ChainHop,
+    ChainLink,
+    ChainPartition,
+    JobEntries,
+    chain_entries,
+    job_entries,
+    split_generation,
+)
 
 __all__ = ["TreeLayout", "TreeMember", "TreePlan", "plan_tree", "tree_layout", "tree_ranges"]
 

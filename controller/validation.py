@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import grpc
 
-from inaproto import admission_pb2 as pb
 from controller.errors import Refusal
 from controller.store import Job
 from controller.topology import Topology
+from inaproto import admission_pb2 as pb
 from inaproto import wire
 
 __all__ = ["validate_registration"]

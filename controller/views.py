@@ -6,20 +6,20 @@ from the topology, the jobs and the switches' counters, so the core keeps only t
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
-from inaproto import admission_pb2 as pb
 from controller.chains import chain_grant
 from controller.memory import memory_view
 from controller.path_floor import path_rtt_floors
 from controller.store import Job
 from controller.switch import Switch
 from controller.topology import Topology
+from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.backends import Backend, JobState
 from inaproto.job_entries import job_group, split_generation
 
-__all__ = ["wire_generation", "job_grant", "job_info", "memory_map", "switch_stats", "DROP_NAMES", "JOB_DROPS"]
+__all__ = ["DROP_NAMES", "JOB_DROPS", "job_grant", "job_info", "memory_map", "switch_stats", "wire_generation"]
 
 DROP_NAMES = {r.value: r.name.lower() for r in wire.DropReason}
 # Reasons counted per job in ina_job_drops (the others happen before a job is known).

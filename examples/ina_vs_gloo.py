@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 SCRIPT = Path(__file__).resolve().parent / "torchrun_train.py"
 VARIANTS = {"gloo": ("--comm", "gloo"), "ina_block": ("--numerics", "block"), "ina_fixed": ("--numerics", "fixed")}

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 COMMS = ("ina", "gloo")
 ALLOCATIONS = ("equal", "static", "adaptive")
@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_model(kind: str):
-    import torch.nn as nn
+    from torch import nn
 
     if kind == "cnn":  # the 64 features as an 8x8 image
         return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -179,7 +179,7 @@ def train(args: argparse.Namespace) -> dict:
 
     import torch
     import torch.distributed as dist
-    import torch.distributed.nn  # noqa: F401  before init_process_group: see above
+    import torch.distributed.nn
 
     torch.set_num_threads(1)  # one core per worker at most: the machine is shared
     dist.init_process_group("gloo")
@@ -302,7 +302,7 @@ def _train(args: argparse.Namespace, rank: int, world: int) -> dict:
         agent.close()
 
     later = steps_log[1:] or steps_log  # the first step includes DDP's bucket rebuild
-    med = lambda key: statistics.median(s[key] for s in later) if later and key in later[0] else None  # noqa: E731
+    med = lambda key: statistics.median(s[key] for s in later) if later and key in later[0] else None
     comm_total = sum(s.get("comm", 0.0) for s in later)
     summary = {
         "comm": args.comm, "backend": backend, "numerics": args.numerics if args.comm == "ina" else "float32",

@@ -16,13 +16,14 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Self
 
 import numpy as np
 
 from host_agent.control import AdmissionClient, JobWatcher
-from host_agent.errors import AgentError, AgentTimeout, AdmissionError, JobReleased
+from host_agent.errors import AdmissionError, AgentError, AgentTimeout, JobReleased
 from host_agent.fixedpoint import dequantize, quantize_chunks, to_chunks
 from host_agent.grant import Grant, JobSpec, Plan, host_rack_name
 from host_agent.host_member import CopyMode, HostCopy, is_host_member
@@ -414,7 +415,7 @@ class Agent:
             out["cpu_seconds"] += out.pop("host_copy_child_cpu_seconds", 0.0)
         return out
 
-    def __enter__(self) -> Agent:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -122,15 +122,6 @@ def dequantize_blocks(sums: np.ndarray, shifts: np.ndarray, codes: np.ndarray, b
         out = out.astype(np.float32)
     out[_per_element(np.asarray(codes) == CODE_NONFINITE, s.size, block)] = np.nan
     return out
-
-
-class _Exact(Protocol):
-    rank: int
-    size: int
-
-    def allgather(self, array: np.ndarray) -> np.ndarray: ...
-
-    def allreduce_fixed(self, q: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass

@@ -15,7 +15,7 @@ CHUNK_BYTES = wire.INA_DATA_LEN
 class Segment:
     """Consecutive chunks [a, a+K) of one call with this worker's contributions and the results so far."""
 
-    __slots__ = ("a", "K", "contrib", "res32", "resr", "src", "flag")
+    __slots__ = ("K", "a", "contrib", "flag", "res32", "resr", "src")
 
     def __init__(self, a: int, contrib: np.ndarray) -> None:
         self.a = a
@@ -68,7 +68,7 @@ class Segment:
 class Call:
     """One all-reduce call: its retained contributions and where its chunks sit in the stream."""
 
-    __slots__ = ("index", "main", "M", "start", "main_seg", "F", "rec_seg", "returned")
+    __slots__ = ("F", "M", "index", "main", "main_seg", "rec_seg", "returned", "start")
 
     def __init__(self, index: int, main: np.ndarray) -> None:
         self.index = index

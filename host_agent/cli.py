@@ -21,18 +21,18 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 import numpy as np
 
+from host_agent.compute import SpeedSchedule
+from host_agent.flight import QueryMode
 from host_agent.grant import JobSpec, parse_workers
 from host_agent.host_member import CopyMode
-from host_agent.flight import QueryMode
 from host_agent.ring_pieces import PIECE_BYTES
 from host_agent.stream import StreamOptions
 from host_agent.timeline import Timeline
-from host_agent.compute import SpeedSchedule
 from host_agent.train import ALLOCATIONS, ComputeMode, CostModel, TrainConfig
 from host_agent.udp_io import IoMode
 from inaproto.backends import BackendChoice

@@ -107,8 +107,7 @@ class CongestionWindow:
 
     def on_results(self, rtt: float, count: int, now: float, path_rtt: float, srtt: float, granted: int) -> None:
         """``count`` results of chunks sent once arrived at ``now``; ``rtt``: the shortest recent round trip."""
-        if rtt < self.round_min:
-            self.round_min = rtt
+        self.round_min = min(self.round_min, rtt)
         self.round_delivered += count
         if self.cwnd < self.ssthresh:
             self.cwnd = min(self.cwnd + count, float(granted))  # slow start: +1 per result, x2 per round
@@ -150,9 +149,9 @@ class CongestionWindow:
         (by the delay rule, once per round); a random drop with no queue changes nothing."""
         target = self._target(path_rtt)
         rtt = self.round_min if self.round_min != float("inf") else (self.last_round_min if self.queued else 0.0)
-        if rtt and rtt > target and now - self.last_cut >= max(srtt, path_rtt):
-            if self._cut(rtt, target, now, self.floor(path_rtt)):
-                self.loss_cuts += 1
+        if (rtt and rtt > target and now - self.last_cut >= max(srtt, path_rtt)
+                and self._cut(rtt, target, now, self.floor(path_rtt))):
+            self.loss_cuts += 1
 
     def on_timeout(self, now: float, path_rtt: float, srtt: float) -> None:
         """The retransmission timer fired: the same rule as a loss (a lost tail or a late peer is no congestion)."""

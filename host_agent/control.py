@@ -17,16 +17,17 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import grpc
 
+from host_agent.errors import AdmissionError, AgentTimeout, StaleGeneration
+from host_agent.grant import Grant, JobSpec
 from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
-from host_agent.grant import Grant, JobSpec
 from inaproto.backends import JobState
-from host_agent.errors import AgentTimeout, AdmissionError, StaleGeneration
 from inaproto.credentials import JOB_SECRET_ENV, TlsFiles, admission_channel
 
 __all__ = ["AdmissionClient", "AdmissionError", "Backoff", "JobWatcher"]

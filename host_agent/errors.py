@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import grpc
 
-__all__ = ["AgentError", "AgentTimeout", "AdmissionError", "JobReleased", "StaleGeneration"]
+__all__ = ["AdmissionError", "AgentError", "AgentTimeout", "JobReleased", "StaleGeneration"]
 
 
 class AgentError(RuntimeError):

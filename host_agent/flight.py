@@ -47,7 +47,7 @@ import numpy as np
 from host_agent.congestion import CongestionWindow
 from host_agent.rtt import RttEstimator
 
-__all__ = ["Flight", "QueryMode", "QueryState", "REORDER_FLOOR"]
+__all__ = ["REORDER_FLOOR", "Flight", "QueryMode", "QueryState"]
 
 REORDER_FLOOR = 0.001  # seconds: the smallest reorder window
 REORDER_SHARE = 1 / 8  # of the path's round trip: a worker's results come back in sending order, so only loss

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from inaproto import wire
 from inaproto.backends import Backend, BackendChoice

@@ -41,8 +41,8 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
-from typing import Mapping
 
 import numpy as np
 
@@ -178,7 +178,7 @@ class _Copy:
             while True:  # until the socket is empty: a drain that filled the buffer leaves more to read
                 reads: dict[tuple[str, int], list[tuple[int, int, int]]] = {}  # per source, in order of arrival
                 try:
-                    got = self._io.drain_sources(view, lambda off, n, seg, src: reads.setdefault(src, []).append((off, n, seg)))
+                    got = self._io.drain_sources(view, lambda off, n, seg, src, reads=reads: reads.setdefault(src, []).append((off, n, seg)))
                 except OSError as exc:  # what was read is served; the socket is polled again (a lost frame is resent)
                     if self._stop.is_set():
                         return

@@ -13,8 +13,9 @@ accuracy reaches the target.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["EvalPoint", "TrainResult", "time_to_target"]
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["ModelKind", "Model", "Mlp", "TorchCnn", "Dataset", "digits_split", "make_dataset", "make_model"]
+__all__ = ["Dataset", "Mlp", "Model", "ModelKind", "TorchCnn", "digits_split", "make_dataset", "make_model"]
 
 HELD_OUT = 360  # images of the digits set kept out of training (20 %)
 SPLIT_SEED = 12345  # the held-out images are the same in every run, whatever the training seed

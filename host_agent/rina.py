@@ -7,7 +7,7 @@ socket, plan, generation, options and stats. docs/agent.md ("Rina") describes th
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class RinaPhases:
     def _other_datagram(self, rbuf: bytearray, n: int, seg: Segment | None, rack: Rack | None) -> None:
         """Anything but a RESULT: Rina broadcasts (rack workers) and repair requests (representatives)."""
         if n == PAYLOAD and rbuf[0] == BROADCAST:
-            mt, fl, jid, g, _slot, seq, _w, _last = _HDR.unpack_from(rbuf, 0)
+            _mt, fl, jid, g, _slot, seq, _w, _last = _HDR.unpack_from(rbuf, 0)
             if jid != self.job_id or g != self._generation:
                 self.stats.stale += 1
                 return
@@ -119,7 +119,7 @@ class RinaPhases:
                 self._drain_idle()
 
     def _on_nack(self, rbuf: bytearray, n: int) -> None:
-        magic, job, gen, worker, cum = _NACK.unpack_from(rbuf, 0)
+        _magic, job, gen, worker, cum = _NACK.unpack_from(rbuf, 0)
         if job != self.job_id or gen != self._generation:
             self.stats.stale += 1
             return

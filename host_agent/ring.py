@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Protocol, Self, TypeVar
 
 import numpy as np
 
@@ -604,7 +604,7 @@ class RingAllReduce:
     def close(self) -> None:
         self.link.close()
 
-    def __enter__(self) -> RingAllReduce:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -646,7 +646,7 @@ def run_local_ring(
             with RingAllReduce(rank, peers, listeners[rank], timeout=timeout, connect_timeout=connect_timeout,
                                piece_bytes=piece_bytes) as ring:
                 results[rank] = fn(ring)
-        except BaseException as exc:  # reported to the caller below
+        except BaseException as exc:  # reported to the caller below  # noqa: BLE001
             results[rank] = exc
 
     threads = [threading.Thread(target=member, args=(r,), name=f"ring-{r}", daemon=True) for r in range(n)]

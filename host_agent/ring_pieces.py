@@ -8,6 +8,7 @@ it. Pieces are local to a member (they decide when it adds and sends on), never 
 """
 from __future__ import annotations
 
+import itertools
 import struct
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -73,7 +74,7 @@ def piece_bounds(length: int, itemsize: int, piece_bytes: int = PIECE_BYTES) -> 
 
 def _pieces(array: np.ndarray, piece_bytes: int) -> list[tuple[int, int]]:
     bounds = piece_bounds(array.size, array.itemsize, piece_bytes)
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(itertools.pairwise(bounds))
 
 
 def _as_bytes(a: np.ndarray) -> memoryview:

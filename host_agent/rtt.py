@@ -66,12 +66,11 @@ class RttEstimator:
             return
         self.latest = rtt
         self._recent.append(rtt)
-        if rtt < self.min_rtt:
-            self.min_rtt = rtt
+        self.min_rtt = min(self.min_rtt, rtt)
         if self.samples == 0:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
-            n = per_round if per_round > 1 else 1
+            n = max(1, per_round)
             a, b = ALPHA / n, BETA / n
             self.rttvar += b * (abs(self.srtt - rtt) - self.rttvar)
             self.srtt += a * (rtt - self.srtt)

@@ -26,8 +26,8 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import numpy as np
 
@@ -40,8 +40,8 @@ from host_agent.grant import Grant, Plan, Worker, plan_for
 from host_agent.ina_window import TX_MOD, InaPhase, WindowMode
 from host_agent.rina import RinaPhases
 from host_agent.ring import RingAllReduce
-from host_agent.ring_pieces import PIECE_BYTES
 from host_agent.ring_phases import RingPhases
+from host_agent.ring_pieces import PIECE_BYTES
 from host_agent.rtt import RttEstimator
 from host_agent.udp_io import DatagramIo, IoMode
 from inaproto import wire
@@ -427,7 +427,7 @@ class ChunkStream(InaPhase, RingPhases, RinaPhases):
                     self._complete()
                 except JobReleased:
                     pass
-                except BaseException as exc:
+                except BaseException as exc:  # noqa: BLE001
                     self._broken = exc
                     log.warning("worker %d: replay while idle failed: %s", self.worker_id, exc)
             elif self._plan.kind == Backend.RINA:

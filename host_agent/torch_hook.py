@@ -19,13 +19,15 @@ computes the gradients of bucket k + 1. Values go through block floating point b
 """
 from __future__ import annotations
 
+import itertools
 import math
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,9 +35,9 @@ from host_agent.allocation import Allocation, epoch_permutation
 from host_agent.block_scale import BLOCK_ELEMENTS, BlockScaledReducer
 
 __all__ = [
+    "HOOKS",
     "AgentHookState",
     "CommStep",
-    "HOOKS",
     "Numerics",
     "WeightedBatchSampler",
     "get_hook",
@@ -194,7 +196,7 @@ class AgentHookState:
                 arr = arr * np.float32(weight)
             total = self._reducer.allreduce(arr)
             tensor.copy_(torch.from_numpy(total).to(tensor.device, tensor.dtype))
-        except BaseException as exc:  # the future carries it to backward(), which raises it
+        except BaseException as exc:  # the future carries it to backward(), which raises it  # noqa: BLE001
             fut.set_exception(exc)
             return
         end = time.perf_counter()
@@ -211,7 +213,7 @@ class AgentHookState:
         if not calls:
             return CommStep(0, 0.0, 0.0, 0.0)
         calls.sort()
-        computing = [(ret, nxt) for (_, ret), (nxt, _) in zip(calls, calls[1:])]  # backward between two hooks
+        computing = [(ret, nxt) for (_, ret), (nxt, _) in itertools.pairwise(calls)]  # backward between two hooks
         comm = sum(e - s for s, e in spans)
         hidden = sum(max(0.0, min(e, b) - max(s, a)) for s, e in spans for a, b in computing)
         last_return = calls[-1][1]

@@ -29,13 +29,20 @@ import enum
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from host_agent.allocation import (AdaptiveAllocator, AdaptiveConfig, Allocation, cost_allocation, epoch_permutation,
-                                   static_allocation)
+from host_agent.allocation import (
+    AdaptiveAllocator,
+    AdaptiveConfig,
+    Allocation,
+    cost_allocation,
+    epoch_permutation,
+    static_allocation,
+)
 from host_agent.compute import Accelerator, EmulatedAccelerator, ScaledAccelerator, SpeedSchedule
 from host_agent.cost_model import AffineCost, CostModel, fit_affine
 from host_agent.metrics import EvalPoint, TrainResult, time_to_target
@@ -183,7 +190,7 @@ def _static_speed(accel: Accelerator, compute: Callable[[np.ndarray], object], p
 def _static_cost(accel: Accelerator, compute: Callable[[np.ndarray], object], sizes: tuple[int, ...], runs: int) -> AffineCost:
     """The affine cost fitted to the fastest of ``runs`` timed runs at each batch size."""
     accel.run(lambda: compute(np.arange(sizes[0])), sizes[0], 0)  # warm-up
-    best = [min(accel.run(lambda: compute(np.arange(b)), b, 0)[1] for _ in range(runs)) for b in sizes]
+    best = [min(accel.run(lambda b=b: compute(np.arange(b)), b, 0)[1] for _ in range(runs)) for b in sizes]
     return fit_affine(sizes, [max(t, 1e-9) for t in best])
 
 
@@ -242,7 +249,7 @@ def train(agent: Reducer, cfg: TrainConfig, *,
             epoch = step // steps_per_epoch
             perm = epoch_permutation(cfg.seed, epoch, X.shape[0])
         idx = alloc.indices(perm, rank, step % steps_per_epoch)
-        (loss, grad), tc = accel.run(lambda: compute(idx), len(idx), step)
+        (loss, grad), tc = accel.run(lambda idx=idx: compute(idx), len(idx), step)
         w = np.float32(alloc.gradient_scale(rank))
         mine[:] = 0.0
         mine[rank] = tc

@@ -18,9 +18,9 @@ import logging
 import socket
 import struct
 import sys
-from typing import Callable
+from collections.abc import Callable
 
-__all__ = ["DatagramIo", "GSO_MAX_SEGMENTS", "IoMode", "gso_supported"]
+__all__ = ["GSO_MAX_SEGMENTS", "DatagramIo", "IoMode", "gso_supported"]
 
 log = logging.getLogger("host_agent.udp_io")
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn, Sequence, TextIO
+from collections.abc import Sequence
+from typing import NoReturn, TextIO
 
 __all__ = ["EXIT_USAGE", "Parser", "UsageError"]
 

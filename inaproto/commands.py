@@ -11,7 +11,7 @@ import sys
 from enum import StrEnum
 from pathlib import Path
 
-__all__ = ["Command", "REPO", "command_argv", "repo_path"]
+__all__ = ["REPO", "Command", "command_argv", "repo_path"]
 
 REPO = Path(__file__).resolve().parents[1]
 """The checkout (the folder holding ``p4src/``); defaults such as ``build/ina.json`` resolve against it."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import grpc
 
@@ -60,7 +60,7 @@ class TlsFiles:
         return bool(self.ca)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "TlsFiles":
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> TlsFiles:
         return cls(**{k: env.get(v, "") for k, v in TLS_ENV.items()})
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
@@ -99,7 +99,7 @@ class _Details(grpc.ClientCallDetails):
     wait_for_ready: object
     compression: object
 
-    def __init__(self, d, metadata) -> None:  # noqa: D107 (frozen dataclass filled by hand)
+    def __init__(self, d, metadata) -> None:
         for name in ("method", "timeout", "credentials", "wait_for_ready", "compression"):
             object.__setattr__(self, name, getattr(d, name, None))
         object.__setattr__(self, "metadata", metadata)

@@ -12,8 +12,9 @@ switch port, rid = worker id). The controller, the test doubles, the demo and th
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, ClassVar
 
 from inaproto.wire import INA_UDP_PORT
 

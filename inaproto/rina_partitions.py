@@ -11,8 +11,8 @@ docs/experiments.md, "Partition sizes from hop costs".
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 

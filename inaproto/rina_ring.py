@@ -12,13 +12,22 @@ starts after member p and ends at member p. docs/switch.md, "Chains"; docs/exper
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from inaproto.rina_partitions import aligned_blocks, partition_sizes, slot_partitions
 
-__all__ = ["HOST_PORT", "NETWORK_PORT", "Rack", "RingMember", "Ring", "host_copy_entries", "host_copy_port",
-           "ring_of", "MAX_WORKERS"]
+__all__ = [
+    "HOST_PORT",
+    "MAX_WORKERS",
+    "NETWORK_PORT",
+    "Rack",
+    "Ring",
+    "RingMember",
+    "host_copy_entries",
+    "host_copy_port",
+    "ring_of",
+]
 
 MAX_WORKERS = 32  # wire.MAX_WORKERS: the worker-id space (bitmap width)
 INA_UDP_PORT = 47000  # wire.INA_UDP_PORT

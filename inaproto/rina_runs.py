@@ -19,7 +19,7 @@ host members".
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 from inaproto import wire
 

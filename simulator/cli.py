@@ -12,8 +12,8 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from controller.policies import POLICIES, make_policy
 from inaproto.cli import Parser, UsageError
@@ -32,7 +32,7 @@ from simulator.trace import (
     write_trace,
 )
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]
 
 
 def _positive_int(text: str) -> int:

@@ -12,8 +12,8 @@ import heapq
 import math
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from controller.policies import AllocationPolicy, JobDemand, SlotRange, validate_allocation
 from inaproto.backends import SimBackend
@@ -24,7 +24,7 @@ from simulator.errors import SimulatorError
 from simulator.placement import Placement, PlacementPolicy, RackView
 from simulator.trace import JobSpec
 
-__all__ = ["Simulation", "SimResult", "JobResult", "InvariantError"]
+__all__ = ["InvariantError", "JobResult", "SimResult", "Simulation"]
 
 # Backends a job can run on: no communication (one worker), INA in one ToR, Rina, plain ring.
 _DONE, _READY, _ARRIVE = 0, 1, 2  # completions sort first at equal times: freed workers are reusable
@@ -91,7 +91,7 @@ class SimResult:
 
 
 class _Switch:
-    __slots__ = ("pool", "demands", "alloc", "held")
+    __slots__ = ("alloc", "demands", "held", "pool")
 
     def __init__(self, pool: int) -> None:
         self.pool = pool
@@ -102,9 +102,31 @@ class _Switch:
 
 class _Job:
     __slots__ = (
-        "spec", "placement", "racks", "start", "remaining", "iter_time", "last", "version", "compute",
-        "demand_racks", "cross", "backend", "slots", "effective", "history", "requested", "changes", "counts",
-        "ready", "on_spine", "uplink", "uplink_per_iter", "path_rtt", "ready_at", "ring_from",
+        "backend",
+        "changes",
+        "compute",
+        "counts",
+        "cross",
+        "demand_racks",
+        "effective",
+        "history",
+        "iter_time",
+        "last",
+        "on_spine",
+        "path_rtt",
+        "placement",
+        "racks",
+        "ready",
+        "ready_at",
+        "remaining",
+        "requested",
+        "ring_from",
+        "slots",
+        "spec",
+        "start",
+        "uplink",
+        "uplink_per_iter",
+        "version",
     )
 
     def __init__(self, spec: JobSpec, placement: Placement, start: float, compute: float) -> None:

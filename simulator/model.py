@@ -23,25 +23,25 @@ line rate, and slots beyond it add nothing either (the min above).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from simulator.calibration import Calibration
 
 __all__ = [
-    "window_rtt",
+    "compute_time",
     "ina_rate",
     "ina_time",
+    "iteration_time",
+    "min_useful_slots",
+    "offered_pps",
+    "rina_time",
     "ring_step_time",
     "ring_time",
-    "rina_time",
     "saturating_slots",
-    "offered_pps",
-    "tree_window_rtt",
     "tree_time",
+    "tree_window_rtt",
     "uplink_bytes",
-    "min_useful_slots",
-    "compute_time",
-    "iteration_time",
+    "window_rtt",
 ]
 
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 __all__ = [
-    "RackView",
+    "PLACEMENTS",
+    "InaAwarePlacement",
+    "PackPlacement",
     "Placement",
     "PlacementPolicy",
-    "PackPlacement",
+    "RackView",
     "SpreadPlacement",
-    "InaAwarePlacement",
-    "PLACEMENTS",
     "make_placement",
 ]
 

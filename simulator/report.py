@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from inaproto.backends import SimBackend
 from simulator.engine import SimResult
 
-__all__ = ["summarize", "write_jobs_csv", "write_timeline_csv", "write_summary", "plot_comparison", "write_all"]
+__all__ = ["plot_comparison", "summarize", "write_all", "write_jobs_csv", "write_summary", "write_timeline_csv"]
 
 JOB_COLUMNS = (
     "job_id", "arrival_s", "start_s", "finish_s", "jct_s", "queue_s", "num_workers", "racks", "priority",

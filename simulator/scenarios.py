@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from controller.policies import make_policy
 from simulator.calibration import Calibration
@@ -27,7 +28,7 @@ from simulator.placement import make_placement
 from simulator.report import summarize
 from simulator.trace import SyntheticConfig, generate_trace, interarrival_for_load
 
-__all__ = ["TreeScenario", "FABRICS", "TREE_PLACEMENTS", "tree_comparison"]
+__all__ = ["FABRICS", "TREE_PLACEMENTS", "TreeScenario", "tree_comparison"]
 
 FABRICS = ("tree", "rina", "ring")
 TREE_PLACEMENTS = ("ina-aware", "spread")
@@ -56,7 +57,7 @@ class TreeScenario:
                            ina_fraction=0.0 if fabric == "ring" else 1.0)
 
 
-def tree_comparison(scenario: TreeScenario = TreeScenario(), calibration: Calibration = Calibration(),
+def tree_comparison(scenario: TreeScenario = TreeScenario(), calibration: Calibration = Calibration(),  # noqa: B008 (frozen)
                     *, fabrics: Sequence[str] = FABRICS, placements: Sequence[str] = TREE_PLACEMENTS) -> dict[str, Any]:
     """Summaries per (fabric, placement): medians over the seeds with min-max, and the per-seed values."""
     base = SyntheticConfig(num_jobs=scenario.jobs)

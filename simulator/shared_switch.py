@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from simulator.calibration import Calibration
 from simulator.model import ina_rate, offered_pps, window_rtt

@@ -21,9 +21,9 @@ import csv
 import datetime as dt
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -31,17 +31,17 @@ from simulator.errors import SimulatorError
 
 __all__ = [
     "COLUMNS",
+    "MODEL_ZOO",
     "REQUIRED_COLUMNS",
     "JobSpec",
-    "TraceError",
-    "read_trace",
-    "write_trace",
     "ModelProfile",
-    "MODEL_ZOO",
     "SyntheticConfig",
+    "TraceError",
     "generate_trace",
     "interarrival_for_load",
     "read_job_log",
+    "read_trace",
+    "write_trace",
 ]
 
 COLUMNS = (
@@ -145,7 +145,7 @@ def read_trace(path: str | Path) -> list[JobSpec]:
     """Read a trace CSV; any problem raises TraceError naming the line and column."""
     path = Path(path)
     try:
-        fh = open(path, newline="")
+        fh = open(path, newline="")  # noqa: SIM115 (closed by the `with` below; only the open is guarded)
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
     with fh:

@@ -250,12 +250,10 @@ def parse_args(argv: list[str]) -> SwitchCommandLine | str:
     t = _target_parser().parse_args(target_argv)
     if t.help:
         return _help_text()
-    for opt in REFUSED_CORE:
-        if getattr(a, opt[2:].replace("-", "_")) is not None:
-            raise UsageError(f"option {opt} is not supported by ina-switch: {REFUSED_CORE[opt]}")
-    for opt in REFUSED_TARGET:
-        if getattr(t, opt[2:].replace("-", "_")) is not None:
-            raise UsageError(f"option {opt} is not supported by ina-switch: {REFUSED_TARGET[opt]}")
+    for opts, why in ((a, REFUSED_CORE), (t, REFUSED_TARGET)):
+        for opt, reason in why.items():
+            if getattr(opts, opt[2:].replace("-", "_")) is not None:
+                raise UsageError(f"option {opt} is not supported by ina-switch: {reason}")
     warnings = []
     program = a.program
     pcap = a.pcap

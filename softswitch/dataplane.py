@@ -28,7 +28,7 @@ import select
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

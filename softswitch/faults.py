@@ -149,7 +149,7 @@ class FaultStats:
 
 
 class _Link:
-    __slots__ = ("spec", "rng", "held", "deadline")
+    __slots__ = ("deadline", "held", "rng", "spec")
 
     def __init__(self, spec: FaultSpec, seed: int, direction: str, port: int) -> None:
         self.spec = spec

@@ -164,13 +164,11 @@ class DelayLine:
         deadline = now + d
         if heap is self._out:  # emission times may step back (emission_time): never overtake the port's last frame
             last = self._last_out.get(port, 0.0)
-            if deadline < last:
-                deadline = last
+            deadline = max(deadline, last)
             self._last_out[port] = deadline
         heapq.heappush(heap, (deadline, self._seq, port, frame, count))
         self._held += count
-        if self._held > self.held_most:
-            self.held_most = self._held
+        self.held_most = max(self.held_most, self._held)
         return True
 
     def due_in(self, now: float) -> dict[int, list[bytes]]:

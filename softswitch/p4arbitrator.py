@@ -16,7 +16,7 @@ from p4.v1 import p4runtime_pb2
 
 from softswitch.p4failure import Code, fail
 
-__all__ = ["MAX_CONNECTIONS", "CLOSE", "Abort", "Connection", "Arbitrator", "u128", "election_id_str"]
+__all__ = ["CLOSE", "MAX_CONNECTIONS", "Abort", "Arbitrator", "Connection", "election_id_str", "u128"]
 
 logger = logging.getLogger("ina.p4runtime")
 

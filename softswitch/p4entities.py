@@ -12,7 +12,7 @@ kept here.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from google.protobuf.message import Message
 from p4.v1 import p4runtime_pb2

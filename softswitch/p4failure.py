@@ -9,7 +9,7 @@ from __future__ import annotations
 import grpc
 from p4.v1 import p4runtime_pb2
 
-__all__ = ["Code", "ERROR_SPACE", "P4RuntimeFailure", "fail", "check_update_type"]
+__all__ = ["ERROR_SPACE", "Code", "P4RuntimeFailure", "check_update_type", "fail"]
 
 Code = grpc.StatusCode
 Update = p4runtime_pb2.Update

@@ -9,8 +9,8 @@ same way, plus its key widths and table sizes (:func:`check_program`).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
@@ -19,8 +19,13 @@ from softswitch import tables as model
 from softswitch.errors import SoftSwitchError
 
 __all__ = [
-    "P4INFO_PATH", "JSON_VERSION", "ProgramError", "load_p4info", "p4info_mismatch", "device_config_mismatch",
+    "JSON_VERSION",
+    "P4INFO_PATH",
+    "ProgramError",
     "check_program",
+    "device_config_mismatch",
+    "load_p4info",
+    "p4info_mismatch",
 ]
 
 P4INFO_PATH = Path(__file__).resolve().parents[1] / "p4src" / "ina.p4info.txt"

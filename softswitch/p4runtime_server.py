@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Self
 
 import grpc
 from google.protobuf import text_format
@@ -167,7 +168,7 @@ class P4RuntimeServer:
         server.stop(grace).wait()
         logger.info("P4Runtime server for device %d stopped", self.device_id)
 
-    def __enter__(self) -> "P4RuntimeServer":
+    def __enter__(self) -> Self:
         if self._server is None:
             self.start()
         return self

@@ -14,7 +14,7 @@ from p4.config.v1 import p4info_pb2
 from softswitch import tables as model
 from softswitch.p4failure import Code, fail
 
-__all__ = ["Field", "TableInfo", "ActionInfo", "P4Schema", "to_int", "canonical", "pack_header", "unpack_header"]
+__all__ = ["ActionInfo", "Field", "P4Schema", "TableInfo", "canonical", "pack_header", "to_int", "unpack_header"]
 
 _MATCH_KINDS = {p4info_pb2.MatchField.EXACT: "exact", p4info_pb2.MatchField.LPM: "lpm"}
 

@@ -22,7 +22,7 @@ from softswitch.p4program import load_p4info
 
 P4_PATH = Path(__file__).resolve().parent.parent / "p4src" / "ina.p4"
 
-_STRIP_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+_STRIP_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 
 
 @dataclass
@@ -51,7 +51,7 @@ class P4Source:
 def read_p4(path: Path = P4_PATH) -> P4Source:
     raw = path.read_text()
     src = P4Source(raw)
-    for name, val in re.findall(r"^#define\s+(\w+)\s+(\S+)", raw, re.M):
+    for name, val in re.findall(r"^#define\s+(\w+)\s+(\S+)", raw, re.MULTILINE):
         if re.fullmatch(r"\d+|0x[0-9a-fA-F]+", val):
             src.ints[name] = int(val, 0)
     text = _STRIP_COMMENTS.sub("", raw)
@@ -59,13 +59,13 @@ def read_p4(path: Path = P4_PATH) -> P4Source:
         src.ints[name] = src.value(val)
     for typ, name in re.findall(r"typedef\s+(bit<\d+>)\s+(\w+)\s*;", text):
         src.typedefs[name] = src.width(typ)
-    for annot, name, body in re.findall(r"(@controller_header\(\"\w+\"\)\s*)?header\s+(\w+)\s*\{(.*?)\}", text, re.S):
+    for annot, name, body in re.findall(r"(@controller_header\(\"\w+\"\)\s*)?header\s+(\w+)\s*\{(.*?)\}", text, re.DOTALL):
         src.headers[name] = [(f, src.width(t)) for t, f in re.findall(r"(bit<\d+>|\w+)\s+(\w+)\s*;", body)]
         if annot:
             src.header_annotations[name] = annot.strip()
     # A control's body runs to the next top-level block.
-    starts = [(m.start(), m.group(1)) for m in re.finditer(r"^control\s+(\w+)\s*\(", text, re.M)]
-    ends = [m.start() for m in re.finditer(r"^(?:control|parser|V1Switch)\b", text, re.M)] + [len(text)]
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"^control\s+(\w+)\s*\(", text, re.MULTILINE)]
+    ends = [m.start() for m in re.finditer(r"^(?:control|parser|V1Switch)\b", text, re.MULTILINE)] + [len(text)]
     for pos, name in starts:
         end = min(e for e in ends if e > pos)
         src.controls[name] = text[pos:end]
@@ -114,11 +114,11 @@ def _field_width(src: P4Source, expr: str) -> int:
     if expr.startswith("standard_metadata."):
         return {"egress_rid": 16, "ingress_port": 9, "egress_spec": 9, "egress_port": 9}[expr.split(".")[1]]
     if expr.startswith("meta."):
-        meta_body = re.search(r"struct\s+metadata_t\s*\{(.*?)\}", _STRIP_COMMENTS.sub("", src.text), re.S).group(1)
-        return dict((f, src.width(t)) for t, f in re.findall(r"(bit<\d+>|\w+)\s+(\w+)\s*;", meta_body))[expr.split(".")[1]]
+        meta_body = re.search(r"struct\s+metadata_t\s*\{(.*?)\}", _STRIP_COMMENTS.sub("", src.text), re.DOTALL).group(1)
+        return {f: src.width(t) for t, f in re.findall(r"(bit<\d+>|\w+)\s+(\w+)\s*;", meta_body)}[expr.split(".")[1]]
     _, inst, fld = expr.split(".")
-    struct_body = re.search(r"struct\s+headers_t\s*\{(.*?)\}", _STRIP_COMMENTS.sub("", src.text), re.S).group(1)
-    htype = dict((n, t) for t, n in re.findall(r"(\w+)\s+(\w+)\s*;", struct_body))[inst]
+    struct_body = re.search(r"struct\s+headers_t\s*\{(.*?)\}", _STRIP_COMMENTS.sub("", src.text), re.DOTALL).group(1)
+    htype = {n: t for t, n in re.findall(r"(\w+)\s+(\w+)\s*;", struct_body)}[inst]
     return dict(src.headers[htype])[fld]
 
 
@@ -137,10 +137,10 @@ def derive_p4info(src: P4Source | None = None) -> p4info_pb2.P4Info:
         for name, params in re.findall(r"action\s+(\w+)\s*\(([^)]*)\)", body):
             plist = [p.split() for p in params.split(",") if p.strip()]
             actions[f"{control}.{name}"] = [(pn, src.width(pt)) for pt, pn in plist]
-        for name, tbody in re.findall(r"table\s+(\w+)\s*\{(.*?\n    \})", body, re.S):
-            keys = re.findall(r"([\w.]+)\s*:\s*(exact|lpm|ternary)\s*;", re.search(r"key\s*=\s*\{(.*?)\}", tbody, re.S).group(1))
-            acts = re.findall(r"(@defaultonly\s+)?(\w+)\s*;", re.search(r"actions\s*=\s*\{(.*?)\}", tbody, re.S).group(1))
-            full = lambda a: "NoAction" if a == "NoAction" else f"{control}.{a}"  # noqa: E731
+        for name, tbody in re.findall(r"table\s+(\w+)\s*\{(.*?\n    \})", body, re.DOTALL):
+            keys = re.findall(r"([\w.]+)\s*:\s*(exact|lpm|ternary)\s*;", re.search(r"key\s*=\s*\{(.*?)\}", tbody, re.DOTALL).group(1))
+            acts = re.findall(r"(@defaultonly\s+)?(\w+)\s*;", re.search(r"actions\s*=\s*\{(.*?)\}", tbody, re.DOTALL).group(1))
+            full = lambda a, control=control: "NoAction" if a == "NoAction" else f"{control}.{a}"
             const_default = re.search(r"const\s+default_action\s*=\s*(\w+)\s*\(", tbody)
             tables[f"{control}.{name}"] = {
                 "keys": [(k, _field_width(src, k), kind) for k, kind in keys],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import BinaryIO
+from typing import BinaryIO, Self
 
 PCAP_MAGIC = 0xA1B2C3D4  # microsecond timestamps
 LINKTYPE_ETHERNET = 1
@@ -34,7 +34,7 @@ class PcapWriter:
             ts = time.time()
         sec = int(ts)
         n = len(frame)
-        cap = n if n <= SNAPLEN else SNAPLEN
+        cap = min(n, SNAPLEN)
         self._write(self._pack(sec, int((ts - sec) * 1_000_000), cap, n))
         self._write(frame if cap == n else frame[:cap])
         self.frames += 1
@@ -48,7 +48,7 @@ class PcapWriter:
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> PcapWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import array
 import struct
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -276,7 +276,7 @@ class InaPipeline:
             packet_out_port = _U16.unpack_from(frame, 0)[0] >> 7
             off = 2
         parser_error = n - off < wire.ETH_LEN
-        ipv4_valid = udp_valid = ina_valid = False
+        ipv4_valid = ina_valid = False
         checksum_error = False
         if not parser_error:
             ether_type = _U16.unpack_from(frame, off + 12)[0]
@@ -294,7 +294,6 @@ class InaPipeline:
                         if n - off < _O_INA:
                             parser_error = True
                         else:
-                            udp_valid = True
                             if _U16.unpack_from(frame, off + _O_UDP + 2)[0] == wire.INA_UDP_PORT:  # state parse_ina
                                 if n - off < _O_DATA:
                                     parser_error = True

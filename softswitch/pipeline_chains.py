@@ -145,7 +145,7 @@ def process_chain_batch(pipeline: InaPipeline, port_of, ingress_port: int | np.n
     width = chains.params.shape[1]
     params = chains.params[jc, np.minimum(slot, width - 1)]
     has_chain = known & (slot < width) & (params[:, 0] >= 0)
-    member_id, upstream_mask, num_upstream, chain_end = params[:, 0], params[:, 1], params[:, 2], params[:, 3]
+    member_id, upstream_mask = params[:, 0], params[:, 1]
     worker_mask = jobs.worker_mask[jc] | upstream_mask
     wid = np.minimum(worker_id, 255)
     udp_src = rec["udp_srcPort"].astype(np.int64)

@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from softswitch.pipeline_batch import FrameBlock, rows_as_bytes as _rows_as_bytes
+from softswitch.pipeline_batch import FrameBlock
+from softswitch.pipeline_batch import rows_as_bytes as _rows_as_bytes
 
 RING_BATCH = 512  # frames taken from one port's receive ring before the next port (whole blocks)
 
@@ -44,7 +45,7 @@ class RingsLoop:
         block_out = process_batch is not None and "as_block" in inspect.signature(process_batch).parameters
         if process_batch is None:  # a pipeline without a batch entry point: one frame at a time
             process = self.pipeline.process
-            process_batch = lambda port, frames: [out for f in frames for out in process(port, f)]  # noqa: E731
+            process_batch = lambda port, frames: [out for f in frames for out in process(port, f)]
         self._process_batch = process_batch
         self._block_out = block_out
         pcaps = bool(self._pcap_in)

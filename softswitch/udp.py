@@ -15,8 +15,9 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol, Self
 
 from inaproto import wire
 from inaproto.job_entries import WorkerAddress, job_entries
@@ -233,7 +234,7 @@ class UdpSwitch:
         self._thread.join(timeout=5)
         self.sock.close()
 
-    def __enter__(self) -> UdpSwitch:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

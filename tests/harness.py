@@ -9,22 +9,24 @@ admin credential the controller wrote; ``Harness.job_stub(secret)`` a tenant's. 
 from __future__ import annotations
 
 import ipaddress
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Self
 
 import grpc
 import numpy as np
 
-from inaproto import admission_pb2 as pb
-from inaproto import admission_pb2_grpc as pb_grpc
 from controller.core import Controller, ControllerOptions
 from controller.service import serve
 from controller.topology import Topology
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto import wire
 from inaproto.credentials import admission_channel, read_credential_file
 
-__all__ = ["LocalSwitch", "Harness", "star_topology", "gradient_frame", "parse_result", "worker", "write_admin_credential"]
+__all__ = ["Harness", "LocalSwitch", "gradient_frame", "parse_result", "star_topology", "worker", "write_admin_credential"]
 
 
 def write_admin_credential(path: Path) -> Path:
@@ -93,7 +95,7 @@ def star_topology(switches: dict[str, LocalSwitch], hosts_per_switch: int = 4, p
             h = f"h{k}{i}"
             doc["hosts"][h] = {"ip": f"10.0.{k}.{i}/24", "mac": f"02:00:00:00:{k:02x}:{i:02x}"}
             doc["links"].append([h, f"{name}-p{i}"])
-    for a, b in zip(names, names[1:]):
+    for a, b in itertools.pairwise(names):
         doc["links"].append([f"{a}-p100", f"{b}-p101"])
     return doc
 
@@ -201,7 +203,7 @@ class Harness:
         for sw in self.switches.values():
             sw.stop()
 
-    def __enter__(self) -> "Harness":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

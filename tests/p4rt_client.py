@@ -17,6 +17,7 @@ hold ina-switch's P4Runtime server to what PI answers; :func:`table_entry` build
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Self
 
 import grpc
 from p4.config.v1 import p4info_pb2
@@ -212,7 +213,7 @@ class P4RuntimeTestClient:
         self.switch.close()
         self.raw.close()
 
-    def __enter__(self) -> "P4RuntimeTestClient":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -8,7 +8,7 @@ tests/bmv2/test_bmv2_p4runtime.py checks them against the real BMv2.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 from google.rpc import code_pb2, status_pb2

@@ -13,13 +13,14 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import Self
 
 import grpc
 
-from inaproto import admission_pb2 as pb
-from inaproto import admission_pb2_grpc as pb_grpc
 from host_agent.agent import bind_worker_sockets
 from host_agent.grant import JobSpec, Worker
+from inaproto import admission_pb2 as pb
+from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto import wire
 from inaproto.credentials import new_secret
 from softswitch.udp import Faults, UdpSwitch, make_switches
@@ -84,7 +85,7 @@ class FakeAdmission(pb_grpc.AdmissionServicer):
                     q.put(None)
         self.server.stop(grace=0.5).wait()
 
-    def __enter__(self) -> FakeAdmission:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -322,7 +323,7 @@ def run_workers(n: int, fn, *, timeout: float = 60.0) -> list:
     def target(i: int) -> None:
         try:
             results[i] = fn(i)
-        except BaseException as exc:  # reported below
+        except BaseException as exc:  # reported below  # noqa: BLE001
             results[i] = exc
 
     threads = [threading.Thread(target=target, args=(i,), name=f"worker-{i}", daemon=True) for i in range(n)]
@@ -402,7 +403,7 @@ class LocalCluster:
             if sw is not None:
                 sw.close()
 
-    def __enter__(self) -> LocalCluster:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -23,7 +23,7 @@ _EXPORTS = {
     "RouteInstaller": "topologies.runtime",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 (the names of _EXPORTS, listed once)
 
 
 def __getattr__(name: str) -> Any:

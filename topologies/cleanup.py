@@ -26,7 +26,7 @@ from pathlib import Path
 from topologies import state as run_state
 from topologies.plan import INTF_PREFIX
 
-__all__ = ["CleanupReport", "remove", "cleanup_state", "cleanup_all", "sweep_interfaces", "root_interfaces", "main"]
+__all__ = ["CleanupReport", "cleanup_all", "cleanup_state", "main", "remove", "root_interfaces", "sweep_interfaces"]
 
 
 @dataclass
@@ -39,7 +39,7 @@ class CleanupReport:
     state_files: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
-    def merge(self, other: "CleanupReport") -> None:
+    def merge(self, other: CleanupReport) -> None:
         for name in ("processes", "namespaces", "interfaces", "state_files", "skipped"):
             getattr(self, name).extend(getattr(other, name))
 

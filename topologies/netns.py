@@ -31,8 +31,9 @@ import struct
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Self
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/var/run/netns")
@@ -58,7 +59,7 @@ def _setns(fd: int) -> None:
 
 def run(argv: Sequence[str], *, check: bool = True, timeout: float = 10.0) -> subprocess.CompletedProcess:
     """Run a command, capture its output; NetnsError with its stderr when it fails."""
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
     if check and proc.returncode != 0:
         raise NetnsError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
@@ -162,7 +163,7 @@ class Network:
         self.namespaces: list[Namespace] = []
         self._processes: list[Process] = []
 
-    def __enter__(self) -> Network:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -204,7 +205,7 @@ class Network:
         for p in reversed(self._processes):
             try:
                 p.stop()
-            except Exception as e:  # keep cleaning up
+            except Exception as e:  # keep cleaning up  # noqa: BLE001
                 errors.append(str(e))
         self._processes.clear()
         for ns in reversed(self.namespaces):
@@ -420,7 +421,7 @@ class TcpRelay:
                 s.close()
         self._listeners = []
 
-    def __enter__(self) -> TcpRelay:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

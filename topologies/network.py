@@ -15,8 +15,9 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Self
 
 from mininet.net import Mininet
 from mininet.util import specialClass
@@ -71,7 +72,7 @@ class InaNetwork:
         self._known_intfs: set[str] = set()
 
     # --- lifecycle ---------------------------------------------------------------------------------------
-    def start(self) -> "InaNetwork":
+    def start(self) -> InaNetwork:
         """Create hosts, links and switches, start the switches, program routes, write the plan files.
 
         On any failure everything made so far is removed before the error propagates.
@@ -119,7 +120,7 @@ class InaNetwork:
                     sw.stop_process()
             try:
                 net.stop()
-            except Exception as exc:  # a half-built network: fall back to the recorded state below
+            except Exception as exc:  # a half-built network: fall back to the recorded state below  # noqa: BLE001
                 log.warning("Mininet stop failed (%s); cleaning up from the run state", exc)
         self._remove_leftovers()
 
@@ -137,7 +138,7 @@ class InaNetwork:
             state.remove_process(rec.pid)
         state.remove_interfaces(intfs)
 
-    def __enter__(self) -> "InaNetwork":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -31,8 +31,9 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from mininet.link import TCIntf, TCLink
 from mininet.log import debug
@@ -45,17 +46,17 @@ from topologies.errors import TopologiesError
 from topologies.plan import Route
 
 __all__ = [
-    "P4Switch",
-    "P4Host",
+    "DEFAULT_BMV2_JSON",
+    "DEFAULT_P4INFO",
+    "REPO_ROOT",
+    "TARGETS",
     "InaIntf",
     "InaLink",
+    "P4Host",
+    "P4Switch",
     "SwitchStartupError",
-    "TARGETS",
-    "resolve_target",
     "default_run_dir",
-    "REPO_ROOT",
-    "DEFAULT_P4INFO",
-    "DEFAULT_BMV2_JSON",
+    "resolve_target",
 ]
 
 REPO_ROOT = REPO
@@ -280,7 +281,7 @@ class P4Switch(Switch):
             raise ValueError(f"switch {name!r}: give a device_id (no number in the name to derive one from)")
         return int(digits[0])
 
-    def defaultDpid(self, dpid: str | None = None) -> str:  # noqa: N802 (Mininet's override point)
+    def defaultDpid(self, dpid: str | None = None) -> str:
         """Switches here have P4Runtime device ids, not datapath ids; keep Mininet's field well-formed."""
         if dpid:
             return super().defaultDpid(dpid)
@@ -331,7 +332,7 @@ class P4Switch(Switch):
         if self.pcap:
             self.pcap_dir.mkdir(parents=True, exist_ok=True)
         argv = self.command_line()
-        self._log_file = open(self.log_path, "wb")
+        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 (the process's log, closed when it stops)
         self._log_file.write(f"# {shlex.join(argv)}\n".encode())
         self._log_file.flush()
         if not _port_free(self.grpc_port) or _port_answers(self.grpc_port):
@@ -411,7 +412,7 @@ class P4Switch(Switch):
                                      _log_tail(self.log_path)) from exc
 
     @classmethod
-    def batchStartup(cls, switches: Sequence["P4Switch"]) -> list["P4Switch"]:  # noqa: N802 (Mininet's name)
+    def batchStartup(cls, switches: Sequence[P4Switch]) -> list[P4Switch]:
         """Mininet calls this once all switches were launched (they start in parallel): wait for each, program them.
 
         If any fails, every switch of the batch is stopped before the error propagates, so that nothing is
@@ -470,12 +471,12 @@ class P4Switch(Switch):
             self._log_file.close()
         self._ready = False
 
-    def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 (Mininet's signature)
+    def stop(self, deleteIntfs: bool = True) -> None:
         self.stop_process()
         super().stop(deleteIntfs)
 
     @classmethod
-    def batchShutdown(cls, switches: Sequence["P4Switch"]) -> list["P4Switch"]:  # noqa: N802
+    def batchShutdown(cls, switches: Sequence[P4Switch]) -> list[P4Switch]:
         """SIGTERM every switch first, then wait for each: stopping N switches takes one timeout, not N."""
         for sw in switches:
             if sw.running:
@@ -562,7 +563,7 @@ class P4Host(Host):
 class InaIntf(TCIntf):
     """A TC interface that drops its cleanup record when deleted; htb with an explicit quantum."""
 
-    def bwCmds(self, *args: Any, **kwargs: Any) -> tuple[list[str], str]:  # noqa: N802 (Mininet's name)
+    def bwCmds(self, *args: Any, **kwargs: Any) -> tuple[list[str], str]:
         cmds, parent = super().bwCmds(*args, **kwargs)
         # One htb class per link: its quantum only matters for sharing between classes. Setting it keeps
         # the kernel from warning "quantum of class 50001 is big" above ~16 Mbit/s.
@@ -602,8 +603,8 @@ class InaLink(TCLink):
         params.setdefault("rxo", False)
         super().__init__(node1, node2, **params)
 
-    def makeIntfPair(self, intfname1: str, intfname2: str, addr1: str | None = None, addr2: str | None = None,  # noqa: N802
-                     node1: Any = None, node2: Any = None, deleteIntfs: bool = True) -> Any:  # noqa: N803
+    def makeIntfPair(self, intfname1: str, intfname2: str, addr1: str | None = None, addr2: str | None = None,
+                     node1: Any = None, node2: Any = None, deleteIntfs: bool = True) -> Any:
         root_ends = [n for n, node in ((intfname1, node1), (intfname2, node2)) if node is not None and not node.inNamespace]
         result = makeIntfPair(intfname1, intfname2, addr1, addr2, node1, node2, deleteIntfs=deleteIntfs)
         # Recorded only once made: an existing interface of the same name (makeIntfPair fails then) is

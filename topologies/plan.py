@@ -21,28 +21,28 @@ from __future__ import annotations
 import collections
 import ipaddress
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 from controller.topology import next_hops_towards
 from topologies.errors import TopologiesError
 
 __all__ = [
+    "FORWARD_ACTION",
     "INTF_PREFIX",
     "LPM_TABLE",
-    "FORWARD_ACTION",
     "HostSpec",
-    "SwitchSpec",
     "LinkSpec",
-    "Route",
     "NetworkPlan",
     "PlanError",
+    "Route",
+    "SwitchSpec",
+    "compute_routes",
     "host_address",
-    "switch_address",
     "port_intf_name",
     "port_mac",
-    "compute_routes",
+    "switch_address",
 ]
 
 INTF_PREFIX = "ina"

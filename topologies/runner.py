@@ -23,8 +23,9 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Self, TextIO
 
 from inaproto.cli import Parser, UsageError
 
@@ -203,7 +204,7 @@ class _Signals:
         self.count = 0
         self.saved: dict[int, Any] = {}
 
-    def __enter__(self) -> "_Signals":
+    def __enter__(self) -> Self:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self.saved[sig] = signal.signal(sig, self._handle)
         return self
@@ -257,7 +258,7 @@ def run_experiment(exp_cls: Any, config: Any, options: Any, out: TextIO, err: Te
         status, code = "failed", EXIT_FAILED
         ctx.store.doc["errors"].append(str(exc))
         err.write(f"{PROG}: {exc}\n")
-    except Exception as exc:  # a bug or an unexpected failure: one line here, the traceback in the results
+    except Exception as exc:  # a bug or an unexpected failure: one line here, the traceback in the results  # noqa: BLE001
         status, code = "failed", EXIT_FAILED
         ctx.store.doc["errors"].append(f"{type(exc).__name__}: {exc}")
         ctx.store.doc["traceback"] = traceback.format_exc()
@@ -281,7 +282,7 @@ def _finish(exp_cls: Any, config: Any, ctx: Any, status: str, err: TextIO) -> Pa
     plot_path = None
     try:
         doc["summary"] = exp_cls.summarize(ctx.rows, config)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         doc["errors"].append(f"summary failed: {type(exc).__name__}: {exc}")
     if ctx.rows:
         path = ctx.out_dir / f"{exp_cls.name}.png"
@@ -289,7 +290,7 @@ def _finish(exp_cls: Any, config: Any, ctx: Any, status: str, err: TextIO) -> Pa
             exp_cls.plot(ctx.rows, doc["summary"], config, path)
             plot_path = path
             doc["files"]["plot"] = path.name
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             doc["errors"].append(f"plot failed: {type(exc).__name__}: {exc}")
             err.write(f"{PROG}: plot failed: {type(exc).__name__}: {exc}\n")
     doc["files"].update({"results": "results.json", "csv": "results.csv" if ctx.rows else None,
@@ -311,7 +312,7 @@ def _final_cleanup(err: TextIO) -> None:
         report = cleanup_all(stop_live=False, sweep=False)
         if report.processes or report.interfaces or report.namespaces:
             err.write(f"{PROG}: cleanup of earlier runs: {report.summary()}\n")
-    except Exception as exc:  # never hide the run's own result behind a cleanup problem
+    except Exception as exc:  # never hide the run's own result behind a cleanup problem  # noqa: BLE001
         err.write(f"{PROG}: cleanup: {type(exc).__name__}: {exc}\n")
 
 
@@ -341,8 +342,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
 
 def _run(args: argparse.Namespace, rest: list[str], out: TextIO, err: TextIO) -> int:
     try:
-        from topologies.experiments import get_experiment, load_all
         from topologies.errors import ExperimentError
+        from topologies.experiments import get_experiment, load_all
         from topologies.experiments.base import RunOptions
 
         if args.help:

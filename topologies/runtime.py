@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
+from typing import Self
 
 import grpc
 
@@ -23,7 +24,7 @@ from controller.topology import TopologyError, read_runtime_json
 from softswitch.p4program import P4INFO_PATH, load_p4info
 from topologies.plan import FORWARD_ACTION, LPM_TABLE, Route
 
-__all__ = ["RouteInstaller", "SwitchError", "route_entry", "main"]
+__all__ = ["RouteInstaller", "SwitchError", "main", "route_entry"]
 
 ELECTION_ID = (0, 1)  # below the controller's (0, 10): the controller takes over as primary when it comes
 
@@ -44,7 +45,7 @@ class RouteInstaller:
                                 connect_timeout=timeout, rpc_timeout=timeout)
         self.switch = Switch(options, Schema(load_p4info()))
 
-    def __enter__(self) -> "RouteInstaller":
+    def __enter__(self) -> Self:
         try:
             primary = self.switch.connect()
         except BaseException:

@@ -19,22 +19,22 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
 __all__ = [
-    "STATE_DIR",
     "RUNS_DIR",
+    "STATE_DIR",
     "ProcessRecord",
     "RunState",
     "current_state",
-    "process_start_time",
-    "process_alive",
-    "netns_inode",
-    "pids_in_netns",
     "end_process",
     "end_processes",
+    "netns_inode",
+    "pids_in_netns",
+    "process_alive",
+    "process_start_time",
 ]
 
 BASE_DIR = Path(os.environ.get("INA_TESTBED_DIR", "/tmp/ina-testbed"))
@@ -235,7 +235,7 @@ class RunState:
             os.replace(tmp, self.path)
 
     @classmethod
-    def load(cls, path: str | Path) -> "RunState":
+    def load(cls, path: str | Path) -> RunState:
         path = Path(path)
         doc = json.loads(path.read_text())
         return cls(

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from inaproto.commands import Command, command_argv
 from topologies.netns import Namespace, Network, Process, TcpForward

@@ -18,9 +18,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from mininet.topo import Topo
 
@@ -43,7 +44,7 @@ from topologies.plan import (
     switch_address,
 )
 
-__all__ = ["InaTopo", "StarTopo", "LeafSpineTopo", "TopologyJson", "parse_bandwidths", "parse_racks"]
+__all__ = ["InaTopo", "LeafSpineTopo", "StarTopo", "TopologyJson", "parse_bandwidths", "parse_racks"]
 
 Bandwidth = float | int | str | Sequence[float | int | None] | None
 

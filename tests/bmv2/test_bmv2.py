@@ -33,13 +33,13 @@ def test_p4c_p4info_has_the_committed_names_ids_and_widths(compiled):
         a = {x.preamble.name: x for x in getattr(ours, kind)}
         b = {x.preamble.name: x for x in getattr(theirs, kind)}
         assert set(a) == set(b), kind
-        for name in a:
-            assert a[name] == b[name], f"{kind} {name} differs from p4c's"
+        for name, entity in a.items():
+            assert entity == b[name], f"{kind} {name} differs from p4c's"
 
 
 def test_packet_suite_passes_on_bmv2(compiled):
     build = ROOT / "build"
     build.mkdir(exist_ok=True)
     shutil.copy(compiled / "ina.json", build / "ina.json")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", str(ROOT / "tests" / "packet"), "--target", "bmv2"], cwd=ROOT)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", str(ROOT / "tests" / "packet"), "--target", "bmv2"], cwd=ROOT, check=False)
     assert result.returncode == 0

@@ -25,7 +25,7 @@ def built() -> None:
     if shutil.which("p4c-bm2-ss") is None:
         pytest.skip("p4c-bm2-ss is not on PATH")
     proc = subprocess.run(["make", "-C", str(REPO), "-W", "p4src/ina.p4", "p4", f"PY={sys.executable}", "STAMP="],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "note: review" not in proc.stdout, proc.stdout[-2000:]  # p4c's P4Info is the committed one
     assert (REPO / "build" / "ina.json").stat().st_size > 0
@@ -33,7 +33,7 @@ def built() -> None:
 
 def test_experiment_1_tiny_on_bmv2_is_exact(built, tmp_path) -> None:
     proc = subprocess.run([*command_argv(Command.EXP), "run", "allreduce", "--tiny", "--switch", "bmv2",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(((tmp_path / "allreduce" / "latest").resolve() / "results.json").read_text())
     assert doc["status"] == "complete" and not doc["errors"] and doc["options"]["switch"] == "bmv2"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import select
 import socket
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from scapy.packet import Packet, raw
 

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from inaproto import wire
-from topologies.switch_process import SwitchNetwork, SwitchProcess
 from tests.integration.ptfutil import HostPorts
+from topologies.switch_process import SwitchNetwork, SwitchProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 BMV2_JSON = ROOT / "build" / "ina.json"
@@ -152,7 +152,7 @@ class ProcessTarget:
         if self.client is not None:
             try:
                 self.client.close()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001
                 errors.append(e)
             self.client = None
         if self.switch is not None:

@@ -22,12 +22,12 @@ import grpc
 import numpy as np
 import pytest
 
+from controller.topology import Topology
 from host_agent.agent import Agent, AgentOptions
 from host_agent.stream import StreamOptions
 from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto.commands import Command, command_argv
-from controller.topology import Topology
 from inaproto.credentials import admission_channel
 from softswitch.udp import UdpSwitch
 from tests.harness import LocalSwitch, star_topology, write_admin_credential

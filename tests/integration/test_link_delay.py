@@ -14,11 +14,11 @@ import pytest
 from scapy.utils import rdpcap
 
 from inaproto import wire
-from topologies.netns import Network, sweep_stale, wait_until
 from tests.integration.ptfutil import HostPorts
-from topologies.switch_process import SwitchNetwork, SwitchProcess
 from tests.p4rt_client import P4RuntimeTestClient
 from tests.targets import ModelTarget, gradient, install_job, make_workers
+from topologies.netns import Network, sweep_stale, wait_until
+from topologies.switch_process import SwitchNetwork, SwitchProcess
 
 K, JOB, SLOTS = 3, 6, 16
 DELAY_MS = {1: 20.0, 2: 20.0, 3: 5.0}  # --link-delay 20 --link-delay 3:5

@@ -6,6 +6,7 @@ these tests pin each path explicitly, with bursts large enough for the batch pip
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,11 +16,11 @@ from softswitch import dataplane as dataplane_module
 from softswitch.dataplane import DataPlane, IoMode
 from softswitch.pipeline import InaPipeline
 from softswitch.ring_io import RingUnavailable
-from topologies.netns import Network, sweep_stale, wait_until
 from tests.integration.ptfutil import HostPorts
-from topologies.switch_process import SwitchNetwork, SwitchProcess
 from tests.p4rt_client import P4RuntimeTestClient
 from tests.targets import ModelTarget, gradient, install_job, make_workers
+from topologies.netns import Network, sweep_stale, wait_until
+from topologies.switch_process import SwitchNetwork, SwitchProcess
 
 K, JOB, SLOTS = 3, 4, 64
 
@@ -64,7 +65,7 @@ def _rings_or_skip(sw: SwitchProcess) -> None:
         reason = log.split("packet rings unavailable", 1)[1].splitlines()[0]
         pytest.skip(f"this kernel gives no PACKET_MMAP rings{reason}")
     assert "Packet I/O: PACKET_MMAP rings" in log, log
-    maps = open(f"/proc/{sw.process.pid}/maps").read()
+    maps = Path(f"/proc/{sw.process.pid}/maps").read_text()
     assert sum("socket:[" in line for line in maps.splitlines()) >= K, "no ring mapped into the switch process"
 
 
@@ -138,7 +139,7 @@ def test_packet_suite_passes_on_both_io_paths(io) -> None:
 
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(REPO / "tests" / "packet"),
                              "--target", "ina-switch"], cwd=REPO, env={**os.environ, "INA_SWITCH_IO": io},
-                            capture_output=True, text=True, timeout=900)
+                            capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 

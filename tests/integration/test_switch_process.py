@@ -17,16 +17,23 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.utils import rdpcap
 
+from controller.switch import SwitchError
 from inaproto import wire
 from inaproto.scapy_layer import INA
 from softswitch.faults import FaultInjector, build_config
 from tests.integration import bmv2json
-from topologies.netns import Network, sweep_stale
-from tests.integration.ptfutil import HostPorts, Mask, send_packet, verify_no_other_packets, verify_packet, verify_packets
-from topologies.switch_process import GRPC_PORT, SwitchNetwork, SwitchProcess, switch_command
-from controller.switch import SwitchError
+from tests.integration.ptfutil import (
+    HostPorts,
+    Mask,
+    send_packet,
+    verify_no_other_packets,
+    verify_packet,
+    verify_packets,
+)
 from tests.p4rt_client import P4RuntimeTestClient
 from tests.targets import SWITCH_IP, SWITCH_MAC, Worker, dissect, gradient, install_job, make_workers
+from topologies.netns import Network, sweep_stale
+from topologies.switch_process import GRPC_PORT, SwitchNetwork, SwitchProcess, switch_command
 
 K = 3
 JOB = 5
@@ -183,7 +190,7 @@ def test_log_file_is_x_txt_with_bmv2_style_lines(net, hosts, tmp_path, start):
 def _all_reduce(hosts: HostPorts, workers, data, slots: int, deadline: float) -> tuple[dict, int]:
     """SwitchML's protocol from the workers' side: a window of ``slots`` chunks, resend on silence."""
     chunks = data.shape[1]
-    got = [dict() for _ in workers]
+    got = [{} for _ in workers]
     in_flight = [{s: s for s in range(slots)} for _ in workers]
     frames = {}
 

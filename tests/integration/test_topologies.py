@@ -24,12 +24,12 @@ import pytest
 
 pytest.importorskip("mininet")
 
-from topologies import state as run_state  # noqa: E402
-from topologies.cleanup import cleanup_all, root_interfaces  # noqa: E402
-from topologies.network import InaNetwork  # noqa: E402
-from topologies.nodes import P4Switch, SwitchStartupError  # noqa: E402
-from topologies.runtime import RouteInstaller  # noqa: E402
-from topologies.topos import LeafSpineTopo, StarTopo, TopologyJson  # noqa: E402
+from topologies import state as run_state
+from topologies.cleanup import cleanup_all, root_interfaces
+from topologies.network import InaNetwork
+from topologies.nodes import P4Switch, SwitchStartupError
+from topologies.runtime import RouteInstaller
+from topologies.topos import LeafSpineTopo, StarTopo, TopologyJson
 
 SWITCH_COMMAND = os.environ.get("INA_SWITCH_COMMAND")
 HAVE_INA_SWITCH = SWITCH_COMMAND is not None or importlib.util.find_spec("softswitch.cli") is not None
@@ -160,7 +160,7 @@ def test_star_passes_ping_udp_and_shapes_bandwidth(tmp_path: Path) -> None:
 
         # h1's link is shaped (htb, both ends), and a TCP transfer over it stays near 10 Mbit/s.
         assert "htb" in h1.cmd("tc qdisc show dev eth0")
-        assert "rate 10Mbit" in subprocess.run(["tc", "class", "show", "dev", "ina-s1-p1"], capture_output=True, text=True).stdout
+        assert "rate 10Mbit" in subprocess.run(["tc", "class", "show", "dev", "ina-s1-p1"], capture_output=True, text=True, check=False).stdout
         server = h2.popen(["iperf3", "-s", "-1", "-B", "10.0.1.2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: ":5201" in h2.cmd("ss -ltn"), message="iperf3 server did not listen")
         report = json.loads(h1.cmd("iperf3 -c 10.0.1.2 -t 2 -J"))
@@ -177,7 +177,7 @@ def test_leaf_spine_passes_traffic_across_racks_with_a_rack_without_ina(tmp_path
     assert [(s.name, s.ina) for s in plan.switches] == [("spine1", False), ("s1", True), ("s2", False)]
     with InaNetwork(topo, target="ina-switch", run_dir=tmp_path / "run", switch_opts=switch_opts()) as net:
         records, interfaces = snapshot(plan)
-        h1, h2, h3, h4 = (net.host(f"h{i}") for i in range(1, 5))
+        h1, _h2, h3, h4 = (net.host(f"h{i}") for i in range(1, 5))
         assert ping(h1, "10.0.2.1") and ping(h4, "10.0.1.2")  # across racks, both ways
         assert ping(h3, "10.0.2.2")  # inside the rack without INA
         assert udp_roundtrip(h4, h1, "10.0.1.1", "ring-chunk") == "ring-chunk"
@@ -222,7 +222,7 @@ CUSTOM = Path(__file__).resolve().parents[2] / "topologies" / "custom.py"
 
 def test_custom_file_registers_topologies_and_switches() -> None:
     names: dict = {}
-    exec(compile(CUSTOM.read_text(), str(CUSTOM), "exec"), names, names)  # what `mn --custom` does
+    exec(compile(CUSTOM.read_text(), str(CUSTOM), "exec"), names, names)  # noqa: S102  # what `mn --custom` does
     assert set(names["topos"]) == {"star", "leafspine", "json"}
     assert set(names["switches"]) == {"inaswitch", "bmv2", "p4"}
     assert names["topos"]["leafspine"](3, 1, ina_racks="1:3").plan.switch("s2").ina is False
@@ -234,6 +234,7 @@ def test_mn_custom_pingall(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "mn"), "--custom", str(CUSTOM), "--topo", "star,2", "--switch", switch, "--controller", "none", "--test", "pingall"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**os.environ, "INA_RUN_DIR": str(tmp_path / "run")},
+        check=False,
     )
     assert "Results: 0% dropped (2/2 received)" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert (tmp_path / "run" / "logs" / "s1.log").exists()

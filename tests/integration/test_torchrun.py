@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("mininet")
 pytest.importorskip("torch")
 
-from inaproto.commands import REPO  # noqa: E402
-from inaproto.credentials import JOB_SECRET_ENV, new_secret  # noqa: E402
-from topologies.experiments import testbed  # noqa: E402
-from topologies.topos import StarTopo  # noqa: E402
+from inaproto.commands import REPO
+from inaproto.credentials import JOB_SECRET_ENV, new_secret
+from topologies.experiments import testbed
+from topologies.topos import StarTopo
 
 SCRIPT = REPO / "examples" / "torchrun_train.py"
 RDZV_PORT = 29411

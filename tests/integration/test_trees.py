@@ -18,7 +18,7 @@ INA_EXP = command_argv(Command.EXP)
 
 def test_tiny_tree_is_exact_and_an_uplink_carries_one_partial_per_rack(tmp_path):
     proc = subprocess.run([*INA_EXP, "run", "tree", "--tiny", "--out", str(tmp_path)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(((tmp_path / "tree" / "latest").resolve() / "results.json").read_text())
     assert doc["status"] == "complete" and not doc["errors"], doc["errors"]

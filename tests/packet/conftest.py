@@ -31,7 +31,7 @@ def switches(request: pytest.FixtureRequest):
         for t in made:
             try:
                 t.close()
-            except Exception as e:  # close every switch, then report the first failure
+            except Exception as e:  # close every switch, then report the first failure  # noqa: BLE001
                 errors.append(e)
         if errors:
             raise errors[0]

@@ -125,8 +125,8 @@ def test_shadow_sets_over_many_rounds_with_random_loss(target):
     install_job(target, 9, workers, base=500, num_slots=slots)
     data = rng.integers(-1000, 1000, size=(k, chunks, wire.LANES)).astype(np.int32)
     expected = data.astype(np.int64).sum(axis=0)
-    got = [dict() for _ in workers]  # per worker: chunk -> lanes
-    in_flight = [dict() for _ in workers]  # slot -> chunk
+    got = [{} for _ in workers]  # per worker: chunk -> lanes
+    in_flight = [{} for _ in workers]  # slot -> chunk
     port_to_worker = {w.port: i for i, w in enumerate(workers)}
 
     def send(i, chunk, retransmit=False):

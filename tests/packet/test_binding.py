@@ -55,12 +55,12 @@ def _forge(w: Worker, **changes) -> Forged:
 
 
 FORGERIES = {
-    "another worker's port": dict(port=1),  # worker 1's id and addresses, arriving on worker 0's port
-    "an unbound port": dict(port=9),
-    "wrong source MAC": dict(mac="02:00:00:00:00:99"),
-    "wrong source IPv4": dict(ip="10.0.9.9"),
-    "wrong source UDP port": dict(udp_port=41999),
-    "another worker's MAC": dict(mac=make_workers(1)[0].mac),
+    "another worker's port": {"port": 1},  # worker 1's id and addresses, arriving on worker 0's port
+    "an unbound port": {"port": 9},
+    "wrong source MAC": {"mac": "02:00:00:00:00:99"},
+    "wrong source IPv4": {"ip": "10.0.9.9"},
+    "wrong source UDP port": {"udp_port": 41999},
+    "another worker's MAC": {"mac": make_workers(1)[0].mac},
 }
 
 

@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 
 from inaproto import wire
-from inaproto.job_entries import ChainHop, ChainLink, ChainPartition, TransitEntry, chain_entries, job_entries
-from inaproto.job_entries import WorkerAddress
+from inaproto.job_entries import (
+    ChainHop,
+    ChainLink,
+    ChainPartition,
+    TransitEntry,
+    WorkerAddress,
+    chain_entries,
+    job_entries,
+)
 from inaproto.scapy_layer import INA
 from tests.targets import Worker, dissect, gradient
 
@@ -239,7 +246,7 @@ def test_three_switches_tree_root_waits_for_both_children(switches):
 
 
 def test_result_for_another_member_is_dropped_and_counted(switches):
-    fabric, workers_at = _two_switches(switches)
+    fabric, _workers_at = _two_switches(switches)
     s1 = fabric.switches[1]
     w = Worker(MEMBER + 3, 9)
     s1.send(9, gradient(w, JOB, 0, np.zeros(wire.LANES, np.int32), seq=1, msg_type=wire.MsgType.RESULT))

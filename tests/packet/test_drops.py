@@ -4,15 +4,23 @@ from __future__ import annotations
 import random
 
 import pytest
-from scapy.layers.inet import IP, UDP, TCP
+from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw, raw
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
 from inaproto.wire import DropReason
-from tests.targets import (SWITCH_IP, SWITCH_MAC, assert_same_registers, dissect, gradient, install_job,
-                           make_workers, register_state)
+from tests.targets import (
+    SWITCH_IP,
+    SWITCH_MAC,
+    assert_same_registers,
+    dissect,
+    gradient,
+    install_job,
+    make_workers,
+    register_state,
+)
 
 
 @pytest.fixture

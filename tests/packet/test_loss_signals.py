@@ -8,11 +8,21 @@ import numpy as np
 from scapy.all import IP, UDP, Ether, Raw, raw
 
 from inaproto import wire
-from inaproto.scapy_layer import INA
 from inaproto.job_entries import WorkerAddress, job_entries
-from tests.packet.test_chains import JOB as CHAIN_JOB, _two_switches
-from tests.targets import (SWITCH_IP, SWITCH_MAC, Worker, assert_same_registers, dissect, gradient, install_job,
-                           make_workers, register_state)
+from inaproto.scapy_layer import INA
+from tests.packet.test_chains import JOB as CHAIN_JOB
+from tests.packet.test_chains import _two_switches
+from tests.targets import (
+    SWITCH_IP,
+    SWITCH_MAC,
+    Worker,
+    assert_same_registers,
+    dissect,
+    gradient,
+    install_job,
+    make_workers,
+    register_state,
+)
 
 JOB, GEN, BASE, SLOTS = 6, 2, 40, 8
 COUNTED = int(wire.Flags.TX_COUNTED)

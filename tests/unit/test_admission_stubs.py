@@ -23,7 +23,7 @@ GRPC_PLUGIN_PACKAGE, GRPC_PLUGIN_VERSION = "protobuf-compiler-grpc", "1.51.1-3+b
 
 def _output(argv: list[str]) -> str | None:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None

@@ -38,7 +38,7 @@ def test_runtime_failure_exits_1_with_one_line() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "host_agent.cli", "allreduce", "--workers", "127.0.0.1:0", "--worker-id", "0",
          "--controller", "127.0.0.1:1", "--controller-retry", "1", "--timeout", "2", "--quiet"],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "UNAVAILABLE" in proc.stderr
 
@@ -81,7 +81,7 @@ def test_allreduce_benchmark_prints_time_goodput_and_json(tmp_path, capsys) -> N
 
 def _run_entry_point(argv: list[str], stdin: str) -> subprocess.CompletedProcess:
     code = "import sys; from host_agent.cli import run; run()"
-    return subprocess.run([sys.executable, "-c", code, *argv], input=stdin, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", code, *argv], input=stdin, capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_a_warm_started_agent_signals_ready_then_runs_the_arguments_it_reads(tmp_path) -> None:

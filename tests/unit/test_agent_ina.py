@@ -118,7 +118,7 @@ def test_several_jobs_on_one_host_at_once() -> None:
             results[name] = cl.run(work, **kw)
 
         threads = [threading.Thread(target=job, args=("a", data_a)),
-                   threading.Thread(target=job, args=("b", data_b), kwargs=dict(spec=spec_b, sockets=sockets_b))]
+                   threading.Thread(target=job, args=("b", data_b), kwargs={"spec": spec_b, "sockets": sockets_b})]
         for t in threads:
             t.start()
         for t in threads:

@@ -368,7 +368,7 @@ def test_ina_and_rina_exact_under_loss_in_both_io_modes(mode: IoMode) -> None:
     for racks, backend in ((["s1"] * 4, "ina"), (["r1", "r1", "r2", "r2"], "rina")):
         inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
         with LocalCluster(racks, slots=32, faults=faults, seed=4, options=opts) as cl:
-            out = cl.run(lambda agent: (agent.allreduce(inputs[agent.rank]), agent.backend))
+            out = cl.run(lambda agent, inputs=inputs: (agent.allreduce(inputs[agent.rank]), agent.backend))
             want = quantised_sum(inputs)
             assert all(o[0].tobytes() == want.tobytes() and o[1] == backend for o in out)
 

@@ -82,7 +82,7 @@ def test_a_gap_report_names_the_chunks_of_the_lost_frames_that_are_still_their_l
 
 def test_a_gap_report_never_names_a_chunk_that_went_without_a_counter() -> None:
     """A chunk never numbered (``Flight.txn`` -1, e.g. a skipped lane not sent yet) is not "counter 127" (-1 mod 128)."""
-    rb, stub, flight, got = _window()
+    rb, stub, flight, _got = _window()
     flight.txn[35] = -1
     stub._txlog[127] = 1000 + 35  # the counter value 127 last carried chunk 35 (e.g. of a replay's numbering)
     _feed(rb, [_gap_report(0, 1)])  # the frame numbered 127 before frame 0 was lost
@@ -95,7 +95,7 @@ def test_a_gap_report_never_names_a_chunk_that_went_without_a_counter() -> None:
 def test_a_chunk_named_twice_is_queued_once_in_the_order_named_and_marked_for_its_payload() -> None:
     """A gap report and a PREV_DONE (or two reports) may name one chunk: one resend, in the order first named; a chunk
     queued already (by RACK) keeps its place but is marked too; one with a result is left alone."""
-    rb, stub, flight, got = _window()
+    rb, _stub, _flight, got = _window()
     got[4] = 1
     _feed(rb, [_gap_report(100 + 16, 2), _result(1000 + 20, prev=(1000 + 15) % TX_MOD),
                _gap_report(100 + 14, 1), _result(1000 + 21, prev=(1000 + 4) % TX_MOD)])
@@ -111,7 +111,7 @@ def test_a_chunk_named_twice_is_queued_once_in_the_order_named_and_marked_for_it
 def test_a_completion_named_equally_near_two_outstanding_chunks_is_left_alone() -> None:
     """PREV_DONE names 7 bits: when lanes lag 64 chunks or more, the chunks 64 below and 64 above the result's are
     equally plausible; only a single outstanding candidate within half the counter space is resent."""
-    rb, stub, flight, got = _window(K=200, sent=140)
+    rb, _stub, flight, got = _window(K=200, sent=140)
     _feed(rb, [_result(1000 + 70, prev=(1000 + 6) % TX_MOD)])  # 6 = 70 - 64 and 134 = 70 + 64: both outstanding
     assert rb.signalled == []
     got[135] = 1
@@ -130,7 +130,7 @@ def test_a_completion_named_equally_near_two_outstanding_chunks_is_left_alone() 
 
 
 def test_a_gap_report_of_another_generation_or_for_frames_never_sent_changes_nothing() -> None:
-    rb, stub, flight, got = _window()
+    rb, stub, _flight, _got = _window()
     h = wire.InaHeader(int(wire.MsgType.STATUS), int(wire.Flags.GAP), JOB, GEN + 1, 2, 0, 0, 0, reserved=20)
     _feed(rb, [wire.pack_header(h)])
     stub._txlog[:] = -1
@@ -149,7 +149,7 @@ def test_a_result_naming_a_completion_this_worker_missed_resends_that_chunk_once
 
 
 def test_a_completion_named_from_an_earlier_call_or_a_chunk_just_resent_is_not_resent() -> None:
-    rb, stub, flight, got = _window()
+    rb, _stub, flight, _got = _window()
     _feed(rb, [_result(1000 + 0, prev=(1000 - 1) % TX_MOD)])  # the previous call's last chunk
     flight.resent(8, rb.now - 0.001, early=True)  # went again a moment ago: its answer is on the way
     _feed(rb, [_result(1000 + 9, prev=(1000 + 8) % TX_MOD)])
@@ -157,13 +157,13 @@ def test_a_completion_named_from_an_earlier_call_or_a_chunk_just_resent_is_not_r
 
 
 def test_a_completion_named_above_the_result_is_found_there() -> None:
-    rb, stub, flight, got = _window()
+    rb, _stub, _flight, _got = _window()
     _feed(rb, [_result(1000 + 3, prev=(1000 + 20) % TX_MOD)])  # a lagging lane completes after a newer chunk
     assert rb.signalled == [20]
 
 
 def test_without_numbered_frames_the_signals_are_ignored() -> None:
-    rb, stub, flight, got = _window()
+    rb, _stub, flight, _got = _window()
     flight.numbered = False
     _feed(rb, [_gap_report(115, 5), _result(1000 + 5, prev=(1000 + 4) % TX_MOD)])
     assert rb.signalled == [] and not flight.signals
@@ -172,7 +172,7 @@ def test_without_numbered_frames_the_signals_are_ignored() -> None:
 def test_results_in_a_long_batch_are_checked_as_in_a_short_one() -> None:
     out = []
     for vector in (False, True):
-        rb, stub, flight, got = _window()
+        rb, _stub, _flight, got = _window()
         rb.VECTOR_FROM = 0 if vector else 10**9
         data = b"".join(_result(1000 + i, prev=(1000 + i - 1 - (i == 6)) % TX_MOD) for i in (1, 2, 3, 6, 7))
         rb.buf[: len(data)] = data
@@ -186,7 +186,7 @@ def test_a_result_carrying_a_gap_names_the_lost_frames_chunks_in_short_and_long_
     and 114 (chunks 13, 14) missing: its copy carries GAP, slot = 2 << 7 | 115 % 128. Same in both batch paths."""
     out = []
     for vector in (False, True):
-        rb, stub, flight, got = _window()
+        rb, stub, _flight, got = _window()
         rb.VECTOR_FROM = 0 if vector else 10**9
         h = wire.InaHeader(int(wire.MsgType.RESULT), int(wire.Flags.GAP), JOB, GEN, 2 << 7 | 115 % TX_MOD, 1000 + 15,
                            0, 0)

@@ -108,7 +108,7 @@ def test_reallocation_mid_operation_is_exact(faults) -> None:
     n = 4
     rng = np.random.default_rng(1)
     inputs = [(rng.standard_normal(3000) * 3).astype(np.float32) for _ in range(n)]
-    steps = [dict(slots=16, bases=200), dict(slots=4), dict(slots=0), dict(slots=32, bases=0), dict(slots=8, bases=64)]
+    steps = [{"slots": 16, "bases": 200}, {"slots": 4}, {"slots": 0}, {"slots": 32, "bases": 0}, {"slots": 8, "bases": 64}]
     with LocalCluster(["s1"] * n, slots=16, faults=faults, options=QUICK) as cl:
         out, applied = _run_with_steps(cl, inputs, calls=24, steps=steps, every=100)
     _assert_exact(out, inputs)
@@ -159,7 +159,7 @@ def test_rina_rack_loses_and_regains_its_slots() -> None:
     racks = ["r1", "r1", "r2", "r2", "r2"]
     rng = np.random.default_rng(4)
     inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
-    steps = [dict(slots={"r1": 16, "r2": 0}), dict(slots={"r1": 0, "r2": 0}), dict(slots={"r1": 8, "r2": 8})]
+    steps = [{"slots": {"r1": 16, "r2": 0}}, {"slots": {"r1": 0, "r2": 0}}, {"slots": {"r1": 8, "r2": 8}}]
     with LocalCluster(racks, slots=16, options=QUICK) as cl:
         out, applied = _run_with_steps(cl, inputs, calls=30, steps=steps, every=200)
     _assert_exact(out, inputs)

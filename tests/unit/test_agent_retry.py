@@ -81,7 +81,7 @@ def test_register_sends_one_idempotency_key_on_every_retry(monkeypatch):
 def test_the_secret_comes_from_the_argument_else_the_environment(monkeypatch):
     monkeypatch.setenv("INA_JOB_SECRET", "from-env")
     seen = []
-    import host_agent.control as control
+    from host_agent import control
 
     monkeypatch.setattr(control, "admission_channel", lambda address, credential, tls: seen.append(credential) or grpc.insecure_channel(address))
     AdmissionClient("127.0.0.1:1").close()

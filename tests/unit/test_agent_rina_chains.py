@@ -94,7 +94,7 @@ def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back
     racks = ["r1", "r1", "r2", "r2"]
     rng = np.random.default_rng(9)
     inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
-    steps = [dict(slots={"r1": SLOTS, "r2": 0}), dict(slots={"r1": SLOTS, "r2": SLOTS})]
+    steps = [{"slots": {"r1": SLOTS, "r2": 0}}, {"slots": {"r1": SLOTS, "r2": SLOTS}}]
     with LocalCluster(racks, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
         _install_chains(cl)
         program = cl.fake._program

@@ -74,7 +74,7 @@ def _flight(K: int = 32, granted: int = 32, path: float = 0.010) -> tuple[Flight
 
 
 def test_rack_finds_a_hole_after_the_reorder_window_and_not_before() -> None:
-    fl, _, est = _flight()
+    fl, _, _est = _flight()
     got = np.zeros(32, dtype=np.uint8)
     queued = bytearray(32)
     fl.sent(0, 8, 1.000)
@@ -170,7 +170,7 @@ def test_after_an_answered_probe_the_next_timeout_resends_every_overdue_chunk() 
 
 
 def test_a_timeout_probes_when_nothing_came_back_and_resends_a_lost_tail_at_once() -> None:
-    fl, _, est = _flight(K=10, granted=10, path=0.010)
+    fl, _, _est = _flight(K=10, granted=10, path=0.010)
     got = np.zeros(10, dtype=np.uint8)
     queued = bytearray(10)
     fl.sent(0, 4, 1.0)
@@ -362,7 +362,7 @@ def test_a_timeout_during_a_stall_behind_a_queue_probes_one_chunk_not_the_queue(
     """A window of 64 chunks queued behind a 0.7 ms/frame link; the results stop for longer than the timeout
     after chunk 19 (a peer descheduled): the timer probes chunk 20, never the 44 chunks merely behind it,
     and the probe's answer followed by the rest of the window is no reason to resend the rest."""
-    fl, stats, est = _flight(K=64, granted=64, path=0.010)
+    fl, _stats, _est = _flight(K=64, granted=64, path=0.010)
     got = np.zeros(64, dtype=np.uint8)
     queued = bytearray(64)
     fl.sent(0, 64, 1.0)
@@ -490,7 +490,7 @@ def test_a_needless_probe_or_timeout_raises_the_timeout_to_the_originals_round_t
 def test_one_chunk_in_flight_in_the_middle_of_a_window_is_left_to_the_timeout() -> None:
     """At a window of 1 a tail probe is the timeout's resend, only sooner and without learning: the timer acts
     (and a needless one raises it); the window's own tail is still probed after one round trip."""
-    fl, _, est = _flight(K=8, granted=1, path=0.010)
+    fl, _, _est = _flight(K=8, granted=1, path=0.010)
     fl.sent(0, 1, 1.000)
     fl.delivered(0, 1.010)
     fl.sent(1, 2, 1.011)

@@ -1,6 +1,8 @@
 """Agent building blocks without sockets: fixed point, overflow split, job specs, grants and plans."""
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -132,7 +134,6 @@ def test_stream_options_are_checked() -> None:
 
 def test_train_slowdown_options_become_a_speed_schedule():
     """--slowdown F and --slowdown-at STEP:FACTOR are --speed 1/F,STEP:1/FACTOR (experiment 2's straggler)."""
-    import argparse
 
     from host_agent.cli import UsageError, _speed_of, _step_factor
     from host_agent.compute import SpeedSchedule
@@ -148,5 +149,5 @@ def test_train_slowdown_options_become_a_speed_schedule():
             _speed_of(bad)
     assert _step_factor("3:2.5") == (3, 2.5)
     for bad in ("3", "x:2", "3:0.5", "-1:2"):
-        with pytest.raises(Exception):
+        with pytest.raises(argparse.ArgumentTypeError):
             _step_factor(bad)

@@ -5,7 +5,7 @@ reach a copy that waits for the peer (a gap is reported at once) and every chunk
 from __future__ import annotations
 
 from collections import Counter, deque
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from controller.chains import job_state, plan_rina
-from controller.programming import SwitchProgrammer
 from controller.p4entity import Schema
 from controller.policies import SlotRange
+from controller.programming import SwitchProgrammer
 from controller.store import Job
 from controller.topology import Topology
 from inaproto import admission_pb2 as pb
@@ -140,7 +140,6 @@ def test_rina_over_every_ina_rack_gives_exact_sums(racks, per_rack, own_ips):
     totals = {s: np.zeros(wire.LANES, np.int64) for s in slots}
     sends = []
     for wid, sw, port in job.placement:
-        w = job.request.workers[wid]
         for s in slots:
             v = rng.integers(-(2**20), 2**20, size=wire.LANES).astype(np.int32)
             totals[s] += v

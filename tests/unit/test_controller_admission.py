@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from inaproto import admission_pb2 as pb
-from tests.harness import Harness, gradient_frame, parse_result, worker
 from inaproto import wire
+from tests.harness import Harness, gradient_frame, parse_result, worker
 
 STALE = wire.DropReason.STALE_GENERATION
 
@@ -117,7 +117,7 @@ def test_two_jobs_aggregate_concurrently_through_their_ranges(h):
     assert counter(h, "MyIngress.ina_aggregated", b.grant.job_id) == 24
     assert counter(h, "MyEgress.ina_results", b.grant.job_id) == 24
     owners = h.switches["s1"].pipeline.ina_owner
-    assert {owners[s] >> 16 for s in range(0, 4)} == {a.grant.job_id}
+    assert {owners[s] >> 16 for s in range(4)} == {a.grant.job_id}
     assert {owners[s] >> 16 for s in range(4, 8)} == {b.grant.job_id}
 
 
@@ -391,24 +391,24 @@ def W(i, host="h13", **kw):
 
 
 BAD_REGISTRATIONS = [
-    (dict(workers=[]), grpc.StatusCode.INVALID_ARGUMENT, "at least one worker"),
-    (dict(workers=[W(32)]), grpc.StatusCode.INVALID_ARGUMENT, "beyond the 32-bit worker bitmap"),
-    (dict(workers=[W(i, f"s1-p{i + 1}") for i in range(33)]), grpc.StatusCode.INVALID_ARGUMENT, "at most 32"),
-    (dict(workers=[W(1), W(1, "h14")]), grpc.StatusCode.INVALID_ARGUMENT, "appears twice"),
-    (dict(workers=[W(0, "h99")]), grpc.StatusCode.INVALID_ARGUMENT, "unknown host 'h99'"),
-    (dict(workers=[W(0, "", ip="10.9.9.9")]), grpc.StatusCode.INVALID_ARGUMENT, "host is empty"),
-    (dict(workers=[W(0, ip="10.0.1")]), grpc.StatusCode.INVALID_ARGUMENT, "not an IPv4 address"),
-    (dict(workers=[W(0, mac="zz:00:00:00:00:01")]), grpc.StatusCode.INVALID_ARGUMENT, "not a MAC address"),
-    (dict(workers=[W(0, udp_port=0)]), grpc.StatusCode.INVALID_ARGUMENT, "not a port number"),
-    (dict(workers=[W(0, udp_port=47000)]), grpc.StatusCode.INVALID_ARGUMENT, "is the INA port"),
-    (dict(workers=[W(0), W(1, ip="10.0.1.3", udp_port=41000)]), grpc.StatusCode.INVALID_ARGUMENT, "used by another worker"),
-    (dict(tensor_elements=0), grpc.StatusCode.INVALID_ARGUMENT, "tensor_elements"),
-    (dict(requested_slots=1025), grpc.StatusCode.INVALID_ARGUMENT, "exceeds the switch pool"),
-    (dict(requested_slots=4, min_slots=5), grpc.StatusCode.INVALID_ARGUMENT, "larger than requested_slots"),
-    (dict(weight=-1.0), grpc.StatusCode.INVALID_ARGUMENT, "weight"),
-    (dict(weight=float("nan")), grpc.StatusCode.INVALID_ARGUMENT, "weight"),
-    (dict(name="taken"), grpc.StatusCode.ALREADY_EXISTS, "already registered"),
-    (dict(workers=[W(0, "h11", udp_port=40000)]), grpc.StatusCode.ALREADY_EXISTS, "10.0.1.1:40000 is already registered"),
+    ({"workers": []}, grpc.StatusCode.INVALID_ARGUMENT, "at least one worker"),
+    ({"workers": [W(32)]}, grpc.StatusCode.INVALID_ARGUMENT, "beyond the 32-bit worker bitmap"),
+    ({"workers": [W(i, f"s1-p{i + 1}") for i in range(33)]}, grpc.StatusCode.INVALID_ARGUMENT, "at most 32"),
+    ({"workers": [W(1), W(1, "h14")]}, grpc.StatusCode.INVALID_ARGUMENT, "appears twice"),
+    ({"workers": [W(0, "h99")]}, grpc.StatusCode.INVALID_ARGUMENT, "unknown host 'h99'"),
+    ({"workers": [W(0, "", ip="10.9.9.9")]}, grpc.StatusCode.INVALID_ARGUMENT, "host is empty"),
+    ({"workers": [W(0, ip="10.0.1")]}, grpc.StatusCode.INVALID_ARGUMENT, "not an IPv4 address"),
+    ({"workers": [W(0, mac="zz:00:00:00:00:01")]}, grpc.StatusCode.INVALID_ARGUMENT, "not a MAC address"),
+    ({"workers": [W(0, udp_port=0)]}, grpc.StatusCode.INVALID_ARGUMENT, "not a port number"),
+    ({"workers": [W(0, udp_port=47000)]}, grpc.StatusCode.INVALID_ARGUMENT, "is the INA port"),
+    ({"workers": [W(0), W(1, ip="10.0.1.3", udp_port=41000)]}, grpc.StatusCode.INVALID_ARGUMENT, "used by another worker"),
+    ({"tensor_elements": 0}, grpc.StatusCode.INVALID_ARGUMENT, "tensor_elements"),
+    ({"requested_slots": 1025}, grpc.StatusCode.INVALID_ARGUMENT, "exceeds the switch pool"),
+    ({"requested_slots": 4, "min_slots": 5}, grpc.StatusCode.INVALID_ARGUMENT, "larger than requested_slots"),
+    ({"weight": -1.0}, grpc.StatusCode.INVALID_ARGUMENT, "weight"),
+    ({"weight": float("nan")}, grpc.StatusCode.INVALID_ARGUMENT, "weight"),
+    ({"name": "taken"}, grpc.StatusCode.ALREADY_EXISTS, "already registered"),
+    ({"workers": [W(0, "h11", udp_port=40000)]}, grpc.StatusCode.ALREADY_EXISTS, "10.0.1.1:40000 is already registered"),
 ]
 
 
@@ -416,7 +416,7 @@ BAD_REGISTRATIONS = [
 def test_bad_registration_gets_its_status_and_changes_nothing(h, fields, code, words):
     register(h, "taken", ["h11", "h12"], requested=4)
     before = snapshot(h)
-    req = dict(name="new", workers=[W(0)], tensor_elements=1000, requested_slots=4)
+    req = {"name": "new", "workers": [W(0)], "tensor_elements": 1000, "requested_slots": 4}
     req.update(fields)
     with pytest.raises(grpc.RpcError) as err:
         h.stub.RegisterJob(pb.RegisterJobRequest(**req))

@@ -16,13 +16,12 @@ import grpc
 import pytest
 
 from controller import cli
-from controller.auth import hash_secret, secret_matches
+from controller.auth import ServerTls, hash_secret, secret_matches
 from controller.service import serve
-from controller.auth import ServerTls
 from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
-from inaproto.credentials import TlsFiles, admission_channel
 from inaproto.commands import REPO
+from inaproto.credentials import TlsFiles, admission_channel
 from tests.harness import Harness, worker
 
 TABLES = ("MyIngress.ina_job", "MyEgress.ina_worker")
@@ -168,7 +167,7 @@ def test_a_version_1_database_is_upgraded(tmp_path):
 
 def _inactl(argv, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "controller.cli", *argv], capture_output=True, text=True, timeout=30,
-                          cwd=cwd, env={**os.environ, **(env or {})})
+                          cwd=cwd, env={**os.environ, **(env or {})}, check=False)
 
 
 def test_inactl_reads_the_admin_credential_by_default_and_a_tenant_s_file(tmp_path):
@@ -178,7 +177,7 @@ def test_inactl_reads_the_admin_credential_by_default_and_a_tenant_s_file(tmp_pa
         clean = {k: v for k, v in os.environ.items() if k != "INA_ADMIN_CREDENTIAL_FILE"}
         clean["PYTHONPATH"] = str(REPO)  # run from another folder
         proc = subprocess.run([sys.executable, "-m", "controller.cli", "--controller", h.address, "jobs", "--json"],
-                              capture_output=True, text=True, timeout=30, cwd=tmp_path, env=clean)
+                              capture_output=True, text=True, timeout=30, cwd=tmp_path, env=clean, check=False)
         assert proc.returncode == 0 and '"name": "a"' in proc.stdout and '"name": "b"' in proc.stdout
         bob_file = tmp_path / "bob"
         bob_file.write_text(BOB + "\n")
@@ -189,7 +188,7 @@ def test_inactl_reads_the_admin_credential_by_default_and_a_tenant_s_file(tmp_pa
         assert cli.main(["--controller", h.address, "--credential-file", str(bob_file), "jobs", "--json"], out=out) == 0
         assert '"name": "b"' in out.getvalue() and '"name": "a"' not in out.getvalue()
         proc = subprocess.run([sys.executable, "-m", "controller.cli", "--controller", h.address, "jobs"],
-                              capture_output=True, text=True, timeout=30, cwd=tmp_path / "..", env=clean)
+                              capture_output=True, text=True, timeout=30, cwd=tmp_path / "..", env=clean, check=False)
         assert proc.returncode == cli.EXIT_REFUSED and proc.stderr.startswith("inactl: unauthenticated: no credential")
         missing = cli.main(["--controller", h.address, "--credential-file", str(tmp_path / "nope"), "jobs"],
                            out=io.StringIO(), err=(err := io.StringIO()))

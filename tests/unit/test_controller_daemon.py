@@ -9,11 +9,11 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from controller import daemon
-from controller.core import Controller, Refusal, ControllerOptions
+from controller.core import Controller, ControllerOptions, Refusal
 from controller.p4entity import Schema
-from tests.harness import Harness, worker
 from controller.topology import Topology, read_runtime_json
 from inaproto.commands import REPO
+from tests.harness import Harness, worker
 
 TOPO = {
     "hosts": {"h1": {"ip": "10.0.1.1/24", "mac": "08:00:00:00:01:11"}, "h2": {"ip": "10.0.2.2/24", "mac": "08:00:00:00:02:22"}},

@@ -9,10 +9,10 @@ import grpc
 import numpy as np
 import pytest
 
+from controller.core import Controller, ControllerOptions, Refusal
 from inaproto import admission_pb2 as pb
-from controller.core import Controller, Refusal, ControllerOptions
-from tests.harness import Harness, gradient_frame, parse_result, worker
 from inaproto import wire
+from tests.harness import Harness, gradient_frame, parse_result, worker
 
 TABLES = ("MyIngress.ina_job", "MyEgress.ina_worker", "MyIngress.ipv4_lpm")
 

@@ -7,11 +7,11 @@ import json
 import grpc
 import pytest
 
-from inaproto import wire
 from controller.p4entity import MulticastGroup, Schema, SchemaError, TableEntry
 from controller.switch import DELETE, INSERT, MODIFY, Switch, SwitchError, SwitchOptions, SwitchState, plan_writes
-from tests.harness import LocalSwitch
 from controller.topology import Topology, TopologyError, parse_switch_spec, read_runtime_json, write_runtime_json
+from inaproto import wire
+from tests.harness import LocalSwitch
 
 SCHEMA = Schema.from_file("p4src/ina.p4info.txt")
 
@@ -157,16 +157,14 @@ def test_higher_election_id_takes_over(local, primary):
 
 
 def test_unreachable_switch_fails_within_the_timeout():
-    with Switch(SwitchOptions("s9", "127.0.0.1:1", 1, connect_timeout=0.5), SCHEMA) as sw:
-        with pytest.raises(SwitchError) as err:
-            sw.connect()
+    with Switch(SwitchOptions("s9", "127.0.0.1:1", 1, connect_timeout=0.5), SCHEMA) as sw, pytest.raises(SwitchError) as err:
+        sw.connect()
     assert err.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def test_wrong_device_id_is_refused(local):
-    with Switch(SwitchOptions("s1", local.address, 7, connect_timeout=0.5), SCHEMA) as sw:
-        with pytest.raises(SwitchError) as err:
-            sw.connect()
+    with Switch(SwitchOptions("s1", local.address, 7, connect_timeout=0.5), SCHEMA) as sw, pytest.raises(SwitchError) as err:
+        sw.connect()
     assert err.value.code == grpc.StatusCode.NOT_FOUND
 
 

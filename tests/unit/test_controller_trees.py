@@ -70,7 +70,7 @@ def _allreduce(h, grant, slot: int, seq: int, rng, generation: int | None = None
             if (sw, out_port) in links:
                 queue.append((*links[(sw, out_port)], out))
                 continue
-            header, lanes, ip, udp = parse_result(out)
+            header, lanes, _ip, _udp = parse_result(out)
             assert header.msg_type == wire.MsgType.RESULT and header.worker_id not in got
             got[header.worker_id] = lanes
     return {w: v for w, v in got.items()}, total.astype(np.int32)

@@ -10,7 +10,6 @@ import pytest
 from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay, parse_link_delays
 
 
-
 def test_parse_global_and_per_port_milliseconds():
     d = parse_link_delays(["10", "3:0", "2:2.5"])
     assert d.default == 0.010 and dict(d.per_port) == {2: 0.0025, 3: 0.0}

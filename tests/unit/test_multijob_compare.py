@@ -10,9 +10,15 @@ import pytest
 from simulator import model, shared_switch
 from simulator.calibration import Calibration
 from topologies.experiments import calibrate
-from topologies.experiments.calibrate import RING_PROBE, calibration_from, overlapping_calls, ring_step_fit, run_startup_probe
+from topologies.experiments.calibrate import (
+    RING_PROBE,
+    calibration_from,
+    overlapping_calls,
+    ring_step_fit,
+    run_startup_probe,
+)
 from topologies.experiments.conditions import Conditions, busy_jiffies
-from topologies.experiments.multijob import PHASES, TRACE, _joined, move_pauses, _steady, job_phases, simulate_trace
+from topologies.experiments.multijob import PHASES, TRACE, _joined, _steady, job_phases, move_pauses, simulate_trace
 
 
 def test_busy_time_counts_the_first_call_from_the_last_worker_to_join():
@@ -116,7 +122,7 @@ def test_simulated_trace_starts_each_job_after_its_start_up(tmp_path):
     cal = tmp_path / "cal.json"
     cal.write_text(Calibration(propagation_rtt_us=20000.0, ina_rtt_us=300.0).to_json())
     startup = {1: 2.0, 2: 1.0, 3: 3.0, 4: 2.5}
-    kw = dict(requested=16, min_slots=1, pool=64, policy="first-fit", bw_mbps=1.0, calibration=cal)
+    kw = {"requested": 16, "min_slots": 1, "pool": 64, "policy": "first-fit", "bw_mbps": 1.0, "calibration": cal}
     late = simulate_trace(TRACE, out=tmp_path / "late", startup=startup, **kw)
     now = simulate_trace(TRACE, out=tmp_path / "now", **kw)
     for tj in TRACE:

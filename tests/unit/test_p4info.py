@@ -7,6 +7,7 @@ from softswitch import pipeline, tables
 from softswitch.p4program import load_p4info
 from softswitch.p4source import assign_ids, derive_p4info, jenkins_one_at_a_time
 
+
 def _committed() -> p4info_pb2.P4Info:
     return load_p4info()
 
@@ -42,13 +43,14 @@ def test_model_tables_actions_counters_registers_match_p4info():
 
 
 def test_model_default_actions_match_p4():
-    from softswitch.p4source import read_p4
     import re
+
+    from softswitch.p4source import read_p4
 
     src = read_p4()
     for name, spec in tables.TABLES.items():
         control, table = name.split(".")
-        body = re.search(rf"table\s+{table}\s*\{{(.*?)\n    \}}", src.controls[control], re.S).group(1)
+        body = re.search(rf"table\s+{table}\s*\{{(.*?)\n    \}}", src.controls[control], re.DOTALL).group(1)
         default = re.search(r"default_action\s*=\s*(\w+)\(\)", body).group(1)
         assert spec.default_action == ("NoAction" if default == "NoAction" else f"{control}.{default}")
 

@@ -16,13 +16,13 @@ import pytest
 from google.rpc import code_pb2, status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
+from controller.switch import SwitchError
 from inaproto import wire
 from inaproto.scapy_layer import INA
 from softswitch import tables as model
 from softswitch.p4program import P4INFO_PATH, device_config_mismatch, load_p4info, p4info_mismatch
 from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.pipeline import InaPipeline
-from controller.switch import SwitchError
 from tests.p4rt_client import P4RuntimeTestClient, table_entry
 from tests.p4rt_malformed import BMV2 as BMV2_ANSWERS
 from tests.p4rt_malformed import CASES as MALFORMED

@@ -117,7 +117,7 @@ def _register(h: Harness, hosts: list[str], name: str) -> pb.JobGrant:
 
 def test_the_grant_carries_each_switchs_floor_and_inactl_shows_it(tmp_path) -> None:
     rates = dict.fromkeys(HOSTS, 2.0)
-    doc = lambda sw: _leaf_spine(rates, {"s1": 2.0, "s2": 2.0},  # noqa: E731
+    doc = lambda sw: _leaf_spine(rates, {"s1": 2.0, "s2": 2.0},
                                  {n: {"grpc": s.address, "device_id": s.device_id} for n, s in sw.items()})
     with Harness(tmp_path / "ctl.db", 3, topology_doc=doc, trees=True) as h:
         tree = _register(h, HOSTS, "tree")

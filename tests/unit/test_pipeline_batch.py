@@ -13,7 +13,7 @@ from softswitch.pipeline import InaPipeline
 
 SWITCH_MAC, SWITCH_IP = bytes.fromhex("0200000000fe"), bytes([10, 0, 0, 254])
 # Two jobs whose slot ranges overlap (slots 2-3): a gradient of one takes the slot over from the other.
-JOBS = {1: dict(workers=4, base=0, num_slots=4, generation=3, group=1), 2: dict(workers=2, base=2, num_slots=4, generation=0, group=2)}
+JOBS = {1: {"workers": 4, "base": 0, "num_slots": 4, "generation": 3, "group": 1}, 2: {"workers": 2, "base": 2, "num_slots": 4, "generation": 0, "group": 2}}
 
 
 def _pipeline() -> InaPipeline:

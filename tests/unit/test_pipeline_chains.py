@@ -122,7 +122,7 @@ def test_rounds_through_the_chain_are_vectorised_and_exact():
     pipeline_chains.STATS.clear()
     rounds = []
     for seq in range(1, 5):
-        lanes = lambda: rng.integers(-(2**20), 2**20, wire.LANES).tolist()  # noqa: E731
+        lanes = lambda: rng.integers(-(2**20), 2**20, wire.LANES).tolist()
         rounds.append([_frame("local0", s, seq, seq & 1, lanes(), 0, 0, "") for s in (0, 1, 2)])
         rounds.append([_frame("local1", s, seq, seq & 1, lanes(), 0, 0, "") for s in (0, 1, 2)])
         rounds.append([_frame("partial", s, seq, seq & 1, lanes(), 0, 0, "") for s in (0, 1)])

@@ -78,7 +78,7 @@ def fits_in_a_gap(pool: int, alloc, size: int) -> bool:
     if size == 0:
         return True
     held = [r for r in alloc.values() if r is not None]
-    return any(all(r.end <= b or r.base >= b + size for r in held) for b in range(0, pool - size + 1))
+    return any(all(r.end <= b or r.base >= b + size for r in held) for b in range(pool - size + 1))
 
 
 # --- invariants every policy must keep ---------------------------------------------------------------
@@ -141,11 +141,10 @@ def test_first_fit_never_takes_slots_away(scenario):
             old = before.get(job.job_id)
             if old is not None:
                 assert alloc[job.job_id] is not None and alloc[job.job_id].size >= old.size
-        if kind == "arrive":
-            # A newcomer whose whole request fits in an existing gap disturbs nobody.
-            if fits_in_a_gap(pool, before, arg.requested_slots):
-                assert all(alloc[k] is v for k, v in before.items())
-                assert alloc[arg.job_id] is not None and alloc[arg.job_id].size == arg.requested_slots
+        # A newcomer whose whole request fits in an existing gap disturbs nobody.
+        if kind == "arrive" and fits_in_a_gap(pool, before, arg.requested_slots):
+            assert all(alloc[k] is v for k, v in before.items())
+            assert alloc[arg.job_id] is not None and alloc[arg.job_id].size == arg.requested_slots
 
 
 @SETTINGS

@@ -5,8 +5,16 @@ import itertools
 
 import pytest
 
-from inaproto.rina_partitions import (BUNDLE_SHARE, INA_SHARE, aligned_blocks, continuous_shares, hop_loads,
-                                      hop_share, partition_sizes, slot_partitions)
+from inaproto.rina_partitions import (
+    BUNDLE_SHARE,
+    INA_SHARE,
+    aligned_blocks,
+    continuous_shares,
+    hop_loads,
+    hop_share,
+    partition_sizes,
+    slot_partitions,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host_agent.ring_pieces import PieceStream
 from host_agent.ring import (
     MAX_PIECES,
     QueueRingLink,
@@ -26,6 +25,7 @@ from host_agent.ring import (
     ring_time_model,
     run_local_ring,
 )
+from host_agent.ring_pieces import PieceStream
 
 
 def ring_order_sum(arrays: list[np.ndarray]) -> np.ndarray:
@@ -185,7 +185,7 @@ def test_dead_peer_raises_naming_it(no_leaks) -> None:
     results = run_local_ring(4, work, timeout=timeout)
     assert results[2] == "dead"
     for rank in (0, 1, 3):
-        err, elapsed = results[rank]
+        _err, elapsed = results[rank]
         assert elapsed < timeout + 1.0
     err3 = results[3][0]  # its left neighbour is the dead one
     assert err3.peer_rank == 2 and "rank 2" in str(err3) and "closed" in str(err3)
@@ -256,7 +256,7 @@ def test_late_peer_is_retried_until_it_listens(no_leaks) -> None:
             listen = listeners[rank] if rank < 2 else None
             with RingAllReduce(rank, peers, listen, timeout=5, connect_timeout=10) as ring:
                 results[rank] = ring.allreduce(np.full(5, rank + 1, dtype=np.int32))
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001
             results[rank] = exc
 
     threads = [threading.Thread(target=member, args=(r,)) for r in range(3)]
@@ -415,8 +415,8 @@ def test_piece_j_of_a_step_waits_for_piece_j_of_the_step_before() -> None:
 def test_agent_option_ring_piece_bytes(monkeypatch) -> None:
     """``--ring-piece-bytes`` (default from $INA_RING_PIECE_BYTES) reaches the stream's options; 0 is whole chunks."""
     from host_agent.cli import RING_PIECES_ENV, build_parser
-    from inaproto.cli import UsageError
     from host_agent.ring_pieces import PIECE_BYTES
+    from inaproto.cli import UsageError
 
     base = ["allreduce", "--workers", "127.0.0.1:5000,127.0.0.1:5001", "--worker-id", "0"]
     monkeypatch.delenv(RING_PIECES_ENV, raising=False)

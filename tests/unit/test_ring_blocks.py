@@ -2,6 +2,7 @@
 exact sums with moves off the ring at block boundaries and mid-block, and the resync point at most two blocks back."""
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -145,7 +146,7 @@ def test_overflow_redoes_only_its_block_in_int64() -> None:
     with LocalCluster(["s1"] * n, backend="ring", options=BLOCKED) as cl:
         out = cl.run(lambda agent: (agent.allreduce(data[agent.rank]), agent.stats), controller=False)
     want = quantised_sum(data)
-    blocks = -(-(-(-data[0].size // LANES)) // BLOCK_ROWS)
+    blocks = math.ceil(math.ceil(data[0].size / LANES) / BLOCK_ROWS)
     for got, stats in out:
         assert got.tobytes() == want.tobytes()
         assert stats.ring_redo_int64 == 1 and stats.ring_ops == blocks + 1
@@ -188,15 +189,15 @@ def test_moves_off_the_ring_lose_at_most_the_block_in_flight(where: str) -> None
                     return
                 agent = first["agent"]
                 moves.append(cl.fake.reallocate(job_id, slots=0))
-                if not wait_for(lambda: agent.plan.kind == Backend.RING and agent.stats.ring_ops >= 2):
+                if not wait_for(lambda agent=agent: agent.plan.kind == Backend.RING and agent.stats.ring_ops >= 2):
                     return
                 ops = agent.stats.ring_ops
-                if not wait_for(lambda: agent.stats.ring_ops > ops):  # worker 0 just completed a block
+                if not wait_for(lambda agent=agent, ops=ops: agent.stats.ring_ops > ops):  # worker 0 just completed a block
                     return
                 if where == "mid-block" and done.wait(float(rng.uniform(0.2, 0.8)) * block_s):
                     return
                 moves.append(cl.fake.reallocate(job_id, slots=16, bases=0))
-                if not wait_for(lambda: agent.plan.kind == Backend.INA):
+                if not wait_for(lambda agent=agent: agent.plan.kind == Backend.INA):
                     return
 
         t = threading.Thread(target=controller)

@@ -373,7 +373,7 @@ def test_a_run_writes_json_csv_jsonl_and_png_and_ends_with_the_plot_path(tmp_pat
 
 
 def test_a_failed_run_keeps_what_was_measured(tmp_path):
-    code, plot, doc, out, err, run_dir = run_fake(tmp_path, fail_at=2)
+    code, plot, doc, _out, err, _run_dir = run_fake(tmp_path, fail_at=2)
     assert code == 1 and doc["status"] == "failed" and len(doc["rows"]) == 2
     assert "measurement exploded" in doc["errors"][0] and "Traceback" in doc["traceback"]
     assert plot is not None and plot.exists()
@@ -381,7 +381,7 @@ def test_a_failed_run_keeps_what_was_measured(tmp_path):
 
 
 def test_an_interrupted_run_keeps_what_was_measured(tmp_path):
-    code, plot, doc, out, err, run_dir = run_fake(tmp_path, interrupt_at=1)
+    code, plot, doc, _out, _err, _run_dir = run_fake(tmp_path, interrupt_at=1)
     assert code == 130 and doc["status"] == "interrupted" and len(doc["rows"]) == 1 and plot.exists()
 
 

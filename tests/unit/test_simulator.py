@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -137,7 +138,7 @@ def test_slots_are_never_over_allocated_at_any_event(policy, placement):
         for rack, sw in enumerate(sim.switches):
             ranges = sorted((r.base, r.end) for r in sw.alloc.values() if r is not None)
             assert all(end <= sw.pool for _, end in ranges)
-            assert all(a_end <= b_base for (_, a_end), (b_base, _) in zip(ranges, ranges[1:]))
+            assert all(a_end <= b_base for (_, a_end), (b_base, _) in itertools.pairwise(ranges))
             assert sum(end - base for base, end in ranges) <= sw.pool
             demands = {d.job_id: d for d in sw.demands}
             assert set(sw.alloc) == set(demands)

@@ -283,7 +283,7 @@ def test_without_latecomer_targets_a_late_job_shares_equally():
     t1 = 2 * (B / (alone * 128) + S0)
     together = run([job(0, iterations=2), job(1, iterations=2)], cal)
     late = run([job(0), job(1, arrival=t1, iterations=2)], cal)
-    r0, r1 = sorted(late.jobs, key=lambda r: r.job_id)
+    _r0, r1 = sorted(late.jobs, key=lambda r: r.job_id)
     assert r1.jct_s == pytest.approx(max(r.jct_s for r in together.jobs), rel=1e-6)
     assert r1.jct_s == pytest.approx(2 * (B / ((1 / 3) * 10_000 / WORKERS * 128) + S0), rel=1e-6)
     with pytest.raises(CalibrationError, match="cwnd_latecomer"):

@@ -1,6 +1,7 @@
 """Simulator traces: CSV round trip and errors, the synthetic generator, Philly/Helios job-log readers."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -67,7 +68,7 @@ def test_generator_is_deterministic_and_follows_its_parameters():
     cfg = SyntheticConfig(num_jobs=2000, mean_interarrival_s=10.0, deadline_fraction=0.5)
     a, b, c = generate_trace(cfg, 1), generate_trace(cfg, 1), generate_trace(cfg, 2)
     assert a == b and a != c
-    gaps = [y.arrival_s - x.arrival_s for x, y in zip(a, a[1:])]
+    gaps = [y.arrival_s - x.arrival_s for x, y in itertools.pairwise(a)]
     assert sum(gaps) / len(gaps) == pytest.approx(10.0, rel=0.1)  # Poisson arrivals at the asked rate
     assert {j.num_workers for j in a} <= {1, 2, 4, 8, 16, 32}
     assert sum(j.deadline_s is not None for j in a) / len(a) == pytest.approx(0.5, abs=0.05)

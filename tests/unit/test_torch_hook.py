@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from host_agent.allocation import static_allocation  # noqa: E402
-from host_agent.torch_hook import (  # noqa: E402
+from host_agent.allocation import static_allocation
+from host_agent.torch_hook import (
     AgentHookState,
     Numerics,
     WeightedBatchSampler,
@@ -23,7 +23,7 @@ from host_agent.torch_hook import (  # noqa: E402
     register_hook,
     weighted_hook,
 )
-from tests.udp_switch import LocalCluster  # noqa: E402
+from tests.udp_switch import LocalCluster
 
 
 class _FakeAgent:
@@ -248,7 +248,7 @@ def _child(rank: int, n: int, store_path: str, workers: str, controller: str | N
         finally:
             agent.close()
             dist.destroy_process_group()
-    except BaseException:
+    except BaseException:  # noqa: BLE001
         out.put((rank, "error", traceback.format_exc(), None))
 
 

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.udp_switch import LocalCluster  # noqa: E402
+from tests.udp_switch import LocalCluster
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "torchrun_train.py"
 TINY = ("--epochs", "1", "--steps", "12", "--eval-every", "6", "--global-batch", "64")
@@ -48,10 +48,10 @@ def _finish(runs: dict, tmp_path: Path) -> dict:
 
 
 def test_usage_errors_are_one_line_and_exit_2() -> None:
-    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "torchrun" in r.stderr.splitlines()[-1]
     r = subprocess.run([sys.executable, str(SCRIPT), "--comm", "gloo", "--controller", "127.0.0.1:1"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "--comm gloo" in r.stderr.splitlines()[-1]
 
 
@@ -101,7 +101,7 @@ def test_the_process_group_is_gone_when_train_returns(tmp_path, comm: str) -> No
         port = s.getsockname()[1]
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port)}
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     last = r.stdout.splitlines()[-1]
     assert last.startswith("rc 0 threads ") and "gloo" not in last, last

@@ -170,7 +170,7 @@ class ThreadReducer:
         self.barrier = threading.Barrier(n)
         self.slots: list = [None] * n
 
-    def member(self, rank: int) -> "Member":
+    def member(self, rank: int) -> Member:
         return Member(self, rank)
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from controller.p4entity import Schema
 from controller.policies import SlotRange
 from controller.trees import plan_tree, tree_layout, tree_ranges
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from tests.unit.test_chains_plan import _gradient, _job, _leaf_spine, _run
-from controller.p4entity import Schema
 from softswitch.p4program import load_p4info
 from softswitch.pipeline import InaPipeline
+from tests.unit.test_chains_plan import _gradient, _job, _leaf_spine, _run
 
 JOB = 3
 

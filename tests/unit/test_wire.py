@@ -128,4 +128,4 @@ def test_daemons_do_not_import_scapy():
 
     code = ("import sys, host_agent.agent, host_agent.cli, softswitch.cli, softswitch.pipeline, controller.daemon; "
             "sys.exit('scapy' in ' '.join(sys.modules))")
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -13,7 +13,7 @@ import importlib
 
 from topologies.experiments.base import Experiment
 
-__all__ = ["EXPERIMENTS", "ALIASES", "register", "get_experiment", "Experiment"]
+__all__ = ["ALIASES", "EXPERIMENTS", "Experiment", "get_experiment", "register"]
 
 EXPERIMENTS: dict[str, type[Experiment]] = {}
 ALIASES: dict[str, str] = {}

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from inaproto import wire
 
@@ -18,17 +19,17 @@ __all__ = [
     "TCP_PAYLOAD",
     "TCP_SEGMENTS_PER_ACK",
     "allreduce_row",
-    "per_call_max",
-    "median",
-    "spread",
-    "ideal_ina_ring_ratio",
-    "framed_ina_ring_ratio",
-    "ina_wire_seconds",
-    "ring_wire_seconds",
-    "window_rtt_seconds",
     "bdp_slots",
-    "slot_model_seconds",
+    "framed_ina_ring_ratio",
     "group_by",
+    "ideal_ina_ring_ratio",
+    "ina_wire_seconds",
+    "median",
+    "per_call_max",
+    "ring_wire_seconds",
+    "slot_model_seconds",
+    "spread",
+    "window_rtt_seconds",
 ]
 
 # A full TCP segment on the wire: 1500-byte MTU + 14 Ethernet; 1448 bytes of payload with timestamps.

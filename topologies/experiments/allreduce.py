@@ -35,8 +35,8 @@ from inaproto.backends import Backend
 from topologies.experiments import register
 from topologies.experiments.aggregate import (
     allreduce_row,
-    framed_ina_ring_ratio,
     bdp_slots,
+    framed_ina_ring_ratio,
     group_by,
     ideal_ina_ring_ratio,
     ina_wire_seconds,

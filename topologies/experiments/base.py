@@ -24,18 +24,19 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Mapping, TextIO
+from typing import Any, ClassVar, TextIO
 
 from topologies.errors import ExperimentError
 
 __all__ = [
     "SIZES",
     "Experiment",
-    "RunOptions",
-    "RunContext",
     "ResultStore",
+    "RunContext",
+    "RunOptions",
     "flatten_row",
     "rows_to_csv",
 ]
@@ -74,7 +75,7 @@ class Experiment:
     options: ClassVar[tuple[tuple[str, str, Any, str], ...]] = ()
     needs_faults: ClassVar[bool] = False
 
-    def __init__(self, config: Any, ctx: "RunContext") -> None:
+    def __init__(self, config: Any, ctx: RunContext) -> None:
         self.config = config
         self.ctx = ctx
 
@@ -152,7 +153,7 @@ def _environment() -> dict[str, Any]:
     }
     try:
         repo = Path(__file__).resolve().parents[2]
-        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=False)
         if out.returncode == 0:
             env["git_commit"] = out.stdout.strip()
     except (OSError, subprocess.SubprocessError):

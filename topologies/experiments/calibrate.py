@@ -22,19 +22,39 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from inaproto import wire
 from simulator.calibration import Calibration
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.testbed import AgentJob, Testbed
 
-__all__ = ["PROBES", "SHARED_PROBE", "STARTUP_PROBE", "LIFECYCLE_PROBE", "WINDOW_PROBE", "RING_PROBE", "run_probes",
-           "run_shared_probe", "run_startup_probe", "run_lifecycle_probe", "run_window_probe", "run_ring_probe", "ring_step_fit",
-           "ring_steps_summary", "overlapping_calls", "calibration_from", "shared_capacity_of",
-           "shared_capacity_from_cpu", "shared_cpu_per_gradient", "shared_cpu_summary",
-           "ring_fraction", "write_calibration"]
+__all__ = [
+    "LIFECYCLE_PROBE",
+    "PROBES",
+    "RING_PROBE",
+    "SHARED_PROBE",
+    "STARTUP_PROBE",
+    "WINDOW_PROBE",
+    "calibration_from",
+    "overlapping_calls",
+    "ring_fraction",
+    "ring_step_fit",
+    "ring_steps_summary",
+    "run_lifecycle_probe",
+    "run_probes",
+    "run_ring_probe",
+    "run_shared_probe",
+    "run_startup_probe",
+    "run_window_probe",
+    "shared_capacity_from_cpu",
+    "shared_capacity_of",
+    "shared_cpu_per_gradient",
+    "shared_cpu_summary",
+    "write_calibration",
+]
 
 PROBES = ("ina-1slot", "ina-pps", "ring-latency")
 SHARED_PROBE = "ina-shared-pps"

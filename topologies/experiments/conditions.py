@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import resource
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Self
 
 __all__ = ["Conditions", "busy_jiffies", "tree_cpu_s"]
 
@@ -87,7 +88,7 @@ class Conditions:
         self.facts = facts
         self.result: dict[str, Any] = {}
 
-    def start(self) -> "Conditions":
+    def start(self) -> Conditions:
         self._t = time.monotonic()
         self._load = os.getloadavg()[0]
         self._cpu = busy_jiffies((PROC / "stat").read_text())
@@ -121,7 +122,7 @@ class Conditions:
         }
         return self.result
 
-    def __enter__(self) -> "Conditions":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

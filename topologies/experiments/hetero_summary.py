@@ -13,11 +13,12 @@ the summary are stable and listed in docs/experiments.md (experiment 2).
 from __future__ import annotations
 
 import statistics
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from topologies.experiments.aggregate import median
 
-__all__ = ["MODES", "train_row", "summarize", "report", "ideal_reduction", "stats"]
+__all__ = ["MODES", "ideal_reduction", "report", "stats", "summarize", "train_row"]
 
 MODES = ("equal", "static", "adaptive")
 

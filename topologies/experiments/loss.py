@@ -17,7 +17,6 @@ from topologies.experiments.aggregate import allreduce_row, bdp_slots, ina_wire_
 from topologies.experiments.base import Experiment
 from topologies.experiments.testbed import INA_UDP_BASE, AgentJob
 
-
 GOODPUT_TARGETS = ((0.01, 0.90), (0.05, 0.70))  # (loss, share of lossless goodput), every result exact
 WAIT_KEYS = ("slot_wait_s", "cwnd_wait_s", "tail_wait_s")  # host_agent.stream.StreamStats
 SUMMED_KEYS = ("window_cuts", "loss_cuts", "gap_reports", "signal_resends")  # StreamStats counts summed over workers

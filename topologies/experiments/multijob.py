@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from inaproto.backends import Backend
+from topologies.errors import ExperimentError
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, group_by, median
-from topologies.errors import ExperimentError
 from topologies.experiments.base import Experiment
 from topologies.experiments.calibrate import ring_steps_summary, shared_cpu_summary
 from topologies.experiments.conditions import Conditions
@@ -52,7 +52,7 @@ def window_probe_slots(demand: int) -> int:
     return max(1, (3 * demand) // 4)
 
 
-def ring_probe_sizes(jobs: tuple["TraceJob", ...]) -> tuple[int, int]:
+def ring_probe_sizes(jobs: tuple[TraceJob, ...]) -> tuple[int, int]:
     """The ring probe's tensor sizes (elements): the trace's largest and half of it, two points spanning its jobs'
     ring steps from which the per-step overhead and per-byte cost are fitted."""
     largest = max(tj.elements for tj in jobs)
@@ -138,7 +138,7 @@ class MultijobConfig:
 
 
 def pool_size(jobs: int, demand: int, supply: float) -> int:
-    return int(math.floor(jobs * demand * supply + 1e-9))
+    return math.floor(jobs * demand * supply + 1e-9)
 
 
 def controller_policy(policy: str) -> str:
@@ -239,7 +239,7 @@ class MultijobExperiment(Experiment):
             arrivals = {job.name: tj.arrival_s for job, tj in zip(jobs, cfg.jobs)}
             memory: list[tuple[float, int]] = []
 
-            def sample(t: float) -> None:
+            def sample(t: float, memory: list[tuple[float, int]] = memory) -> None:
                 state = bed.controller_state()
                 if state:
                     memory.append((round(t, 3), sum(_granted_slots(state).values())))
@@ -313,7 +313,12 @@ class MultijobExperiment(Experiment):
         all at once, each with the largest tensor, the trace's request (its BDP), ``--check`` and the
         controller polled as in the trace. The calibration takes their medians over the repetitions; none of
         it comes from the trace's own runs, which the comparison predicts."""
-        from topologies.experiments.calibrate import run_lifecycle_probe, run_ring_probe, run_shared_probe, run_window_probe
+        from topologies.experiments.calibrate import (
+            run_lifecycle_probe,
+            run_ring_probe,
+            run_shared_probe,
+            run_window_probe,
+        )
 
         ctx, cfg = self.ctx, self.config
         elements = max(tj.elements for tj in cfg.jobs)
@@ -415,7 +420,7 @@ class MultijobExperiment(Experiment):
                                      "repetitions": len({r.get("rep") for r in rs})}
             for name, prio in (("all", None), ("high", HIGH), ("low", LOW)):
                 per_rep = []
-                for _, rr in group_by([r for r in rs if prio is None or r["priority"] == prio], "rep").items():
+                for rr in group_by([r for r in rs if prio is None or r["priority"] == prio], "rep").values():
                     jcts = sorted(r["jct_s"] for r in rr)
                     per_rep.append((sum(jcts) / len(jcts), _p95(jcts)))
                 if per_rep:
@@ -474,7 +479,7 @@ class MultijobExperiment(Experiment):
     def report(summary: dict) -> list[str]:
         lines = []
         for run in summary.get("runs", []):
-            def fig(name: str) -> str:
+            def fig(name: str, run: dict = run) -> str:
                 if run.get(f"{name}_mean_jct_s") is None:
                     return f"{name} -"
                 return (f"{name} mean {run[f'{name}_mean_jct_s']:.2f} s [{run[f'{name}_mean_jct_min_s']:.2f}-"
@@ -764,8 +769,8 @@ def simulate_trace(jobs: tuple[TraceJob, ...], *, requested: int, min_slots: int
 
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "trace.csv"
-    lines = ["job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,slots,min_slots,weight,startup_s,"
-             "startup_iterations"]
+    lines = [("job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,slots,min_slots,weight,startup_s,"
+             "startup_iterations")]
     for tj in jobs:
         warmup = 1 if skip_first and tj.iterations > 1 else 0
         lines.append(f"{tj.job},{tj.arrival_s},{tj.workers},{tj.elements * 4},{tj.iterations - warmup},0,{tj.priority},"

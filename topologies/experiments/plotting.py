@@ -8,9 +8,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: experiments run as root in terminals and CI
 
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-__all__ = ["plt", "figure", "save", "COLORS", "note", "legend"]
+__all__ = ["COLORS", "figure", "legend", "note", "plt", "save"]
 
 COLORS = {
     "ina": "#1f77b4", "ring": "#d62728", "rina": "#2ca02c", "auto": "#9467bd",

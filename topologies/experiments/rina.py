@@ -183,7 +183,7 @@ class RinaExperiment(Experiment):
             # (label, topology, backend, INA fraction, injected loss, bundles)
             runs: list[tuple[str, Any, str, float | None, float, bool]] = []
 
-            def leaf_spine(k: int):
+            def leaf_spine(k: int, racks: int = racks, per: int = per) -> LeafSpineTopo:
                 return LeafSpineTopo(racks, per, ina_racks=list(range(1, k + 1)), bw=cfg.bw_mbps,
                                      uplink_bw=cfg.bw_mbps * cfg.uplink_ratio, spine_ina=True)
 

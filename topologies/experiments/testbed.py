@@ -19,9 +19,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Self
 
 from inaproto.commands import REPO, Command, command_argv
 from inaproto.credentials import new_secret
@@ -29,7 +30,7 @@ from topologies import state as run_state
 from topologies.errors import ExperimentError, TopologiesError
 from topologies.netns import LoopbackForward
 
-__all__ = ["AgentJob", "AgentFailure", "Testbed", "agent_command", "free_port", "REPO"]
+__all__ = ["REPO", "AgentFailure", "AgentJob", "Testbed", "agent_command", "free_port"]
 
 BMV2_PROGRAM = REPO / "build" / "ina.json"
 # Agents' UDP/TCP port (the switch's INA port is 47000). Below Linux's ephemeral range (32768-60999): inside
@@ -162,7 +163,7 @@ class Testbed:
             raise ExperimentError(f"unknown switch target {target!r}: choose ina-switch or bmv2")
 
     # --- lifecycle -------------------------------------------------------------------------------------
-    def start(self) -> "Testbed":
+    def start(self) -> Testbed:
         from topologies.network import InaNetwork
         from topologies.nodes import SwitchStartupError
 
@@ -182,7 +183,7 @@ class Testbed:
             raise
         return self
 
-    def __enter__(self) -> "Testbed":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -312,7 +313,7 @@ class Testbed:
         try:
             jobs = stub.ListJobs(pb.ListJobsRequest(), timeout=5)
             memory = stub.GetMemory(pb.GetMemoryRequest(), timeout=5)
-            conv = lambda m: json_format.MessageToDict(m, preserving_proto_field_name=True)  # noqa: E731
+            conv = lambda m: json_format.MessageToDict(m, preserving_proto_field_name=True)
             return {"jobs": conv(jobs).get("jobs", []), "memory": conv(memory).get("switches", [])}
         except grpc.RpcError:
             return {}

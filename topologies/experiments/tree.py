@@ -202,7 +202,7 @@ class TreeExperiment(Experiment):
                                    requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
                     granted: list[str] = []  # the controller's grant (agents report their plan: ina for a tree)
                     workers = ctx.run_job(bed, job, {"kind": "tree", "layout": layout, "run": label, "rep": rep},
-                                          register_first=True, on_admitted=lambda: granted.extend(
+                                          register_first=True, on_admitted=lambda granted=granted: granted.extend(
                                               j["grant"]["backend"] for j in bed.controller_state().get("jobs", [])))
                     if workers is None:
                         continue

@@ -33,7 +33,9 @@ __all__ = [
     "FieldDoc",
     "add_config_arguments",
     "as_dict",
+    "from_args",
     "load",
+    "parse_settings",
     "reference",
     "setting",
     "to_toml",
@@ -276,12 +278,38 @@ def _type_name(tp: Any) -> str:
 
 # --- the command line -------------------------------------------------------------------------------------
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` (TOML, read with :func:`load`) and ``--print-config`` (the effective configuration as
-    TOML, then exit): the two options every ``ina-*`` daemon has."""
+    """The options every ``ina-*`` daemon has: ``--config FILE`` (TOML, read with :func:`load`), ``--set KEY=VALUE``
+    (one setting, repeatable, over the file) and ``--print-config`` (the effective configuration as TOML, then
+    exit). Read them back with :func:`from_args`."""
     parser.add_argument("--config", metavar="FILE", type=_absolute,
-                        help="read settings from this TOML file (flags given here override it; see --print-config)")
+                        help="read settings from this TOML file (see --print-config for every setting)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="one setting over the file, e.g. --set stream.op_timeout=30 (repeatable)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective configuration as TOML and exit")
+
+
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as overrides for :func:`load`: the value is read as a TOML value (``30``, ``true``,
+    ``[1, 2]``, ``"text"``), and a bare word that is not one is taken as a string."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = text.strip()
+    return out
+
+
+def from_args(cls: type[T], args: argparse.Namespace, flags: Mapping[str, Any] | None = None) -> T:
+    """The configuration a command line asks for: the ``--config`` file, then its ``--set`` settings, then
+    ``flags`` (dotted key -> value of the per-run flags given; None: not given)."""
+    overrides = {**parse_settings(getattr(args, "settings", []) or []), **(flags or {})}
+    return load(cls, getattr(args, "config", None), overrides)
 
 
 def _absolute(text: str) -> Path:

@@ -35,6 +35,7 @@ __all__ = [
     "as_dict",
     "from_args",
     "load",
+    "markdown_table",
     "parse_settings",
     "reference",
     "setting",
@@ -268,6 +269,20 @@ def reference(cls: type, prefix: str = "") -> list[FieldDoc]:
     return out
 
 
+def markdown_table(cls: type) -> str:
+    """Every setting of ``cls`` as a Markdown table (key, default, meaning): the docs' settings reference."""
+    from inaproto.commands import REPO  # defaults inside the checkout are shown relative to it
+
+    rows = ["| setting | default | meaning |", "|---|---|---|"]
+    for d in reference(cls):
+        value = d.default
+        if isinstance(value, str) and value.startswith(f"{REPO}/"):
+            value = value[len(str(REPO)) + 1:]
+        default = "none" if value is None else f"`{_toml_value(value)}`"
+        rows.append(f"| `{d.key}` | {default} | {d.doc.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows) + "\n"
+
+
 def _type_name(tp: Any) -> str:
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return " | ".join(repr(m.value) for m in tp)
@@ -284,7 +299,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", type=_absolute,
                         help="read settings from this TOML file (see --print-config for every setting)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
-                        help="one setting over the file, e.g. --set stream.op_timeout=30 (repeatable)")
+                        help="one setting over the file, as a TOML value: --set heartbeat_timeout=0 (repeatable)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective configuration as TOML and exit")
 
@@ -308,7 +323,8 @@ def parse_settings(items: list[str]) -> dict[str, Any]:
 def from_args(cls: type[T], args: argparse.Namespace, flags: Mapping[str, Any] | None = None) -> T:
     """The configuration a command line asks for: the ``--config`` file, then its ``--set`` settings, then
     ``flags`` (dotted key -> value of the per-run flags given; None: not given)."""
-    overrides = {**parse_settings(getattr(args, "settings", []) or []), **(flags or {})}
+    given = {key: value for key, value in (flags or {}).items() if value is not None}
+    overrides = {**parse_settings(getattr(args, "settings", []) or []), **given}
     return load(cls, getattr(args, "config", None), overrides)
 
 

@@ -145,3 +145,5 @@ def test_from_args_layers_file_then_set_then_flags(tmp_path):
     args = p.parse_args(["--config", str(path), "--set", "count=2", "--set", "inner.timeout=3"])
     cfg = from_args(Outer, args, {"count": 5, "name": None})
     assert (cfg.count, cfg.name, cfg.inner.timeout) == (5, "file", 3.0)
+    args = p.parse_args(["--set", "name=set"])
+    assert from_args(Outer, args, {"name": None}).name == "set"  # a flag not given leaves the setting alone

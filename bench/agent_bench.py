@@ -1,15 +1,12 @@
 """Benchmarks of the worker agent, printed as ratios measured side by side in one run (stops by itself in < 2 min).
 
     python bench/agent_bench.py [--quick] [--json results.json]
-    python bench/agent_bench.py --e2e 10,20,40        # experiment 1 end to end (root, Mininet, minutes)
 
-1. Packet rate: the agent's INA sender (a one-worker job, window of 256 chunks) with its batched I/O
-   (GSO sends, batched drains) and forced per packet (``IoMode.PER_PACKET``), against a plain Python
-   UDP sender keeping the same window of pre-built packets in flight (one sendto per packet, one
-   recv_into per result), all through the same UDP echo process that answers every packet as a
-   one-worker switch would (batched itself, so that it is not the limit); 3 alternating runs each,
-   medians with min/max, per wall-clock second and per CPU-second of the sending thread, and the
-   machine's load. Goal: the batched agent >= 3x the plain sender.
+1. Packet rate: the agent's INA sender (a one-worker job, window of 256 chunks; one system call per packet)
+   against a plain Python UDP sender keeping the same window of pre-built packets in flight (one sendto per
+   packet, one recv_into per result), both through the same UDP echo process that answers every packet as a
+   one-worker switch would (batched itself, so that it is not the limit); 3 alternating runs each, medians
+   with min/max, per wall-clock second and per CPU-second of the sending thread, and the machine's load.
 2. INA vs ring all-reduce for n = 2, 4, 8 workers on equal emulated links (``link_bps``: INA packets
    paced at their size on the wire, ring steps last their bytes over the same rate) on loopback, with
    the switch model in its own process. Printed beside the ideal ratio n / (2(n-1)) (INA moves each
@@ -17,9 +14,6 @@
    (184-byte INA frames carry 128 bytes of data; TCP segments 1448 of 1514).
 3. Where torch is installed: the agent's ring against torch.distributed's gloo all_reduce, n processes.
 (The INA sender and the reallocation pause: bench/sender_bench.py.)
-4. Only with ``--e2e 10,20,40`` (root, Mininet, minutes, under /tmp/ina-integration.lock): experiment 1
-   (``ina-exp run allreduce --small``) at n=8, INA and ring, with the agents' I/O batched and forced per
-   packet (``INA_AGENT_IO``), alternating; medians, ranges, the framed ideal and INA's framed wire time.
 """
 from __future__ import annotations
 
@@ -42,8 +36,9 @@ import numpy as np
 
 from host_agent.agent import bind_worker_sockets
 from host_agent.grant import Grant, SwitchGrant, Worker
-from host_agent.stream import ChunkStream, StreamOptions
-from host_agent.udp_io import IoMode, gso_supported
+from host_agent.options import StreamOptions
+from host_agent.stream import ChunkStream
+from host_agent.udp_io import gso_supported
 from inaproto import wire
 
 DEADLINE = time.monotonic() + 110.0
@@ -56,19 +51,19 @@ def _left() -> float:
 # --------------------------------------------------------------------------- 1. packet rate
 
 
-def _echo(conn, echo_io: str = "batched") -> None:
+def _echo(conn) -> None:
     """A one-worker switch: every GRADIENT comes back as its RESULT (msg_type 2), to its sender.
 
     Batched itself (drains until the socket would block, answers each sender's run in GSO batches), so
     that the echo is not what limits either sender: both see the same echo."""
-    from host_agent.udp_io import DatagramIo, IoMode
+    from host_agent.udp_io import DatagramIo
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
         sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
     sock.bind(("127.0.0.1", 0))
     sock.setblocking(False)
-    io = DatagramIo(sock, IoMode(echo_io), "echo")
+    io = DatagramIo(sock, batched=True, name="echo")
     conn.send(sock.getsockname()[1])
     size = wire.INA_PAYLOAD_LEN
     buf = bytearray(1 << 20)
@@ -130,14 +125,14 @@ def plain_sender(addr: tuple[str, int], count: int, window: int) -> tuple[float,
     return count / elapsed, count / cpu
 
 
-def agent_sender(addr: tuple[str, int], count: int, window: int, io: IoMode = IoMode.BATCHED) -> tuple[float, float]:
+def agent_sender(addr: tuple[str, int], count: int, window: int) -> tuple[float, float]:
     """(chunks per wall second, per CPU second) of the agent's INA path (a one-worker job with
     ``window`` slots) through ``addr``; the stream runs in this thread."""
     udp, tcp = bind_worker_sockets("127.0.0.1")
     me = Worker(0, "127.0.0.1", udp.getsockname()[1])
     grant = Grant(1, 0, "ina", (SwitchGrant("echo", addr[0], num_slots=window, worker_ids=(0,)),), ina_port=addr[1])
     stream = ChunkStream(worker_id=0, workers=(me,), sock=udp, listener=tcp, grant=grant, backend="ina",
-                         options=StreamOptions(io=io))
+                         options=StreamOptions())
     chunks = np.random.default_rng(0).integers(-1000, 1000, size=(count, wire.LANES), dtype=np.int32)
     stream.reduce(chunks[:window])  # warm-up: the first call syncs
     start, cpu = time.perf_counter(), time.thread_time()
@@ -154,19 +149,15 @@ def _spread(runs: list[float]) -> str:
     return f"{med:10,.0f} ({min(runs) / med * 100 - 100:+.0f}%/{max(runs) / med * 100 - 100:+.0f}%)"
 
 
-def bench_packet_rate(count: int, window: int, rounds: int, echo_io: IoMode = IoMode.BATCHED) -> dict:
-    """The agent (batched I/O, and forced per-packet) against the plain per-packet sender, alternating.
-
-    ``echo_io``: ``IoMode.PER_PACKET`` makes the echo answer one datagram per system call, so that no
-    read of the agent's is coalesced (as behind a device without GRO, e.g. the Mininet veths)."""
+def bench_packet_rate(count: int, window: int, rounds: int) -> dict:
+    """The agent against the plain per-packet sender, alternating."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_echo, args=(child, echo_io.value), daemon=True)
+    proc = ctx.Process(target=_echo, args=(child,), daemon=True)
     proc.start()
     load_before = os.getloadavg()
     kinds = {"plain": lambda a: plain_sender(a, count, window),
-             "agent": lambda a: agent_sender(a, count, window, IoMode.BATCHED),
-             "agent_per_packet": lambda a: agent_sender(a, count, window, IoMode.PER_PACKET)}
+             "agent": lambda a: agent_sender(a, count, window)}
     runs: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
     try:
         port = parent.recv()
@@ -182,7 +173,7 @@ def bench_packet_rate(count: int, window: int, rounds: int, echo_io: IoMode = Io
         proc.join(5)
         if proc.is_alive():
             proc.kill()
-    out: dict = {"packets": count, "window": window, "rounds": rounds, "echo_io": echo_io.value, "load_before": load_before,
+    out: dict = {"packets": count, "window": window, "rounds": rounds, "load_before": load_before,
                  "load_after": os.getloadavg(), "gso": gso_supported(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))}
     for name, r in runs.items():
         out[f"{name}_pps"] = statistics.median(x[0] for x in r)
@@ -190,21 +181,18 @@ def bench_packet_rate(count: int, window: int, rounds: int, echo_io: IoMode = Io
         out[f"{name}_runs"] = r
     out["ratio"] = out["agent_pps"] / out["plain_pps"]
     out["cpu_ratio"] = out["agent_pps_per_cpu"] / out["plain_pps_per_cpu"]
-    out["per_packet_ratio"] = out["agent_per_packet_pps"] / out["plain_pps"]
     return out
 
 
 def print_packet_rate(pr: dict) -> None:
     n = pr["rounds"]
-    for name, label in (("plain", "plain per-packet Python sender"), ("agent", "agent INA sender, batched I/O"),
-                        ("agent_per_packet", "agent INA sender, --io per-packet")):
+    for name, label in (("plain", "plain per-packet Python sender"), ("agent", "agent INA sender")):
         wall = [x[0] for x in pr[f"{name}_runs"]]
         cpu = [x[1] for x in pr[f"{name}_runs"]]
         print(f"  {label:34s} {_spread(wall)} packets/s   {_spread(cpu)} per CPU-second")
     print(f"  (medians of {n} runs, min/max in brackets; GSO {'on' if pr['gso'] else 'unavailable'}; load "
           f"{pr['load_before'][0]:.2f} before, {pr['load_after'][0]:.2f} after, {os.cpu_count()} CPUs)")
-    print(f"  agent batched / plain: {pr['ratio']:.2f}x the packet rate, {pr['cpu_ratio']:.2f}x per CPU-second "
-          f"(goal >= 3x); agent per-packet / plain: {pr['per_packet_ratio']:.2f}x", flush=True)
+    print(f"  agent / plain: {pr['ratio']:.2f}x the packet rate, {pr['cpu_ratio']:.2f}x per CPU-second", flush=True)
 
 
 # --------------------------------------------------------------------------- 2. INA vs ring
@@ -291,7 +279,7 @@ def _switch(conn, workers: list[tuple[int, str, int]], slots: int, drop: float =
 
 
 def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps: float, slots: int,
-                  drop: float = 0.0, io: IoMode = IoMode.PER_PACKET, rtt: float = 0.0) -> tuple[float, dict]:
+                  drop: float = 0.0, rtt: float = 0.0) -> tuple[float, dict]:
     """Median time of ``iterations`` all-reduces; the switch's counters and the workers' summed stream stats."""
     sockets = [bind_worker_sockets("127.0.0.1") for _ in range(n)]
     workers = tuple(Worker(i, "127.0.0.1", s[0].getsockname()[1]) for i, s in enumerate(sockets))
@@ -306,7 +294,7 @@ def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps
         grant = Grant(1, 0, "ina", (SwitchGrant("s1", ip, num_slots=slots, worker_ids=tuple(range(n))),), ina_port=port)
     else:
         grant = Grant.ring_only(1)
-    opts = StreamOptions(op_timeout=30.0, link_bps=link_bps, io=io)
+    opts = StreamOptions(op_timeout=30.0, link_bps=link_bps)
     stats: list = [None] * n
     rng = np.random.default_rng(n)
     data = [rng.integers(-2**20, 2**20, size=(-(-elements // wire.LANES), wire.LANES), dtype=np.int32) for _ in range(n)]
@@ -441,88 +429,17 @@ def bench_gloo(sizes: tuple[int, ...], elements: int, iterations: int, tmpdir: s
     return rows
 
 
-# --------------------------------------------------------------------------- 4. end to end (Mininet, root)
-
-
-def _exp_once(bw: float, io: str, workers: int, out: str) -> dict:
-    """One ``ina-exp run allreduce --small`` (INA and ring) with every agent's I/O forced to ``io``."""
-    import glob
-    import shutil
-    import subprocess
-
-    exp = os.path.join(os.path.dirname(sys.executable), "ina-exp")
-    cmd = [exp, "run", "allreduce", "--small", "--workers", str(workers), "--backends", "ina,ring", "--bw", f"{bw:g}",
-           "--no-calibrate", "-q", "--out", out]
-    if shutil.which("flock"):  # Mininet names collide between concurrent runs
-        cmd = ["flock", "/tmp/ina-integration.lock"] + cmd
-    subprocess.run(cmd, env=dict(os.environ, INA_AGENT_IO=io), check=True, stdout=subprocess.DEVNULL, timeout=900)
-    latest = max(glob.glob(os.path.join(out, "allreduce", "2*", "results.json")))
-    with open(latest) as fh:
-        rows = {r["backend"]: r for r in json.load(fh)["rows"] if r.get("kind") == "allreduce"}
-    return {"ina_s": rows["ina"]["seconds_median"], "ring_s": rows["ring"]["seconds_median"],
-            "ina_retransmits": rows["ina"]["retransmits"], "load": os.getloadavg()[0]}
-
-
-def bench_end_to_end(bws: tuple[float, ...], rounds: int, workers: int, out: str) -> list[dict]:
-    """Experiment 1 at n=``workers`` per link rate, agents batched and per packet, alternating."""
-    from host_agent.fixedpoint import chunk_count
-
-    elements = 16384  # the --small preset
-    chunks = chunk_count(elements)
-    framing = (wire.INA_FRAME_LEN / wire.INA_DATA_LEN) / (1514 / 1448)
-    ideal = workers / (2 * (workers - 1)) * framing
-    rows = []
-    for bw in bws:
-        runs: dict[str, list[dict]] = {"batched": [], "per-packet": []}
-        for k in range(rounds):
-            for io, io_runs in runs.items():
-                io_runs.append(_exp_once(bw, io, workers, os.path.join(out, f"e2e-{bw:g}-{io}-{k}")))
-        wire_s = chunks * wire.INA_FRAME_LEN * 8 / (bw * 1e6)
-        row = {"bw_mbps": bw, "workers": workers, "ina_wire_s": wire_s, "ideal_with_headers": ideal, "runs": runs}
-        for io, r in runs.items():
-            ina = statistics.median(x["ina_s"] for x in r)
-            ring = statistics.median(x["ring_s"] for x in r)
-            ratios = [x["ina_s"] / x["ring_s"] for x in r]
-            row[io] = {"ina_s": ina, "ring_s": ring, "ina_over_ring": statistics.median(ratios)}
-            print(f"  {bw:g} Mbit/s, agents {io:10s}: INA {ina * 1e3:6.0f} ms ({min(x['ina_s'] for x in r) * 1e3:.0f}-"
-                  f"{max(x['ina_s'] for x in r) * 1e3:.0f})   ring {ring * 1e3:6.0f} ms   INA/ring "
-                  f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})   framed ideal {ideal:.2f}   "
-                  f"INA / its wire time {ina / wire_s:.1f}   load {statistics.median(x['load'] for x in r):.1f}",
-                  flush=True)
-        rows.append(row)
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 30 s)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    parser.add_argument("--e2e", metavar="MBPS", help="only experiment 1 at n=8 on Mininet (root; minutes): "
-                        "INA and ring with batched and per-packet agents, e.g. --e2e 10,20,40")
-    parser.add_argument("--e2e-rounds", type=int, default=3, help="alternating runs per point (default 3)")
-    parser.add_argument("--e2e-out", default="results/agent-bench", help="experiment results folder")
     args = parser.parse_args(argv)
     quick = args.quick
     results: dict = {"cpu_count": os.cpu_count()}
-    if args.e2e:
-        bws = tuple(float(b) for b in args.e2e.split(","))
-        print(f"4. experiment 1 (allreduce --small), n=8, INA and ring, agents batched vs per packet, "
-              f"{args.e2e_rounds} alternating runs per point", flush=True)
-        results["end_to_end"] = bench_end_to_end(bws, args.e2e_rounds, 8, args.e2e_out)
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(results, fh, indent=2)
-        return 0
-
     window = 256
     print(f"1. packet rate through a UDP echo (one-worker switch, batched itself), window {window}", flush=True)
     pr = bench_packet_rate(count=40_000 if quick else 100_000, window=window, rounds=3)
     results["packet_rate"] = pr
-    print_packet_rate(pr)
-    print("   the same with the echo answering one datagram per system call (no coalesced reads: as on veths "
-          "without GRO)", flush=True)
-    pr = bench_packet_rate(count=40_000 if quick else 100_000, window=window, rounds=3, echo_io=IoMode.PER_PACKET)
-    results["packet_rate_no_gro"] = pr
     print_packet_rate(pr)
 
     bps = 2e6

@@ -6,7 +6,7 @@
 
 1. ``--sender``: 4 workers, the switch model in its own process, links emulated at 2 Mbit/s (the agents
    pace INA packets at their framed size), 16384 float32 (512 chunks), 3 all-reduces per run, 3 runs per
-   point: for windows 1, 4, 16, 64, 256 on both agent I/O paths, the time and the resends per chunk (the
+   point: for windows 1, 4, 16, 64, 256, the time and the resends per chunk (the
    path is lossless, so every resend is spurious; also what the agents counted as ``spurious_resends``);
    then goodput at 1 % and 5 % loss (each direction at the switch) vs lossless, window 16.
 2. ``--sender-rtt MS,...``: the same with a propagation delay (``agent_bench._DelayRelay``: every datagram
@@ -39,38 +39,35 @@ for path in (ROOT, os.path.join(ROOT, "bench")):
 import agent_bench
 from agent_bench import _time_backend
 
-from host_agent.udp_io import IoMode
 from inaproto import wire
 
 
 def bench_sender(windows: tuple[int, ...], losses: tuple[float, ...], loss_window: int, elements: int,
-                 iterations: int, link_bps: float, rounds: int, rtt: float = 0.0,
-                 ios: tuple[IoMode, ...] = (IoMode.PER_PACKET, IoMode.BATCHED), loss_elements: int | None = None) -> dict:
+                 iterations: int, link_bps: float, rounds: int, rtt: float = 0.0, loss_elements: int | None = None) -> dict:
     """The INA sender on loopback, 4 workers, links emulated at ``link_bps``, ``rtt`` of propagation delay
-    (``_DelayRelay``): spurious resends per chunk for each window (lossless: every resend is spurious), on
-    each I/O path; goodput at each loss rate vs lossless (window ``loss_window``, ``loss_elements``)."""
+    (``_DelayRelay``): spurious resends per chunk for each window (lossless: every resend is spurious); goodput at
+    each loss rate vs lossless (window ``loss_window``, ``loss_elements``)."""
     n = 4
     wire_s = -(-elements // wire.LANES) * wire.INA_FRAME_LEN * 8 / link_bps
     out: dict = {"workers": n, "elements": elements, "link_bps": link_bps, "rtt_s": rtt, "framed_wire_s": wire_s,
                  "windows": [], "loss": []}
-    for io in ios:
-        for w in windows:
-            secs, spur, counted, kinds = [], [], [], []
-            for _ in range(rounds):
-                t, extra = _time_backend(n, "ina", elements, iterations, link_bps, w, io=io, rtt=rtt)
-                st = extra["stats"]
-                kinds.append([st["early_resends"], st["timeouts"]])
-                secs.append(t)
-                spur.append(st["retransmits"] / st["chunks"])
-                counted.append(st["spurious_resends"])
-            row = {"io": io.value, "slots": w, "seconds": secs, "seconds_median": statistics.median(secs),
-                   "spurious_per_chunk": spur, "spurious_per_chunk_median": statistics.median(spur),
-                   "spurious_counted_by_agents": counted, "early_resends_and_timeouts": kinds}
-            out["windows"].append(row)
-            print(f"   rtt {rtt * 1e3:2.0f} ms {io.value:10s} window {w:3d}: {row['seconds_median'] * 1e3:7.1f} ms "
-                  f"({min(secs) * 1e3:.0f}-{max(secs) * 1e3:.0f}; framed wire time {wire_s * 1e3:.0f}), spurious resends "
-                  f"per chunk {row['spurious_per_chunk_median'] * 100:.2f} % ({min(spur) * 100:.2f}-{max(spur) * 100:.2f}), "
-                  f"counted by the agents {counted}, [early, timeouts] {kinds}", flush=True)
+    for w in windows:
+        secs, spur, counted, kinds = [], [], [], []
+        for _ in range(rounds):
+            t, extra = _time_backend(n, "ina", elements, iterations, link_bps, w, rtt=rtt)
+            st = extra["stats"]
+            kinds.append([st["early_resends"], st["timeouts"]])
+            secs.append(t)
+            spur.append(st["retransmits"] / st["chunks"])
+            counted.append(st["spurious_resends"])
+        row = {"slots": w, "seconds": secs, "seconds_median": statistics.median(secs),
+               "spurious_per_chunk": spur, "spurious_per_chunk_median": statistics.median(spur),
+               "spurious_counted_by_agents": counted, "early_resends_and_timeouts": kinds}
+        out["windows"].append(row)
+        print(f"   rtt {rtt * 1e3:2.0f} ms window {w:3d}: {row['seconds_median'] * 1e3:7.1f} ms "
+              f"({min(secs) * 1e3:.0f}-{max(secs) * 1e3:.0f}; framed wire time {wire_s * 1e3:.0f}), spurious resends "
+              f"per chunk {row['spurious_per_chunk_median'] * 100:.2f} % ({min(spur) * 100:.2f}-{max(spur) * 100:.2f}), "
+              f"counted by the agents {counted}, [early, timeouts] {kinds}", flush=True)
     base = None
     for p in losses:
         secs, retx = [], []
@@ -97,7 +94,7 @@ def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int, 
     elements / 4096 for longer calls), through INA
     at another slot range, the ring (slots revoked) and INA again."""
     from host_agent.agent import AgentOptions
-    from host_agent.stream import StreamOptions
+    from host_agent.options import StreamOptions
     from tests.udp_switch import LocalCluster
 
     n = 4
@@ -224,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"INA sender at {ms:g} ms round trip (BDP {bdp:.1f} slots), 4 workers on loopback, 2 Mbit/s, "
                   f"3 runs per point; loss at a window of {loss_window}", flush=True)
             results["sender_rtt"].append(bench_sender((1, 4, 16, 64, 256), (0.0, 0.01, 0.05), loss_window, 4096, 3, 2e6,
-                                                      3, rtt=ms / 1e3, ios=(IoMode.PER_PACKET,), loss_elements=16384))
+                                                      3, rtt=ms / 1e3, loss_elements=16384))
             save()
     if args.realloc:
         print(f"reallocation pause: 4 workers, links emulated at 2 Mbit/s, 12 calls of {args.realloc_elements} float32, "

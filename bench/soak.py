@@ -52,7 +52,7 @@ from soak_net import SwitchBed, SwitchFaults, exact_sum, inputs, write_config
 
 from host_agent.agent import Agent, AgentOptions, bind_worker_sockets
 from host_agent.grant import JobSpec, Worker
-from host_agent.stream import StreamOptions
+from host_agent.options import StreamOptions
 from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto import wire

@@ -143,7 +143,7 @@ def run_worker(config_path: str) -> int:
     """One worker: all-reduce fresh inputs until a worker of the job sees the deadline; write the tally."""
     from host_agent.agent import Agent, AgentOptions, bind_worker_sockets
     from host_agent.grant import JobSpec, Worker
-    from host_agent.stream import StreamOptions
+    from host_agent.options import StreamOptions
 
     c = json.loads(Path(config_path).read_text())
     i, k, n = c["worker"], c["job"], len(c["hosts"])

@@ -50,8 +50,8 @@ __all__ = [
     "NETWORK_PORT",
     "RinaPlan",
     "RingMember",
-    "chain_grant",
     "chain_round_trip",
+    "chain_rtt_floor",
     "chain_slots",
     "job_state",
     "plan_rina",
@@ -115,7 +115,7 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
     """The job's Rina ring over ``topology``, or None where no chain is needed or possible (fewer than two
     members, or no INA rack with slots: the plain ring; too few slots for one per partition: the ring too)."""
     if not switches_connected(topology, job.switches()):
-        return None  # no switch-to-switch path (``--switch`` specs, no trunks): the relay Rina or the ring
+        return None  # no switch-to-switch path (``--switch`` specs, no trunks): the ring
     by_id = {w.worker_id: w for w in job.request.workers}
     ring = ring_of(Rack(sw, tuple(w for w, _ in job.workers_on(sw)),
                         (job.range_on(sw).size if job.range_on(sw) else 0), topology.switches[sw].ina)
@@ -289,11 +289,8 @@ def chain_slots(topology: Topology, job: Job) -> int | None:
     return min(slots, wire.NUM_SLOTS)
 
 
-def chain_grant(topology: Topology, job: Job) -> tuple[bool, float]:
-    """What a Rina job's grant says of its chains: whether the controller lays it out on chains (a ring with a
-    switch member under its current slots: ``plan_rina``) and, if so, its chains' mean round-trip floor (0 where
-    the topology gives no link rates), the agents' window floor (``JobGrant.chains``, ``chain_rtt_floor``)."""
-    if plan_rina(topology, job) is None:
-        return False, 0.0
+def chain_rtt_floor(topology: Topology, job: Job) -> float:
+    """A Rina job's chains' mean round-trip floor (0 where the topology gives no link rates), the agents' window
+    floor (``JobGrant.chain_rtt_floor``)."""
     got = chain_round_trip(topology, job)
-    return True, (got[0] if got else 0.0)
+    return got[0] if got else 0.0

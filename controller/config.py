@@ -54,8 +54,6 @@ class ControllerConfig:
     monitor_interval: float = setting(0.5, "seconds between heartbeat reaping and switch health checks")
     # --- allocation
     policy: str = setting("first-fit", "allocation policy of a new database (a stored one wins; `inactl policy set`)")
-    rina_chains: bool = setting(
-        True, "Rina jobs run as chains across their racks' switches (false: the relay Rina, a representative per rack)")
     trees: bool = setting(
         False, "jobs spanning racks aggregate in a two-level tree (ToRs, then a switch linked to all of them)")
     scale: float = setting(DEFAULT_SCALE, "fixed-point scale handed to agents: int32 = round(float32 * scale)")

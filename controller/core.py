@@ -30,7 +30,7 @@ import grpc
 
 from controller.auth import TRUSTED, Authority, Caller, admin_credential_path, hash_secret
 from controller.barrier import GenerationBarriers
-from controller.chains import chain_slots
+from controller.chains import chain_slots, plan_rina
 from controller.config import ControllerConfig
 from controller.errors import Refusal
 from controller.memory import allocate_pools
@@ -95,7 +95,7 @@ class Controller:
         self._cv = threading.Condition(self._lock)
         self.store: Store | None = None
         self.switches: dict[str, Switch] = {}
-        self.programmer = SwitchProgrammer(topology, self.switches, chains=options.rina_chains, trees=options.trees)
+        self.programmer = SwitchProgrammer(topology, self.switches, trees=options.trees)
         self._jobs: dict[int, Job] = {}
         self._policy_name = options.policy
         self._policy: AllocationPolicy = make_policy(options.policy)
@@ -345,7 +345,7 @@ class Controller:
 
         for job in order:
             sized = None
-            if self.options.rina_chains and job.job_id not in trees and len(job.switches()) > 1:
+            if job.job_id not in trees and len(job.switches()) > 1:
                 sized = chain_slots(self.topology, job)
             for sw in switches_of(job):
                 if sw not in demands:
@@ -366,8 +366,12 @@ class Controller:
             else:
                 is_tree = False
             held = {sw: r for sw, r in ranges.items() if r is not None}
-            multi = len(job.switches()) > 1
-            backend = Backend.TREE if is_tree else (Backend.RINA if multi else Backend.INA) if held else Backend.RING
+            chainless = held and not is_tree and len(job.switches()) > 1 and \
+                plan_rina(self.topology, job.with_ranges(ranges)) is None
+            if chainless:  # Rina runs as chains across the job's switches; where none can join them, the ring
+                ranges, held = dict.fromkeys(ranges), {}
+            backend = Backend.TREE if is_tree else (
+                (Backend.RINA if len(job.switches()) > 1 else Backend.INA) if held else Backend.RING)
             if (ranges == dict(job.ranges) and backend == job.backend
                     and job.job_id != fresh and job.job_id not in refresh):
                 out[job.job_id] = job
@@ -379,6 +383,8 @@ class Controller:
                 what = f"tree of {', '.join(tree.tors)} under {tree.root}, {held[tree.root].size} slots on each"
             elif held:
                 what = ", ".join(f"{r.size} slots on {sw}" for sw, r in held.items())
+            elif chainless:
+                what = "no chain joins its switches"
             elif not demands or all(sw not in demands for sw in job.switches()):
                 what = "no INA switch"
             else:
@@ -429,7 +435,7 @@ class Controller:
     # grants
     # ================================================================================================
     def _grant(self, job: Job) -> pb.JobGrant:
-        return job_grant(self.topology, job, scale=self.options.scale, rina_chains=self.options.rina_chains)
+        return job_grant(self.topology, job, scale=self.options.scale)
 
     def _info(self, job: Job) -> pb.JobInfo:
         return job_info(job, self._grant(job), self._heartbeats.get(job.job_id, 0.0))

@@ -5,7 +5,7 @@ entries from :func:`inaproto.job_entries.job_entries` (``ina_binding`` and ``ina
 group, then the ``ina_job`` entry; ``num_slots`` 0 where the job has no slots there). A worker is bound to the
 switch port its topology host hangs off and the MAC, IPv4 address and UDP port of its registration. The controller computes the state
 before and after a change and hands both to :class:`controller.switch.Switch`, which writes the difference.
-With ``chains`` on, a Rina job's ring (:func:`controller.chains.plan_rina`) adds its chain entries, groups and
+A Rina job's ring (:func:`controller.chains.plan_rina`) adds its chain entries, groups and
 transit entries (docs/switch.md, "Chains"), and binds the members a switch receives chain packets under to the
 inter-switch link they come in on (``bind_link``, docs/security.md, "Data plane: ingress binding").
 A tree job (``Backend.TREE``, :func:`controller.trees.plan_tree`) adds its root's job entries and every
@@ -62,11 +62,9 @@ class SwitchProgrammer:
     ``switches`` is the controller's own (name -> connected Switch), shared, not copied.
     """
 
-    def __init__(self, topology: Topology, switches: Mapping[str, Switch], *, chains: bool = False,
-                 trees: bool = False) -> None:
+    def __init__(self, topology: Topology, switches: Mapping[str, Switch], *, trees: bool = False) -> None:
         self.topology = topology
         self.switches = switches
-        self.chains = chains  # Rina jobs as chains across their racks' switches (the agent must follow them)
         self.trees = trees  # tree jobs (Backend.TREE) are only granted with it on; their entries are written anyway
         self._forwarding: dict[str, tuple[list[TableEntry], list[MulticastGroup]]] = {}
 
@@ -130,20 +128,19 @@ class SwitchProgrammer:
                 chain = plan.chains[switch]
                 entries += [TableEntry(e.table, e.match, e.action, e.params) for e in chain.table_entries]
                 groups += [MulticastGroup(g.group_id, g.replicas) for g in chain.groups]
-        if self.chains:
-            for job in jobs.values():
-                if job.backend != Backend.RINA:
-                    continue
-                plan = plan_rina(self.topology, job)
-                if plan is None:
-                    continue  # the plain ring
-                chain = plan.chains.get(switch)
-                if chain is not None:
-                    entries += [TableEntry(e.table, e.match, e.action, e.params) for e in chain.table_entries]
-                    groups += [MulticastGroup(g.group_id, g.replicas) for g in chain.groups]
-                transit = plan.transit.get(switch)
-                if transit is not None:
-                    entries.append(TableEntry(transit.table, transit.match, transit.action, transit.params))
+        for job in jobs.values():
+            if job.backend != Backend.RINA:
+                continue
+            plan = plan_rina(self.topology, job)
+            if plan is None:
+                raise ValueError(f"job {job.job_id}: granted Rina chains the topology does not give")
+            chain = plan.chains.get(switch)
+            if chain is not None:
+                entries += [TableEntry(e.table, e.match, e.action, e.params) for e in chain.table_entries]
+                groups += [MulticastGroup(g.group_id, g.replicas) for g in chain.groups]
+            transit = plan.transit.get(switch)
+            if transit is not None:
+                entries.append(TableEntry(transit.table, transit.match, transit.action, transit.params))
         return SwitchState.of(entries, groups)
 
     @staticmethod

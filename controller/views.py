@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from controller.chains import chain_grant
+from controller.chains import chain_rtt_floor
 from controller.memory import memory_view
 from controller.path_floor import path_rtt_floors
 from controller.store import Job
@@ -40,7 +40,7 @@ def wire_generation(job: Job) -> int:
     return split_generation(job.generation)[0]
 
 
-def job_grant(topology: Topology, job: Job, *, scale: float, rina_chains: bool) -> pb.JobGrant:
+def job_grant(topology: Topology, job: Job, *, scale: float) -> pb.JobGrant:
     """``job``'s grant as its agents receive it: backend, generation, and per switch its slots, members and
     path floor (a tree's root last, with no workers)."""
     g = pb.JobGrant(
@@ -52,8 +52,8 @@ def job_grant(topology: Topology, job: Job, *, scale: float, rina_chains: bool) 
         lanes=wire.LANES,
         reason=job.reason,
     )
-    if job.backend == Backend.RINA and rina_chains:
-        g.chains, g.chain_rtt_floor = chain_grant(topology, job)
+    if job.backend == Backend.RINA:
+        g.chain_rtt_floor = chain_rtt_floor(topology, job)
     tree_root = [sw for sw, _ in job.ranges if sw not in job.switches()] if job.backend == Backend.TREE else []
     floors = path_rtt_floors(topology, job, tree_root[0] if tree_root else None)
     for sw in job.switches() + tree_root:

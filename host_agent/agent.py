@@ -4,8 +4,8 @@
         total = agent.allreduce(grad * np.float32(allocation.gradient_scale(rank)))
 
 The agent owns one UDP socket (INA packets) and one TCP listener (its ring) on the worker's address,
-the ``ChunkStream`` that reduces the job's chunks, and a ``JobWatcher`` (events, heartbeat). Several
-agents (jobs) can run in one process. Joining: the worker with the lowest id registers the job, the
+the ``ChunkStream`` that reduces the job's chunks, a ``JobWatcher`` (events, heartbeat) and a ``CommThread``
+for asynchronous calls (``submit``, ``allreduce_async``). Several agents (jobs) can run in one process. Joining: the worker with the lowest id registers the job, the
 others find it by name (or every worker is given ``job_id`` by a launcher that registered it); at the
 end the worker with the lowest id releases it. Without a controller, a job runs on the ring only.
 See docs/agent.md.
@@ -16,21 +16,23 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Self
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Self, TypeVar
 
 import numpy as np
 
+from host_agent.comm import CommThread
 from host_agent.control import AdmissionClient, JobWatcher
 from host_agent.errors import AdmissionError, AgentError, AgentTimeout, JobReleased
 from host_agent.fixedpoint import dequantize, quantize_chunks, to_chunks
 from host_agent.grant import Grant, JobSpec, Plan, host_rack_name
-from host_agent.host_member import CopyMode, HostCopy, is_host_member
-from host_agent.stream import ChunkStream, StreamOptions, StreamStats
+from host_agent.host_member import HostCopy, is_host_member
+from host_agent.options import AgentOptions, StreamOptions
+from host_agent.stats import StreamStats
+from host_agent.stream import ChunkStream
 from inaproto import wire
-from inaproto.backends import BackendChoice
-from inaproto.rina_partitions import BUNDLE_FRAMES
+from inaproto.backends import Backend, BackendChoice
 from inaproto.rina_ring import host_copy_port
 
 __all__ = [
@@ -39,50 +41,16 @@ __all__ = [
     "AgentOptions",
     "AgentTimeout",
     "JobReleased",
+    "StreamOptions",
     "bind_worker_sockets",
 ]
+
+T = TypeVar("T")
 
 log = logging.getLogger("host_agent.agent")
 
 IDLE_TICK = 0.01  # s: the idle service's period while the stream has idle work (a pending generation, Rina)
 IDLE_CHECK = 1.0  # s: its longest sleep otherwise (a safety net; grants, releases and returned calls wake it)
-
-
-@dataclass(frozen=True)
-class AgentOptions:
-    """How an agent behaves; change a copy with ``dataclasses.replace``.
-
-    Args:
-        stream: timing of the chunk stream (timeouts, retransmission).
-        heartbeat_interval: seconds between heartbeats.
-        rpc_timeout: deadline of each ordinary controller call.
-        rendezvous_timeout: how long a worker waits for the job to appear (or its first grant).
-        close_timeout: at the end, how long a worker waits for the job's release.
-        controller_retry: how long a controller call is retried while the controller is unavailable
-            (restarting); the data plane keeps running meanwhile.
-        scale: fixed-point scale when there is no controller (otherwise the grant's).
-        switch_addresses: switch name -> (ip, port) to send its INA packets to instead of the grant's
-            (switch_ip, ina_port): a relay, or a switch model on loopback in tests.
-        rina_bundle_frames: INA payloads per datagram a host member's copy sends to a neighbouring host member's
-            (1: no bundles, for the A/B of docs/experiments.md; host_agent/host_member.py).
-        rina_copy: where that copy runs: a thread of this agent or a child process of its own.
-    """
-
-    stream: StreamOptions = field(default_factory=StreamOptions)
-    heartbeat_interval: float = 1.0
-    rpc_timeout: float = 10.0
-    rendezvous_timeout: float = 60.0
-    close_timeout: float = 10.0
-    controller_retry: float = 30.0
-    scale: float = float(2**16)
-    switch_addresses: Mapping[str, tuple[str, int]] = field(default_factory=dict)
-    rina_bundle_frames: int = BUNDLE_FRAMES
-    rina_copy: CopyMode = CopyMode.PROCESS
-
-    def __post_init__(self) -> None:
-        for name in ("heartbeat_interval", "rpc_timeout", "rendezvous_timeout", "close_timeout", "scale", "controller_retry"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
 
 def bind_worker_sockets(ip: str, port: int = 0, *, attempts: int = 50) -> tuple[socket.socket, socket.socket]:
@@ -134,12 +102,12 @@ class Agent:
         job_id: int | None = None,
         sock: socket.socket | None = None,
         listener: socket.socket | None = None,
-        options: AgentOptions = AgentOptions(),
+        options: AgentOptions | None = None,
     ) -> None:
         self.spec = spec
         self.worker_id = worker_id
         self.me = spec.worker(worker_id)
-        self.options = options
+        self.options = options = options or AgentOptions()
         self.rank = spec.worker_ids.index(worker_id)
         self.size = len(spec.workers)
         self.registrant = False
@@ -150,6 +118,7 @@ class Agent:
         self._service: threading.Thread | None = None
         self._closed = False
         self.host_copy: HostCopy | None = None  # Rina on chains: this worker's copy where it is a host member
+        self.comm = CommThread(f"ina-comm-w{worker_id}")  # asynchronous calls, in order (``submit``)
         if sock is None or listener is None:
             if sock is not None or listener is not None:
                 raise ValueError("pass both sock and listener, or neither")
@@ -244,13 +213,10 @@ class Agent:
     def _follow_host_copy(self, grant: Grant) -> None:
         """Rina on chains: the copy this worker keeps while a grant makes it a host member (started the first
         time one does; host_agent/host_member.py)."""
-        if not (grant.chains or self.options.stream.rina_chains):
-            return
         if self.host_copy is None:
-            if not is_host_member(grant, self.worker_id):
+            if grant.backend != Backend.RINA or not is_host_member(grant, self.worker_id):
                 return
-            self.host_copy = HostCopy(self.me, self.spec.workers, self.options.switch_addresses,
-                                      bundle_frames=self.options.rina_bundle_frames, mode=self.options.rina_copy)
+            self.host_copy = HostCopy(self.me, self.spec.workers, self.options.switch_addresses)
         self.host_copy.follow(grant)
 
     def _sync(self, generation: int, first_missing: int) -> int:
@@ -296,6 +262,16 @@ class Agent:
     @property
     def stats(self) -> StreamStats:
         return self.stream.stats
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Run ``fn(*args, **kwargs)`` on the agent's communication thread, after every call submitted before it;
+        returns its future at once. Every worker must submit the same calls in the same order; a call made
+        directly (``allreduce``) while submitted ones run races with them: use one or the other."""
+        return self.comm.submit(fn, *args, **kwargs)
+
+    def allreduce_async(self, array: np.ndarray, *, scale: float | None = None) -> Future[np.ndarray]:
+        """``allreduce`` on the communication thread: a future of the sum (``array`` must not change meanwhile)."""
+        return self.comm.submit(self.allreduce, array, scale=scale)
 
     def allreduce(self, array: np.ndarray, *, scale: float | None = None) -> np.ndarray:
         """Sum of ``array`` over all workers, as float32 of the same shape.
@@ -362,6 +338,7 @@ class Agent:
         if self._closed:
             return
         self._closed = True
+        self.comm.close()  # what was submitted runs first
         try:
             if self.client is not None and self.watcher is not None and not self.stream.released:
                 self._closing_barrier()
@@ -375,7 +352,6 @@ class Agent:
         except AgentError as exc:
             log.warning("worker %d: closing barrier of job %d failed: %s", self.worker_id, self.job_id, exc)
         if self.worker_id == min(self.spec.worker_ids):  # the job's first worker ends it, whoever registered it
-            stream.linger(self.options.close_timeout)
             try:
                 self.client.release(self.job_id)
             except AdmissionError as exc:
@@ -390,6 +366,7 @@ class Agent:
                 next_beat = time.monotonic() + 0.2
 
     def _shutdown(self) -> None:
+        self.comm.close(timeout=10)
         self._threads_stop.set()
         self._idle_work.set()
         if self._service is not None:
@@ -407,12 +384,12 @@ class Agent:
         self.listener.close()
 
     def cpu_report(self) -> dict[str, float | int]:
-        """CPU seconds this agent's process used (all its threads), and its host-member copy's part of them
-        (Rina on chains; a copy in its own process adds its CPU) with the INA payloads the copy processed."""
+        """CPU seconds this agent used (all its threads, and its host-member copy's child process on Rina's chains),
+        the copy's part of them and the INA payloads it processed."""
         out: dict[str, float | int] = {"cpu_seconds": time.process_time()}
         if self.host_copy is not None:
             out.update(self.host_copy.cpu_report())
-            out["cpu_seconds"] += out.pop("host_copy_child_cpu_seconds", 0.0)
+            out["cpu_seconds"] += out["host_copy_cpu_seconds"]
         return out
 
     def __enter__(self) -> Self:

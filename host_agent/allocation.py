@@ -474,7 +474,7 @@ class AdaptiveAllocator:
         smoothed = tuple(x if cfg.jump is not None and abs(x - s) > cfg.jump * s else a * x + (1.0 - a) * s
                          for x, s in zip(m, self.speeds))
         target = apportion(smoothed, cfg.global_batch, cfg.min_batch)
-        return replace(self, speeds=smoothed, updates=self.updates + 1)._towards(target)
+        return replace(self, speeds=smoothed, updates=self.updates + 1).moved_towards(target)
 
     def observe(self, steps: Sequence[tuple[Sequence[int], Sequence[float]]]) -> AdaptiveAllocator:
         """Affine cost model: fold in a window's steps (each: every worker's batch and compute seconds).
@@ -511,9 +511,9 @@ class AdaptiveAllocator:
         nxt = replace(self, speeds=speeds, updates=self.updates + 1, observations=tuple(history), fits=tuple(costs))
         if predicted_gain(costs, current, target) < cfg.deadband:
             return nxt  # the re-split would not shorten the predicted step by the deadband: noise, keep the split
-        return nxt._towards(target)
+        return nxt.moved_towards(target)
 
-    def _towards(self, target: tuple[int, ...]) -> AdaptiveAllocator:
+    def moved_towards(self, target: tuple[int, ...]) -> AdaptiveAllocator:
         """This allocator moved towards ``target`` within the deadband and the clamp."""
         cfg, nxt = self.config, self
         current = self.allocation.batch_sizes

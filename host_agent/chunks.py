@@ -21,7 +21,7 @@ class Segment:
         self.a = a
         self.K = contrib.shape[0]
         self.contrib = contrib
-        self.res32 = bytearray(self.K * CHUNK_BYTES)  # big-endian int32 results from packets
+        self.res32 = bytearray(self.K * CHUNK_BYTES)  # big-endian int32 results from the switch
         self.resr: np.ndarray | None = None  # results from a ring (int32 or int64)
         self.src = bytearray(self.K)  # 0 missing, 1 in res32, 2 in resr
         self.flag = bytearray(self.K)  # 1: the result may be inexact (overflow): recover
@@ -35,8 +35,9 @@ class Segment:
             self.src[i:] = bytes(n)
             self.flag[i:] = bytes(n)
 
-    def put_ring(self, i0: int, values: np.ndarray, flags: np.ndarray | None) -> None:
-        """Ring results for chunks [i0, i0 + len(values)): a row block of a ring phase, or the rest of the segment.
+    def put_ring(self, i0: int, values: np.ndarray) -> None:
+        """Ring results for chunks [i0, i0 + len(values)): a row block of a ring phase, or the rest of the segment
+        (exact: never flagged).
 
         The ring's results stay int32 while every block is (a block redone in int64 widens them)."""
         i1 = i0 + values.shape[0]
@@ -50,7 +51,7 @@ class Segment:
         if self.resr is not values:
             self.resr[i0:i1] = values
         self.src[i0:i1] = b"\x02" * (i1 - i0)
-        self.flag[i0:i1] = bytes(i1 - i0) if flags is None else flags.astype(np.uint8).tobytes()
+        self.flag[i0:i1] = bytes(i1 - i0)
 
     def values(self) -> np.ndarray:
         """The results, int32 where every one fits, else int64."""

@@ -37,42 +37,23 @@ Times are plain floats passed in by the caller (tests use a fake clock).
 """
 from __future__ import annotations
 
-import enum
 import json
 import os
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 
 from host_agent.congestion import CongestionWindow
 from host_agent.rtt import RttEstimator
 
-__all__ = ["REORDER_FLOOR", "Flight", "QueryMode", "QueryState"]
+__all__ = ["REORDER_FLOOR", "Flight"]
 
 REORDER_FLOOR = 0.001  # seconds: the smallest reorder window
 REORDER_SHARE = 1 / 8  # of the path's round trip: a worker's results come back in sending order, so only loss
 # reorders them; each lost chunk waits this long before its resend, while SwitchML's slot rule may hold the window
 CLASS_RECENT = 16  # round trips kept per path class
 MAX_REORDER_MULT = 1  # no widening: in INA a spurious early resend is mostly a peer's loss (see reorder_window)
-TRACE_ENV = "INA_AGENT_FLIGHT_TRACE"  # a folder: each window appends its chunks' timeline there (a diagnostic)
-
-
-class QueryMode(str, enum.Enum):
-    """When loss found early is asked of the switch (QUERY) instead of resending the gradient (docs/agent.md,
-    "Queries")."""
-
-    OFF = "off"  # never: every resend carries the gradient
-    RESEND = "resend"  # a chunk whose resend went unanswered is asked about, not resent again
-    FIRST = "first"  # every chunk RACK finds is asked about first (its own loss then takes one more round trip)
-
-
-class QueryState:
-    """Where a chunk stands with the switch's queries (docs/agent.md, "Queries"): one byte per chunk."""
-
-    NONE = 0  # no query outstanding
-    QUERIED = 1  # a query is out: its status (or the result) is due one round trip later
-    HELD = 2  # the switch holds this worker's contribution in an incomplete copy: a peer's recovery completes it
-    MISSING = 3  # the switch does not have it: the payload goes next
 
 
 class Flight:
@@ -91,20 +72,19 @@ class Flight:
             here): the tail probe and the resend timer wait for the *longest* class's recent shortest
             round trip, not the estimator's ``recent_min`` (the shortest path's), so a long chain's chunks
             are not probed and resent again and again while their results are still on the way.
+        trace: keep every chunk's first send, resends and result time for ``dump_trace`` (a diagnostic,
+            ``StreamOptions.flight_trace``).
     """
 
     def __init__(self, K: int, i0: int, rtt: RttEstimator, cwnd: CongestionWindow, granted: int, stats,
                  reorder_mult: int = 1, classes: np.ndarray | None = None,
-                 class_rtts: list[deque[float]] | None = None) -> None:
+                 class_rtts: list[deque[float]] | None = None, trace: bool = False) -> None:
         self.K, self.i0, self.rtt, self.cwnd, self.granted, self.stats = K, i0, rtt, cwnd, granted, stats
         self.sent_at = np.zeros(K, dtype=np.float64)  # last transmission of each chunk
         self.first_at = np.zeros(K, dtype=np.float64)  # first transmission (a spurious timeout's true round trip)
         self.tries = bytearray(K)  # resends of each chunk (saturating)
         self.early = bytearray(K)  # 1: resent by RACK (a spurious one widens the reorder window)
         self.counted = bytearray(K)  # 1: counted as a spurious resend already
-        self.qstate = bytearray(K)  # QueryState of each chunk
-        self.payload_resent = bytearray(K)  # 1: the gradient itself was resent (a query alone is never spurious)
-        self.held_n = 0  # chunks HELD: at the switch, off the link (not counted in the congestion window)
         self.txn = np.full(K, -1, dtype=np.int64)  # loss signals: each chunk's latest transmission counter (-1: none)
         self.numbered = False  # the window numbers its frames (``Flags.TX_COUNTED``; docs/agent.md, "Loss signals")
         self.signals = False  # ... and the switch sends loss signals: RACK leaves a peer's loss to the peer
@@ -123,8 +103,8 @@ class Flight:
         self.last_new = 0.0  # when the latest new result arrived
         self.probe_answered = False  # a timeout's probe came back: the next timeout resends every overdue chunk
         self.tail_probed = False  # the tail probe of the current stall was sent (re-armed by a new result)
-        self.trace_dir = os.environ.get(TRACE_ENV) or None  # diagnostics: first sends, resends, results, the window
-        if self.trace_dir:
+        self.trace = trace  # diagnostics: first sends, resends, results, the window
+        if trace:
             self.result_at = np.zeros(K, dtype=np.float64)
             self.resends: list[tuple[int, float, int]] = []
             self.windows: list[tuple[float, float]] = []
@@ -169,36 +149,8 @@ class Flight:
         if self.tries[i] < 255:
             self.tries[i] += 1
         self.early[i] = 1 if early else 0
-        self._leave_held(i)
-        self.qstate[i] = QueryState.NONE
-        self.payload_resent[i] = 1
-        if self.trace_dir:
+        if self.trace:
             self.resends.append((i, now, int(early)))
-
-    def queried(self, i: int, now: float) -> None:
-        """A query for chunk ``i`` went out at ``now`` (in place of a resend found by RACK)."""
-        self.sent_at[i] = now
-        if self.tries[i] < 255:
-            self.tries[i] += 1  # Karn: a result now may answer the query
-        self.early[i] = 1
-        self._leave_held(i)
-        self.qstate[i] = QueryState.QUERIED
-
-    def status(self, i: int, held: bool, now: float) -> bool:
-        """The switch's status for queried chunk ``i``: True if its payload must be resent now."""
-        if self.qstate[i] != QueryState.QUERIED:
-            return False  # a late status: a resend or a newer query is out already
-        if held:
-            self.qstate[i] = QueryState.HELD
-            self.held_n += 1
-            self.sent_at[i] = now  # the hold's clock: checked again after a timeout (resend_due)
-            return False
-        self.qstate[i] = QueryState.MISSING
-        return True
-
-    def _leave_held(self, i: int) -> None:
-        if self.qstate[i] == QueryState.HELD:
-            self.held_n -= 1
 
     # ------------------------------------------------------------------ results
 
@@ -207,7 +159,7 @@ class Flight:
         the timer did not allow for, raises the timeout (``RttEstimator.spurious_timeout``, RFC 4015's response):
         only after a single resend (after two, the result may answer the first of them) and at most by the current
         timeout (an INA result also waits for the peers' own recoveries)."""
-        if not self.counted[i] and self.payload_resent[i]:
+        if not self.counted[i] and self.tries[i]:
             self.counted[i] = 1
             self.stats.spurious_resends += 1
             if self.early[i] and self.reorder_mult < MAX_REORDER_MULT:
@@ -220,11 +172,10 @@ class Flight:
         t = float(self.sent_at[i])
         rtt = now - t
         self.last_new = now
-        if self.trace_dir:
+        if self.trace:
             self.result_at[i] = now
             self.windows.append((now, self.cwnd.cwnd))
         self.tail_probed = False
-        self._leave_held(i)
         est = self.rtt
         est.progressed()
         if self.tries[i]:
@@ -243,11 +194,9 @@ class Flight:
         self.last_new = now
         self.tail_probed = False
         self.rtt.progressed()
-        if self.trace_dir:
+        if self.trace:
             self.result_at[sel] = now
             self.windows.append((now, self.cwnd.cwnd))
-        if self.held_n:
-            self.held_n -= int(np.count_nonzero(np.frombuffer(self.qstate, dtype=np.uint8)[sel] == QueryState.HELD))
         t = self.sent_at[sel]
         rtts = now - t
         once = np.frombuffer(self.tries, dtype=np.uint8)[sel] == 0
@@ -288,12 +237,10 @@ class Flight:
         self.tail_probed = False
         est = self.rtt
         est.progressed()
-        if self.trace_dir:
+        if self.trace:
             self.result_at[sel] = now
             self.windows.append((now, self.cwnd.cwnd))
-        sent_at, tries, qstate = self.sent_at, self.tries, self.qstate
-        if self.held_n:
-            self.held_n -= sum(1 for i in sel if qstate[i] == QueryState.HELD)
+        sent_at, tries = self.sent_at, self.tries
         once = [i for i in sel if not tries[i]]
         if once:
             step = max(1, len(once) // 16)
@@ -375,8 +322,6 @@ class Flight:
         t = self.sent_at[lo:hi]
         idx = np.arange(lo, hi)
         out = (got[lo:hi] == 0) & (np.frombuffer(queued, dtype=np.uint8)[lo:hi] == 0)
-        if self.held_n:  # held at the switch for a peer's recovery: only the window's timer covers it
-            out &= np.frombuffer(self.qstate, dtype=np.uint8)[lo:hi] != QueryState.HELD
         resent = np.frombuffer(self.tries, dtype=np.uint8)[lo:hi] > 0
         cand = out & ~resent
         c = self.classes[lo:hi] if self.classes is not None else np.zeros(hi - lo, dtype=np.int64)
@@ -385,10 +330,6 @@ class Flight:
         if self.signals:  # this worker's own losses are signalled by the switch: an unsignalled one is a peer's
             wait = wait + self.peer_wait()
         due = np.where(resent, t + self.resend_timeout(), t + (wait + self.reorder_window()))
-        if self.stats.queries:  # a query's status waits in the same queues as a chunk: its loss, not a late
-            # answer, is what a query timeout means, so it waits for the RTO, not the short resend timer
-            queried = np.frombuffer(self.qstate, dtype=np.uint8)[lo:hi] == QueryState.QUERIED
-            due = np.where(queried, t + max(self.rtt.rto, self.resend_timeout()), due)
         pending = cand | (out & resent)
         if not pending.any():
             return []
@@ -482,11 +423,11 @@ class Flight:
             return max([base] + [min(d) for d in self.class_rtts if d])
         return base
 
-    def dump_trace(self, first_chunk: int, worker_id: int, started: float) -> None:
-        """Append this window's timeline to ``$INA_AGENT_FLIGHT_TRACE/w<worker>-<pid>.jsonl`` (diagnostics of
-        experiment 4: where a lost chunk's time goes; docs/agent.md, "Flight traces"). Times are seconds after
-        ``started`` (the window's start on the monotonic clock, which every agent on the machine shares)."""
-        if not self.trace_dir:
+    def dump_trace(self, folder: Path, first_chunk: int, worker_id: int, started: float) -> None:
+        """Append this window's timeline to ``folder/w<worker>-<pid>.jsonl`` (``StreamOptions.flight_trace``: where a
+        lost chunk's time goes; docs/agent.md, "Flight traces"). Times are seconds after ``started`` (the window's
+        start on the monotonic clock, which every agent on the machine shares)."""
+        if not self.trace:
             return
         rec = {"worker": worker_id, "first_chunk": first_chunk, "i0": self.i0, "granted": self.granted,
                "path_rtt": self.rtt.path_rtt, "srtt": self.rtt.srtt, "rto": self.rtt.rto, "started": started,
@@ -494,8 +435,8 @@ class Flight:
                "result_at": [round(float(x) - started, 6) for x in self.result_at],
                "resends": [(i, round(t - started, 6), e) for i, t, e in self.resends],
                "cwnd": [(round(t - started, 6), round(c, 2)) for t, c in self.windows]}
-        path = os.path.join(self.trace_dir, f"w{worker_id}-{os.getpid()}.jsonl")
-        with open(path, "a") as f:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"w{worker_id}-{os.getpid()}.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
 
     def rto_deadline(self, lo: int) -> float:

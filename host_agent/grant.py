@@ -196,8 +196,7 @@ class Grant:
     ina_port: int = wire.INA_UDP_PORT
     lanes: int = wire.LANES
     reason: str = ""
-    chains: bool = False  # Rina on chains across the racks' switches (the controller's layout, docs/agent.md)
-    chain_rtt_floor: float = 0.0  # with chains: the chains' mean round trip at the links' rates, seconds (0: unknown)
+    chain_rtt_floor: float = 0.0  # Rina: the chains' mean round trip at the links' rates, seconds (0: unknown)
 
     @classmethod
     def from_proto(cls, msg: Any) -> Grant:
@@ -205,7 +204,7 @@ class Grant:
                    tuple(SwitchGrant.from_proto(s) for s in msg.switches),
                    float(msg.scale) if msg.scale > 0 else float(2**16),
                    int(msg.ina_port) or wire.INA_UDP_PORT, int(msg.lanes) or wire.LANES, msg.reason,
-                   bool(msg.chains), max(0.0, float(msg.chain_rtt_floor)))
+                   max(0.0, float(msg.chain_rtt_floor)))
 
     def path_rtt_floor(self, worker_id: int) -> float:
         """The path round-trip floor the controller sized for ``worker_id``: its switch's, where that switch holds
@@ -221,7 +220,8 @@ class Grant:
 
 @dataclass(frozen=True)
 class Rack:
-    """Workers that aggregate in one switch: slots ``[0, num_slots)`` of the job's range there."""
+    """Workers that aggregate in one switch (or a host member's copy of the chain): slots ``[0, num_slots)`` of the
+    job's range there."""
 
     switch: str
     address: tuple[str, int]  # where INA packets go: (switch_ip, ina_port)
@@ -230,10 +230,6 @@ class Rack:
     # Rina on chains: the chain (partition) of every slot of the ring's range, each answered over a chain of its own
     # length; (): one path. The sender's RACK and timers keep one class per chain (``chains``).
     slot_chains: tuple[int, ...] = ()
-
-    @property
-    def representative(self) -> int:
-        return self.worker_ids[0]
 
     @property
     def chains(self) -> int:
@@ -245,10 +241,9 @@ class Rack:
 class Plan:
     """How the job's all-reduce runs under one generation.
 
-    kind ``Backend.INA``: one rack holds every worker, its switch's results are final.
-    kind ``Backend.RING``: every worker is a ring member, no switch.
-    kind ``Backend.RINA``: racks aggregate in their switches; the ring joins each rack's representative and
-    the workers of racks without slots; representatives broadcast the global sums into their racks.
+    kind ``Backend.INA``: every worker sends its chunks to one rack (its switch, or its own copy of Rina's chain)
+        whose results are final: one switch, a tree's ToRs, or Rina's chains.
+    kind ``Backend.RING``: every worker is a member of one TCP ring (``ring``), no switch.
     """
 
     kind: Backend
@@ -256,25 +251,15 @@ class Plan:
     racks: tuple[Rack, ...] = ()
     ring: tuple[int, ...] = ()  # worker ids of the ring members, ascending (rank order)
     reason: str = ""
-    _rack_of: dict = field(default_factory=dict, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._rack_of.update({w: r for r in self.racks for w in r.worker_ids})
 
     def rack_of(self, worker_id: int) -> Rack | None:
-        return self._rack_of.get(worker_id)
-
-    def is_representative(self, worker_id: int) -> bool:
-        rack = self.rack_of(worker_id)
-        return rack is not None and rack.representative == worker_id
+        return next((r for r in self.racks if worker_id in r.worker_ids), None)
 
     def describe(self) -> str:
         if self.kind == Backend.RING:
             return f"ring of {len(self.ring)}"
         racks = ", ".join(f"{r.switch}: workers {list(r.worker_ids)} on {r.num_slots} slots" for r in self.racks)
-        if self.kind == Backend.INA:
-            return f"ina ({racks})"
-        return f"rina (racks {racks}; ring {list(self.ring)})"
+        return f"ina ({racks})"
 
 
 def _effective(requested: BackendChoice, granted: Backend) -> Backend:
@@ -282,7 +267,7 @@ def _effective(requested: BackendChoice, granted: Backend) -> Backend:
         return Backend.RING
     if requested == BackendChoice.INA:
         return Backend.INA if granted in (Backend.INA, Backend.TREE) else Backend.RING
-    return Backend(granted)  # rina or auto: what the grant offers (an ina grant is rina with one rack)
+    return Backend(granted)  # rina or auto: what the grant offers
 
 
 def host_rack_name(worker_id: int) -> str:
@@ -292,61 +277,51 @@ def host_rack_name(worker_id: int) -> str:
 
 
 def plan_for(grant: Grant, worker_ids: Iterable[int], requested: BackendChoice | str = BackendChoice.AUTO,
-             addresses: Mapping[str, tuple[str, int]] | None = None, *, chains: bool = False) -> Plan:
+             addresses: Mapping[str, tuple[str, int]] | None = None) -> Plan:
     """The plan of every worker of the job under ``grant`` for the requested backend.
 
-    ``ina`` runs only where one switch with slots holds every worker, and falls back to the ring
-    otherwise; ``rina`` and ``auto`` take what the grant offers (racks with slots aggregate in-network,
-    the rest join the ring); ``ring`` never uses a switch. ``addresses`` overrides where a switch's INA
-    packets go (switch name -> (ip, port)), e.g. for a relay; by default ``(switch_ip, ina_port)``.
+    ``ina`` runs only where one switch with slots holds every worker (or a tree), and falls back to the ring
+    otherwise; ``rina`` and ``auto`` take what the grant offers; ``ring`` never uses a switch. ``addresses``
+    overrides where a switch's INA packets go (switch name -> (ip, port)), e.g. for a relay; by default
+    ``(switch_ip, ina_port)``.
 
-    ``chains`` (or the grant's ``chains``): the controller runs Rina jobs as chains across their racks' switches
-    (docs/switch.md, "Chains");
-    each worker of an INA rack is plain INA towards its own rack's switch over the ring's partitioned slots, its
-    results final (kind ``Backend.INA``), and each worker of a rack without INA (a host member) plain INA
-    towards its own copy (a rack of its own named ``host-copy-<id>``, at ``addresses`` under that name).
+    A ``rina`` grant is Rina on chains across its racks' switches (docs/switch.md, "Chains"): each worker of an
+    INA rack is plain INA towards its own rack's switch over the ring's partitioned slots, each worker of a rack
+    without INA (a host member) plain INA towards its own copy (a rack of its own named ``host-copy-<id>``, at
+    ``addresses`` under that name); a rina grant that makes no ring (``chain_ring``) runs on the ring.
 
     A ``tree`` grant (the controller's two-level tree, docs/controller.md, "Aggregation trees") is followed
     by every choice but ``ring``: each worker is plain INA towards its own ToR, which returns the final sum
-    (kind ``Backend.INA``, one rack per ToR; the root's grant has no workers and is not a rack).
+    (one rack per ToR; the root's grant has no workers and is not a rack).
     """
     ids = tuple(sorted(worker_ids))
     requested = _choice(requested)
     if grant.lanes != wire.LANES:
         raise ValueError(f"grant uses {grant.lanes} lanes per packet; this agent speaks {wire.LANES}")
     kind = _effective(requested, grant.backend)
-    racks: list[Rack] = []
-    if kind != Backend.RING:
-        seen: set[int] = set()
-        for sg in grant.switches:
-            members = tuple(sorted(w for w in sg.worker_ids if w in ids and w not in seen))
-            if sg.num_slots > 0 and members:
-                address = (addresses or {}).get(sg.switch, (sg.switch_ip, grant.ina_port))
-                racks.append(Rack(sg.switch, address, sg.num_slots, members))
-                seen.update(members)
-        if len(racks) == 1 and set(racks[0].worker_ids) == set(ids):
-            return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
-        if grant.backend == Backend.TREE and {w for r in racks for w in r.worker_ids} == set(ids):
-            return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
-        if kind == Backend.INA or not racks:
-            racks, kind = [], Backend.RING
+    addresses = addresses or {}
     if kind == Backend.RING:
         return Plan(Backend.RING, grant.generation, (), ids, grant.reason)
-    if chains or grant.chains:
-        ring = chain_ring(grant, hosts=True)
-        if ring is not None:
-            chains_of = ring.slot_partitions
-            racks = [replace(r, num_slots=ring.num_slots, slot_chains=chains_of) for r in racks]
-            for m in ring.members:  # a host member: plain INA towards its own copy (host_agent/host_member.py)
-                if not m.is_switch and m.member_id in ids:
-                    name = host_rack_name(m.member_id)
-                    racks.append(Rack(name, (addresses or {}).get(name, ("0.0.0.0", 0)), ring.num_slots,
-                                      (m.member_id,), chains_of))
-            return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
-    in_racks = {w for r in racks for w in r.worker_ids}
-    ring = tuple(sorted({r.representative for r in racks} | (set(ids) - in_racks)))
-    return Plan(Backend.RINA, grant.generation, tuple(racks), ring, grant.reason)
-
+    racks: list[Rack] = []
+    seen: set[int] = set()
+    for sg in grant.switches:
+        members = tuple(sorted(w for w in sg.worker_ids if w in ids and w not in seen))
+        if sg.num_slots > 0 and members:
+            racks.append(Rack(sg.switch, addresses.get(sg.switch, (sg.switch_ip, grant.ina_port)), sg.num_slots,
+                              members))
+            seen.update(members)
+    ring = chain_ring(grant, hosts=True) if kind == Backend.RINA else None
+    if ring is not None:
+        racks = [replace(r, num_slots=ring.num_slots, slot_chains=ring.slot_partitions) for r in racks]
+        for m in ring.members:  # a host member: plain INA towards its own copy (host_agent/host_member.py)
+            if not m.is_switch and m.member_id in ids:
+                name = host_rack_name(m.member_id)
+                racks.append(Rack(name, addresses.get(name, ("0.0.0.0", 0)), ring.num_slots, (m.member_id,),
+                                  ring.slot_partitions))
+        return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
+    if seen == set(ids) and (len(racks) == 1 or grant.backend == Backend.TREE):
+        return Plan(Backend.INA, grant.generation, tuple(racks), (), grant.reason)
+    return Plan(Backend.RING, grant.generation, (), ids, grant.reason)
 
 
 def chain_ring(grant: Grant, *, hosts: bool = False) -> Ring | None:

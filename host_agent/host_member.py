@@ -14,7 +14,7 @@ answers) on NETWORK_PORT from INA_UDP_PORT, as the copy's ingress binding expect
 send: only its ring neighbours). What the model emits is sent to the frame's destination; an answer to the
 sender (a resent partial meeting a copy that holds the final sum) goes back to the datagram's real source.
 
-Between two host members the INA payloads travel in runs (``inaproto.rina_runs``): up to ``BUNDLE_FRAMES`` (11)
+Between two host members the INA payloads travel in runs (``inaproto.rina_runs``): up to ``RUN_PAYLOADS`` (11)
 payloads under one 17-byte header that holds what they share, each with its slot and seq offset, in one datagram
 (0.932 of its frame is payload, about a TCP ring's, against 0.696 for single INA frames; ``inaproto.rina_partitions``
 sizes the partitions with that cost); a copy takes a run or a single INA payload from a host neighbour and drops
@@ -25,20 +25,18 @@ socket with UDP GRO (``DatagramIo.drain_sources``: one sender's datagrams per re
 each source's frames through the model in one ``process_batch`` (built as numpy rows under a cached header, no
 per-datagram header in Python), and sends what the model emitted once per destination: single frames as one
 GSO run, runs as one GSO send of the full ones and one datagram for each shorter one (no timer: a run waits for
-nothing but the end of the wake-up). The copy runs in a thread of the agent or, with ``CopyMode.PROCESS``, in
-a child process of its own (no interpreter lock shared with the agent's sender).
+nothing but the end of the wake-up). The copy runs in a child process of its own (no interpreter lock shared with
+the agent's sender).
 docs/agent.md, "Rina as designed".
 """
 from __future__ import annotations
 
-import enum
 import ipaddress
 import logging
 import multiprocessing
 import multiprocessing.connection
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Mapping
@@ -49,16 +47,14 @@ import numpy as np
 from host_agent.grant import Grant, Worker, chain_ring
 from host_agent.udp_io import DatagramIo
 from inaproto import rina_runs, wire
-from inaproto.rina_partitions import BUNDLE_FRAMES
 from inaproto.rina_ring import HOST_PORT, NETWORK_PORT, Ring, host_copy_entries, host_copy_port
 
-__all__ = ["CopyMode", "HostCopy", "HostCopyFailed", "is_host_member"]
+__all__ = ["HostCopy", "HostCopyFailed", "is_host_member"]
 
 log = logging.getLogger("host_agent.host_member")
 
-_ETH_IP = bytes.fromhex("0800")
 _O_WORKER = wire.INA_FIELD_OFFSETS["worker_id"]
-_INA_PORT = wire.INA_UDP_PORT.to_bytes(2, "big")
+NO_MAC = b"\0" * 6
 PAYLOAD = wire.INA_PAYLOAD_LEN
 _READ_BUFFER = 1 << 20  # one wake-up's reads at most (GRO: 16 reads of up to 64 KiB)
 
@@ -69,21 +65,12 @@ def is_host_member(grant: Grant, worker_id: int) -> bool:
     return ring is not None and any(not m.is_switch and m.member_id == worker_id for m in ring.members)
 
 
-def _frame(src_mac: bytes, src_ip: bytes, dst_ip: bytes, sport: bytes, payload: bytes) -> bytes:
-    ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, wire.INA_IPV4_LEN, 0, 0, 64, 17, 0, src_ip, dst_ip))
-    ip[10:12] = wire.ipv4_checksum(ip).to_bytes(2, "big")
-    udp = sport + _INA_PORT + wire.INA_UDP_LEN.to_bytes(2, "big") + b"\0\0"
-    return b"\0" * 6 + src_mac + _ETH_IP + bytes(ip) + udp + payload
-
-
 class _Copy:
-    """The copy itself: its socket, the model of the current grant's generation, and the loop serving them
-    (``serve``: in a thread of the agent or in a child process of its own, ``HostCopy``)."""
+    """The copy itself, in the child process ``HostCopy`` starts: its socket, the model of the current grant's
+    generation, and the loop serving them and the agent's requests (``serve``)."""
 
-    def __init__(self, me: Worker, workers: tuple[Worker, ...], switch_addresses: Mapping[str, tuple[str, int]],
-                 bundle_frames: int) -> None:
+    def __init__(self, me: Worker, workers: tuple[Worker, ...], switch_addresses: Mapping[str, tuple[str, int]]) -> None:
         self.me = me
-        self.bundle_frames = bundle_frames  # INA payloads per datagram to a neighbour's copy (1: no bundles)
         self.workers = {w.worker_id: w for w in workers}
         self.switch_addresses = dict(switch_addresses or {})
         self.address = (me.ip, host_copy_port(me.udp_port))
@@ -99,14 +86,14 @@ class _Copy:
             except OSError:
                 pass
         self._me_ip = ipaddress.IPv4Address(me.ip).packed
-        self._me_mac = bytes.fromhex(me.mac.replace(":", "")) if me.mac else b"\0" * 6
+        self._me_mac = bytes.fromhex(me.mac.replace(":", "")) if me.mac else NO_MAC
         self._own = (me.ip, me.udp_port)
         self._key: tuple | None = None
         self._pipe = None  # softswitch.pipeline.InaPipeline of the current generation, or None
         self._local = 0  # the copy's id for this worker's gradients
         self._neighbours: set[str] = set()  # IPs chain packets may come from
         self._hosts: frozenset[tuple[str, int]] = frozenset()  # neighbours' copies: bundles go there
-        self._io = DatagramIo(self.sock, name=f"worker {me.worker_id}'s host-member copy")
+        self._io = DatagramIo(self.sock, batched=True, name=f"worker {me.worker_id}'s host-member copy")
         self._rbuf = bytearray(_READ_BUFFER)
         self._routes: dict[bytes, tuple[str, int]] = {}  # a frame's destination IPv4 address and UDP port
         self._headers: dict[tuple[str, int], np.ndarray] = {}  # the model's frame headers per source
@@ -116,7 +103,6 @@ class _Copy:
         self.bundles_sent = 0  # datagrams to neighbours' copies (diagnostics)
         self.bundled = 0  # INA payloads in them
         self.cpu_seconds = 0.0  # CPU time of the serving thread (or process) so far
-        self.failure = ""  # why ``serve`` ended early (thread mode), for the agent's next request
 
     def follow(self, grant: Grant) -> None:
         """Take the grant's ring: this worker's copy for its generation, or none."""
@@ -158,21 +144,19 @@ class _Copy:
         hosts = frozenset(a for a, k in ((nxt, i + 1), (prv, i - 1)) if not ring.members[k % r].is_switch)
         return pipe, hosts
 
-    def serve(self, control: Connection | None = None) -> None:
-        """Serve the socket until ``stop``; with ``control`` (a child process), also its requests (``_Child``)."""
-        clock = time.thread_time if control is None else time.process_time
-        cpu0 = clock()
+    def serve(self, control: Connection) -> None:
+        """Serve the socket and the agent's requests on ``control`` until ``stop``."""
+        cpu0 = time.process_time()
         self.sock.setblocking(False)
         poll = select.poll()
         poll.register(self.sock, select.POLLIN)
-        if control is not None:
-            poll.register(control.fileno(), select.POLLIN)
+        poll.register(control.fileno(), select.POLLIN)
         view = memoryview(self._rbuf)
         full = len(view) - self._io.read_room
         while not self._stop.is_set():
             if not poll.poll(50):
                 continue
-            if control is not None and control.poll():
+            if control.poll():
                 _answer(self, control)
                 continue
             while True:  # until the socket is empty: a drain that filled the buffer leaves more to read
@@ -188,17 +172,7 @@ class _Copy:
                     self._wake(reads)
                 if got <= full or self._stop.is_set():
                     break
-            self.cpu_seconds = clock() - cpu0
-
-    def serve_logged(self) -> None:
-        """``serve`` as a thread's target: an error that ends it is logged and kept (``failure``), so the agent's
-        next request fails with it instead of its calls waiting for a copy that is gone."""
-        try:
-            self.serve()
-        except BaseException as exc:
-            self.failure = f"{type(exc).__name__}: {exc}"
-            log.exception("worker %d: host-member copy failed", self.me.worker_id)
-            raise
+            self.cpu_seconds = time.process_time() - cpu0
 
     def report(self) -> dict[str, float | int]:
         """The copy's counters and the CPU seconds it served with so far."""
@@ -233,20 +207,17 @@ class _Copy:
                 out.setdefault(dst, []).append(frame[wire.INA_OFFSET:])
         for dst, payloads in out.items():
             k = len(payloads)
-            if dst in hosts and self.bundle_frames > 1:  # runs of up to ``bundle_frames`` payloads under one header
+            if dst in hosts:  # runs of up to RUN_PAYLOADS payloads under one header
                 # the full runs leave in one GSO send, then the shorter ones: a wake-up's payloads may leave out of
                 # their order (each cell of a copy is independent; nothing downstream depends on the order)
-                full, whole, rest = rina_runs.encode(payloads, self.bundle_frames)
+                full, whole, rest = rina_runs.encode(payloads)
                 self._send_run(memoryview(full), len(full) // whole if whole else 0, whole, dst)
                 for run in rest:
                     self._send_run(memoryview(run), len(run), 1, dst)
                 self.bundles_sent += whole + len(rest)
                 self.bundled += k
                 continue
-            self._send_run(memoryview(b"".join(payloads)), PAYLOAD, k, dst)  # single INA payloads
-            if dst in hosts:  # no runs (``bundle_frames`` 1)
-                self.bundles_sent += k
-                self.bundled += k
+            self._send_run(memoryview(b"".join(payloads)), PAYLOAD, k, dst)  # single INA payloads to a switch
 
     def _rows(self, src: tuple[str, int], runs: list[tuple[int, int, int]], hosts: frozenset
               ) -> tuple[int, np.ndarray] | None:
@@ -305,10 +276,11 @@ class _Copy:
         h = self._headers.get(src)
         if h is None:
             if port == HOST_PORT:
-                raw = _frame(self._me_mac, self._me_ip, self._me_ip, src[1].to_bytes(2, "big"), b"")
+                mac, ip, sport = self._me_mac, self._me_ip, src[1]
             else:
-                raw = _frame(b"\0" * 6, ipaddress.IPv4Address(src[0]).packed, self._me_ip, _INA_PORT, b"")
-            h = self._headers[src] = np.frombuffer(raw, np.uint8)
+                mac, ip, sport = NO_MAC, ipaddress.IPv4Address(src[0]).packed, wire.INA_UDP_PORT
+            frame = wire.udp_frame(mac, NO_MAC, ip, self._me_ip, sport, wire.INA_UDP_PORT, bytes(PAYLOAD))
+            h = self._headers[src] = np.frombuffer(frame[: wire.INA_OFFSET], np.uint8)
         return h
 
     def _send_run(self, data: memoryview, size: int, count: int, dst: tuple[str, int]) -> None:
@@ -323,50 +295,31 @@ class _Copy:
         self._stop.set()
 
 
-
-class CopyMode(enum.Enum):
-    """Where a host member's copy runs."""
-
-    THREAD = "thread"  # a thread of the agent's process (sharing its interpreter with the agent's stream)
-    PROCESS = "process"  # a child process of its own (its own interpreter: no GIL shared with the stream)
-
-
 class HostCopyFailed(RuntimeError):
     """The copy's child process failed (the agent's call cannot complete without it)."""
 
 
 class HostCopy:
-    """The host-member copy of one worker, following the job's grants: a thread of the agent, or a child process.
+    """The host-member copy of one worker, following the job's grants, in a child process of its own.
 
     ``follow(grant)`` before the stream sees a grant: where the grant makes this worker a host member of a ring
-    on chains the copy (re)starts with that generation's entries, else it drops everything it gets. With
-    ``CopyMode.PROCESS`` the copy runs in a child (``sys.executable``, spawned), binds its socket there and
-    answers each ``follow`` before it returns, so the order holds across the two processes; if the child dies,
-    ``follow`` and ``report`` raise ``HostCopyFailed`` and the agent's log says so at once.
+    on chains the copy (re)starts with that generation's entries, else it drops everything it gets. The copy runs
+    in a child (``sys.executable``, spawned: its own interpreter, no lock shared with the agent's stream), binds its
+    socket there and answers each ``follow`` before it returns, so the order holds across the two processes; if the
+    child dies, ``follow`` and ``report`` raise ``HostCopyFailed`` and the agent's log says so at once.
     """
 
     def __init__(self, me: Worker, workers: tuple[Worker, ...],
-                 switch_addresses: Mapping[str, tuple[str, int]] | None = None, *,
-                 bundle_frames: int = BUNDLE_FRAMES, mode: CopyMode = CopyMode.THREAD) -> None:
-        if not 1 <= bundle_frames <= BUNDLE_FRAMES:
-            raise ValueError(f"bundle_frames must be in 1..{BUNDLE_FRAMES}, got {bundle_frames}")
-        self.me, self.mode = me, mode
+                 switch_addresses: Mapping[str, tuple[str, int]] | None = None) -> None:
+        self.me = me
         self.address = (me.ip, host_copy_port(me.udp_port))
-        args = (me, tuple(workers), dict(switch_addresses or {}), bundle_frames)
         self._last: dict[str, float | int] = {"frames": 0, "bundles_sent": 0, "bundled": 0, "cpu_seconds": 0.0}
         self._closed = self._stopping = False
-        if mode is CopyMode.THREAD:
-            self._copy: _Copy | None = _Copy(*args)
-            self._thread = threading.Thread(target=self._copy.serve_logged, name=f"host-copy-w{me.worker_id}",
-                                            daemon=True)
-            self._thread.start()
-            return
-        self._copy = None
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter from sys.executable: no forked threads
         self._conn, child = ctx.Pipe()
         self._lock = threading.Lock()  # one request at a time on the pipe
-        self._proc = ctx.Process(target=_child_main, args=(child, *args), name=f"host-copy-w{me.worker_id}",
-                                 daemon=True)
+        self._proc = ctx.Process(target=_child_main, args=(child, me, tuple(workers), dict(switch_addresses or {})),
+                                 name=f"host-copy-w{me.worker_id}", daemon=True)
         self._proc.start()
         child.close()
         kind, value = self._reply(_START_TIMEOUT)
@@ -382,18 +335,11 @@ class HostCopy:
 
     def follow(self, grant: Grant) -> None:
         """Take the grant's ring: this worker's copy for its generation, or none."""
-        if self._copy is not None:
-            self._check_thread()
-            self._copy.follow(grant)
-        else:
-            self._request("follow", grant)
+        self._request("follow", grant)
 
     def report(self) -> dict[str, float | int]:
         """frames (INA payloads processed), bundles_sent and bundled (datagrams to neighbours' copies, payloads
-        in them), cpu_seconds (the copy's thread, or its whole child process)."""
-        if self._copy is not None:
-            self._check_thread()
-            return self._copy.report()
+        in them), cpu_seconds (the child process's)."""
         if self._closed:
             return dict(self._last)
         return self._request("report")
@@ -411,19 +357,10 @@ class HostCopy:
         return int(self.report()["bundled"])
 
     def cpu_report(self) -> dict[str, float | int]:
-        """The copy's CPU seconds and INA payloads (``Agent.cpu_report``); a child's CPU is not in the agent's
-        process time (``host_copy_child_cpu_seconds`` says how much to add)."""
+        """The copy's CPU seconds and INA payloads (``Agent.cpu_report``: the child's CPU is not in the agent's
+        process time, so the agent adds it)."""
         r = self.report()
-        out: dict[str, float | int] = {"host_copy_cpu_seconds": r["cpu_seconds"], "host_copy_frames": r["frames"],
-                                       "host_copy_mode": self.mode.value}
-        if self.mode is CopyMode.PROCESS:
-            out["host_copy_child_cpu_seconds"] = r["cpu_seconds"]
-        return out
-
-    def _check_thread(self) -> None:
-        """Thread mode: a copy thread that ended before ``close`` fails the agent's next request (as a child would)."""
-        if not self._closed and not self._thread.is_alive():
-            raise HostCopyFailed(f"worker {self.me.worker_id}: its host-member copy exited: {self._copy.failure}")
+        return {"host_copy_cpu_seconds": r["cpu_seconds"], "host_copy_frames": r["frames"]}
 
     def _request(self, kind: str, value: object = None) -> object:
         with self._lock:
@@ -457,12 +394,6 @@ class HostCopy:
 
     def close(self) -> None:
         if self._closed:
-            return
-        if self._copy is not None:
-            self._closed = True
-            self._copy.stop()
-            self._thread.join(timeout=5)
-            self._copy.sock.close()
             return
         self._stopping = True  # the child's end is expected from here on
         try:
@@ -501,11 +432,11 @@ def _answer(copy: _Copy, control: Connection) -> None:
 
 
 def _child_main(control: Connection, me: Worker, workers: tuple[Worker, ...],
-                switch_addresses: dict[str, tuple[str, int]], bundle_frames: int) -> None:
-    """The child process of ``CopyMode.PROCESS``: bind, say ready (or why not), serve until told to stop."""
+                switch_addresses: dict[str, tuple[str, int]]) -> None:
+    """The copy's child process: bind, say ready (or why not), serve until told to stop."""
     logging.basicConfig(level=logging.WARNING, format=f"host-copy-w{me.worker_id}: %(levelname)s %(message)s")
     try:
-        copy = _Copy(me, workers, switch_addresses, bundle_frames)
+        copy = _Copy(me, workers, switch_addresses)
     except OSError as exc:
         control.send(("error", str(exc)))
         return

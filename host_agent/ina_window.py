@@ -1,44 +1,55 @@
-"""The stream's INA phase: a worker's side of SwitchML's sliding window over its switch's slots.
+"""A worker's INA sender: SwitchML's sliding window over its switch's slots, with ATP-style loss recovery.
 
 Chunk ``g`` of the stream goes to slot ``(g - base) mod S`` and shadow copy ``((g - base) div S) mod 2`` with
-``seq = g mod 2**32``, and ``g + S`` is sent only after the result of ``g``; lost packets are resent after an
-RTO that follows the measured round trips (docs/agent.md, "Loss recovery"). ``InaPhase`` is a part of
-``host_agent.stream.ChunkStream`` (which it is mixed into): it uses the stream's socket, generation, base,
-options, stats and interrupt flags.
+``seq = g mod 2**32``, and ``g + S`` is sent only after the result of ``g`` (SwitchML's rule: the other copy of
+the slot keeps the previous round until every worker has moved on). ``InaSender`` is what one worker keeps
+from window to window (its round-trip estimator, congestion window, transmission counter, pacing); each
+``InaSender.run`` is one ``InaWindow``, whose turn reads like the worker's algorithm:
+
+1. **receive results** (``ResultBatch``: a drain of the socket, applied together);
+2. **loss signals**: chunks the switch's gap reports or a result's ``PREV_DONE`` named lost go first;
+3. **RACK**: a chunk overtaken by a later one's result is lost once a reorder window has passed (``Flight``);
+4. **tail probe and timeout**: a stalled window resends its oldest chunk, the timer the overdue ones;
+5. **resend** what was found lost;
+6. **send the window**: new chunks that the slots (``i - S`` has its result), the congestion window
+   (``CongestionWindow``), the reorder guard and pacing allow, as runs (``DatagramIo.send_run``);
+7. **wait** for a datagram, the next timer, or what holds a send back.
+
+docs/agent.md, "The INA window" and "Loss recovery".
 """
 from __future__ import annotations
 
-import enum
+import os
+import select
 import time
 from collections import deque
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 from host_agent.chunks import CHUNK_BYTES, Segment
-from host_agent.errors import AgentTimeout, Interrupted, JobReleased
-from host_agent.flight import Flight, QueryMode, QueryState
+from host_agent.congestion import CongestionWindow
+from host_agent.errors import AgentTimeout
+from host_agent.flight import Flight
 from host_agent.grant import Rack
+from host_agent.options import StreamOptions
+from host_agent.rtt import RttEstimator
+from host_agent.stats import StreamStats
+from host_agent.udp_io import DatagramIo
 from inaproto import wire
 
-__all__ = ["InaPhase", "ResultBatch", "WindowMode", "gradient_packets", "queue_signalled"]
+__all__ = ["InaSender", "InaWindow", "ResultBatch", "gradient_packets", "queue_signalled"]
 
 PAYLOAD = wire.INA_PAYLOAD_LEN
-GRADIENT, RESULT = int(wire.MsgType.GRADIENT), int(wire.MsgType.RESULT)
-QUERY, STATUS = int(wire.MsgType.QUERY), int(wire.MsgType.STATUS)
-F_RETRANSMIT, F_OVERFLOW, F_HELD = int(wire.Flags.RETRANSMIT), int(wire.Flags.OVERFLOW), int(wire.Flags.HELD)
+GRADIENT, RESULT, STATUS = int(wire.MsgType.GRADIENT), int(wire.MsgType.RESULT), int(wire.MsgType.STATUS)
+F_RETRANSMIT, F_OVERFLOW = int(wire.Flags.RETRANSMIT), int(wire.Flags.OVERFLOW)
 F_TX_COUNTED, F_GAP, F_PREV_DONE = int(wire.Flags.TX_COUNTED), int(wire.Flags.GAP), int(wire.Flags.PREV_DONE)
 TX_MOD = wire.TX_COUNTER_MOD  # the transmission counter and a completion's seq travel mod 128
-_RS = wire.INA_FIELD_OFFSETS["reserved_shadow"]  # byte of ``reserved`` (7 bits) and ``shadow`` (1)
-QUERIES_UNANSWERED = 3  # queries timed out, none ever answered: the switch does not answer them (a chain's); stop
-_HDR = wire.HEADER
-
-
-class WindowMode(enum.Enum):
-    """What the switch's results of a window are to the worker."""
-
-    FINAL = "final"  # the job's sums (plain INA)
-    PARTIAL = "partial"  # the rack's partial sums, for the cross-rack ring (Rina representative)
-    MEMBER = "member"  # they only move the window; global sums arrive as BROADCASTs (Rina rack worker)
+RS_BYTE = wire.INA_FIELD_OFFSETS["reserved_shadow"]  # byte of ``reserved`` (7 bits) and ``shadow`` (1)
+RESULTS_PER_DRAIN = 1024  # results applied together at most (one window of a full switch)
+TICK = 0.05  # s: the longest wait in a window, so that a stop is seen quickly even without a wake-up
+HDR = wire.HEADER
 
 
 def gradient_packets(contrib: np.ndarray, first: int, base: int, num_slots: int, job_id: int, generation: int,
@@ -56,356 +67,450 @@ def gradient_packets(contrib: np.ndarray, first: int, base: int, num_slots: int,
     return memoryview(rec.view(np.uint8).reshape(-1))
 
 
-def queue_signalled(signalled: list[int], got: bytearray, queued: bytearray, named: bytearray,
-                    lost: deque[tuple[int, bool]]) -> int:
+def queue_signalled(signalled: list[int], got: bytearray, queued: bytearray, lost: deque[tuple[int, bool]]) -> int:
     """Put the chunks the switch's loss signals named lost (``ResultBatch.signalled``, emptied) at the front of
-    ``lost``, in the order named, each once (a report and a ``PREV_DONE``, or two reports, may name a chunk twice),
-    and mark every named chunk without a result in ``named`` (its payload goes, never a query: the switch lacks its
-    gradient or its answer). Returns how many were queued (chunks with a result or queued already are not)."""
+    ``lost``, in the order named, each once (a report and a ``PREV_DONE``, or two reports, may name a chunk twice).
+    Returns how many were queued (chunks with a result or queued already are not)."""
     fresh = []
     for i in signalled:
-        if not got[i]:
-            named[i] = 1
-            if not queued[i]:
-                queued[i] = 1
-                fresh.append(i)
+        if not got[i] and not queued[i]:
+            queued[i] = 1
+            fresh.append(i)
     lost.extendleft((i, True) for i in reversed(fresh))
     signalled.clear()
     return len(fresh)
 
 
-class InaPhase:
-    """The SwitchML window, its loss recovery and congestion window (mixed into ChunkStream)."""
+class InaSender:
+    """What one worker's INA windows share: the socket's I/O and wake-up, the round-trip estimator, the congestion
+    window, the loss signals' transmission counter, the reorder guard's and the pacing's clocks.
 
-    def _ina_window(self, seg: Segment, i0: int, rack: Rack, mode: WindowMode) -> tuple[bytearray, bytearray] | None:
-        """Contribute chunks ``seg[i0:]`` to ``rack``'s switch under the SwitchML window.
+    ``wake()`` (any thread) ends a window's wait at once: the stream calls it when a grant or a release arrives.
+    """
 
-        Returns when every chunk has its switch result: for ``WindowMode.PARTIAL`` the rack's partial sums
-        and their overflow flags (one byte per chunk), else None (see ``WindowMode``).
+    def __init__(self, sock, options: StreamOptions, stats: StreamStats, *, job_id: int, worker_id: int,
+                 name: str) -> None:
+        self.options, self.stats, self.job_id, self.worker_id = options, stats, job_id, worker_id
+        self.io = DatagramIo(sock, batched=False, name=name)
+        self.rbatch = bytearray(RESULTS_PER_DRAIN * PAYLOAD + self.io.read_room)  # ResultBatch's drain buffer
+        self.rtt = RttEstimator(options.rto_initial, options.rto_min, options.rto_max)
+        self.cwnd = CongestionWindow(options.initial_window)
+        self.reorder_mult = 1  # widening of the reorder window after spurious early resends (host_agent/flight.py)
+        self.chain_rtts: list = []  # Rina on chains: recent round trips per chain (Flight's class_rtts)
+        self.txn = 0  # loss signals: this worker's INA gradient frames to the job so far (the counter's source)
+        self.txlog = np.full(TX_MOD, -1, dtype=np.int64)  # ... the chunk each counter value (mod 128) last carried
+        self.signals_seen = False  # a result carried PREV_DONE: the switch sends loss signals
+        self.guard_until = 0.0  # reorder guard: the previous window's slots are free from then on
+        self.pace_gap = (wire.INA_FRAME_LEN * 8 / options.link_bps) if options.link_bps else 0.0
+        self.pace_next = 0.0  # link emulation: when the next INA packet may leave
+        self.wakefd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.poll = select.poll()  # the window's: the socket and the wake-up
+        self.poll.register(sock, select.POLLIN)
+        self.poll.register(self.wakefd, select.POLLIN)
 
-        Each turn: drain the results (``ResultBatch``, applied together), find lost chunks (``Flight``:
-        early by RACK, else the window's timeout), resend them, then send the new chunks that the slots
-        (chunk ``i`` after the result of ``i - S``), the congestion window (``CongestionWindow``), the
-        reorder guard and pacing allow, as one run (``DatagramIo.send_run``: GSO batches of up to 64).
-        """
-        K, a = seg.K, seg.a
-        S = rack.num_slots
-        base = self._base
-        addr = rack.address
-        job, gen, wid = self.job_id, self._generation, self.worker_id
-        io, poll = self._io, self._wpoll
-        got = bytearray(K)  # 1: the chunk has its switch result
-        got[:i0] = b"\x01" * i0
-        gotv = np.frombuffer(got, dtype=np.uint8)
-        final = mode is WindowMode.FINAL
-        partial = bytearray(K * CHUNK_BYTES) if mode is WindowMode.PARTIAL else None
-        pflag = bytearray(K) if mode is WindowMode.PARTIAL else None
-        est, cwnd = self._rtt, self._cwnd
-        cwnd.clamp(S)
+    def wake(self) -> None:
+        """End a window's wait now (from any thread)."""
+        try:
+            os.eventfd_write(self.wakefd, 1)
+        except OSError:
+            pass
+
+    def clear_wake(self) -> None:
+        try:
+            os.eventfd_read(self.wakefd)
+        except OSError:
+            pass
+
+    def new_generation(self, path_floor: float) -> None:
+        """The stream moved to another generation (maybe another switch): measure the path afresh."""
+        self.rtt.reset()
+        self.rtt.path_floor = path_floor
+        self.chain_rtts.clear()
+        self.signals_seen = False  # ... which may not send loss signals (a chain's)
+
+    @property
+    def rto(self) -> float:
+        return self.rtt.rto
+
+    def run(self, seg: Segment, i0: int, rack: Rack, *, generation: int, base: int, check: Callable[[], None],
+            caught_up: Callable[[], bool] | None = None, caught_up_at: int = 0) -> None:
+        """Contribute chunks ``seg[i0:]`` to ``rack``'s switch; returns when every one has its result in ``seg``.
+
+        ``check()`` is called every turn and raises to stop the window (a pending generation, a release).
+        ``caught_up()`` is called once the window's lowest chunk without a result reaches ``caught_up_at``, and again
+        every turn until it returns True."""
+        InaWindow(self, seg, i0, rack, generation, base, check, caught_up, caught_up_at).run()
+
+    def close(self) -> None:
+        try:
+            os.close(self.wakefd)
+        except OSError:
+            pass
+
+
+class InaWindow:
+    """One window: chunks ``seg[i0:]`` contributed to ``rack``'s switch until every one has its result.
+
+    The state of a turn: ``got`` (the chunk has its result), ``lost`` (chunks to resend, in order, each with
+    whether it was found early), ``queued`` (in ``lost``, or skipped and not sent yet: no loss detection for
+    either), ``deferred`` (chunks skipped while their slot was busy), ``nxt`` (the next chunk to send) and ``lo``
+    (the lowest chunk without a result)."""
+
+    def __init__(self, sender: InaSender, seg: Segment, i0: int, rack: Rack, generation: int, base: int,
+                 check: Callable[[], None], caught_up: Callable[[], bool] | None, caught_up_at: int) -> None:
+        self.sender, self.seg, self.i0, self.rack = sender, seg, i0, rack
+        self.check, self.caught_up, self.caught_up_at = check, caught_up, caught_up_at
+        self.opts, self.stats, self.io = sender.options, sender.stats, sender.io
+        self.K, self.a, self.S, self.addr = seg.K, seg.a, rack.num_slots, rack.address
+        self.est, self.cwnd = sender.rtt, sender.cwnd
+        self.cwnd.clamp(self.S)
+        K = self.K
+        self.got = bytearray(K)
+        self.got[:i0] = b"\x01" * i0
+        self.gotv = np.frombuffer(self.got, dtype=np.uint8)
         classes = None  # Rina on chains: each partition's results come over a chain of its own length
         if rack.chains > 1:  # one class per chain (``Rack.slot_chains``), not per slot
-            classes = np.asarray(rack.slot_chains, dtype=np.int64)[np.arange(a - base, a - base + K, dtype=np.int64) % S]
-        # loss signals (docs/agent.md, "Loss signals"): plain INA numbers its frames for the switch's gap reports
-        counted = final and classes is None and self.options.loss_signals
-        pkts = gradient_packets(seg.contrib[i0:], a + i0, base, S, job, gen, wid, F_TX_COUNTED if counted else 0)
-        flight = Flight(K, i0, est, cwnd, S, self.stats, self._reorder_mult, classes, self._chain_rtts)
-        flight.numbered = counted
-        flight.signals = counted and self._signals_seen
-        txlog = self._txlog
-        if counted:
-            col = np.frombuffer(pkts, dtype=np.uint8)[_RS::PAYLOAD]  # each packet's reserved:7 | shadow:1 byte
+            rel = np.arange(self.a - base, self.a - base + K, dtype=np.int64) % self.S
+            classes = np.asarray(rack.slot_chains, dtype=np.int64)[rel]
+        # loss signals (docs/agent.md, "Loss signals"): a window on one path numbers its frames for the gap reports
+        self.counted = classes is None
+        self.pkts = gradient_packets(seg.contrib[i0:], self.a + i0, base, self.S, sender.job_id, generation,
+                                     sender.worker_id, F_TX_COUNTED if self.counted else 0)
+        self.col = np.frombuffer(self.pkts, dtype=np.uint8)[RS_BYTE::PAYLOAD]  # each packet's reserved:7|shadow:1
+        self.flight = Flight(K, i0, self.est, self.cwnd, self.S, self.stats, sender.reorder_mult, classes,
+                             sender.chain_rtts, trace=self.opts.flight_trace is not None)
+        self.flight.numbered = self.counted
+        self.flight.signals = self.counted and sender.signals_seen
+        self.results = ResultBatch(sender, seg, self.got, i0, sender.job_id, generation, self.flight)
+        self.guard, self.pace = self.opts.reorder_guard, sender.pace_gap
+        self.lost: deque[tuple[int, bool]] = deque()
+        self.queued = bytearray(K)
+        self.unsent = bytearray(K)  # 1: skipped while its slot was busy, not sent yet (in ``deferred``)
+        self.deferred: list[int] = []
+        self.nxt = self.lo = i0
+        self.sent = 0  # packets sent by this window (first sends)
+        self.left = 0  # room left in the congestion window after this turn's sends
+        self.last_progress = self.started = time.monotonic()
+        # seconds held back (StreamStats.slot_wait_s, cwnd_wait_s, tail_wait_s) and what holds the next chunk now
+        self.waits = {"slot": 0.0, "window": 0.0, "tail": 0.0}
+        self.waiting: str | None = None
+        self.wait_since = self.started
+        self.cuts0, self.loss_cuts0 = self.cwnd.cuts, self.cwnd.loss_cuts
 
-            def stamp(first: int, end: int) -> None:
-                """Number chunks ``[first, end)``, about to go in this order, with the next transmission counters."""
-                tx = self._txn
-                if end - first == 1:
-                    col[first - i0] = ((tx % TX_MOD) << 1) | (col[first - i0] & 1)
-                    flight.txn[first] = tx
-                    txlog[tx % TX_MOD] = a + first
-                else:
-                    txs = np.arange(tx, tx + end - first, dtype=np.int64)
-                    c = col[first - i0 : end - i0]
-                    c[:] = ((txs % TX_MOD) << 1).astype(np.uint8) | (c & 1)
-                    flight.txn[first:end] = txs
-                    txlog[txs % TX_MOD] = np.arange(a + first, a + end, dtype=np.int64)
-                self._txn = tx + end - first
+    # ------------------------------------------------------------------ the turn
 
-            def give_back(first: int, end: int, prev: int = -1) -> None:
-                """Chunks ``[first, end)``, the last stamped, did not go (the socket refused them): their counters
-                go to the next frames, so the switch sees no gap (``DatagramIo.send_run``'s ``in_order``)."""
-                self._txn -= end - first
-                flight.txn[first:end] = prev  # a first send: never numbered; a resend: its previous frame's
-        else:
-            def stamp(first: int, end: int) -> None:
-                pass
-
-            def give_back(first: int, end: int, prev: int = -1) -> None:
-                pass
-        qstate = flight.qstate
-        # queries in place of RACK's resends (docs/agent.md, "Queries"): a single switch answers them
-        qmode = self.options.queries
-        queries = qmode is not QueryMode.OFF and classes is None and self._queries_unanswered < QUERIES_UNANSWERED
-        query_first = qmode is QueryMode.FIRST
-        results = ResultBatch(self, seg, got, i0, job, gen, rack,  # MEMBER: results only move the window
-                              seg.res32 if final else partial, seg.flag if final else pflag, seg.src if final else None,
-                              flight)
-        last_tx = flight.sent_at  # last transmission (reorder guard)
-        guard = self.options.reorder_guard
-        pace = self._pace_gap
-        if guard:  # the first S chunks reuse the slots of the previous run's last ones
-            delay = self._guard_until - time.monotonic()
+    def run(self) -> None:
+        if self.guard:  # the first S chunks reuse the slots of the previous window's last ones
+            delay = self.sender.guard_until - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-        lost: deque[tuple[int, bool]] = deque()  # (chunk, found early) to resend, in order
-        named = bytearray(K)  # 1: the switch's loss signals named it lost: its payload goes, never a query
-        queued = bytearray(K)  # 1: in `lost`, or skipped and not sent yet (no loss detection for either)
-        unsent = bytearray(K)  # 1: skipped while its slot was busy, not sent yet (in `deferred`)
-        deferred: list[int] = []  # those chunks, in order
-        stats = self.stats
-        nxt = lo = i0  # next chunk to send; lowest chunk without a result
-        opts = self.options
-        mono = time.monotonic
-        last_progress = started = mono()
-        sent = 0
-        slot, window, tail = [0.0], [0.0], [0.0]  # seconds held back by a busy slot, the window, the tail
-        waits: list[float] | None = None
-        wait_since = mono()
-        cuts0, loss_cuts0 = cwnd.cuts, cwnd.loss_cuts
-
+        results = self.results
         while results.remaining:
-            if self._pending:
-                raise Interrupted()
-            if self._released:
-                raise JobReleased("the controller released the job")
-            # 1. take every datagram waiting
-            progressed = results.drain()
-            now = mono()
-            if results.missing:  # the switch does not have these chunks' gradients: resend them first
-                for i in results.missing:
-                    if not got[i] and not queued[i]:
-                        queued[i] = 1
-                        lost.appendleft((i, True))
-                results.missing.clear()
-            if results.signalled:  # the switch's loss signals named these chunks lost: resend them first
-                fresh = queue_signalled(results.signalled, got, queued, named, lost)
-                if fresh:
-                    stats.signal_resends += fresh
-                    cwnd.on_loss(now, est.path_rtt, est.srtt)
+            self.check()
+            progressed = results.drain()  # 1. receive results
+            now = time.monotonic()
+            if results.signalled:
+                self.take_loss_signals(now)  # 2.
             if progressed:
-                last_progress = now
-            # 2. find lost chunks: early (RACK), else the window's timer (restarted by every new result)
-            if lo < results.sent:
-                lo = got.find(0, lo, results.sent)
-                if lo < 0:
-                    lo = results.sent
-                if self._catchup is not None and a + lo >= self._catchup[3]:
-                    self._caught_up()  # back where the last generation change stopped it (stats.pauses)
-            if flight.rack_dirty or now >= flight.rack_timer:
-                found = flight.lost(gotv, lo, results.sent, now, queued)
-                if found:
-                    for i in found:
-                        queued[i] = 1
-                        lost.append((i, True))
-                    stats.early_resends += len(found)
-                    cwnd.on_loss(now, est.path_rtt, est.srtt)
-            # one chunk in flight (a window of 1): no tail probe in the middle of the window, the timer acts
-            tail_due = rto_due = float("inf")
-            if lo < results.sent and not queued[lo]:
-                alone = results.sent - K + results.remaining - len(deferred) <= 1
-                tail_due, rto_due = flight.tail_deadline(lo, nxt >= K and not deferred, alone), flight.rto_deadline(lo)
-                if now >= min(tail_due, rto_due) and results.drain():
-                    # a timer is due, but results were waiting in the socket (this worker was descheduled since the
-                    # drain): merely queued, no loss; the next turn takes them into account first
-                    last_progress = now = mono()
-                    continue
-            if tail_due <= now < rto_due:
-                flight.tail_probed = True
-                # one chunk, unless a probe was answered already (then the overdue tail): a worker that
-                # stalls for a moment costs one packet, not a window
-                probe = flight.on_timeout(gotv, lo, results.sent, now, queued, flight.tail_wait()) \
-                    if flight.probe_answered else [lo]
-                stats.early_resends += len(probe)
-                for i in reversed(probe):
-                    queued[i] = 1
-                    lost.appendleft((i, False))  # a probe: its answer lets the next one resend the tail
-            if lo < results.sent and not queued[lo] and now >= flight.rto_deadline(lo):
-                overdue = flight.on_timeout(gotv, lo, results.sent, now, queued)
-                est.expired()
-                cwnd.on_timeout(now, est.path_rtt, est.srtt)
-                stats.timeouts += 1
-                for i in reversed(overdue):
-                    queued[i] = 1
-                    lost.appendleft((i, False))  # the probe, or the tail after an answered probe
-            # 3. resend what is lost (paced like first sends)
-            while lost:
-                if pace:
-                    if now < self._pace_next:
-                        break
-                    self._pace_next = max(self._pace_next, now - 8 * pace) + pace
-                i, early = lost.popleft()
-                queued[i] = 0
-                signalled, named[i] = named[i], 0
-                if got[i]:
-                    continue
-                off = (i - i0) * PAYLOAD
-                if queries and early and not signalled and qstate[i] != QueryState.QUERIED \
-                        and qstate[i] != QueryState.MISSING and (query_first or flight.payload_resent[i]):
-                    # found by RACK (again, after a resend): ask whether the switch has the gradient (a peer's
-                    # loss or lag shows the same as this worker's own; only its own needs the payload)
-                    q = bytearray(pkts[off : off + wire.INA_HEADER_LEN])
-                    q[0] = QUERY
-                    io.send_run(memoryview(q), wire.INA_HEADER_LEN, 1, addr)
-                    flight.queried(i, now)
-                    stats.queries += 1
-                    continue
-                if queries and qstate[i] == QueryState.QUERIED and not self._queries_answered:
-                    self._queries_unanswered += 1
-                    if self._queries_unanswered >= QUERIES_UNANSWERED:
-                        queries = False
-                pkt = bytearray(pkts[off : off + PAYLOAD])
-                prev_tx = int(flight.txn[i])  # its latest frame's counter, should this one be refused
-                if counted:
-                    stamp(i, i + 1)  # the packet's copy below carries it
-                    pkt[1] = F_RETRANSMIT | F_TX_COUNTED
-                    pkt[_RS] = col[i - i0]
-                else:
-                    pkt[1] = F_RETRANSMIT
-                io.send_run(memoryview(pkt), PAYLOAD, 1, addr, in_order=counted)
-                if io.unsent:  # refused (the socket's buffer full): lost as on the link, the timer resends it
-                    give_back(i, i + 1, prev_tx)
-                flight.resent(i, now, early)
-                stats.retransmits += 1
-            # 4. send what the slots, the congestion window, the reorder guard and pacing allow
-            room = 0
-            first = nxt
-            if nxt < K or deferred:
-                done = K - i0 - results.remaining
-                room = cwnd.limit(S) - (results.sent - i0 - done - len(deferred) - flight.held_n)  # held: off the link
-            left = room
-            if deferred:
-                # chunks skipped while their slot was busy go once it is free, in order, whatever the window:
-                # they are older than every chunk in flight, and a window cut since the skip could fill with
-                # chunks whose peers wait for these (a deadlock: 8 workers at 5 % loss stalled until timeout)
-                for j in [j for j in deferred if got[j - S]]:
-                    stamp(j, j + 1)
-                    io.send_run(pkts[(j - i0) * PAYLOAD :], PAYLOAD, 1, addr, in_order=counted)
-                    if io.unsent:  # refused (the socket's buffer full): it stays skipped, sent next turn
-                        give_back(j, j + 1)
-                        break
-                    deferred.remove(j)
-                    unsent[j] = queued[j] = 0
-                    flight.sent(j, j + 1, now)
-                    sent += 1
-                    left -= 1
-                first = nxt
-            if left > 0 and nxt < K:
-                if not guard and not pace:
-                    # runs up to the first chunk whose slot is still busy; SwitchML's slots are independent
-                    # lanes, so that chunk is skipped (sent once its slot's result comes) and the link keeps
-                    # carrying the other lanes' chunks while a loss is recovered ("Loss recovery")
-                    while left > 0 and nxt < K:
-                        upper = min(K, nxt + left)
-                        lo_s = max(nxt - S, i0)
-                        busy = got.find(0, lo_s, upper - S) if upper - S > lo_s else -1
-                        end = upper if busy < 0 else busy + S
-                        if end > nxt:
-                            stamp(nxt, end)
-                            io.send_run(pkts[(nxt - i0) * PAYLOAD :], PAYLOAD, end - nxt, addr, in_order=counted)
-                            refused = io.unsent  # the socket's buffer full: the rest go next turn
-                            if refused:
-                                give_back(end - refused, end)
-                                end -= refused
-                            flight.sent(nxt, end, now)
-                            sent += end - nxt
-                            left -= end - nxt
-                            nxt = end
-                            if refused:
-                                break
-                        if busy < 0 or left <= 0 or len(deferred) >= S:  # done, full, or a slot count of chunks skipped
-                            break
-                        deferred.append(nxt)
-                        unsent[nxt] = queued[nxt] = 1  # queued: no loss detection for a chunk not sent yet
-                        lag, j = 1, busy  # chunks of this lane now skipped (StreamStats.lane_lag_max)
-                        while j >= i0 and unsent[j]:
-                            lag, j = lag + 1, j - S
-                        stats.lane_lag_max = max(stats.lane_lag_max, lag)
-                        nxt += 1
-                    results.sent = nxt
-                    first = nxt  # sent already
-                else:
-                    upper = min(K, nxt + left)
-                    while nxt < upper and (nxt - S < i0 or got[nxt - S]):
-                        if guard and nxt - S >= i0 and now < last_tx[nxt - S] + guard:
-                            break
-                        if pace:
-                            if now < self._pace_next:
-                                break
-                            self._pace_next = max(self._pace_next, now - 8 * pace) + pace  # bursts of <= 8 after a late wake-up
-                        nxt += 1
-                if nxt > first:
-                    count = nxt - first
-                    stamp(first, nxt)
-                    io.send_run(pkts[(first - i0) * PAYLOAD :], PAYLOAD, count, addr, in_order=counted)
-                    if io.unsent:  # the socket's buffer full: the rest go next turn
-                        give_back(nxt - io.unsent, nxt)
-                        nxt -= io.unsent
-                        count = nxt - first
-                    results.sent = nxt
-                    flight.sent(first, nxt, now)
-                    sent += count
-                    left -= count
-            # where the time goes (stats.*_wait_s): what holds the next chunk back until the next turn
-            if waits is not None:
-                waits[0] += now - wait_since
-            wait_since = now
-            if nxt >= K and not deferred:
-                waits = tail
-            elif left <= 0:
-                waits = window  # the congestion window (or the grant) is full
-            elif deferred or (nxt - S >= i0 and not got[nxt - S]):
-                waits = slot  # room in the window, but the slot's previous chunk has no result: a hole
-            else:
-                waits = None
-            if now - last_progress > opts.op_timeout:
-                first = got.find(0)
-                raise AgentTimeout(
-                    f"worker {wid}: no result from switch {rack.switch} at {addr[0]}:{addr[1]} for {opts.op_timeout}s "
-                    f"(job {job}, generation {gen}, chunk {a + (first if first >= 0 else K)})")
-            # 5. wait for a datagram, the next timer, or the pacing/guard that holds a send back
-            wake = now + 0.05  # short, so a generation change is seen quickly
-            if lo < results.sent and not queued[lo]:
-                alone = results.sent - K + results.remaining - len(deferred) <= 1
-                wake = min(wake, flight.rto_deadline(lo), flight.tail_deadline(lo, nxt >= K and not deferred, alone))
-            wake = min(wake, flight.rack_timer)
-            held = bool(guard or pace) and nxt < K and left > 0 and (nxt - S < i0 or got[nxt - S])  # by pacing or the guard
-            if lost or held:
-                hold = self._pace_next if pace else now
-                if held and not lost and guard and nxt - S >= i0:
-                    hold = max(hold, last_tx[nxt - S] + guard)
-                wake = min(wake, hold)
-            wait = wake - now
-            if wait <= 0 or progressed:
-                # after progress, once more at once: at high rates the next results are there already (polling
-                # instead halved the agent's rate through bench/agent_bench.py's echo, session 8), though at n = 8
-                # on the loaded testbed about half of all turns are such empty ones
+                self.last_progress = now
+            self.advance_low()
+            self.rack_losses(now)  # 3.
+            if self.timers(now):  # 4. (results were waiting: take them first)
                 continue
-            poll.poll(wait * 1000.0)
-        if waits is not None:
-            waits[0] += mono() - wait_since
-        stats.slot_wait_s += slot[0]
-        stats.cwnd_wait_s += window[0]
-        stats.tail_wait_s += tail[0]
-        stats.window_cuts += cwnd.cuts - cuts0
-        stats.loss_cuts += cwnd.loss_cuts - loss_cuts0
-        self._reorder_mult = flight.reorder_mult
+            self.resend(now)  # 5.
+            self.send_window(now)  # 6.
+            self.account_waits(now)
+            self.check_stalled(now)
+            self.sleep(now, progressed)  # 7.
+        self.finish()
+
+    def take_loss_signals(self, now: float) -> None:
+        """The switch's loss signals named these chunks lost: resend them first."""
+        fresh = queue_signalled(self.results.signalled, self.got, self.queued, self.lost)
+        if fresh:
+            self.stats.signal_resends += fresh
+            self.cwnd.on_loss(now, self.est.path_rtt, self.est.srtt)
+
+    def advance_low(self) -> None:
+        sent = self.results.sent
+        if self.lo < sent:
+            lo = self.got.find(0, self.lo, sent)
+            self.lo = sent if lo < 0 else lo
+            if self.caught_up is not None and self.a + self.lo >= self.caught_up_at and self.caught_up():
+                self.caught_up = None  # back where the last generation change stopped it (StreamStats.pauses)
+
+    def rack_losses(self, now: float) -> None:
+        """Early (RACK): chunks overtaken by a later-sent chunk's result, a reorder window late, go to the back."""
+        flight = self.flight
+        if flight.rack_dirty or now >= flight.rack_timer:
+            found = flight.lost(self.gotv, self.lo, self.results.sent, now, self.queued)
+            if found:
+                for i in found:
+                    self.queued[i] = 1
+                    self.lost.append((i, True))
+                self.stats.early_resends += len(found)
+                self.cwnd.on_loss(now, self.est.path_rtt, self.est.srtt)
+
+    def _outstanding(self) -> bool:
+        return self.lo < self.results.sent and not self.queued[self.lo]
+
+    def _deadlines(self) -> tuple[float, float]:
+        """(tail probe, timeout) of the oldest outstanding chunk. One chunk in flight (a window of 1): no tail probe
+        in the middle of the window, the timer acts."""
+        results, flight = self.results, self.flight
+        alone = results.sent - self.K + results.remaining - len(self.deferred) <= 1
+        all_sent = self.nxt >= self.K and not self.deferred
+        return flight.tail_deadline(self.lo, all_sent, alone), flight.rto_deadline(self.lo)
+
+    def timers(self, now: float) -> bool:
+        """The tail probe (TLP) and the window's timeout; True if results were waiting in the socket instead (this
+        worker was descheduled since the drain): merely queued, no loss."""
+        if not self._outstanding():
+            return False
+        flight, lo, sent = self.flight, self.lo, self.results.sent
+        tail_due, rto_due = self._deadlines()
+        if now >= min(tail_due, rto_due) and self.results.drain():
+            self.last_progress = time.monotonic()
+            return True
+        if tail_due <= now < rto_due:
+            flight.tail_probed = True
+            # one chunk, unless a probe was answered already (then the overdue tail): a worker that stalls for a
+            # moment costs one packet, not a window
+            probe = flight.on_timeout(self.gotv, lo, sent, now, self.queued, flight.tail_wait()) \
+                if flight.probe_answered else [lo]
+            self.stats.early_resends += len(probe)
+            self._resend_first(probe)  # a probe: its answer lets the next one resend the tail
+        if self._outstanding() and now >= flight.rto_deadline(lo):
+            overdue = flight.on_timeout(self.gotv, lo, sent, now, self.queued)
+            self.est.expired()
+            self.cwnd.on_timeout(now, self.est.path_rtt, self.est.srtt)
+            self.stats.timeouts += 1
+            self._resend_first(overdue)  # the probe, or the tail after an answered probe
+        return False
+
+    def _resend_first(self, chunks: list[int]) -> None:
+        for i in reversed(chunks):
+            self.queued[i] = 1
+            self.lost.appendleft((i, False))
+
+    def resend(self, now: float) -> None:
+        """Resend what was found lost, in order (paced like first sends)."""
+        lost, got, flight, pace, sender = self.lost, self.got, self.flight, self.pace, self.sender
+        while lost:
+            if pace:
+                if now < sender.pace_next:
+                    return
+                sender.pace_next = max(sender.pace_next, now - 8 * pace) + pace
+            i, early = lost.popleft()
+            self.queued[i] = 0
+            if got[i]:
+                continue
+            off = (i - self.i0) * PAYLOAD
+            pkt = bytearray(self.pkts[off : off + PAYLOAD])
+            prev_tx = int(flight.txn[i])  # its latest frame's counter, should this one be refused
+            if self.counted:
+                self.stamp(i, i + 1)  # the packet's copy below carries it
+                pkt[1] = F_RETRANSMIT | F_TX_COUNTED
+                pkt[RS_BYTE] = self.col[i - self.i0]
+            else:
+                pkt[1] = F_RETRANSMIT
+            self.io.send_run(memoryview(pkt), PAYLOAD, 1, self.addr, in_order=self.counted)
+            if self.io.unsent:  # refused (the socket's buffer full): lost as on the link, the timer resends it
+                self.give_back(i, i + 1, prev_tx)
+            flight.resent(i, now, early)
+            self.stats.retransmits += 1
+
+    def send_window(self, now: float) -> None:
+        """Send what the slots, the congestion window, the reorder guard and pacing allow."""
+        K, S, i0 = self.K, self.S, self.i0
+        self.left = 0
+        if self.nxt >= K and not self.deferred:
+            return
+        done = K - i0 - self.results.remaining
+        left = self.cwnd.limit(S) - (self.results.sent - i0 - done - len(self.deferred))
+        if self.deferred:
+            left = self.send_deferred(now, left)
+        if left > 0 and self.nxt < K:
+            left = self.send_runs(now, left) if not self.guard and not self.pace else self.send_paced(now, left)
+        self.left = left
+
+    def send_deferred(self, now: float, left: int) -> int:
+        """Chunks skipped while their slot was busy go once it is free, in order, whatever the window: they are older
+        than every chunk in flight, and a window cut since the skip could fill with chunks whose peers wait for these
+        (a deadlock: 8 workers at 5 % loss stalled until timeout). Returns the room left."""
+        got, S, deferred = self.got, self.S, self.deferred
+        for j in [j for j in deferred if got[j - S]]:
+            self.stamp(j, j + 1)
+            self.io.send_run(self.pkts[(j - self.i0) * PAYLOAD :], PAYLOAD, 1, self.addr, in_order=self.counted)
+            if self.io.unsent:  # refused (the socket's buffer full): it stays skipped, sent next turn
+                self.give_back(j, j + 1)
+                break
+            deferred.remove(j)
+            self.unsent[j] = self.queued[j] = 0
+            self.flight.sent(j, j + 1, now)
+            self.sent += 1
+            left -= 1
+        return left
+
+    def send_runs(self, now: float, left: int) -> int:
+        """Runs up to the first chunk whose slot is still busy; SwitchML's slots are independent lanes, so that chunk
+        is skipped (sent once its slot's result comes) and the link keeps carrying the other lanes' chunks while a
+        loss is recovered (docs/agent.md, "Loss recovery")."""
+        K, S, i0, got, io = self.K, self.S, self.i0, self.got, self.io
+        nxt = self.nxt
+        while left > 0 and nxt < K:
+            upper = min(K, nxt + left)
+            lo_s = max(nxt - S, i0)
+            busy = got.find(0, lo_s, upper - S) if upper - S > lo_s else -1
+            end = upper if busy < 0 else busy + S
+            if end > nxt:
+                self.stamp(nxt, end)
+                io.send_run(self.pkts[(nxt - i0) * PAYLOAD :], PAYLOAD, end - nxt, self.addr, in_order=self.counted)
+                refused = io.unsent  # the socket's buffer full: the rest go next turn
+                if refused:
+                    self.give_back(end - refused, end)
+                    end -= refused
+                self.flight.sent(nxt, end, now)
+                self.sent += end - nxt
+                left -= end - nxt
+                nxt = end
+                if refused:
+                    break
+            if busy < 0 or left <= 0 or len(self.deferred) >= S:  # done, full, or a slot count of chunks skipped
+                break
+            self.skip(nxt, busy)
+            nxt += 1
+        self.nxt = self.results.sent = nxt
+        return left
+
+    def skip(self, j: int, busy: int) -> None:
+        """Chunk ``j``'s slot still waits for the result of ``busy``: ``j`` is sent once it comes."""
+        self.deferred.append(j)
+        self.unsent[j] = self.queued[j] = 1  # queued: no loss detection for a chunk not sent yet
+        lag, k = 1, busy  # chunks of this lane now skipped (StreamStats.lane_lag_max)
+        while k >= self.i0 and self.unsent[k]:
+            lag, k = lag + 1, k - self.S
+        self.stats.lane_lag_max = max(self.stats.lane_lag_max, lag)
+
+    def send_paced(self, now: float, left: int) -> int:
+        """In order, each chunk once its slot is free, no earlier than the reorder guard and the pacing allow."""
+        K, S, i0, got, sender = self.K, self.S, self.i0, self.got, self.sender
+        first = nxt = self.nxt
+        upper = min(K, nxt + left)
+        last_tx = self.flight.sent_at
+        while nxt < upper and (nxt - S < i0 or got[nxt - S]):
+            if self.guard and nxt - S >= i0 and now < last_tx[nxt - S] + self.guard:
+                break
+            if self.pace:
+                if now < sender.pace_next:
+                    break
+                sender.pace_next = max(sender.pace_next, now - 8 * self.pace) + self.pace  # bursts of <= 8 after a late wake-up
+            nxt += 1
+        if nxt > first:
+            self.stamp(first, nxt)
+            self.io.send_run(self.pkts[(first - i0) * PAYLOAD :], PAYLOAD, nxt - first, self.addr, in_order=self.counted)
+            if self.io.unsent:  # the socket's buffer full: the rest go next turn
+                self.give_back(nxt - self.io.unsent, nxt)
+                nxt -= self.io.unsent
+            self.results.sent = nxt
+            self.flight.sent(first, nxt, now)
+            self.sent += nxt - first
+            left -= nxt - first
+        self.nxt = nxt
+        return left
+
+    # ------------------------------------------------------------------ loss signals' counter
+
+    def stamp(self, first: int, end: int) -> None:
+        """Number chunks ``[first, end)``, about to go in this order, with the next transmission counters."""
+        if not self.counted:
+            return
+        sender, col, i0, a = self.sender, self.col, self.i0, self.a
+        tx = sender.txn
+        if end - first == 1:
+            col[first - i0] = ((tx % TX_MOD) << 1) | (col[first - i0] & 1)
+            self.flight.txn[first] = tx
+            sender.txlog[tx % TX_MOD] = a + first
+        else:
+            txs = np.arange(tx, tx + end - first, dtype=np.int64)
+            c = col[first - i0 : end - i0]
+            c[:] = ((txs % TX_MOD) << 1).astype(np.uint8) | (c & 1)
+            self.flight.txn[first:end] = txs
+            sender.txlog[txs % TX_MOD] = np.arange(a + first, a + end, dtype=np.int64)
+        sender.txn = tx + end - first
+
+    def give_back(self, first: int, end: int, prev: int = -1) -> None:
+        """Chunks ``[first, end)``, the last stamped, did not go (the socket refused them): their counters go to the
+        next frames, so the switch sees no gap (``DatagramIo.send_run``'s ``in_order``)."""
+        if self.counted:
+            self.sender.txn -= end - first
+            self.flight.txn[first:end] = prev  # a first send: never numbered; a resend: its previous frame's
+
+    # ------------------------------------------------------------------ time
+
+    def account_waits(self, now: float) -> None:
+        """Where the time goes (``StreamStats.*_wait_s``): what holds the next chunk back until the next turn."""
+        if self.waiting is not None:
+            self.waits[self.waiting] += now - self.wait_since
+        self.wait_since = now
+        nxt, S, i0 = self.nxt, self.S, self.i0
+        if nxt >= self.K and not self.deferred:
+            self.waiting = "tail"
+        elif self.left <= 0:
+            self.waiting = "window"  # the congestion window (or the grant) is full
+        elif self.deferred or (nxt - S >= i0 and not self.got[nxt - S]):
+            self.waiting = "slot"  # room in the window, but the slot's previous chunk has no result: a hole
+        else:
+            self.waiting = None
+
+    def check_stalled(self, now: float) -> None:
+        if now - self.last_progress > self.opts.op_timeout:
+            first = self.got.find(0)
+            raise AgentTimeout(
+                f"worker {self.sender.worker_id}: no result from switch {self.rack.switch} at {self.addr[0]}:"
+                f"{self.addr[1]} for {self.opts.op_timeout}s (job {self.sender.job_id}, generation "
+                f"{self.results.gen}, chunk {self.a + (first if first >= 0 else self.K)})")
+
+    def sleep(self, now: float, progressed: bool) -> None:
+        """Wait for a datagram, the next timer, or the pacing/guard that holds a send back."""
+        if progressed:
+            # after progress, once more at once: at high rates the next results are there already (polling instead
+            # halved the agent's rate through bench/agent_bench.py's echo)
+            return
+        wake = now + TICK
+        if self._outstanding():
+            wake = min(wake, *self._deadlines())
+        wake = min(wake, self.flight.rack_timer)
+        nxt, S, i0 = self.nxt, self.S, self.i0
+        held = bool(self.guard or self.pace) and nxt < self.K and self.left > 0 \
+            and (nxt - S < i0 or self.got[nxt - S])  # by pacing or the guard
+        if self.lost or held:
+            hold = self.sender.pace_next if self.pace else now
+            if held and not self.lost and self.guard and nxt - S >= i0:
+                hold = max(hold, self.flight.sent_at[nxt - S] + self.guard)
+            wake = min(wake, hold)
+        wait = wake - now
+        if wait > 0:
+            self.sender.poll.poll(wait * 1000.0)
+
+    def finish(self) -> None:
+        stats, sender, flight, est, cwnd = self.stats, self.sender, self.flight, self.est, self.cwnd
+        if self.waiting is not None:
+            self.waits[self.waiting] += time.monotonic() - self.wait_since
+        stats.slot_wait_s += self.waits["slot"]
+        stats.cwnd_wait_s += self.waits["window"]
+        stats.tail_wait_s += self.waits["tail"]
+        stats.window_cuts += cwnd.cuts - self.cuts0
+        stats.loss_cuts += cwnd.loss_cuts - self.loss_cuts0
+        sender.reorder_mult = flight.reorder_mult
         if est.samples:
             stats.path_rtt_s, stats.srtt_s = est.path_rtt, est.srtt
-        if guard and sent:
-            self._guard_until = float(last_tx.max()) + guard
-        stats.packets_sent += sent
-        stats.results += K - i0
-        flight.dump_trace(a, wid, started)
-        return (partial, pflag) if partial is not None else None
+        if self.guard and self.sent:
+            sender.guard_until = float(flight.sent_at.max()) + self.guard
+        stats.packets_sent += self.sent
+        stats.results += self.K - self.i0
+        if self.opts.flight_trace is not None:
+            flight.dump_trace(Path(self.opts.flight_trace), self.a, sender.worker_id, self.started)
 
 
 class ResultBatch:
@@ -413,31 +518,31 @@ class ResultBatch:
 
     A result counts if it is of this job and generation and its chunk was sent and has no result yet
     (the first copy wins; duplicates and late copies count as ``ignored``, other generations as
-    ``stale``), exactly as one datagram at a time would. Anything else is a Rina datagram
-    (``_other_datagram``). Short batches are applied in a plain loop, long ones with numpy; either way the
-    window's bookkeeping (round-trip samples, congestion window, RACK) is done once per batch.
+    ``stale``), exactly as one datagram at a time would. A STATUS is a gap report; anything else is
+    ignored. Short batches are applied in a plain loop, long ones with numpy; either way the window's
+    bookkeeping (round-trip samples, congestion window, RACK) is done once per batch.
     """
 
-    VECTOR_FROM = 64  # results per batch from which numpy is faster than the loop (cpu8: 105 vs 115 us at 64)
+    VECTOR_FROM = 64  # results per batch from which numpy is faster than the loop (105 vs 115 us at 64)
 
-    def __init__(self, stream, seg: Segment, got: bytearray, i0: int, job: int, gen: int, rack: Rack,
-                 values: bytearray | None, flags: bytearray | None, src: bytearray | None, flight: Flight) -> None:
-        self.stream, self.seg, self.got, self.i0, self.job, self.gen, self.rack = stream, seg, got, i0, job, gen, rack
-        self.values, self.flags, self.src = values, flags, src
+    def __init__(self, sender: InaSender, seg: Segment, got: bytearray, i0: int, job: int, gen: int,
+                 flight: Flight) -> None:
+        self.sender, self.stats, self.seg, self.got, self.i0, self.job, self.gen = \
+            sender, sender.stats, seg, got, i0, job, gen
         self.flight = flight  # send times, round-trip samples, RACK, spurious resends
         self.remaining = seg.K - i0
         self.sent = i0  # chunks [i0, sent) were sent at least once
         self.now = 0.0  # when the batch being applied was read
-        self.buf = stream._rbatch
+        self.buf = sender.rbatch
         self.view = memoryview(self.buf)
         self.progressed = False
-        self.missing: list[int] = []  # chunks the switch's status says it lacks (their payload goes next)
         self.signalled: list[int] = []  # chunks the switch's loss signals name lost (docs/agent.md, "Loss signals")
 
     def drain(self) -> bool:
         """Take every datagram waiting; True if any chunk got its result."""
         self.progressed = False
-        io, view, room = self.stream._io, self.view, self.stream._io.read_room
+        io, view = self.sender.io, self.view
+        room = io.read_room
         while True:
             kept = io.drain(view, self._on_run)
             self.now = time.monotonic()
@@ -448,55 +553,33 @@ class ResultBatch:
         return self.progressed
 
     def _on_run(self, off: int, size: int, count: int) -> int:
-        """Keep RESULTs at ``off`` (compacted), hand anything else to the Rina phases."""
+        """Keep a RESULT at ``off``; a STATUS is a gap report; anything else is ignored."""
         buf = self.buf
-        if size == PAYLOAD:
-            if count == 1:
-                if buf[off] == RESULT:
-                    return PAYLOAD
-            elif buf[off : off + size * count : size].count(RESULT) == count:
-                return size * count
-        keep = off
-        for j in range(count):
-            p = off + j * size
-            if size == PAYLOAD and buf[p] == RESULT:
-                if p != keep:
-                    buf[keep : keep + PAYLOAD] = buf[p : p + PAYLOAD]
-                keep += PAYLOAD
-            elif size == wire.INA_HEADER_LEN and buf[p] == STATUS:
-                self._status(p)
-            else:
-                self.stream._other_datagram(bytearray(buf[p : p + size]), size, self.seg, self.rack)
-        return keep - off
+        if size == PAYLOAD and buf[off] == RESULT:
+            return PAYLOAD
+        if size == wire.INA_HEADER_LEN and buf[off] == STATUS:
+            self._status(off)
+        else:
+            self.stats.ignored += 1
+        return 0
 
     def _status(self, off: int) -> None:
-        """The switch's answer to a query: HELD (a peer's recovery completes the copy) or not (resend); or a gap
-        report (``Flags.GAP``)."""
-        stats = self.stream.stats
-        _mt, fl, jid, g, _slot, seq, _w, _last = _HDR.unpack_from(self.buf, off)
+        """A gap report (``Flags.GAP``) of this job and generation; any other STATUS is ignored."""
+        _mt, fl, jid, g, slot, _seq, _w, _last = HDR.unpack_from(self.buf, off)
         if jid != self.job or g != self.gen:
-            stats.stale += 1
-            return
-        if fl & F_GAP:
-            self._gap(_slot, _last >> 1)
-            return
-        i = (seq - self.seg.a) & 0xFFFFFFFF
-        if i >= self.sent or i < self.i0 or self.got[i]:
-            stats.ignored += 1
-            return
-        self.stream._queries_answered = True
-        held = bool(fl & F_HELD)
-        if held:
-            stats.queries_held += 1
-        if self.flight.status(i, held, time.monotonic()):
-            self.missing.append(i)
+            self.stats.stale += 1
+        elif fl & F_GAP:
+            self._gap(slot, _last >> 1)
+        else:
+            self.stats.ignored += 1
 
     def _gap(self, count: int, revealed: int) -> None:
-        """A gap report (a STATUS, or a result to this worker's frame that revealed it): the ``count`` frames this worker sent before the one numbered ``revealed`` (mod 128) did not
-        reach the switch. Each one's chunk is lost if that frame is still its latest transmission and it has no
-        result (the report may name frames the switch answered, or whose chunk went again since)."""
-        flight, got, txlog = self.flight, self.got, self.stream._txlog
-        self.stream.stats.gap_reports += 1
+        """A gap report (a STATUS, or a result to this worker's frame that revealed it): the ``count`` frames this
+        worker sent before the one numbered ``revealed`` (mod 128) did not reach the switch. Each one's chunk is lost
+        if that frame is still its latest transmission and it has no result (the report may name frames the switch
+        answered, or whose chunk went again since)."""
+        flight, got, txlog = self.flight, self.got, self.sender.txlog
+        self.stats.gap_reports += 1
         if not flight.numbered:
             return
         a, i0, sent = self.seg.a, self.i0, self.sent
@@ -515,7 +598,7 @@ class ResultBatch:
         ``i`` are equally plausible) and did not go again less than a one-way trip ago (that answer is on its way)."""
         flight, got = self.flight, self.got
         if not flight.signals:
-            self.stream._signals_seen = flight.signals = flight.numbered
+            self.sender.signals_seen = flight.signals = flight.numbered
             if not flight.signals:
                 return
         a, i0, sent, half = self.seg.a, self.i0, self.sent, wire.TX_LATE_HALF
@@ -537,23 +620,23 @@ class ResultBatch:
         """A short batch in plain Python: each result's checks and copy, then the window's bookkeeping once for the
         batch (``Flight.delivered_few``, as ``_apply_many`` does with numpy): the per-result updates of the
         estimator and the congestion window were two thirds of a result's cost."""
-        stats, got, buf, flight = self.stream.stats, self.got, self.buf, self.flight
+        stats, got, buf, flight = self.stats, self.got, self.buf, self.flight
         job, gen, a, i0, sent = self.job, self.gen, self.seg.a, self.i0, self.sent
-        values, flags, src = self.values, self.flags, self.src
-        unpack, hdr, cb = _HDR.unpack_from, wire.INA_HEADER_LEN, CHUNK_BYTES
+        values, flags, src = self.seg.res32, self.seg.flag, self.seg.src
+        unpack, hdr, cb = HDR.unpack_from, wire.INA_HEADER_LEN, CHUNK_BYTES
         sel: list[int] = []
         prev: list[tuple[int, int]] = []
         gaps: list[int] = []
         for off in range(0, m * PAYLOAD, PAYLOAD):
-            _mt, fl, jid, g, _slot, seq, _w, _last = unpack(buf, off)
+            _mt, fl, jid, g, slot, seq, _w, last = unpack(buf, off)
             if jid != job or g != gen:
                 stats.stale += 1
                 continue
             i = (seq - a) & 0xFFFFFFFF
             if fl & F_PREV_DONE:
-                prev.append((i, _last >> 1))
+                prev.append((i, last >> 1))
             if fl & F_GAP:  # this worker's frame that the switch delivered revealed a gap: slot = lost << 7 | counter
-                gaps.append(_slot)
+                gaps.append(slot)
             if i >= sent or i < i0 or got[i]:
                 stats.ignored += 1
                 if i0 <= i < sent:
@@ -561,12 +644,10 @@ class ResultBatch:
                 continue
             got[i] = 1
             sel.append(i)
-            if values is not None:
-                values[i * cb : i * cb + cb] = buf[off + hdr : off + PAYLOAD]
-                if fl & F_OVERFLOW:
-                    flags[i] = 1
-            if src is not None:
-                src[i] = 1
+            values[i * cb : i * cb + cb] = buf[off + hdr : off + PAYLOAD]
+            if fl & F_OVERFLOW:
+                flags[i] = 1
+            src[i] = 1
         if sel:
             self.remaining -= len(sel)
             self.progressed = True
@@ -577,7 +658,7 @@ class ResultBatch:
             self._prev_done(prev)
 
     def _apply_many(self, m: int) -> None:
-        stats = self.stream.stats
+        stats = self.stats
         rec = np.frombuffer(self.buf, dtype=wire.PAYLOAD_DTYPE, count=m)
         ours = (rec["job_id"] == self.job) & (rec["generation"] == self.gen)
         stats.stale += m - int(np.count_nonzero(ours))
@@ -612,11 +693,9 @@ class ResultBatch:
         np.frombuffer(self.got, dtype=np.uint8)[sel] = 1
         self.remaining -= int(pos.size)
         self.progressed = True
-        if self.values is not None:
-            np.frombuffer(self.values, dtype=wire.LANES_DTYPE).reshape(-1, wire.LANES)[sel] = rec["lanes"][pos]
-            over = (rec["flags"][pos] & F_OVERFLOW) != 0
-            if over.any():
-                np.frombuffer(self.flags, dtype=np.uint8)[sel[over]] = 1
-        if self.src is not None:
-            np.frombuffer(self.src, dtype=np.uint8)[sel] = 1
+        np.frombuffer(self.seg.res32, dtype=wire.LANES_DTYPE).reshape(-1, wire.LANES)[sel] = rec["lanes"][pos]
+        over = (rec["flags"][pos] & F_OVERFLOW) != 0
+        if over.any():
+            np.frombuffer(self.seg.flag, dtype=np.uint8)[sel[over]] = 1
+        np.frombuffer(self.seg.src, dtype=np.uint8)[sel] = 1
         self.flight.delivered_many(sel, self.now)

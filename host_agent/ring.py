@@ -105,6 +105,10 @@ class RingLink(Protocol):
         """
         ...
 
+    def abort(self) -> None:
+        """Make a ``run`` blocked in another thread (and every later one) fail at once (any thread)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -487,6 +491,9 @@ class QueueRingLink:
                 why = frame_mismatch(*header) if header is not None else None
                 if why is not None:
                     raise RingError(f"rank {self.rank}: rank {left} {why}", peer_rank=left)
+
+    def abort(self) -> None:
+        self.close()
 
     def close(self) -> None:
         if not self._closed:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MAX_PIECES", "PIECE_BYTES", "WHOLE_CHUNKS", "PieceStream", "RingStep", "chunk_bounds", "describe_tag", "frame_mismatch",
+__all__ = ["MAX_PIECES", "PIECE_BYTES", "PieceStream", "RingStep", "chunk_bounds", "describe_tag", "frame_mismatch",
            "piece_bounds", "step_tag"]
 
 # Every chunk message: magic, 16-byte tag (call, step, dtype, length), payload bytes.
@@ -29,7 +29,6 @@ _TAG = struct.Struct("!IH2sQ")  # a step's tag: call, step, dtype code, length
 # behind the rest of the step, large enough that Python handles few of them at high rates.
 PIECE_BYTES = 4096
 MAX_PIECES = 64
-WHOLE_CHUNKS = 1 << 62  # a piece size no chunk reaches: one piece per chunk, each step waits for the last
 
 
 @dataclass(frozen=True)
@@ -65,10 +64,8 @@ def chunk_bounds(length: int, parts: int) -> tuple[int, ...]:
 
 
 def piece_bounds(length: int, itemsize: int, piece_bytes: int = PIECE_BYTES) -> tuple[int, ...]:
-    """Offsets cutting a chunk of ``length`` elements into the pieces a ring step is pipelined by (``piece_bytes``
-    <= 0: whole chunks, as ``--ring-piece-bytes 0`` means)."""
-    if piece_bytes <= 0:
-        piece_bytes = WHOLE_CHUNKS
+    """Offsets cutting a chunk of ``length`` elements into the pieces a ring step is pipelined by: at most
+    ``MAX_PIECES``, each at least ``piece_bytes`` (one piece where the chunk is smaller)."""
     return chunk_bounds(length, max(1, min(MAX_PIECES, length * itemsize // piece_bytes)))
 
 

@@ -13,15 +13,14 @@ The hook all-reduces each gradient bucket through whatever backend the agent's j
 Rina), so DDP never calls the process group for gradients; DDP still needs an initialised process
 group for its start-up broadcast of the parameters (gloo on CPU is enough). As torch's
 ``allreduce_hook`` returns the future of an asynchronous ``all_reduce``, the hook here returns a
-future that the state's communication thread completes: bucket k is all-reduced while backward
-computes the gradients of bucket k + 1. Values go through block floating point by default
+future that the agent's communication thread (``Agent.submit``, ``host_agent.comm``) completes: bucket k
+is all-reduced while backward computes the gradients of bucket k + 1. Values go through block floating point by default
 (``host_agent.block_scale``): a power-of-two scale per block of 256, agreed by all workers.
 """
 from __future__ import annotations
 
 import itertools
 import math
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,6 +52,8 @@ class _Reducer(Protocol):
 
     def allreduce(self, array: np.ndarray) -> np.ndarray: ...
 
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any: ...
+
 
 class Numerics(str, Enum):
     """How a bucket's float32 values become the int32 the switch adds (docs/agent.md, "Fixed point")."""
@@ -83,44 +84,20 @@ class CommStep:
         return self.hidden / self.comm if self.comm > 0 else 0.0
 
 
-class _CommThread:
-    """One thread that runs the buckets' all-reduces in the order the hooks queued them.
-
-    DDP calls the hook for bucket 0, 1, ... in the same order on every rank, and the agent's stream
-    needs every worker to make the same calls in the same order: a single FIFO thread keeps both.
-    """
-
-    def __init__(self, state: AgentHookState) -> None:
-        self.state = state
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=f"ina-ddp-comm-r{state.agent.rank}", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            self.state._reduce_now(*item)
-
-    def stop(self) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout=30)
-
-
 @dataclass
 class AgentHookState:
-    """State of the agent hooks: the agent, the worker's weight, the numerics and the communication thread.
+    """State of the agent hooks: the agent, the worker's weight and the numerics.
 
     Args:
-        agent: the worker's ``Agent`` (anything with ``rank``, ``size`` and ``allreduce(ndarray)``; with
-            ``Numerics.BLOCK`` also ``allgather`` and ``allreduce_fixed``).
+        agent: the worker's ``Agent`` (anything with ``rank``, ``size``, ``allreduce(ndarray)`` and, for
+            asynchronous hooks, ``submit(fn, *args)``; with ``Numerics.BLOCK`` also ``allgather`` and
+            ``allreduce_fixed``).
         weight: this worker's b_i / B, the factor its bucket is scaled by before the sum (``weighted``);
             change it with ``set_allocation`` when the allocation changes.
         numerics: ``Numerics.BLOCK`` (default) or ``Numerics.FIXED``.
-        asynchronous: True (default): a hook queues its bucket and returns a pending future that a
-            communication thread completes, so backward goes on computing the next buckets; False: the
-            all-reduce runs inside the hook (for comparison).
+        asynchronous: True (default): a hook queues its bucket on the agent's communication thread
+            (``Agent.submit``) and returns a pending future that the thread completes, so backward goes on
+            computing the next buckets; False: the all-reduce runs inside the hook (for comparison).
         block_elements: values per agreed scale with ``Numerics.BLOCK``.
 
     While a backward pass runs, the agent belongs to the communication thread: make other calls on it
@@ -148,7 +125,6 @@ class AgentHookState:
         self.numerics = Numerics(self.numerics)
         self._reducer = (BlockScaledReducer(self.agent, self.block_elements) if self.numerics is Numerics.BLOCK
                          else self.agent)
-        self._comm: _CommThread | None = None
         self._lock = threading.Lock()
         self._calls: list[tuple[float, float]] = []  # (called, returned) of each hook in the current backward pass
         self._spans: list[tuple[float, float]] = []  # (start, end) of its all-reduces
@@ -177,16 +153,15 @@ class AgentHookState:
         with self._lock:
             self._calls.append((called, called))
         if not self.asynchronous:
-            self._reduce_now(tensor, weight, fut)
+            self.reduce_now(tensor, weight, fut)
         else:
-            if self._comm is None:
-                self._comm = _CommThread(self)
-            self._comm.queue.put((tensor, weight, fut))
+            self.agent.submit(self.reduce_now, tensor, weight, fut)
         with self._lock:
             self._calls[-1] = (called, time.perf_counter())
         return fut
 
-    def _reduce_now(self, tensor: Any, weight: float, fut: Any) -> None:
+    def reduce_now(self, tensor: Any, weight: float, fut: Any) -> None:
+        """All-reduce ``weight * tensor`` into ``tensor`` here, and complete ``fut`` with it (or its error)."""
         import torch
 
         start = time.perf_counter()
@@ -221,10 +196,9 @@ class AgentHookState:
         return CommStep(len(calls), comm, hidden, exposed)
 
     def close(self) -> None:
-        """Stop the communication thread (after the last backward pass)."""
-        if self._comm is not None:
-            self._comm.stop()
-            self._comm = None
+        """Wait until the buckets queued so far are all-reduced (after the last backward pass)."""
+        if self.asynchronous:
+            self.agent.submit(lambda: None).result()
 
 
 def weighted_hook(state: AgentHookState, bucket):  # no annotations on bucket/return: DDP checks them against torch's types

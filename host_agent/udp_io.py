@@ -1,18 +1,17 @@
-"""Batched UDP I/O of an agent's socket: runs of equal-size datagrams in one system call, results drained in batches.
+"""UDP I/O of the agent's sockets: runs of equal-size datagrams sent, datagrams drained into one buffer.
 
-Sending: a run of K packets of one size to one address (the switch) goes to the kernel as one ``sendmsg``
-with a ``UDP_SEGMENT`` control message (UDP generic segmentation offload): the kernel cuts the buffer into
-K datagrams, in software where the device cannot. A call carries at most ``GSO_MAX_SEGMENTS`` (the
-kernel's UDP_MAX_SEGMENTS, 64) and stays under 64 KiB. Receiving: ``UDP_GRO`` lets the kernel hand over
-coalesced datagrams of one flow in one read, with their segment size in a control message; the drain
-splits them (``DatagramIo.drain``). Where the kernel lacks either option (checked once, at setup) or a
-segmented send fails (an old kernel refusing GSO on a device without checksum offload), the socket
-falls back to one ``sendto``/``recv_into`` per datagram, and says so once in the log.
-``IoMode.PER_PACKET`` forces the fallback (tests, the benchmark's baseline). docs/agent.md, "I/O".
+The worker's stream sends and receives one datagram per system call (``batched=False``: a window of INA packets
+is bound by the switch's round trip, and batching gave it nothing measurable). A Rina host member's copy, which
+forwards every frame of its chain and is CPU-bound, batches (``batched=True``): a run of K packets of one size
+to one address goes to the kernel as one ``sendmsg`` with a ``UDP_SEGMENT`` control message (UDP generic
+segmentation offload; at most ``GSO_MAX_SEGMENTS``, 64, under 64 KiB), and ``UDP_GRO`` hands over coalesced
+datagrams of one sender in one read, with their segment size in a control message. Where the kernel lacks
+either option (checked once, at setup) or a segmented send fails (an old kernel refusing GSO on a device
+without checksum offload), the socket sends and reads one datagram per call, and says so once in the log.
+docs/agent.md, "I/O".
 """
 from __future__ import annotations
 
-import enum
 import errno
 import logging
 import socket
@@ -20,7 +19,7 @@ import struct
 import sys
 from collections.abc import Callable
 
-__all__ = ["GSO_MAX_SEGMENTS", "DatagramIo", "IoMode", "gso_supported"]
+__all__ = ["GSO_MAX_SEGMENTS", "DatagramIo", "gso_supported"]
 
 log = logging.getLogger("host_agent.udp_io")
 
@@ -39,13 +38,6 @@ def _refused(exc: OSError) -> bool:
     """The socket cannot take the datagram now (its buffer full: EAGAIN or ENOBUFS; an interrupted call; a
     pending ICMP error): it is dropped, as on the link."""
     return isinstance(exc, (BlockingIOError, ConnectionRefusedError, InterruptedError)) or exc.errno == errno.ENOBUFS
-
-
-class IoMode(enum.Enum):
-    """How an agent's UDP socket moves datagrams."""
-
-    BATCHED = "batched"  # GSO sends and GRO drains where the kernel has them (the default)
-    PER_PACKET = "per-packet"  # one sendto / recv_into per datagram
 
 
 def gso_supported(sock: socket.socket) -> bool:
@@ -67,26 +59,26 @@ def _set_gro(sock: socket.socket, on: bool) -> bool:
 
 
 class DatagramIo:
-    """The send and receive paths of one UDP socket (non-blocking), batched where the kernel allows.
+    """The send and receive paths of one UDP socket (non-blocking).
 
     Args:
         sock: the socket; with GRO on, every read of it must go through ``drain`` (a read could
             return several datagrams at once).
-        mode: ``IoMode.BATCHED`` uses GSO and GRO where available, ``IoMode.PER_PACKET`` never.
+        batched: GSO sends and GRO reads where the kernel has them; False: one datagram per system call.
         name: for the log line saying which paths are in use.
     """
 
-    def __init__(self, sock: socket.socket, mode: IoMode = IoMode.BATCHED, name: str = "agent") -> None:
+    def __init__(self, sock: socket.socket, *, batched: bool, name: str = "agent") -> None:
         self.sock = sock
         self.name = name
-        self.gso = mode is IoMode.BATCHED and gso_supported(sock)
-        self.gro = _set_gro(sock, mode is IoMode.BATCHED)  # off explicitly: an earlier user may have set it
+        self.gso = batched and gso_supported(sock)
+        self.gro = _set_gro(sock, batched)  # off explicitly: an earlier user may have set it
         self._cmsg_cache: dict[int, list] = {}
         self.unsent = 0  # datagrams of the last ``send_run(..., in_order=True)`` that did not go
         log.info("%s: UDP send %s, receive %s", name,
                  "in GSO batches (UDP_SEGMENT)" if self.gso else "per packet (sendto)",
                  "with GRO (UDP_GRO)" if self.gro else "per datagram")
-        if mode is IoMode.BATCHED and not (self.gso and self.gro):
+        if batched and not (self.gso and self.gro):
             log.info("%s: the kernel lacks %s: per-packet fallback for it", name,
                      " and ".join(n for n, ok in (("UDP_SEGMENT", self.gso), ("UDP_GRO", self.gro)) if not ok))
 

@@ -4,7 +4,7 @@ In the ring (``inaproto.rina_ring``) hop i -> i+1 carries every partition's part
 (where i's chain ends) and every final sum but member i+1's (whose chain starts there): 2T - s_i - s_{i+1}
 over both phases, for partition sizes s (shares of the tensor T). A hop into or out of a switch member carries
 INA frames (128 of 184 bytes payload); a hop between two host members carries runs of payloads under one
-header (``BUNDLE_FRAMES`` per datagram, ``inaproto.rina_runs``: 0.932 payload, about a TCP ring's). With every member a switch, every hop costs the
+header (``RUN_PAYLOADS`` per datagram, ``inaproto.rina_runs``: 0.932 payload, about a TCP ring's). With every member a switch, every hop costs the
 same and the partitions are equal; with host members the sizes minimise the busiest hop's framed bytes, which
 gives the members next to INA-frame hops (a switch member and its neighbours) larger partitions.
 docs/experiments.md, "Partition sizes from hop costs".
@@ -17,13 +17,11 @@ from functools import lru_cache
 import numpy as np
 
 from inaproto import wire
-from inaproto.rina_runs import RUN_PAYLOADS, RUN_SHARE
+from inaproto.rina_runs import RUN_SHARE
 
-__all__ = ["BUNDLE_FRAMES", "BUNDLE_SHARE", "INA_SHARE", "aligned_blocks", "continuous_shares", "hop_loads", "hop_share",
+__all__ = ["BUNDLE_SHARE", "INA_SHARE", "aligned_blocks", "continuous_shares", "hop_loads", "hop_share",
            "partition_sizes", "slot_partitions"]
 
-# INA payloads per datagram between host members: runs under one header (inaproto.rina_runs; 11: 1511 bytes on the wire)
-BUNDLE_FRAMES = RUN_PAYLOADS
 INA_SHARE = wire.INA_DATA_LEN / wire.INA_FRAME_LEN  # 0.696
 BUNDLE_SHARE = RUN_SHARE  # 0.932
 _MAX_UNITS = 128  # partition sizes are multiples of a power-of-two unit of slots: fewer than 2 x this many units

@@ -43,10 +43,10 @@ RUN_SHARE = RUN_PAYLOADS * wire.INA_DATA_LEN / RUN_FRAME_LEN
 
 _P = wire.INA_PAYLOAD_LEN
 _H = wire.INA_HEADER_LEN
-_INA_T = struct.Struct(">BBHHHIBB")  # ina_t: msg_type flags job_id generation slot seq worker_id byte 13
+_INA_T = wire.HEADER  # ina_t: msg_type flags job_id generation slot seq worker_id byte 13
 _START = struct.Struct(">HHIB")  # job_id generation seq0 V
 _ENTRY = struct.Struct(">HH")  # variant index and slot, shadow and seq offset
-assert _INA_T.size == _H and _START.size == _FIXED and _ENTRY.size + wire.INA_DATA_LEN == RUN_ENTRY_LEN
+assert _START.size == _FIXED and _ENTRY.size + wire.INA_DATA_LEN == RUN_ENTRY_LEN
 assert wire.INA_HEADER_FIELDS[4:6] == (("slot", 16), ("seq", 32))  # the layout above
 _SLOT_BITS, _OFFSET_BITS = 10, 15
 assert wire.NUM_SLOTS <= 1 << _SLOT_BITS and MAX_VARIANTS <= 1 << (16 - _SLOT_BITS)

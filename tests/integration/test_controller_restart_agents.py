@@ -24,7 +24,7 @@ import pytest
 
 from controller.topology import Topology
 from host_agent.agent import Agent, AgentOptions
-from host_agent.stream import StreamOptions
+from host_agent.options import StreamOptions
 from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto.commands import Command, command_argv

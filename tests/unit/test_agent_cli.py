@@ -1,4 +1,5 @@
-"""``ina-agent``: usage errors, the all-reduce benchmark and training with each allocation mode, against the fake controller."""
+"""``ina-agent``: usage errors, its configuration, the all-reduce benchmark and training with each allocation mode,
+against the fake controller."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,8 @@ import sys
 import pytest
 
 from host_agent import cli
+from host_agent.options import AgentOptions, StreamOptions
+from inaproto.config import load
 from tests.udp_switch import LocalCluster, run_workers
 
 
@@ -21,12 +24,15 @@ from tests.udp_switch import LocalCluster, run_workers
     (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--backend", "ina"], "needs --controller"),
     (["allreduce", "--job-file", "/nonexistent.json", "--worker-id", "0"], "cannot read job file"),
     (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--allocation", "greedy"], "invalid choice"),
-    (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--slowdown", "0.5"], "slowdown must be >= 1"),
+    (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--speed", "1,x"], "--speed"),
     (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--compute", "torch", "--device-slowdown", "0.5"],
      "device slowdown must be finite and >= 1"),
     (["train", "--workers", "10.0.0.1:5", "--worker-id", "0", "--lr", "-1"], "must be > 0"),
-    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--path-rtt-floor-ms", "-1"], "must be >= 0"),
-    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--ring-block-seconds", "inf"], "must be >= 0 and finite"),
+    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--set", "stream.path_rtt_floor=-1"],
+     "path_rtt_floor must be >= 0"),
+    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--set", "stream.rto_min=inf"], "rto_min <= rto_initial"),
+    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--set", "stream.io=1"], "unknown key stream.io"),
+    (["allreduce", "--workers", "10.0.0.1:5", "--worker-id", "0", "--config", "/nonexistent.toml"], "cannot read"),
 ])
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:
     assert cli.main(argv) == 2
@@ -37,7 +43,7 @@ def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:
 def test_runtime_failure_exits_1_with_one_line() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "host_agent.cli", "allreduce", "--workers", "127.0.0.1:0", "--worker-id", "0",
-         "--controller", "127.0.0.1:1", "--controller-retry", "1", "--timeout", "2", "--quiet"],
+         "--controller", "127.0.0.1:1", "--set", "controller_retry=1", "--timeout", "2", "--quiet"],
         capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "UNAVAILABLE" in proc.stderr
@@ -79,40 +85,29 @@ def test_allreduce_benchmark_prints_time_goodput_and_json(tmp_path, capsys) -> N
         assert all(isinstance(v, float) for v in order) and order == sorted(order)
 
 
-def _run_entry_point(argv: list[str], stdin: str) -> subprocess.CompletedProcess:
-    code = "import sys; from host_agent.cli import run; run()"
-    return subprocess.run([sys.executable, "-c", code, *argv], input=stdin, capture_output=True, text=True, timeout=60, check=False)
+def test_the_configuration_comes_from_a_file_with_settings_and_flags_on_top(tmp_path, capsys) -> None:
+    """``--print-config`` prints the effective configuration as a file ``--config`` reads back; ``--set`` goes over the
+    file and ``--timeout`` over both (a run's flags last); it needs no job."""
+    assert cli.main(["allreduce", "--print-config"]) == 0
+    text = capsys.readouterr().out
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    assert load(AgentOptions, path) == AgentOptions()
+    path.write_text(text.replace("op_timeout = 60.0", "op_timeout = 7.0").replace("rpc_timeout = 10.0", "rpc_timeout = 3.0"))
+    assert cli.main(["train", "--config", str(path), "--set", "stream.rto_max=2.0", "--timeout", "9", "--print-config"]) == 0
+    printed = tmp_path / "printed.toml"
+    printed.write_text(capsys.readouterr().out)
+    opts = load(AgentOptions, printed)
+    assert opts.rpc_timeout == 3.0 and opts.stream.rto_max == 2.0
+    assert opts.stream.op_timeout == opts.rendezvous_timeout == 9.0
+    assert opts.stream == StreamOptions(op_timeout=9.0, rto_max=2.0)
 
 
-def test_a_warm_started_agent_signals_ready_then_runs_the_arguments_it_reads(tmp_path) -> None:
-    ready = tmp_path / "ready"
-    proc = _run_entry_point([cli.WARM_START, str(ready)], json.dumps(["allreduce", "--workers", "10.0.0.1",
-                                                                       "--worker-id", "0"]) + "\n")
-    assert ready.exists()
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not IP:PORT" in proc.stderr
-
-
-@pytest.mark.parametrize("argv, stdin, code, message", [
-    ([], "", 0, ""),  # stdin closed without a job: a quiet exit
-    ([], "not json\n", 2, "is not JSON"),
-    ([], '{"a": 1}\n', 2, "a JSON list of strings"),
-    (["extra"], "", 2, "usage: ina-agent --warm-start READY_FILE"),
-])
-def test_warm_start_input_errors_are_one_line(tmp_path, argv, stdin, code, message) -> None:
-    proc = _run_entry_point([cli.WARM_START, str(tmp_path / "ready"), *argv], stdin)
-    assert proc.returncode == code
-    assert proc.stderr.count("\n") == (1 if message else 0) and message in proc.stderr
-
-
-def test_a_warm_start_ready_file_that_cannot_be_created_is_one_line(tmp_path) -> None:
-    proc = _run_entry_point([cli.WARM_START, str(tmp_path / "missing" / "ready")], "")
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "cannot create" in proc.stderr
-
-
-def test_the_testbed_and_the_agent_name_warm_start_alike() -> None:
-    from topologies.experiments.testbed import WARM_START
-
-    assert WARM_START == cli.WARM_START
+def test_the_help_of_each_command_fits_one_screen(capsys) -> None:
+    for argv in (["--help"], ["allreduce", "--help"], ["train", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args(argv)
+        assert len(capsys.readouterr().out.splitlines()) <= 45, argv
 
 
 @pytest.mark.parametrize("allocation", ["equal", "static", "adaptive"])
@@ -127,7 +122,7 @@ def test_train_allocation_modes(allocation, tmp_path) -> None:
                     "--job-name", f"train-{allocation}", "--allocation", allocation, "--steps", "40",
                     "--global-batch", "60", "--update-every", "8", "--quiet", "--json", str(tmp_path / f"w{i}.json")]
             if i == 2 and allocation != "equal":
-                argv += ["--slowdown", "4"]
+                argv += ["--speed", "0.25"]
             return cli.main(argv)
 
         assert run_workers(n, worker) == [0] * n

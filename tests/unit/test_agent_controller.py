@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from host_agent.agent import Agent, AgentOptions
-from host_agent.stream import StreamOptions
+from host_agent.options import StreamOptions
 from softswitch.udp import UdpSwitch
 from tests.udp_switch import local_job, quantised_sum, run_workers
 
@@ -17,9 +17,8 @@ testing = pytest.importorskip("tests.harness")
 
 @pytest.fixture
 def harness(tmp_path):
-    # the relay Rina (its racks' switches are bridged to loopback: no route between them for chains)
     with testing.Harness(tmp_path / "ctl.db", n_switches=2, hosts_per_switch=4, pool=64, sync_timeout=20.0,
-                         policy="equal", rina_chains=False) as h:
+                         policy="equal") as h:
         yield h
 
 
@@ -87,19 +86,3 @@ def test_ina_and_reallocation_by_the_controller(harness) -> None:
     assert len(histories) == 1
     assert len(histories.pop()) >= 2, "the second job's admission changed the first job's generation"
     assert all(j.name != "first" for j in harness.stub.ListJobs(testing.pb.ListJobsRequest()).jobs), "released"
-
-
-def test_rina_across_two_racks(harness) -> None:
-    hosts = ["h11", "h12", "h21", "h22", "h23"]
-    spec, sockets = local_job(len(hosts), "rina", hosts=hosts)
-    bridges, opts = _bridges(harness, hosts, sockets)
-    rng = np.random.default_rng(1)
-    inputs = [rng.standard_normal(3000).astype(np.float32) for _ in hosts]
-    try:
-        out = _run(harness, spec, sockets, opts, lambda agent: (agent.backend, agent.allreduce(inputs[agent.rank])))
-    finally:
-        for b in bridges.values():
-            b.close()
-    want = quantised_sum(inputs)
-    for backend, total in out:
-        assert backend == "rina" and total.tobytes() == want.tobytes()

@@ -1,4 +1,5 @@
-"""The agent's batched UDP I/O (host_agent.udp_io) and batched result handling (host_agent.ina_window.ResultBatch).
+"""The agent's UDP I/O (host_agent.udp_io: per packet, and batched for a host member's copy) and batched result
+handling (host_agent.ina_window.ResultBatch).
 
 Exact datagrams out of GSO sends (and of the per-packet fallback), GRO reads split back into datagrams, the
 fallback when the kernel refuses a segmented send, results applied in batches exactly as one at a time, and
@@ -15,17 +16,17 @@ import threading
 import numpy as np
 import pytest
 
-from host_agent.agent import AgentOptions, bind_worker_sockets
+from host_agent.agent import bind_worker_sockets
 from host_agent.congestion import CongestionWindow
 from host_agent.flight import Flight
 from host_agent.grant import Grant, SwitchGrant, Worker
-from host_agent.ina_window import ResultBatch, gradient_packets
+from host_agent.ina_window import TX_MOD, ResultBatch, gradient_packets
+from host_agent.options import StreamOptions
 from host_agent.rtt import RttEstimator
-from host_agent.stream import ChunkStream, StreamOptions, StreamStats
-from host_agent.udp_io import GSO_MAX_SEGMENTS, DatagramIo, IoMode, gso_supported
+from host_agent.stats import StreamStats
+from host_agent.stream import ChunkStream
+from host_agent.udp_io import GSO_MAX_SEGMENTS, DatagramIo, gso_supported
 from inaproto import wire
-from softswitch.udp import Faults
-from tests.udp_switch import LocalCluster, quantised_sum
 
 P = wire.INA_PAYLOAD_LEN
 
@@ -33,7 +34,7 @@ P = wire.INA_PAYLOAD_LEN
 def _probe() -> tuple[bool, bool]:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        io = DatagramIo(s)
+        io = DatagramIo(s, batched=True)
         return io.gso, io.gro
     finally:
         s.close()
@@ -64,29 +65,29 @@ def _packets(count: int) -> bytes:
     return bytes(gradient_packets(contrib, 5, 0, 16, 3, 1, 2))
 
 
-@pytest.mark.parametrize("mode", [IoMode.BATCHED, IoMode.PER_PACKET])
+@pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("count", [1, 63, 64, 65, 200])
-def test_send_run_delivers_exactly_the_packets_in_order(mode: IoMode, count: int) -> None:
-    if mode is IoMode.BATCHED and not HAS_GSO:
+def test_send_run_delivers_exactly_the_packets_in_order(batched: bool, count: int) -> None:
+    if batched and not HAS_GSO:
         pytest.skip("no UDP_SEGMENT here")
     rx, tx = _sink(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        io = DatagramIo(tx, mode)
+        io = DatagramIo(tx, batched=batched)
         buf = _packets(count)
         calls = io.send_run(memoryview(buf), P, count, rx.getsockname())
         got = _read_all(rx, count)
         assert got == [buf[j * P : (j + 1) * P] for j in range(count)]
         # GSO: one system call per 64 packets (UDP_MAX_SEGMENTS); per packet: one each
-        assert calls == (-(-count // GSO_MAX_SEGMENTS) if mode is IoMode.BATCHED else count)
+        assert calls == (-(-count // GSO_MAX_SEGMENTS) if batched else count)
     finally:
         rx.close()
         tx.close()
 
 
-def test_per_packet_mode_uses_neither_gso_nor_gro() -> None:
+def test_per_packet_io_uses_neither_gso_nor_gro() -> None:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        io = DatagramIo(s, IoMode.PER_PACKET)
+        io = DatagramIo(s, batched=False)
         assert not io.gso and not io.gro and io.read_room == 2048
     finally:
         s.close()
@@ -109,7 +110,7 @@ class _RefusingSocket:
 def test_refused_gso_send_falls_back_to_per_packet_once_and_logs(caplog) -> None:
     rx, tx = _sink(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        io = DatagramIo(_RefusingSocket(tx), IoMode.BATCHED, "w0")
+        io = DatagramIo(_RefusingSocket(tx), batched=True, name="w0")
         assert io.gso
         buf = _packets(100)
         with caplog.at_level(logging.WARNING, logger="host_agent.udp_io"):
@@ -146,27 +147,27 @@ class _FullSocket:
         return getattr(self._sock, name)
 
 
-@pytest.mark.parametrize("mode", [IoMode.BATCHED, IoMode.PER_PACKET])
+@pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("error", [BlockingIOError(errno.EAGAIN, "full"), OSError(errno.ENOBUFS, "no buffer space")])
-def test_a_send_the_socket_refuses_is_dropped_and_in_order_says_how_many_did_not_go(mode: IoMode, error) -> None:
+def test_a_send_the_socket_refuses_is_dropped_and_in_order_says_how_many_did_not_go(batched: bool, error) -> None:
     """A full buffer drops datagrams (the caller's recovery resends them); ``in_order`` stops at the first refused one
     and counts it and the rest in ``unsent``, so a caller that numbers its datagrams can give those numbers back."""
-    if mode is IoMode.BATCHED and not HAS_GSO:
+    if batched and not HAS_GSO:
         pytest.skip("no UDP_SEGMENT here")
     rx, tx = _sink(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         buf = _packets(150)
-        full_from = 2 if mode is IoMode.BATCHED else 65  # the second GSO call, or the 65th datagram
-        io = DatagramIo(_FullSocket(tx, full_from, error), mode)
+        full_from = 2 if batched else 65  # the second GSO call, or the 65th datagram
+        io = DatagramIo(_FullSocket(tx, full_from, error), batched=batched)
         io.send_run(memoryview(buf), P, 150, rx.getsockname(), in_order=True)
-        assert io.unsent == 150 - 64 and io.gso == (mode is IoMode.BATCHED)
+        assert io.unsent == 150 - 64 and io.gso == batched
         assert _read_all(rx, 64) == [buf[j * P : (j + 1) * P] for j in range(64)]
         io.sock.full_from = 10**9
         io.send_run(memoryview(buf), P, 150, rx.getsockname(), in_order=True)
         assert io.unsent == 0 and len(_read_all(rx, 150)) == 150
         io.sock.full_from, io.sock.calls = 1, 0
         io.send_run(memoryview(buf), P, 150, rx.getsockname())  # without in_order: every call tried, all dropped
-        assert io.unsent == 0 and io.sock.calls == (3 if mode is IoMode.BATCHED else 150)
+        assert io.unsent == 0 and io.sock.calls == (3 if batched else 150)
         assert not select.select([rx], [], [], 0.0)[0]
     finally:
         rx.close()
@@ -179,7 +180,7 @@ def test_gro_drain_splits_coalesced_reads_into_datagrams() -> None:
     and a shorter last segment as a run of its own."""
     rx, tx = _sink(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        io = DatagramIo(rx, IoMode.BATCHED)
+        io = DatagramIo(rx, batched=True)
         rx.setblocking(False)
         body = _packets(10) + b"\x07" * 100  # 10 datagrams of 180 bytes, then one of 100
         tx.sendmsg([body], [(17, 103, (P).to_bytes(2, "little"))], 0, rx.getsockname())
@@ -199,16 +200,14 @@ def test_gro_drain_splits_coalesced_reads_into_datagrams() -> None:
         tx.close()
 
 
-class _StreamStub:
-    """What ResultBatch uses of a ChunkStream: stats, the drain buffer, Rina's handler."""
+class _SenderStub:
+    """What ResultBatch uses of an InaSender: stats, the drain buffer, the loss signals' counter log."""
 
     def __init__(self) -> None:
         self.stats = StreamStats()
-        self.others: list[bytes] = []
-        self._rbatch = bytearray(1 << 16)
-
-    def _other_datagram(self, rbuf, n, seg, rack) -> None:
-        self.others.append(bytes(rbuf[:n]))
+        self.rbatch = bytearray(1 << 16)
+        self.txlog = np.full(TX_MOD, -1, dtype=np.int64)
+        self.signals_seen = False
 
 
 def _result(seq: int, job: int = 3, gen: int = 1, flags: int = 0, value: int = 0) -> bytes:
@@ -219,7 +218,7 @@ def _result(seq: int, job: int = 3, gen: int = 1, flags: int = 0, value: int = 0
 def _batch_state(vector: bool, results: list[bytes]) -> tuple:
     from host_agent.chunks import Segment
 
-    stub = _StreamStub()
+    stub = _SenderStub()
     K, i0, a = 40, 2, (1 << 32) - 10  # seq numbers wrap inside the segment
     seg = Segment(a, np.zeros((K, wire.LANES), dtype=np.int32))
     got = bytearray(K)
@@ -227,7 +226,7 @@ def _batch_state(vector: bool, results: list[bytes]) -> tuple:
     est = RttEstimator(0.05, 0.01, 1.0)
     est.sample(0.004)  # path round trip 4 ms
     flight = Flight(K, i0, est, CongestionWindow(), 16, stub.stats)
-    rb = ResultBatch(stub, seg, got, i0, 3, 1, None, seg.res32, seg.flag, seg.src, flight)
+    rb = ResultBatch(stub, seg, got, i0, 3, 1, flight)
     rb.sent = 30
     flight.sent(i0, 30, 0.0)
     flight.resent(7, 0.999, early=True)  # resent 1 ms before the results: any result of 7 answers the original
@@ -244,7 +243,7 @@ def _batch_state(vector: bool, results: list[bytes]) -> tuple:
 def _window_state(flight: Flight) -> tuple:
     """Everything a batch of results changes in the window's bookkeeping (estimator, congestion window, RACK)."""
     est, cw = flight.rtt, flight.cwnd
-    return (flight.last_new, flight.tail_probed, flight.probe_answered, flight.held_n, flight.reorder_mult,
+    return (flight.last_new, flight.tail_probed, flight.probe_answered, flight.reorder_mult,
             flight.rack_dirty, tuple(flight._xmit), tuple(flight._idx), tuple(flight._rtt),
             est.srtt, est.rttvar, est.min_rtt, est.samples, est.backoff, est.rto, tuple(est._recent),
             tuple(sorted((k, repr(v)) for k, v in vars(cw).items())), bytes(flight.counted), flight.stats.spurious_resends,
@@ -253,7 +252,7 @@ def _window_state(flight: Flight) -> tuple:
 
 def test_short_batches_update_the_window_exactly_as_numpy_does() -> None:
     """``Flight.delivered_few`` (the short-batch loop) leaves every bit of state as ``delivered_many`` does: resent
-    chunks answered early (spurious) and late, HELD chunks, path classes with ties in send times, 1..40 results."""
+    chunks answered early (spurious) and late, path classes with ties in send times, 1..40 results."""
     rng = np.random.default_rng(5)
     for trial in range(300):
         K = 48
@@ -267,14 +266,10 @@ def test_short_batches_update_the_window_exactly_as_numpy_does() -> None:
                 f.sent(lo, lo + 8, 0.001 * lo)
             flights.append(f)
         resent = rng.choice(K, size=int(rng.integers(0, 6)), replace=False)
-        held = rng.choice(K, size=int(rng.integers(0, 3)), replace=False)
         now = 0.06 + float(rng.random()) * 0.01
         for f in flights:
             for i in resent:
                 f.resent(int(i), now - float(rng.random()) * 0.01 if i % 2 else 0.01, early=bool(i % 3))
-            for i in held:
-                f.queried(int(i), 0.02)
-                f.status(int(i), True, 0.03)
         rng2 = np.random.default_rng(trial)
         resent_times = {int(i): now - float(rng2.random()) * 0.01 for i in resent}
         for f in flights:
@@ -315,7 +310,7 @@ class _GsoEcho:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.setblocking(False)
         self.address = self.sock.getsockname()
-        self.io = DatagramIo(self.sock, IoMode.BATCHED, "echo")
+        self.io = DatagramIo(self.sock, batched=True, name="echo")
         self.peer: tuple[str, int] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -338,8 +333,8 @@ class _GsoEcho:
         self.sock.close()
 
 
-@pytest.mark.parametrize("mode", [IoMode.BATCHED, IoMode.PER_PACKET])
-def test_window_through_an_echo_answering_in_gso_runs(mode: IoMode) -> None:
+def test_window_through_an_echo_answering_in_gso_runs() -> None:
+    """The stream reads one datagram per call; a switch's answers in GSO runs arrive as separate datagrams."""
     if not HAS_GSO:
         pytest.skip("no UDP_SEGMENT here: the echo cannot answer in runs")
     echo = _GsoEcho()
@@ -350,7 +345,7 @@ def test_window_through_an_echo_answering_in_gso_runs(mode: IoMode) -> None:
         grant = Grant(1, 0, "ina", (SwitchGrant("echo", echo.address[0], num_slots=128, worker_ids=(0,)),),
                       ina_port=echo.address[1])
         stream = ChunkStream(worker_id=0, workers=(me,), sock=udp, listener=tcp, grant=grant, backend="ina",
-                             options=StreamOptions(op_timeout=20.0, io=mode))
+                             options=StreamOptions(op_timeout=20.0))
         chunks = np.random.default_rng(0).integers(-1000, 1000, size=(3000, wire.LANES), dtype=np.int32)
         assert np.array_equal(stream.reduce(chunks), chunks)
         assert stream.stats.results == 3000 and stream.stats.stale == 0
@@ -358,19 +353,6 @@ def test_window_through_an_echo_answering_in_gso_runs(mode: IoMode) -> None:
     finally:
         udp.close()
         echo.close()
-
-
-@pytest.mark.parametrize("mode", [IoMode.BATCHED, IoMode.PER_PACKET])
-def test_ina_and_rina_exact_under_loss_in_both_io_modes(mode: IoMode) -> None:
-    faults = Faults(drop=0.05, duplicate=0.05, reorder=0.05)
-    opts = AgentOptions(stream=StreamOptions(op_timeout=20.0, io=mode))
-    rng = np.random.default_rng(3)
-    for racks, backend in ((["s1"] * 4, "ina"), (["r1", "r1", "r2", "r2"], "rina")):
-        inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
-        with LocalCluster(racks, slots=32, faults=faults, seed=4, options=opts) as cl:
-            out = cl.run(lambda agent, inputs=inputs: (agent.allreduce(inputs[agent.rank]), agent.backend))
-            want = quantised_sum(inputs)
-            assert all(o[0].tobytes() == want.tobytes() and o[1] == backend for o in out)
 
 
 def test_gso_supported_reports_the_kernel_option() -> None:

@@ -12,7 +12,7 @@ from host_agent.congestion import CongestionWindow
 from host_agent.flight import Flight
 from host_agent.ina_window import TX_MOD, ResultBatch, queue_signalled
 from host_agent.rtt import RttEstimator
-from host_agent.stream import StreamStats
+from host_agent.stats import StreamStats
 from inaproto import wire
 
 pytestmark = pytest.mark.unit
@@ -20,34 +20,30 @@ pytestmark = pytest.mark.unit
 JOB, GEN = 3, 1
 
 
-class _StreamStub:
-    """What ResultBatch uses of a ChunkStream."""
+class _SenderStub:
+    """What ResultBatch uses of an InaSender."""
 
     def __init__(self) -> None:
         self.stats = StreamStats()
-        self._rbatch = bytearray(1 << 16)
-        self._txlog = np.full(TX_MOD, -1, dtype=np.int64)
-        self._signals_seen = False
-        self._queries_answered = False
-
-    def _other_datagram(self, rbuf, n, seg, rack) -> None:  # pragma: no cover - not reached here
-        raise AssertionError("not a Rina datagram")
+        self.rbatch = bytearray(1 << 16)
+        self.txlog = np.full(TX_MOD, -1, dtype=np.int64)
+        self.signals_seen = False
 
 
-def _window(a: int = 1000, K: int = 64, sent: int = 40) -> tuple[ResultBatch, _StreamStub, Flight, bytearray]:
-    stub = _StreamStub()
+def _window(a: int = 1000, K: int = 64, sent: int = 40) -> tuple[ResultBatch, _SenderStub, Flight, bytearray]:
+    stub = _SenderStub()
     seg = Segment(a, np.zeros((K, wire.LANES), dtype=np.int32))
     got = bytearray(K)
     est = RttEstimator(0.05, 0.01, 1.0)
     est.sample(0.010)
     flight = Flight(K, 0, est, CongestionWindow(), 32, stub.stats)
     flight.numbered = True
-    rb = ResultBatch(stub, seg, got, 0, JOB, GEN, None, seg.res32, seg.flag, seg.src, flight)
+    rb = ResultBatch(stub, seg, got, 0, JOB, GEN, flight)
     flight.sent(0, sent, 1.0)
     rb.sent = sent
     for i in range(sent):  # frame counters 100.. in sending order
         flight.txn[i] = 100 + i
-        stub._txlog[(100 + i) % TX_MOD] = a + i
+        stub.txlog[(100 + i) % TX_MOD] = a + i
     rb.now = 1.5
     return rb, stub, flight, got
 
@@ -84,7 +80,7 @@ def test_a_gap_report_never_names_a_chunk_that_went_without_a_counter() -> None:
     """A chunk never numbered (``Flight.txn`` -1, e.g. a skipped lane not sent yet) is not "counter 127" (-1 mod 128)."""
     rb, stub, flight, _got = _window()
     flight.txn[35] = -1
-    stub._txlog[127] = 1000 + 35  # the counter value 127 last carried chunk 35 (e.g. of a replay's numbering)
+    stub.txlog[127] = 1000 + 35  # the counter value 127 last carried chunk 35 (e.g. of a replay's numbering)
     _feed(rb, [_gap_report(0, 1)])  # the frame numbered 127 before frame 0 was lost
     assert rb.signalled == [] and stub.stats.gap_reports == 1
     flight.txn[35] = 127 + TX_MOD
@@ -92,20 +88,20 @@ def test_a_gap_report_never_names_a_chunk_that_went_without_a_counter() -> None:
     assert rb.signalled == [35]
 
 
-def test_a_chunk_named_twice_is_queued_once_in_the_order_named_and_marked_for_its_payload() -> None:
+def test_a_chunk_named_twice_is_queued_once_in_the_order_named() -> None:
     """A gap report and a PREV_DONE (or two reports) may name one chunk: one resend, in the order first named; a chunk
-    queued already (by RACK) keeps its place but is marked too; one with a result is left alone."""
+    queued already (by RACK) keeps its place; one with a result is left alone."""
     rb, _stub, _flight, got = _window()
     got[4] = 1
     _feed(rb, [_gap_report(100 + 16, 2), _result(1000 + 20, prev=(1000 + 15) % TX_MOD),
                _gap_report(100 + 14, 1), _result(1000 + 21, prev=(1000 + 4) % TX_MOD)])
     assert rb.signalled == [15, 14, 15, 13]
-    queued, named = bytearray(64), bytearray(64)
+    queued = bytearray(64)
     queued[13] = 1
     lost: deque[tuple[int, bool]] = deque([(13, True)])
-    assert queue_signalled(rb.signalled, got, queued, named, lost) == 2
+    assert queue_signalled(rb.signalled, got, queued, lost) == 2
     assert list(lost) == [(15, True), (14, True), (13, True)] and rb.signalled == []
-    assert [i for i in range(64) if named[i]] == [13, 14, 15] and [i for i in range(64) if queued[i]] == [13, 14, 15]
+    assert [i for i in range(64) if queued[i]] == [13, 14, 15]
 
 
 def test_a_completion_named_equally_near_two_outstanding_chunks_is_left_alone() -> None:
@@ -133,7 +129,7 @@ def test_a_gap_report_of_another_generation_or_for_frames_never_sent_changes_not
     rb, stub, _flight, _got = _window()
     h = wire.InaHeader(int(wire.MsgType.STATUS), int(wire.Flags.GAP), JOB, GEN + 1, 2, 0, 0, 0, reserved=20)
     _feed(rb, [wire.pack_header(h)])
-    stub._txlog[:] = -1
+    stub.txlog[:] = -1
     _feed(rb, [_gap_report(120, 3)])
     assert rb.signalled == [] and stub.stats.stale == 1
 
@@ -141,7 +137,7 @@ def test_a_gap_report_of_another_generation_or_for_frames_never_sent_changes_not
 def test_a_result_naming_a_completion_this_worker_missed_resends_that_chunk_once_signals_are_seen() -> None:
     rb, stub, flight, got = _window()
     _feed(rb, [_result(1000 + 5, prev=(1000 + 4) % TX_MOD)])
-    assert rb.signalled == [4] and flight.signals and stub._signals_seen
+    assert rb.signalled == [4] and flight.signals and stub.signals_seen
     rb.signalled.clear()
     got[6] = 1
     _feed(rb, [_result(1000 + 7, prev=(1000 + 6) % TX_MOD)])  # it has that one: nothing

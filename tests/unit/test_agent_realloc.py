@@ -1,4 +1,5 @@
-"""The agent under a changing grant: moved, shrunk, revoked (ring) and restored slots mid-operation; Rina; lifecycle."""
+"""The agent under a changing grant: moved, shrunk, revoked (ring) and restored slots mid-operation; lifecycle. (Rina
+on chains under a changing grant: tests/unit/test_agent_rina_chains.py.)"""
 from __future__ import annotations
 
 import threading
@@ -10,7 +11,7 @@ import pytest
 from host_agent.agent import Agent, AgentOptions
 from host_agent.control import AdmissionClient
 from host_agent.errors import JobReleased
-from host_agent.stream import StreamOptions
+from host_agent.options import StreamOptions
 from inaproto.backends import Backend
 from inaproto.wire import LANES
 from softswitch.udp import Faults
@@ -131,41 +132,6 @@ def test_no_slots_granted_falls_back_to_ring() -> None:
         out = cl.run(lambda agent: ([agent.allreduce(inputs[agent.rank])], agent.stats, agent.backend))
     assert {o[2] for o in out} == {"ring"}
     _assert_exact([(o[0], o[1]) for o in out], inputs)
-
-
-@pytest.mark.parametrize("faults", [None, FAULTY], ids=["clean", "faulty"])
-def test_rina_three_racks_one_without_ina(faults) -> None:
-    """Racks r1 (3 workers) and r2 (2) aggregate in their switches; r3 (2) has none: its workers are ring members."""
-    racks = ["r1", "r1", "r1", "r2", "r2", "r3", "r3"]
-    rng = np.random.default_rng(3)
-    inputs = [(rng.standard_normal(3000) * 5).astype(np.float32) for _ in racks]
-    inputs[3][100:160] = inputs[4][100:160] = 30000.0  # overflows in r2's switch: recovered
-    with LocalCluster(racks, ina_racks={"r1", "r2"}, slots=16, faults=faults, options=QUICK) as cl:
-        def work(agent):
-            assert agent.backend == "rina"
-            return [agent.allreduce(inputs[agent.rank]) for _ in range(2)], agent.stats
-
-        out = cl.run(work)
-        _assert_exact(out, inputs)
-        plan = cl.fake.jobs[cl.fake.job_id("job")].grant
-        assert plan.backend == "rina"
-    stats = [st for _, st in out]
-    assert stats[0].broadcasts_sent > 0 and stats[3].broadcasts_sent > 0  # the two representatives
-    assert all(st.broadcasts_sent == 0 for i, st in enumerate(stats) if i not in (0, 3))
-    assert all(st.overflow_chunks > 0 for st in stats)
-
-
-def test_rina_rack_loses_and_regains_its_slots() -> None:
-    racks = ["r1", "r1", "r2", "r2", "r2"]
-    rng = np.random.default_rng(4)
-    inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
-    steps = [{"slots": {"r1": 16, "r2": 0}}, {"slots": {"r1": 0, "r2": 0}}, {"slots": {"r1": 8, "r2": 8}}]
-    with LocalCluster(racks, slots=16, options=QUICK) as cl:
-        out, applied = _run_with_steps(cl, inputs, calls=30, steps=steps, every=200)
-    _assert_exact(out, inputs)
-    assert len(applied) == len(steps)
-    kinds = [kind for _, kind, _ in out[0][1].generation_history]
-    assert kinds[0] == "rina" and "ring" in kinds and kinds[-1] == "rina"
 
 
 def test_launcher_registers_and_workers_join_by_job_id() -> None:

@@ -3,19 +3,16 @@ the ring's partitions, and the switches (models behind UDP, linked to each other
 also under loss. The entries are the ones controller/chains.py computes (tests/unit/test_chains_plan.py)."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
-from host_agent.agent import AgentOptions
-from host_agent.stream import StreamOptions
+from host_agent.options import AgentOptions, StreamOptions
 from inaproto.job_entries import ChainHop, ChainLink, WorkerAddress, chain_entries, job_entries
 from inaproto.rina_ring import Rack, host_copy_port, ring_of
 from softswitch.udp import Faults, _mac_bytes
 from tests.udp_switch import LocalCluster, quantised_sum
 
-OPTIONS = AgentOptions(stream=StreamOptions(op_timeout=20.0, rina_chains=True))
+OPTIONS = AgentOptions(stream=StreamOptions(op_timeout=20.0))
 JOB_ID = 1  # the fake controller's first job
 SLOTS = 8
 
@@ -81,7 +78,7 @@ def test_every_rack_ina_workers_get_exact_sums_through_the_chains(racks, faults)
     for results, stats in out:
         for r in results:
             np.testing.assert_array_equal(r, expected)
-        assert stats.broadcasts_sent == 0
+        assert stats.ring_ops == 0
     assert partials > 0
 
 
@@ -97,19 +94,59 @@ def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back
     steps = [{"slots": {"r1": SLOTS, "r2": 0}}, {"slots": {"r1": SLOTS, "r2": SLOTS}}]
     with LocalCluster(racks, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
         _install_chains(cl)
-        program = cl.fake._program
-
-        def program_with_chains(job, slots, bases, reason):
-            program(job, slots, bases, reason)
-            _install_chains(cl, slots)
-
-        cl.fake._program = program_with_chains
+        _following(cl)
         out, applied = _run_with_steps(cl, inputs, calls=20, steps=steps, every=150)
     _assert_exact(out, inputs)
     assert len(applied) == len(steps)
     for _, stats in out:
         kinds = [kind for _, kind, _ in stats.generation_history]
         assert len(kinds) >= 3 and set(kinds) == {"ina"} and stats.ring_ops == 0
+
+
+def _following(cl: LocalCluster) -> None:
+    """The fake controller writes the chains of every generation it grants (as SwitchProgrammer does)."""
+    program = cl.fake._program
+
+    def program_with_chains(job, slots, bases, reason):
+        program(job, slots, bases, reason)
+        _install_chains(cl, slots)
+
+    cl.fake._program = program_with_chains
+
+
+def test_rina_on_chains_moves_to_the_ring_and_back_exactly():
+    """All slots revoked mid-job: no chain, every worker on the ring; slots back: chains again, exact throughout."""
+    from tests.unit.test_agent_realloc import _assert_exact, _run_with_steps
+
+    racks = ["r1", "r1", "r2", "r2", "r2"]
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
+    steps = [{"slots": {"r1": SLOTS, "r2": 0}}, {"slots": {"r1": 0, "r2": 0}}, {"slots": {"r1": SLOTS, "r2": SLOTS}}]
+    with LocalCluster(racks, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
+        _install_chains(cl)
+        _following(cl)
+        out, applied = _run_with_steps(cl, inputs, calls=30, steps=steps, every=200)
+    _assert_exact(out, inputs)
+    assert len(applied) == len(steps)
+    kinds = [kind for _, kind, _ in out[0][1].generation_history]
+    assert kinds[0] == "ina" and "ring" in kinds and kinds[-1] == "ina"
+
+
+def test_an_overflow_on_the_chains_is_recovered_exactly():
+    """Racks r1 (3 workers) and r2 (2) are switch members, r3 (2) has no INA: its workers are host members; large
+    values of r2's workers overflow the int32 sum, which every worker recovers."""
+    racks = ["r1", "r1", "r1", "r2", "r2", "r3", "r3"]
+    rng = np.random.default_rng(3)
+    inputs = [(rng.standard_normal(3000) * 5).astype(np.float32) for _ in racks]
+    inputs[3][100:160] = inputs[4][100:160] = 30000.0
+    with LocalCluster(racks, ina_racks={"r1", "r2"}, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
+        _install_chains(cl)
+        out = cl.run(lambda agent: ([agent.allreduce(inputs[agent.rank]) for _ in range(2)], agent.stats,
+                                    agent.host_copy is not None))
+    expected = quantised_sum(inputs)
+    for i, (results, stats, copy) in enumerate(out):
+        assert all(r.tobytes() == expected.tobytes() for r in results)
+        assert stats.overflow_chunks > 0 and stats.ring_ops == 0 and copy == (racks[i] == "r3")
 
 
 def test_a_plans_slots_carry_their_chain_one_class_per_chain() -> None:
@@ -119,7 +156,7 @@ def test_a_plans_slots_carry_their_chain_one_class_per_chain() -> None:
     from host_agent.grant import Grant, SwitchGrant, chain_ring, plan_for
 
     def grant(slots: int, ina2: bool) -> Grant:
-        return Grant(job_id=4, generation=1, backend="rina", chains=True, ina_port=47000, switches=(
+        return Grant(job_id=4, generation=1, backend="rina", ina_port=47000, switches=(
             SwitchGrant("r1", "10.0.1.254", num_slots=slots, worker_ids=(0, 1, 2, 3)),
             SwitchGrant("r2", "10.0.2.254" if ina2 else "", num_slots=slots if ina2 else 0, worker_ids=(4, 5, 6, 7))))
 
@@ -146,7 +183,7 @@ def test_rack_compares_chunks_of_one_chain_only() -> None:
     from host_agent.congestion import CongestionWindow
     from host_agent.flight import Flight
     from host_agent.rtt import RttEstimator
-    from host_agent.stream import StreamStats
+    from host_agent.stats import StreamStats
 
     K = 8
     est = RttEstimator(0.05, 0.010, 1.0)
@@ -170,41 +207,20 @@ def test_rack_compares_chunks_of_one_chain_only() -> None:
 
 @pytest.mark.parametrize("racks,ina", [(["r1", "r1", "r2", "r2"], {"r1"}), (["r1", "r2", "r2", "r3", "r3"], {"r2"})],
                          ids=["2x2-half", "3-racks-one"])
-@pytest.mark.parametrize("faults,bundle_frames,mode", [(None, 11, "thread"), (Faults(drop=0.02, duplicate=0.01), 11, "thread"),
-                                                     (None, 1, "thread"), (None, 11, "process")],
-                         ids=["clean", "lossy", "no-bundles", "own-process"])
-def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks, ina, faults, bundle_frames, mode,
-                                                                          monkeypatch):
-    """Racks without INA: each worker there is a ring member keeping its copy of the chain in its agent; every
-    worker is plain INA (towards its switch or its copy) and gets the exact sum, also under loss (on the switches
-    and, lossy, on what the copies send: single frames and runs between host members alike); the copy runs in
-    a thread of the agent or in a child process of its own."""
-    from host_agent.host_member import CopyMode, _Copy
-
-    if faults is not None:
-        send_run, fault_rng = _Copy._send_run, np.random.default_rng(11)
-
-        def faulty_send_run(self, data, size: int, count: int, dst) -> None:
-            for j in range(count):  # each datagram of the run dropped or duplicated on its own
-                x = fault_rng.random()
-                if x < faults.drop:
-                    continue
-                for _ in range(2 if x > 1 - faults.duplicate else 1):
-                    send_run(self, data[j * size : (j + 1) * size], size, 1, dst)
-
-        monkeypatch.setattr(_Copy, "_send_run", faulty_send_run)
+@pytest.mark.parametrize("faults", [None, Faults(drop=0.02, duplicate=0.01)], ids=["clean", "lossy"])
+def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks, ina, faults):
+    """Racks without INA: each worker there is a ring member keeping its copy of the chain (in a child process of
+    its agent); every worker is plain INA (towards its switch or its copy) and gets the exact sum, also under loss
+    on the switches."""
     rng = np.random.default_rng(len(racks) + 1)
     inputs = [(rng.standard_normal(2000) * 3).astype(np.float32) for _ in racks]
-    with LocalCluster(racks, ina_racks=ina, slots=SLOTS, backend="rina", faults=faults, seed=5,
-                      options=dataclasses.replace(OPTIONS, rina_bundle_frames=bundle_frames,
-                                                  rina_copy=CopyMode(mode))) as cl:
+    with LocalCluster(racks, ina_racks=ina, slots=SLOTS, backend="rina", faults=faults, seed=5, options=OPTIONS) as cl:
         _install_chains(cl)
 
         def work(agent):
             results = [agent.allreduce(inputs[agent.rank]) for _ in range(2)]
             copy = agent.host_copy
             report = copy.report() if copy is not None else {"frames": 0, "bundles_sent": 0, "bundled": 0}
-            assert copy is None or copy.mode is CopyMode(mode)
             return (results, agent.stats, agent.plan.kind, report["frames"] > 0, (report["bundles_sent"], report["bundled"]))
 
         out = cl.run(work)
@@ -213,9 +229,9 @@ def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks
     for i, (results, stats, kind, copied, _) in enumerate(out):
         for r in results:
             np.testing.assert_array_equal(r, expected)
-        assert kind == "ina" and stats.broadcasts_sent == 0 and stats.ring_ops == 0
+        assert kind == "ina" and stats.ring_ops == 0
         assert copied == (racks[i] not in ina)
     assert partials > 0
     # host members next to each other exchange runs (inaproto.rina_runs): fewer datagrams than the payloads they carry
     bundles, payloads = (sum(o[4][k] for o in out) for k in (0, 1))
-    assert 0 < bundles < payloads if bundle_frames > 1 else 0 < bundles == payloads
+    assert 0 < bundles < payloads

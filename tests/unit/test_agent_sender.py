@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from host_agent.congestion import CongestionWindow
-from host_agent.flight import REORDER_FLOOR, REORDER_SHARE, Flight, QueryState
+from host_agent.flight import REORDER_FLOOR, REORDER_SHARE, Flight
 from host_agent.rtt import MAX_BACKOFF, RttEstimator
-from host_agent.stream import StreamStats
+from host_agent.stats import StreamStats
 
 pytestmark = pytest.mark.unit
 
@@ -66,11 +66,12 @@ def test_many_samples_per_round_move_the_estimate_less_each() -> None:
     assert 0.010 < many.srtt < one.srtt
 
 
-def _flight(K: int = 32, granted: int = 32, path: float = 0.010) -> tuple[Flight, StreamStats, RttEstimator]:
+def _flight(K: int = 32, granted: int = 32, path: float = 0.010, trace: bool = False
+            ) -> tuple[Flight, StreamStats, RttEstimator]:
     est = RttEstimator(0.05, 0.010, 1.0)  # StreamOptions' defaults
     est.sample(path)
     stats = StreamStats()
-    return Flight(K, 0, est, CongestionWindow(initial=granted), granted, stats), stats, est
+    return Flight(K, 0, est, CongestionWindow(initial=granted), granted, stats, trace=trace), stats, est
 
 
 def test_rack_finds_a_hole_after_the_reorder_window_and_not_before() -> None:
@@ -385,70 +386,14 @@ def test_a_timeout_during_a_stall_behind_a_queue_probes_one_chunk_not_the_queue(
     assert fl.on_timeout(got, 22, 64, later, queued) == [22]
 
 
-def _rack_hole(fl, est, got, queued) -> float:
-    """Chunks 0..7 sent at 1.0, chunk 2's result missing while 0, 1, 3, 4 came: returns when RACK finds 2."""
-    fl.sent(0, 8, 1.000)
-    for i in (0, 1, 3, 4):
-        got[i] = 1
-        fl.delivered(i, 1.010)
-    return 1.010 + fl.reorder_window()
-
-
-def test_a_held_chunk_leaves_rack_and_the_window_until_its_result() -> None:
-    """The switch holds this worker's gradient (a peer's loss): no resend, no congestion-window room taken."""
-    fl, stats, est = _flight()
-    got, queued = np.zeros(32, dtype=np.uint8), bytearray(32)
-    t = _rack_hole(fl, est, got, queued)
-    assert fl.lost(got, 2, 8, t, queued) == [2]
-    fl.queried(2, t)
-    stats.queries += 1
-    assert fl.status(2, held=True, now=t + 0.010) is False
-    assert fl.qstate[2] == QueryState.HELD and fl.held_n == 1
-    for i in (5, 6, 7):  # later results: still no resend of the held chunk, however long
-        got[i] = 1
-        fl.delivered(i, t + 0.020)
-    assert fl.lost(got, 2, 8, t + 10.0, queued) == []
-    got[2] = 1
-    fl.delivered(2, t + 0.040)  # a peer's recovery completed the copy
-    assert fl.held_n == 0 and stats.spurious_resends == 0
-
-
-def test_a_chunk_the_switch_lacks_is_resent_at_once_and_late_statuses_change_nothing() -> None:
-    fl, stats, est = _flight()
-    got, queued = np.zeros(32, dtype=np.uint8), bytearray(32)
-    t = _rack_hole(fl, est, got, queued)
-    fl.queried(2, t)
-    stats.queries += 1
-    assert fl.status(2, held=False, now=t + 0.010) is True  # this worker's own gradient was lost
-    assert fl.qstate[2] == QueryState.MISSING
-    fl.resent(2, t + 0.010, early=True)
-    assert fl.qstate[2] == QueryState.NONE and fl.payload_resent[2] == 1
-    assert fl.status(2, held=True, now=t + 0.011) is False and fl.held_n == 0  # a duplicated status, too late
-
-
-def test_a_query_is_never_a_spurious_resend_and_an_unanswered_one_waits_for_the_rto() -> None:
-    fl, stats, est = _flight()
-    got, queued = np.zeros(32, dtype=np.uint8), bytearray(32)
-    t = _rack_hole(fl, est, got, queued)
-    fl.queried(2, t)
-    fl.queried(5, t)
-    stats.queries += 2
-    assert fl.lost(got, 2, 8, t + fl.resend_timeout(), queued) == []  # no status yet: not the short timer
-    assert fl.lost(got, 2, 8, t + max(est.rto, fl.resend_timeout()), queued) == [2, 5]  # query or status lost
-    got[5] = 1
-    fl.delivered(5, t + 0.001)  # the original's result, right after the query: no payload was resent
-    assert stats.spurious_resends == 0
-
-
-def test_a_flight_trace_records_first_sends_resends_and_results(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("INA_AGENT_FLIGHT_TRACE", str(tmp_path))
-    fl, _, _ = _flight(K=4, granted=4)
+def test_a_flight_trace_records_first_sends_resends_and_results(tmp_path) -> None:
+    fl, _, _ = _flight(K=4, granted=4, trace=True)
     fl.sent(0, 4, 1.000)
     fl.resent(2, 1.020, early=True)
     for i in (0, 1, 3):
         fl.delivered(i, 1.010)
     fl.delivered(2, 1.031)
-    fl.dump_trace(256, 3, 0.5)
+    fl.dump_trace(tmp_path, 256, 3, 0.5)
     [f] = list(tmp_path.iterdir())
     rec = json.loads(f.read_text())
     assert rec["worker"] == 3 and rec["first_chunk"] == 256
@@ -457,14 +402,13 @@ def test_a_flight_trace_records_first_sends_resends_and_results(tmp_path, monkey
 
 
 @pytest.mark.parametrize("batch", ["delivered_few", "delivered_many"])
-def test_a_flight_trace_records_results_applied_in_batches(tmp_path, monkeypatch, batch) -> None:
+def test_a_flight_trace_records_results_applied_in_batches(tmp_path, batch) -> None:
     """The window applies its results in batches (``delivered_few`` / ``delivered_many``): the trace records them too."""
-    monkeypatch.setenv("INA_AGENT_FLIGHT_TRACE", str(tmp_path))
-    fl, _, _ = _flight(K=4, granted=4)
+    fl, _, _ = _flight(K=4, granted=4, trace=True)
     fl.sent(0, 4, 1.000)
     sel = [0, 1, 3]
     getattr(fl, batch)(sel if batch == "delivered_few" else np.array(sel), 1.010)
-    fl.dump_trace(0, 1, 1.0)
+    fl.dump_trace(tmp_path, 0, 1, 1.0)
     [f] = list(tmp_path.iterdir())
     rec = json.loads(f.read_text())
     assert rec["result_at"] == [0.01, 0.01, -1.0, 0.01]

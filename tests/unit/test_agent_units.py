@@ -1,8 +1,6 @@
 """Agent building blocks without sockets: fixed point, overflow split, job specs, grants and plans."""
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -96,7 +94,7 @@ def _grant(backend: str, *switches: SwitchGrant, generation: int = 3) -> Grant:
     return Grant(job_id=4, generation=generation, backend=backend, switches=switches, ina_port=47000)
 
 
-def test_plan_ina_ring_and_rina() -> None:
+def test_plan_ina_ring_and_rina_on_chains() -> None:
     ids = range(6)
     one = _grant("ina", SwitchGrant("s1", "10.0.0.254", num_slots=16, worker_ids=tuple(ids)))
     p = plan_for(one, ids, "auto")
@@ -107,12 +105,15 @@ def test_plan_ina_ring_and_rina() -> None:
     racks = _grant("rina", SwitchGrant("r1", "10.0.1.254", num_slots=8, worker_ids=(2, 0, 1)),
                    SwitchGrant("r2", "10.0.2.254", num_slots=0, worker_ids=(3, 4)),
                    SwitchGrant("r3", "10.0.3.254", num_slots=4, worker_ids=(5,)))
-    p = plan_for(racks, ids, "auto")
-    assert p.kind == "rina"
-    assert [r.worker_ids for r in p.racks] == [(0, 1, 2), (5,)]
-    assert p.ring == (0, 3, 4, 5)  # representatives 0 and 5, plus the workers of the rack without slots
-    assert p.is_representative(0) and not p.is_representative(1) and p.rack_of(3) is None
+    p = plan_for(racks, ids, "auto")  # Rina on chains: every worker plain INA towards its switch or its own copy
+    assert p.kind == "ina" and p.ring == ()
+    assert [r.worker_ids for r in p.racks] == [(0, 1, 2), (5,), (3,), (4,)]
+    assert [r.switch for r in p.racks[2:]] == ["host-copy-3", "host-copy-4"]
+    assert {r.num_slots for r in p.racks} == {4} and p.rack_of(3).chains == 4  # 4 members, a partition each
     assert plan_for(racks, ids, "ina").kind == "ring"  # ina needs one switch holding everyone
+    chainless = _grant("rina", SwitchGrant("r1", "10.0.1.254", num_slots=2, worker_ids=(0, 1, 2)),
+                       SwitchGrant("r2", "", num_slots=0, worker_ids=(3, 4, 5)))
+    assert plan_for(chainless, ids, "auto").kind == "ring"  # 2 slots for 4 members: no chain, the ring
 
     none = _grant("ring", SwitchGrant("s1", "10.0.0.254", num_slots=0, worker_ids=tuple(ids)))
     p = plan_for(none, ids, "auto")
@@ -130,24 +131,3 @@ def test_stream_options_are_checked() -> None:
         StreamOptions(rto_min=1.0, rto_initial=0.1)
     with pytest.raises(ValueError, match="reorder_guard"):
         StreamOptions(reorder_guard=-1)
-
-
-def test_train_slowdown_options_become_a_speed_schedule():
-    """--slowdown F and --slowdown-at STEP:FACTOR are --speed 1/F,STEP:1/FACTOR (experiment 2's straggler)."""
-
-    from host_agent.cli import UsageError, _speed_of, _step_factor
-    from host_agent.compute import SpeedSchedule
-
-    def ns(**kw):
-        return argparse.Namespace(**({"speed": None, "slowdown": None, "slowdown_at": None} | kw))
-
-    assert _speed_of(ns(slowdown=2.0, slowdown_at=(2, 5.0))) == SpeedSchedule(0.5, ((2, 0.2),))
-    assert _speed_of(ns()) == SpeedSchedule(1.0)
-    assert _speed_of(ns(speed=SpeedSchedule.parse("1,3:0.5"))).at(3) == 0.5
-    for bad in (ns(slowdown=0.5), ns(speed=SpeedSchedule(1.0), slowdown=2.0)):
-        with pytest.raises(UsageError):
-            _speed_of(bad)
-    assert _step_factor("3:2.5") == (3, 2.5)
-    for bad in ("3", "x:2", "3:0.5", "-1:2"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            _step_factor(bad)

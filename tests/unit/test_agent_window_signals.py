@@ -4,6 +4,7 @@ worker sends when the switch's loss signals name its losses and when its socket 
 reach a copy that waits for the peer (a gap is reported at once) and every chunk completes."""
 from __future__ import annotations
 
+import socket
 from collections import Counter, deque
 from collections.abc import Callable
 
@@ -11,12 +12,10 @@ import numpy as np
 import pytest
 
 from host_agent.chunks import Segment
-from host_agent.congestion import CongestionWindow
-from host_agent.flight import QueryMode
 from host_agent.grant import Rack
-from host_agent.ina_window import TX_MOD, InaPhase, WindowMode
-from host_agent.rtt import RttEstimator
-from host_agent.stream import StreamOptions, StreamStats
+from host_agent.ina_window import TX_MOD, InaSender
+from host_agent.options import StreamOptions
+from host_agent.stats import StreamStats
 from inaproto import wire
 from tests.targets import SWITCH_IP, SWITCH_MAC, ModelTarget, Worker, install_job, make_workers
 
@@ -109,36 +108,21 @@ class _Poll:
         return []
 
 
-class _Stream(InaPhase):
-    """What ``InaPhase`` uses of a ChunkStream."""
-
-    def __init__(self, net: _Net, options: StreamOptions) -> None:
-        self.options, self._io, self._wpoll = options, net, _Poll()
-        self.job_id, self._generation, self.worker_id, self._base = JOB, GEN, ME.wid, 0
-        self.stats = StreamStats()
-        self._rtt = RttEstimator(options.rto_initial, options.rto_min, options.rto_max)
-        self._cwnd = CongestionWindow(options.initial_window)
-        self._reorder_mult, self._chain_rtts = 1, []
-        self._queries_answered, self._queries_unanswered = False, 0
-        self._txn, self._txlog, self._signals_seen = 0, np.full(TX_MOD, -1, dtype=np.int64), False
-        self._guard_until = self._pace_next = self._pace_gap = 0.0
-        self._pending = self._released = False
-        self._catchup = None
-        self._rbatch = bytearray(256 * PAYLOAD + net.read_room)
-
-    def _other_datagram(self, rbuf, n, seg, rack) -> None:  # pragma: no cover - not reached here
-        raise AssertionError("not a datagram of this window")
-
-
-def _run(net: _Net, slots: int, K: int, **opts) -> tuple[_Stream, Segment, np.ndarray]:
-    """Chunks 0..K-1 through the window; returns the stream, the segment and the contributions."""
-    options = StreamOptions(op_timeout=10.0, **opts)
-    stream = _Stream(net, options)
+def _run(net: _Net, slots: int, K: int, **opts) -> tuple[InaSender, Segment, np.ndarray]:
+    """Chunks 0..K-1 through one window of a sender whose I/O is ``net``; returns the sender, the segment and the
+    contributions."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as unused:  # the sender's own socket: net stands in for it
+        sender = InaSender(unused, StreamOptions(op_timeout=10.0, **opts), StreamStats(), job_id=JOB,
+                           worker_id=ME.wid, name="w")
+    sender.io, sender.poll = net, _Poll()
     contrib = np.arange(K * wire.LANES, dtype=np.int32).reshape(K, wire.LANES)
     seg = Segment(0, contrib)
     rack = Rack("s1", (SWITCH_IP, wire.INA_UDP_PORT), slots, (ME.wid, PEER.wid))
-    stream._ina_window(seg, 0, rack, WindowMode.FINAL)
-    return stream, seg, contrib
+    try:
+        sender.run(seg, 0, rack, generation=GEN, base=0, check=lambda: None)
+    finally:
+        sender.close()
+    return sender, seg, contrib
 
 
 def _exact(seg: Segment, contrib: np.ndarray) -> bool:
@@ -146,14 +130,12 @@ def _exact(seg: Segment, contrib: np.ndarray) -> bool:
     return bool((got == contrib + 1).all()) and all(seg.src)
 
 
-def test_a_chunk_the_switch_reports_lost_gets_its_payload_again_never_a_query() -> None:
-    """With ``--queries first`` RACK's finds are asked about; a chunk a gap report named is known lost at the switch."""
+def test_a_chunk_the_switch_reports_lost_gets_its_payload_again() -> None:
     net = _Net(16, lost={(5, 1)})
-    stream, seg, contrib = _run(net, 16, 40, queries=QueryMode.FIRST)
+    sender, seg, contrib = _run(net, 16, 40)
     assert _exact(seg, contrib)
-    assert stream.stats.gap_reports >= 1 and stream.stats.signal_resends >= 1
+    assert sender.stats.gap_reports >= 1 and sender.stats.signal_resends >= 1
     assert [m for m, s, _ in net.arrived if s == 5] == [wire.MsgType.GRADIENT]  # its resend: the payload
-    assert stream.stats.queries == 0
 
 
 def test_a_refused_counted_send_gives_its_counters_back_and_its_chunks_go_next_turn() -> None:
@@ -172,9 +154,9 @@ def test_a_refused_counted_send_gives_its_counters_back_and_its_chunks_go_next_t
         return 0
 
     net = _Net(128, lost={(150, 1)}, refuse=refuse)
-    stream, seg, contrib = _run(net, 128, 300, initial_window=100)
+    sender, seg, contrib = _run(net, 128, 300, initial_window=100)
     assert _exact(seg, contrib)
     assert net.refused == 71 and refusals == {"run": 0, "resend": 0}
     # every frame that left the socket took the next counter, the one lost on the way included; refused ones took none
-    assert net.counters == [k % TX_MOD for k in range(len(net.counters))] and stream._txn == len(net.counters)
-    assert stream.stats.gap_reports == 1  # the lost frame alone
+    assert net.counters == [k % TX_MOD for k in range(len(net.counters))] and sender.txn == len(net.counters)
+    assert sender.stats.gap_reports == 1  # the lost frame alone

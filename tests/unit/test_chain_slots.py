@@ -5,7 +5,14 @@ import math
 
 import pytest
 
-from controller.chains import CHAIN_HEADROOM, chain_grant, chain_round_trip, chain_slots, plan_rina, switches_connected
+from controller.chains import (
+    CHAIN_HEADROOM,
+    chain_round_trip,
+    chain_rtt_floor,
+    chain_slots,
+    plan_rina,
+    switches_connected,
+)
 from controller.memory import SlotRange
 from controller.store import Job
 from controller.topology import LinkRate, Topology, TopologyError
@@ -83,8 +90,9 @@ def test_link_delays_lengthen_the_round_trip_not_the_frame_time():
     assert chain_slots(topo, job) == 2 * 64  # 2 x 28.7 ms / 0.74 ms = 78 -> R x 2^k
 
 
-def test_switches_without_trunks_get_no_chains_and_keep_the_relay_rina():
-    """``--switch`` specs give no switch-to-switch links: a Rina job across them has no chains (no crash)."""
+def test_switches_without_trunks_get_no_chains():
+    """``--switch`` specs give no switch-to-switch links: a job across them has no chains (no crash; it runs on the
+    ring)."""
     topo = Topology.from_specs(["name=s1,addr=127.0.0.1:1,device_id=1,rack=r1",
                                 "name=s2,addr=127.0.0.1:2,device_id=2,rack=r2"])
     req = pb.RegisterJobRequest(name="j")
@@ -96,7 +104,7 @@ def test_switches_without_trunks_get_no_chains_and_keep_the_relay_rina():
     job = Job(1, 1, req, tuple(placement), 0.0, 1, "rina", "", (("s1", SlotRange(0, 8)), ("s2", SlotRange(0, 8))))
     assert not switches_connected(topo, job.switches())
     assert plan_rina(topo, job) is None and chain_round_trip(topo, job) is None and chain_slots(topo, job) is None
-    assert chain_grant(topo, job) == (False, 0.0)
+    assert chain_rtt_floor(topo, job) == 0.0
 
 
 @pytest.mark.parametrize("delay,seconds", [("2ms", 2e-3), ("100us", 1e-4), ("1s", 1.0), (3, 3e-3), ("", 0.0)])
@@ -117,7 +125,7 @@ def test_a_hop_between_host_members_is_counted_in_runs_for_the_grant_not_for_the
     """Host members' copies send runs to each other (inaproto.rina_runs): every link of such a hop stores and
     forwards a whole run, so the grant counts those links at a run of GRANT_RUN_PAYLOADS (89 slots at 2 x 4 with
     one INA rack, where single frames gave 33 and the 50 % mix ran slot-bound); the floor the agents' windows
-    read (``chain_grant``) stays the single-frame one, and a ring of switches only is not changed."""
+    read (``chain_rtt_floor``) stays the single-frame one, and a ring of switches only is not changed."""
     from controller.chains import GRANT_RUN_PAYLOADS, run_frame_len
     from inaproto.rina_runs import RUN_FRAME_LEN, RUN_PAYLOADS
 
@@ -134,7 +142,7 @@ def test_a_hop_between_host_members_is_counted_in_runs_for_the_grant_not_for_the
     extra = (run_frame_len(GRANT_RUN_PAYLOADS) - wire.INA_FRAME_LEN) * 8 / 2e6
     assert 6 <= (grant - floor) / extra <= 12
     assert chain_slots(topo, job) == math.ceil(CHAIN_HEADROOM * grant / frame) == 89
-    assert chain_grant(topo, job) == (True, pytest.approx(floor))
+    assert chain_rtt_floor(topo, job) == pytest.approx(floor)
     every = _rated_leaf_spine(2, 4, 2)
     both = _job(every, {"tor0": 8, "tor1": 8})
     assert chain_round_trip(every, both, GRANT_RUN_PAYLOADS) == chain_round_trip(every, both)

@@ -160,18 +160,17 @@ def test_rina_over_every_ina_rack_gives_exact_sums(racks, per_rack, own_ips):
     assert partials == (r - 1) * len(slots)
 
 
-def test_programmer_adds_a_rina_jobs_chain_entries_only_with_chains_on():
+def test_programmer_adds_a_rina_jobs_chain_entries():
     topo = _leaf_spine(2, 2)
     job = _job(topo, {"tor0": 8, "tor1": 8})
     plan = plan_rina(topo, job)
-    on, off = SwitchProgrammer(topo, {}, chains=True), SwitchProgrammer(topo, {})
+    on = SwitchProgrammer(topo, {})
     tor = on.expected("tor0", {JOB: job})
     chains = [e for e in tor.entries.values() if e.table == "MyIngress.ina_chain"]
     assert sorted(e.match for e in chains) == sorted(c.match for c in plan.chains["tor0"].chains)
     assert set(tor.groups) == {JOB + 1, JOB + 257, JOB + 513}
     assert [e.table for e in on.expected("spine", {JOB: job}).entries.values() if e.table.startswith("MyIngress.ina")] == \
         ["MyIngress.ina_transit"]
-    assert not [e for e in off.expected("tor0", {JOB: job}).entries.values() if e.table == "MyIngress.ina_chain"]
     assert on.tables("tor0")[-3:] == ["MyIngress.ina_transit", "MyIngress.ina_chain", "MyIngress.ina_job"]
     # ingress binding: the other rack's member (partials) and tor0's own id (final sums) on tor0's uplink, port 3
     links = {e.match: e.params for e in tor.entries.values() if e.action == "MyIngress.bind_link"}

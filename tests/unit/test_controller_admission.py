@@ -250,24 +250,16 @@ def test_worker_without_host_is_located_by_its_ip(h):
     assert h.switches["s1"].pipeline.multicast_groups[g.job_id + 1] == ((3, 0),)
 
 
-def test_jobs_across_racks_get_rina_on_chains_by_default(tmp_path):
+def test_jobs_across_racks_get_rina_on_chains(tmp_path):
     with Harness(tmp_path / "ctl.db", n_switches=2, pool=16) as h:
         g = register(h, "x", ["h11", "h12", "h21"], requested=8)
-        assert (g.backend, g.chains) == ("rina", True)
+        assert g.backend == "rina"
         assert g.chain_rtt_floor == 0.0  # the star topology gives no link rates
-        assert [(s.switch, s.num_slots) for s in g.switches] == [("s1", 8), ("s2", 8)]
-        assert h.switches["s2"].entries("MyIngress.ina_chain")  # the ring's entries
-
-
-def test_jobs_across_racks_get_rina_with_per_rack_grants(tmp_path):
-    with Harness(tmp_path / "ctl.db", n_switches=2, pool=16, rina_chains=False) as h:  # the relay Rina
-        g = register(h, "x", ["h11", "h12", "h21"], requested=8)
-        assert (g.backend, g.chains) == ("rina", False)
         assert [(s.switch, s.rack, list(s.worker_ids), s.num_slots, s.mcast_grp) for s in g.switches] == [
             ("s1", "r1", [0, 1], 8, 2), ("s2", "r2", [2], 8, 2)]
         assert h.switches["s1"].entries("MyIngress.ina_job")[(g.job_id,)][1][2:4] == (0b011, 2)
         assert h.switches["s2"].entries("MyIngress.ina_job")[(g.job_id,)][1][2:4] == (0b100, 1)
-        assert h.switches["s2"].pipeline.multicast_groups == {2: ((1, 2),)}
+        assert h.switches["s2"].entries("MyIngress.ina_chain")  # the ring's entries
         # routes between racks go over the trunk
         assert h.switches["s1"].entries("MyIngress.ipv4_lpm")[((ip_int("10.0.2.1"), 32),)][1][1] == 100
 

@@ -5,6 +5,7 @@ SwitchGrant carries it, `inactl job show` shows it, and the agents take it from 
 from __future__ import annotations
 
 import io
+import threading
 import time
 
 import numpy as np
@@ -144,15 +145,17 @@ def test_agents_take_the_floor_from_every_grant_and_a_regrant_changes_it() -> No
     inputs = [rng.standard_normal(1000).astype(np.float32) for _ in range(2)]
     with LocalCluster(["s1", "s1"], slots=16, options=AgentOptions(stream=StreamOptions(op_timeout=20.0))) as cl:
         cl.fake.path_rtt_floors = {"s1": 0.003}
+        both_done = threading.Barrier(2)  # every worker has its first result before the regrant
 
         def work(agent):
             first = agent.allreduce(inputs[agent.rank])
-            before = (agent.generation, agent.stats.path_rtt_floor_s, agent.stream._rtt.path_floor)
+            before = (agent.generation, agent.stats.path_rtt_floor_s, agent.stream.ina.rtt.path_floor)
+            both_done.wait(20)
             if agent.rank == 0:  # a new generation with another floor, pending here before this worker's next call
                 cl.fake.path_rtt_floors = {"s1": 0.0015}
                 _wait_for_grant(agent, cl.fake.reallocate(cl.fake.job_named("job").job_id, 16))
             last = agent.allreduce(inputs[agent.rank])  # the other worker's call is interrupted by the grant
-            return first, last, before, (agent.generation, agent.stats.path_rtt_floor_s, agent.stream._rtt.path_floor)
+            return first, last, before, (agent.generation, agent.stats.path_rtt_floor_s, agent.stream.ina.rtt.path_floor)
 
         want = quantised_sum(inputs)
         for first, last, before, after in cl.run(work):
@@ -166,7 +169,7 @@ def test_an_explicit_floor_overrides_the_grants() -> None:
     with LocalCluster(["s1", "s1"], slots=16, options=opts) as cl:
         cl.fake.path_rtt_floors = {"s1": 0.003}
         out = cl.run(lambda agent: (agent.allreduce(inputs[agent.rank]), agent.stats.path_rtt_floor_s,
-                                    agent.stream._rtt.path_floor))
+                                    agent.stream.ina.rtt.path_floor))
         assert all(o[0].tobytes() == quantised_sum(inputs).tobytes() and o[1:] == (0.0005, 0.0005) for o in out)
 
 

@@ -337,7 +337,6 @@ def test_piece_bounds_cut_chunks_into_pieces_of_about_piece_bytes() -> None:
     assert piece_bounds(8192, 4) == chunk_bounds(8192, 8)
     assert len(piece_bounds(10**7, 4)) == MAX_PIECES + 1
     assert piece_bounds(7, 4, piece_bytes=4) == tuple(range(8))
-    assert piece_bounds(10**7, 4, piece_bytes=0) == (0, 10**7) == piece_bounds(10**7, 4, piece_bytes=-1)  # 0: whole
 
 
 @pytest.mark.parametrize("n", range(2, 9))
@@ -410,18 +409,3 @@ def test_piece_j_of_a_step_waits_for_piece_j_of_the_step_before() -> None:
     with pytest.raises(RingError, match="stop here"):
         ring_allreduce(np.arange(6, dtype=np.int32), Recorder())
     assert recorded == [("after one piece", 4)]
-
-
-def test_agent_option_ring_piece_bytes(monkeypatch) -> None:
-    """``--ring-piece-bytes`` (default from $INA_RING_PIECE_BYTES) reaches the stream's options; 0 is whole chunks."""
-    from host_agent.cli import RING_PIECES_ENV, build_parser
-    from host_agent.ring_pieces import PIECE_BYTES
-    from inaproto.cli import UsageError
-
-    base = ["allreduce", "--workers", "127.0.0.1:5000,127.0.0.1:5001", "--worker-id", "0"]
-    monkeypatch.delenv(RING_PIECES_ENV, raising=False)
-    assert build_parser().parse_args(base).ring_piece_bytes == PIECE_BYTES
-    monkeypatch.setenv(RING_PIECES_ENV, "0")
-    assert build_parser().parse_args(base).ring_piece_bytes == 0
-    with pytest.raises(UsageError, match="ring-piece-bytes"):
-        build_parser().parse_args([*base, "--ring-piece-bytes", "-1"])

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from host_agent.allocation import static_allocation
+from host_agent.comm import CommThread
 from host_agent.torch_hook import (
     AgentHookState,
     Numerics,
@@ -26,7 +27,16 @@ from host_agent.torch_hook import (
 from tests.udp_switch import LocalCluster
 
 
-class _FakeAgent:
+class _Submitting:
+    """An agent's communication thread (``Agent.submit``), for the fakes."""
+
+    def submit(self, fn, /, *args):
+        if not hasattr(self, "comm"):
+            self.comm = CommThread("fake-comm")
+        return self.comm.submit(fn, *args)
+
+
+class _FakeAgent(_Submitting):
     rank, size = 1, 4
 
     def allreduce(self, array: np.ndarray) -> np.ndarray:
@@ -79,7 +89,7 @@ class _Bucket:
         return self.t
 
 
-class _GatedGroup:
+class _GatedGroup(_Submitting):
     """n identical workers (sum = n x own values) through block floating point; each all-reduce waits for a gate."""
 
     rank, size = 0, 4
@@ -150,7 +160,7 @@ def test_ddp_backward_goes_on_while_buckets_are_reduced(tmp_path) -> None:
         ref = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.Tanh())])
         ddp = DDP(model, bucket_cap_mb=32 * 33 * 4 / 2**20)  # about one bucket per layer
 
-        class OneWorker:
+        class OneWorker(_Submitting):
             rank, size = 0, 1
 
             def __init__(self) -> None:

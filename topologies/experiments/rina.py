@@ -92,9 +92,6 @@ class RinaConfig:
         repetitions: runs of every point (each a fresh testbed; one repetition runs every point once).
         loss: drop probabilities of extra Rina runs (every fraction with an INA rack), injected on every
             ina-switch (``Faults``); every result still checked exact, resends counted.
-        bundles_ab: also run each mixed fraction (some racks without INA) with bundles off (``ina-agent
-            --rina-bundle-frames 1``: one INA payload per datagram between host members).
-        copy: where host members' copies run (``ina-agent --rina-copy``): "thread" of the agent or "process".
     """
 
     layouts: tuple[tuple[int, int], ...] = ((2, 4), (4, 2))
@@ -108,12 +105,8 @@ class RinaConfig:
     reference: bool = True
     repetitions: int = 3
     loss: tuple[float, ...] = ()
-    bundles_ab: bool = False
-    copy: str = "process"
 
     def __post_init__(self) -> None:
-        if self.copy not in ("thread", "process"):
-            raise ValueError(f"copy must be thread or process, got {self.copy!r}")
         object.__setattr__(self, "layouts", checked_layouts(self.layouts))
         object.__setattr__(self, "ina_fractions", tuple(float(f) for f in self.ina_fractions))
         object.__setattr__(self, "loss", tuple(float(p) for p in self.loss))
@@ -157,7 +150,6 @@ class RinaExperiment(Experiment):
         ("--no-reference", "reference", "false", "skip single-switch INA"),
         ("--repetitions", "repetitions", int, "runs of every point (medians with spread)"),
         ("--loss", "loss", "floats", "drop probabilities of extra Rina runs (ina-switch), e.g. 0.01"),
-        ("--bundles-ab", "bundles_ab", "true", "also run mixed fractions with bundles off (A/B)"),
         ("--copy", "copy", str, "where host members' copies run: process (default) or thread"),
     )
 
@@ -175,13 +167,13 @@ class RinaExperiment(Experiment):
         cfg, ctx = self.config, self.ctx
         port = INA_UDP_BASE + 200
         common = ("--elements", str(cfg.elements), "--iterations", str(cfg.iterations), "--warmup", str(cfg.warmup),
-                  "--check", "--rina-copy", cfg.copy)
+                  "--check")
         for racks, per in cfg.layouts:
             n = racks * per
             layout = f"{racks}x{per}"
             hosts = tuple(f"h{i}" for i in range(1, n + 1))
-            # (label, topology, backend, INA fraction, injected loss, bundles)
-            runs: list[tuple[str, Any, str, float | None, float, bool]] = []
+            # (label, topology, backend, INA fraction, injected loss)
+            runs: list[tuple[str, Any, str, float | None, float]] = []
 
             def leaf_spine(k: int, racks: int = racks, per: int = per) -> LeafSpineTopo:
                 return LeafSpineTopo(racks, per, ina_racks=list(range(1, k + 1)), bw=cfg.bw_mbps,
@@ -189,28 +181,24 @@ class RinaExperiment(Experiment):
 
             for frac in cfg.ina_fractions:
                 k = round(frac * racks)
-                runs.append((f"leafspine-{k}ina", leaf_spine(k), "rina", k / racks, 0.0, True))
-                if cfg.bundles_ab and 0 < k < racks:
-                    runs.append((f"leafspine-{k}ina-nobundles", leaf_spine(k), "rina", k / racks, 0.0, False))
+                runs.append((f"leafspine-{k}ina", leaf_spine(k), "rina", k / racks, 0.0))
             runs.append(("leafspine-ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps,
-                                                         uplink_bw=cfg.bw_mbps * cfg.uplink_ratio), "ring", None, 0.0,
-                         True))
+                                                         uplink_bw=cfg.bw_mbps * cfg.uplink_ratio), "ring", None, 0.0))
             if cfg.reference:
-                runs.append(("star", StarTopo(n, bw=cfg.bw_mbps), "ina", None, 0.0, True))
+                runs.append(("star", StarTopo(n, bw=cfg.bw_mbps), "ina", None, 0.0))
             if ctx.options.switch == "ina-switch":  # BMv2 cannot drop on purpose
                 runs += [(f"leafspine-{round(f * racks)}ina-loss{p:g}", leaf_spine(round(f * racks)), "rina",
-                          round(f * racks) / racks, p, True) for p in cfg.loss for f in cfg.ina_fractions
+                          round(f * racks) / racks, p) for p in cfg.loss for f in cfg.ina_fractions
                          if round(f * racks) > 0]
             for rep in range(cfg.repetitions):
-                for label, topo, backend, frac, loss, bundles in runs:
+                for label, topo, backend, frac, loss in runs:
                     port += 1
                     ctx.progress(f"{layout} {label} (repetition {rep + 1}/{cfg.repetitions}): {backend}, "
                                  f"{cfg.warmup}+{cfg.iterations} all-reduces")
                     name = f"{layout}-{label}" + (f"-rep{rep + 1}" if cfg.repetitions > 1 else "")
                     opts: dict[str, Any] = {"faults": {"drop": loss, "seed": 23 + rep}} if loss else {}
-                    args = common + (() if bundles else ("--rina-bundle-frames", "1"))
                     with ctx.testbed(topo, name, switch_opts=opts) as bed:
-                        job = AgentJob(f"rina-{layout}-{label}", hosts, "allreduce", backend=backend, args=args,
+                        job = AgentJob(f"rina-{layout}-{label}", hosts, "allreduce", backend=backend, args=common,
                                        requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
                         workers = ctx.run_job(bed, job, {"kind": "rina", "layout": layout, "run": label,
                                                          "repetition": rep})
@@ -218,8 +206,7 @@ class RinaExperiment(Experiment):
                             continue
                     row = allreduce_row(workers, kind="rina", layout=layout, racks=racks, per_rack=per, run=label,
                                         repetition=rep, backend=backend, ina_fraction=frac, bw_mbps=cfg.bw_mbps,
-                                        uplink_ratio=cfg.uplink_ratio, loss=loss, bundles=bundles,
-                                        copy=cfg.copy, load1=os.getloadavg()[0], **cpu_per_call(workers, cfg.warmup + cfg.iterations))
+                                        uplink_ratio=cfg.uplink_ratio, loss=loss, load1=os.getloadavg()[0], **cpu_per_call(workers, cfg.warmup + cfg.iterations))
                     ctx.record(row)
                     ctx.progress(f"{layout} {label}: median {row['seconds_median'] * 1e3:.0f} ms, "
                                  f"retransmits {row['retransmits']}, exact {row.get('exact')}")

@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,9 @@ EXIT_GRACE = 15.0  # seconds an agent may take to exit after writing its results
 
 # Agents share 2 cores with the switch and each other: one BLAS thread each (OpenBLAS would otherwise spin
 # a thread per core in every worker, and a busy machine turns a millisecond of numpy into tens).
-WARM_START = "--warm-start"  # ina-agent's option for an agent started ahead of its job (host_agent.cli.WARM_START)
+# An agent started ahead of its job (Testbed.prestart): the lab's launcher, which runs ina-agent's main once it reads
+# the job's arguments.
+WARM_AGENT = (sys.executable, "-m", "topologies.experiments.warm_agent")
 AGENT_ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
              "PYTHONUNBUFFERED": "1"}
 
@@ -397,8 +400,8 @@ class Testbed:
         return self.run_dir / "logs" / f"agent-{job.name}-w{worker_id}.log"
 
     def prestart(self, jobs: Sequence[AgentJob], *, timeout: float = 60.0) -> None:
-        """Start every worker's agent process of ``jobs`` ahead of its job (``ina-agent --warm-start``) and wait
-        until each has done its imports; :meth:`launch` then hands it its arguments instead of starting a process.
+        """Start every worker's agent process of ``jobs`` ahead of its job (``topologies.experiments.warm_agent``) and
+        wait until each has done its imports; :meth:`launch` then hands it its arguments instead of starting a process.
 
         A cluster's workers each start on a host of their own; on this 2-core testbed 16 agents' start-up (0.5-0.7
         CPU-s each) made every arriving job's completion time carry its own and slowed the jobs already running.
@@ -412,7 +415,7 @@ class Testbed:
                 log_path.parent.mkdir(parents=True, exist_ok=True)
                 flag = log_path.with_suffix(".ready")
                 flag.unlink(missing_ok=True)
-                argv = [*agent_command(), WARM_START, str(flag)]
+                argv = [*WARM_AGENT, str(flag)]
                 log_path.write_text("# " + " ".join(argv) + "\n")
                 with log_path.open("a") as log:  # appending: launch() adds the arguments' line to it later
                     p = self.net.popen(host, argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=AGENT_ENV)

@@ -3,7 +3,7 @@ single-switch INA.
 
 For each layout (racks x workers per rack) a leaf-spine whose spine runs the program (every link ``bw_mbps``)
 runs a tree job (``ina-controller --trees``: each ToR sums its rack, the spine sums the ToRs' partials and
-its final sum comes back down), a Rina job (``--rina-chains``, no trees), a ring job; a star of all workers
+its final sum comes back down), a Rina job (on chains, no trees), a ring job; a star of all workers
 runs single-switch INA as the reference. Every worker checks its result (``--check``). Every run is
 repeated ``repetitions`` times (fresh testbed each). No timed run writes pcaps (writing them costs every
 switch CPU per packet, and a tree has three switches on its path against the star's one); ``uplink_runs``
@@ -177,7 +177,7 @@ class TreeExperiment(Experiment):
             if cfg.baselines:
                 runs += [
                     ("rina", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "rina",
-                     ("--rina-chains",), ("--rina-chains",), star_floor, 0.0),
+                     (), (), star_floor, 0.0),
                     ("ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps), "ring", (), (), 0.0,
                      0.0),
                     ("star", StarTopo(n, bw=cfg.bw_mbps), "ina", (), (), star_floor, 0.0),

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from host_agent.agent import AgentOptions
 from host_agent.chunks import CHUNK_BYTES, Segment
+from host_agent.options import StreamOptions
 from host_agent.ring import RingAllReduce, RingError, local_queue_links, ring_allreduce_blocks, run_local_ring
 from host_agent.ring_pieces import PieceStream
-from host_agent.options import StreamOptions
 from inaproto.backends import Backend
 from inaproto.wire import LANES
 from tests.udp_switch import LocalCluster, quantised_sum

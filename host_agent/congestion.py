@@ -14,7 +14,7 @@ with a small window under loss a round has few samples, all of them may wait for
 window would collapse.) The window never drops below ``MIN_WINDOW`` (or the grant): early loss
 detection needs later chunks in flight.
 
-**The queue is kept short** (issue 13, experiment 4): a round whose shortest round trip exceeds
+**The queue is kept short** (experiment 4): a round whose shortest round trip exceeds
 ``path_rtt + allowance`` (``allowance = max(queue_allowance, path_rtt / 4)``) cuts the window in
 proportion to the excess (at most by half); a flat round grows it: doubling per round (slow start) until
 the first cut, then by one slot per round. A standing queue costs nothing while nothing is lost, but a
@@ -31,7 +31,7 @@ queue comes with that queue's delay first: the delay rule acts before the queue 
 halving the window, as TCP Reno does, took 8 workers at 5 % link loss to the minimum window: a third
 of their rounds lose a chunk.)
 
-**No cut goes below the bandwidth-delay product** (issue 13, experiment 1's pool-size curve): a window
+**No cut goes below the bandwidth-delay product** (experiment 1's pool-size curve): a window
 of ``W`` chunks delivered at ``R`` chunks/s keeps at most ``W / R`` seconds of round trip in flight, so a
 window of at most ``R x path_rtt`` makes no queue at all. When the round trips exceed the target anyway
 (the skew of a peer descheduled on the loaded machine, whose stall every INA round trip of its peers

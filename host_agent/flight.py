@@ -232,7 +232,7 @@ class Flight:
 
     def delivered_few(self, sel: list[int], now: float) -> None:
         """``delivered_many`` for a short batch (a list, in arrival order), in plain Python: numpy's fixed cost per
-        call outweighs a few results (cpu8, session 8). The same state after as ``delivered_many``."""
+        call outweighs a few results. The same state after as ``delivered_many``."""
         self.last_new = now
         self.tail_probed = False
         est = self.rtt
@@ -293,7 +293,7 @@ class Flight:
         result waits for, the queue and the skew between workers (SRTT covers both; the shortest recent round
         trip does not), and, when a peer lost the chunk too, for that peer's resend: timed by the shortest
         round trip, two thirds of the second resends at 5 % loss in experiment 4 were answered by the first
-        (their result came less than a path round trip after the second; docs/experiments.md, session 9)."""
+        (their result came less than a path round trip after the second; docs/experiments.md)."""
         return max(max(self.rtt.srtt, self.recent_min()) + 2 * self.reorder_window(), self.rtt.rto_min)
 
     def peer_wait(self) -> float:
@@ -301,7 +301,7 @@ class Flight:
         peer's loss (the peer learns of it when RACK would, then its resend takes a round trip behind its own
         queue), a lane lagging after a peer's lost result, or, rarely, a signal lost on the way. The
         retransmission timeout (SRTT + 4 RTTVAR, at least SRTT + ``rto_min``), at least the resend timeout: one
-        smoothed round trip alone (session 11's first cut) still resent ~80 % of these holes needlessly at 5 %
+        smoothed round trip alone resent ~80 % of these holes needlessly at 5 %
         loss in experiment 4."""
         return max(self.resend_timeout(), self.rtt.rto)
 
@@ -394,11 +394,10 @@ class Flight:
         """Twice the recent shortest round trip plus the reorder window, at least ``rto_min`` (as Linux
         floors its probe timeout: below that, a worker descheduled for a moment looks like a lost tail) and
         at least SRTT + RTTVAR: a needless timeout or probe raises both (``RttEstimator.spurious_timeout``), so
-        the next stall of that length is waited out by the probe as by the timer (session 9: with the timer
-        alone raised, the probe took over its needless resends at a window of 4 on the loaded machine).
+        the next stall of that length is waited out by the probe as by the timer (with the timer alone raised,
+        the probe took over its needless resends at a window of 4 on the loaded machine).
 
-        One round trip plus two reorder windows (tried for issue 13's experiment 4: it saves a round trip
-        per lost tail) resent 3-28 % of chunks spuriously at windows 1-4 and a 10 ms round trip on the
+        One round trip plus two reorder windows (it would save a round trip per lost tail) resent 3-28 % of chunks spuriously at windows 1-4 and a 10 ms round trip on the
         loaded machine: there every chunk is a tail, and a peer descheduled for longer than the margin
         stalls the results as a lost chunk would."""
         est = self.rtt

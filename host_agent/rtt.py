@@ -40,7 +40,7 @@ class RttEstimator:
             (``cburst``, 8 INA frames) at veth speed, so the shortest sample crossed every link without its
             serialization, and the congestion window's queue target, built on ``path_rtt``, then reads a
             longer path's normal round trip (a tree's 4 link crossings) as a queue (docs/experiments.md,
-            "Aggregation trees", session 6).
+            "Aggregation trees").
     """
 
     def __init__(self, rto_initial: float, rto_min: float, rto_max: float, granularity: float = 0.001,

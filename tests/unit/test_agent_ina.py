@@ -243,3 +243,23 @@ def test_without_loss_numbered_frames_reach_the_switch_in_sequence() -> None:
         reports, resends = sum(o[1].gap_reports for o in out), sum(o[1].signal_resends for o in out)
         assert reports <= cl.switch().kernel_drops
         assert resends <= 63 * reports + _udp_rcvbuf_errors() - rcvbuf_errors
+
+
+def test_asynchronous_calls_run_in_submission_order_on_the_communication_thread() -> None:
+    """``allreduce_async`` returns at once; the agent's communication thread runs the calls in the order submitted
+    (the same on every worker), so every future gets its own exact sum; a call that fails fails its future only."""
+    rng = np.random.default_rng(21)
+    inputs = [[rng.standard_normal(500 + 100 * k).astype(np.float32) for k in range(4)] for _ in range(3)]
+
+    def work(agent):
+        futures = [agent.allreduce_async(x) for x in inputs[agent.rank]]
+        bad = agent.submit(agent.allreduce, np.array(["not numbers"]))
+        last = agent.allreduce_async(inputs[agent.rank][0])
+        return [f.result(30) for f in futures], bad.exception(30), last.result(30)
+
+    with LocalCluster(["s1"] * 3, slots=8, options=QUICK) as cl:
+        out = cl.run(work)
+    for sums, error, again in out:
+        _check_exact([sums], inputs)
+        assert isinstance(error, TypeError)
+        assert again.tobytes() == quantised_sum([inp[0] for inp in inputs]).tobytes()

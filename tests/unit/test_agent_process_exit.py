@@ -43,6 +43,6 @@ def test_agents_exit_by_themselves_after_their_job(tmp_path) -> None:
                                    "1000", "--iterations", "1", "--quiet"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
         for p in procs:
-            out, err = p.communicate(timeout=120)  # a generous bound: whether it exits, not how fast
+            _out, err = p.communicate(timeout=120)  # a generous bound: whether it exits, not how fast
             assert p.returncode == 0, err
             assert json.loads(err.strip().splitlines()[-1]) == []

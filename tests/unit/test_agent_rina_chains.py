@@ -86,48 +86,39 @@ def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back
     """Generation by generation the ring follows the slots: two switch members while both racks have slots, r2's
     workers host members (each keeping its copy) while r2 has none, two switch members again; every worker plain
     INA towards its switch or its copy throughout, every chunk counted once (exact)."""
-    from tests.unit.test_agent_realloc import _assert_exact, _run_with_steps
-
-    racks = ["r1", "r1", "r2", "r2"]
-    rng = np.random.default_rng(9)
-    inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
     steps = [{"slots": {"r1": SLOTS, "r2": 0}}, {"slots": {"r1": SLOTS, "r2": SLOTS}}]
-    with LocalCluster(racks, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
-        _install_chains(cl)
-        _following(cl)
-        out, applied = _run_with_steps(cl, inputs, calls=20, steps=steps, every=150)
-    _assert_exact(out, inputs)
-    assert len(applied) == len(steps)
+    out = _regranted(["r1", "r1", "r2", "r2"], steps, calls=20, every=150, seed=9)
     for _, stats in out:
         kinds = [kind for _, kind, _ in stats.generation_history]
         assert len(kinds) >= 3 and set(kinds) == {"ina"} and stats.ring_ops == 0
 
 
-def _following(cl: LocalCluster) -> None:
-    """The fake controller writes the chains of every generation it grants (as SwitchProgrammer does)."""
-    program = cl.fake._program
+def _regranted(racks: list[str], steps: list[dict], *, calls: int, every: int, seed: int) -> list:
+    """Every worker's (results, stats) of ``calls`` all-reduces while the fake controller applies ``steps`` (and
+    writes the chains of every generation it grants, as SwitchProgrammer does); every sum checked exact."""
+    from tests.unit.test_agent_realloc import _assert_exact, _run_with_steps
 
-    def program_with_chains(job, slots, bases, reason):
-        program(job, slots, bases, reason)
-        _install_chains(cl, slots)
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
+    with LocalCluster(racks, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
+        _install_chains(cl)
+        program = cl.fake._program
 
-    cl.fake._program = program_with_chains
+        def program_with_chains(job, slots, bases, reason):
+            program(job, slots, bases, reason)
+            _install_chains(cl, slots)
+
+        cl.fake._program = program_with_chains
+        out, applied = _run_with_steps(cl, inputs, calls=calls, steps=steps, every=every)
+    _assert_exact(out, inputs)
+    assert len(applied) == len(steps)
+    return out
 
 
 def test_rina_on_chains_moves_to_the_ring_and_back_exactly():
     """All slots revoked mid-job: no chain, every worker on the ring; slots back: chains again, exact throughout."""
-    from tests.unit.test_agent_realloc import _assert_exact, _run_with_steps
-
-    racks = ["r1", "r1", "r2", "r2", "r2"]
-    rng = np.random.default_rng(4)
-    inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
     steps = [{"slots": {"r1": SLOTS, "r2": 0}}, {"slots": {"r1": 0, "r2": 0}}, {"slots": {"r1": SLOTS, "r2": SLOTS}}]
-    with LocalCluster(racks, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
-        _install_chains(cl)
-        _following(cl)
-        out, applied = _run_with_steps(cl, inputs, calls=30, steps=steps, every=200)
-    _assert_exact(out, inputs)
-    assert len(applied) == len(steps)
+    out = _regranted(["r1", "r1", "r2", "r2", "r2"], steps, calls=30, every=200, seed=4)
     kinds = [kind for _, kind, _ in out[0][1].generation_history]
     assert kinds[0] == "ina" and "ring" in kinds and kinds[-1] == "ina"
 

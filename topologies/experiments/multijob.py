@@ -101,9 +101,10 @@ class MultijobConfig:
         repetitions: runs of the whole trace per (pool, policy).
         simulate: run the same traces through ina-sim and compare.
         calibration: a calibration JSON for ina-sim instead of measuring one (probes on a 2-host star).
-        warm_start: start each run's agents (their processes and imports) before the trace's clock starts
-            (``Testbed.prestart``), as a cluster whose workers each have a host of their own; False: at each job's
-            arrival, as until session 9 (every JCT then carries its agents' start-up on the shared 2 cores).
+        warm_start: the lab's method for completion times: start each run's agents (their processes and imports,
+            ``topologies.experiments.warm_agent``) before the trace's clock starts (``Testbed.prestart``), as a
+            cluster whose workers each have a host of their own; False: at each job's arrival (every JCT then
+            carries its agents' start-up on the shared 2 cores).
     """
 
     trace: str = "full"

@@ -16,8 +16,7 @@
    at 2 Mbit/s, 12 calls of 4096 float32, the job moved every 2 calls at a random point (INA at another
    slot range -> ring -> INA); per kind of move the medians of the stream's ``pauses`` (stop, barrier,
    back where it stopped, chunks replayed, ring work lost), and the per-move cost from runs with and
-   without moves (alternating). ``--realloc-elements 65536`` makes each ring phase 1.7 s of wire time, which
-   the agents cut into row blocks with ``--realloc-block-seconds 1`` (the agents' default is 0, one op, for now).
+   without moves (alternating). ``--realloc-elements 65536`` makes each ring phase 1.7 s of wire time.
 """
 from __future__ import annotations
 
@@ -88,7 +87,7 @@ def bench_sender(windows: tuple[int, ...], losses: tuple[float, ...], loss_windo
     return out
 
 
-def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int, ring_block_seconds: float | None = None) -> dict:
+def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int) -> dict:
     """One job of 4 workers on loopback (links emulated at ``bps``), ``calls`` all-reduces; with ``moves``
     a controller thread moves the job every 2 calls, at a random point of a call (4-80 ms in, scaled by
     elements / 4096 for longer calls), through INA
@@ -101,8 +100,7 @@ def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int, 
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal(elements).astype(np.float32) for _ in range(n)]
     steps = [{"slots": 16, "bases": 200}, {"slots": 0}, {"slots": 16, "bases": 0}] * 8
-    blocks = {} if ring_block_seconds is None else {"ring_block_seconds": ring_block_seconds}  # session 9: row blocks
-    opts = AgentOptions(stream=StreamOptions(op_timeout=30.0, link_bps=bps, **blocks))
+    opts = AgentOptions(stream=StreamOptions(op_timeout=30.0, link_bps=bps))
     with LocalCluster(["s1"] * n, slots=16, options=opts) as cl:
         first: dict = {}
         done = threading.Event()
@@ -151,14 +149,14 @@ def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int, 
             "replayed": sum(o[1].replayed_chunks for o in out)}
 
 
-def bench_realloc(rounds: int, calls: int, elements: int, bps: float, ring_block_seconds: float | None = None) -> dict:
+def bench_realloc(rounds: int, calls: int, elements: int, bps: float) -> dict:
     """Reallocation pause: runs with and without moves, alternating; the pause per move from the time
     difference, and (where the stream records it) split into stop, barrier and replay by kind of move."""
     plain, moved, by_move = [], [], {}
     moves = []
     for r in range(rounds):
-        plain.append(_realloc_run(False, calls, elements, bps, r, ring_block_seconds)["seconds"])
-        res = _realloc_run(True, calls, elements, bps, r, ring_block_seconds)
+        plain.append(_realloc_run(False, calls, elements, bps, r)["seconds"])
+        res = _realloc_run(True, calls, elements, bps, r)
         moved.append(res["seconds"])
         moves.append(res["moves"])
         for k, v in res["by_move"].items():
@@ -166,7 +164,7 @@ def bench_realloc(rounds: int, calls: int, elements: int, bps: float, ring_block
         print(f"   round {r + 1}: {plain[-1]:.2f} s without moves, {moved[-1]:.2f} s with {res['moves']} moves "
               f"({res['replayed']} chunks replayed over all workers)", flush=True)
     per_move = [(m - p) / k for m, p, k in zip(moved, plain, moves) if k]
-    out = {"elements": elements, "ring_block_seconds": ring_block_seconds,
+    out = {"elements": elements,
            "seconds_plain": plain, "seconds_moved": moved, "moves": moves, "per_move_s": per_move,
            "per_move_median_s": statistics.median(per_move) if per_move else None, "load": os.getloadavg()[0]}
     parts = {}
@@ -196,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sender-rtt", metavar="MS", help="the INA sender at these round trips, e.g. 5,10,20")
     parser.add_argument("--realloc", action="store_true", help="the reallocation pause (about a minute)")
     parser.add_argument("--realloc-elements", type=int, default=4096, metavar="N",
-                        help="--realloc: float32 per call (65536: a ring phase of 1.7 s, cut into row blocks)")
-    parser.add_argument("--realloc-block-seconds", type=float, default=None, metavar="S",
-                        help="--realloc: the agents' ring row blocks in seconds of wire time (default: the agents' default, 0: one op)")
+                        help="--realloc: float32 per call (65536: a ring phase of 1.7 s)")
     args = parser.parse_args(argv)
     agent_bench.DEADLINE = time.monotonic() + 3000.0
     results: dict = {"cpu_count": os.cpu_count()}
@@ -225,10 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             save()
     if args.realloc:
         print(f"reallocation pause: 4 workers, links emulated at 2 Mbit/s, 12 calls of {args.realloc_elements} float32, "
-              "moved every 2 calls at a random point (INA range -> ring -> INA), 3 alternating rounds"
-              + ("" if args.realloc_block_seconds is None else f", ring blocks of {args.realloc_block_seconds:g} s"),
-              flush=True)
-        results["realloc"] = bench_realloc(3, 12, args.realloc_elements, 2e6, args.realloc_block_seconds)
+              "moved every 2 calls at a random point (INA range -> ring -> INA), 3 alternating rounds", flush=True)
+        results["realloc"] = bench_realloc(3, 12, args.realloc_elements, 2e6)
         save()
     return 0
 

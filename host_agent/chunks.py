@@ -36,7 +36,7 @@ class Segment:
             self.flag[i:] = bytes(n)
 
     def put_ring(self, i0: int, values: np.ndarray) -> None:
-        """Ring results for chunks [i0, i0 + len(values)): a row block of a ring phase, or the rest of the segment
+        """Ring results for chunks [i0, i0 + len(values)), the rest of the segment from where a ring phase began
         (exact: never flagged).
 
         The ring's results stay int32 while every block is (a block redone in int64 widens them)."""

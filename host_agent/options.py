@@ -43,16 +43,12 @@ class StreamOptions:
              "their framed bytes; equal links for comparing backends on loopback")
     path_rtt_floor: float | None = setting(
         None, "the shortest round trip of this worker's aggregation path, seconds (0: none); unset: the grant's")
-    ring_block_seconds: float = setting(
-        0.0, "a ring phase runs in row blocks of about this much wire time, so a move off the ring loses one block "
-             "(0: the rest of a call as one op)")
-    ring_block_bytes: int = setting(0, "row blocks of this many bytes instead (0: sized by ring_block_seconds)")
     flight_trace: Path | None = setting(
         None, "a folder: every INA window appends its chunks' sends, resends and results there (w<worker>-<pid>.jsonl)")
 
     def __post_init__(self) -> None:
         _positive(self, "op_timeout", "connect_timeout", "rto_initial", "rto_min", "rto_max", "ring_grace")
-        for name in ("reorder_guard", "link_bps", "ring_block_seconds", "ring_block_bytes"):
+        for name in ("reorder_guard", "link_bps"):
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be >= 0 and finite, got {value!r}")

@@ -26,8 +26,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from functools import partial
 from typing import Protocol, Self, TypeVar
 
 import numpy as np
@@ -57,7 +55,6 @@ __all__ = [
     "local_queue_links",
     "piece_bounds",
     "ring_allreduce",
-    "ring_allreduce_blocks",
     "ring_time_model",
     "run_local_ring",
 ]
@@ -99,9 +96,7 @@ class RingLink(Protocol):
 
         Piece j of step s's ``send`` may leave only once piece j of step s-1's ``recv`` has arrived
         and been added into its ``reduce``: the ring's step s+1 sends what step s received (so
-        ``steps[s].send`` has ``steps[s-1].recv``'s size). Step 0's pieces may all leave at once, and
-        so may a ``new_op`` step's once everything before them left (several ops in one stream); a
-        step's ``done`` is called once its ``recv`` is complete and added.
+        ``steps[s].send`` has ``steps[s-1].recv``'s size). Step 0's pieces may all leave at once.
         """
         ...
 
@@ -138,33 +133,6 @@ def ring_allreduce(array: np.ndarray, link: RingLink, *, call: int = 0) -> np.nd
     if steps:
         link.run(steps)
     return acc.reshape(arr.shape)
-
-
-def ring_allreduce_blocks(arrays: Sequence[np.ndarray], link: RingLink, *, call: int = 0,
-                          done: Callable[[int, np.ndarray], None] | None = None) -> list[np.ndarray]:
-    """``ring_allreduce`` of each array (op ``call + i`` for array i), all in one pipelined stream.
-
-    The ops follow each other on the wire with no gap: op i+1's first step leaves right behind op i's
-    last sends, so the links see one stream, as if the arrays were one op. ``done(i, result)`` is called
-    as soon as op i's result is complete on this member (from inside the stream: what an abort later
-    throws away is only the ops not yet done). Results are exactly ``ring_allreduce``'s per array.
-    """
-    arrs = [_checked(a) for a in arrays]
-    accs, steps = [], []
-    for i, arr in enumerate(arrs):
-        acc, op = _op_steps(arr, link.rank, link.size, call + i)
-        accs.append(acc)
-        if not op:
-            if done is not None:
-                done(i, acc.reshape(arr.shape))
-            continue
-        op[0] = replace(op[0], new_op=bool(steps))
-        if done is not None:
-            op[-1] = replace(op[-1], done=partial(done, i, acc.reshape(arr.shape)))
-        steps.extend(op)
-    if steps:
-        link.run(steps)
-    return [acc.reshape(arr.shape) for acc, arr in zip(accs, arrs)]
 
 
 def _op_steps(arr: np.ndarray, r: int, n: int, call: int) -> tuple[np.ndarray, list[RingStep]]:
@@ -578,23 +546,6 @@ class RingAllReduce:
                 self.link.close()
                 raise
             self._calls += 1
-            return result
-
-    def allreduce_blocks(self, arrays: Sequence[np.ndarray],
-                         done: Callable[[int, np.ndarray], None] | None = None) -> list[np.ndarray]:
-        """``allreduce`` of each array, as successive ops in one pipelined stream (``ring_allreduce_blocks``):
-        ``done(i, result)`` as each completes; a failure breaks the ring for good."""
-        with self._lock:
-            if self._broken is not None:
-                raise RingError(f"rank {self.rank}: ring is broken by an earlier failure: {self._broken}")
-            arrs = [_checked(a) for a in arrays]
-            try:
-                result = ring_allreduce_blocks(arrs, self.link, call=self._calls, done=done)
-            except BaseException as exc:
-                self._broken = exc
-                self.link.close()
-                raise
-            self._calls += len(arrs)
             return result
 
     def allgather(self, array: np.ndarray) -> np.ndarray:

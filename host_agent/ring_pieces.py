@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import struct
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,18 +37,12 @@ class RingStep:
 
     ``tag`` (16 bytes) heads the step's message; a message whose tag or length differs from what is
     expected raises RingError, so that workers disagreeing on the call never mix data.
-
-    Several ops may run as one stream (row blocks, docs/agent.md "Ring"): ``new_op`` marks the first step of
-    an op after the first (its pieces wait for nothing received, only for the stream's order), and ``done``
-    is called once the step's ``recv`` is complete and added (on an op's last step: the op's result is in).
     """
 
     send: np.ndarray
     recv: np.ndarray
     reduce: np.ndarray | None
     tag: bytes
-    new_op: bool = False
-    done: Callable[[], None] | None = None
 
 
 def chunk_bounds(length: int, parts: int) -> tuple[int, ...]:
@@ -94,7 +88,7 @@ class PieceStream:
         self._piece_ends: list[list[tuple[int, int]]] = []  # per step: the recv chunk's pieces (elements)
         first = 0  # index, over the whole op, of the step before's first received piece
         for s, step in enumerate(steps):
-            follows = s > 0 and not step.new_op  # sends what the step before received
+            follows = s > 0  # sends what the step before received
             if follows and step.send.size != steps[s - 1].recv.size:
                 raise ValueError(f"ring step {s} sends {step.send.size} elements, step {s - 1} received {steps[s - 1].recv.size}")
             self._sends.append((-1, memoryview(_FRAME.pack(_FRAME_MAGIC, step.tag, step.send.nbytes))))
@@ -161,8 +155,6 @@ class PieceStream:
             self._piece += 1
             self._done += 1
         if self._piece == len(pieces):
-            if step.done is not None:
-                step.done()
             self._step += 1
             self._header, self._offset, self._piece = memoryview(bytearray(_FRAME.size)), 0, 0
             if self.receiving:

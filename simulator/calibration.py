@@ -9,6 +9,7 @@ Link bandwidths are not here: they describe the cluster and live in :class:`simu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -162,28 +163,29 @@ class Calibration:
             if value is not None and (not _is_number(value) or value <= 0):
                 raise CalibrationError(f"calibration field {name!r} must be null or a number > 0, got {value!r}")
 
-    # Derived values in SI units (seconds, bytes/s), used by simulator.model.
-    @property
+    # Derived values in SI units (seconds, bytes/s), used by simulator.model; computed once (the model reads them
+    # on every rate it computes).
+    @functools.cached_property
     def ina_rtt_s(self) -> float:
         return self.ina_rtt_us * 1e-6
 
-    @property
+    @functools.cached_property
     def propagation_rtt_s(self) -> float:
         return self.propagation_rtt_us * 1e-6
 
-    @property
+    @functools.cached_property
     def realloc_pause_s(self) -> float:
         return self.realloc_pause_us * 1e-6
 
-    @property
+    @functools.cached_property
     def cwnd_queue_allowance_s(self) -> float | None:
         return None if self.cwnd_queue_allowance_us is None else self.cwnd_queue_allowance_us * 1e-6
 
-    @property
+    @functools.cached_property
     def ring_step_latency_s(self) -> float:
         return self.ring_step_latency_us * 1e-6
 
-    @property
+    @functools.cached_property
     def ina_efficiency(self) -> float:
         """Payload share of each INA frame: line rate * this = INA goodput."""
         return self.payload_bytes / self.frame_bytes

@@ -157,7 +157,7 @@ class Soak:
         self.starts += 1
         log = (self.folder / f"controller-{self.starts}.log").open("w")
         argv = [*command_argv(Command.CONTROLLER), "--topology", str(self.topology), "--db", str(self.folder / "ctl.db"),
-                "--listen", self.listen, "--admin-credential", str(self.admin), "--log-level", "warning"]
+                "--listen", self.listen, "--set", f"admin_credential={self.admin}", "--log-level", "warning"]
         self.controller = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True)
         deadline = time.monotonic() + 60

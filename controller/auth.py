@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from controller.errors import Refusal
+from inaproto.config import setting
 from inaproto.credentials import METADATA_KEY, new_secret, read_credential_file
 
 __all__ = [
@@ -115,6 +116,12 @@ class Authority:
         return Caller(credential, admin=bool(credential) and secret_matches(self._admin_hash, credential))
 
 
+def _readable(*paths: str) -> None:
+    for path in paths:
+        if path and not Path(path).is_file():
+            raise ValueError(f"{path}: no such file")
+
+
 def _read(path: str) -> bytes | None:
     return Path(path).read_bytes() if path else None
 
@@ -124,9 +131,14 @@ class ServerTls:
     """TLS of the admission service: its certificate and key; with ``client_ca``, clients must present a
     certificate signed by it."""
 
-    cert: str
-    key: str
-    client_ca: str = ""
+    cert: str = setting("", "the service's certificate (PEM file)")
+    key: str = setting("", "its private key (PEM file)")
+    client_ca: str = setting("", "require client certificates signed by this CA (PEM file; empty: none required)")
+
+    def __post_init__(self) -> None:
+        if not self.cert or not self.key:
+            raise ValueError("TLS of the admission service needs both cert and key")
+        _readable(self.cert, self.key, self.client_ca)
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
@@ -141,10 +153,17 @@ class SwitchTls:
     for switches that require one (BMv2 ``--grpc-server-with-client-auth``). ``server_name`` overrides the
     name checked in the switch's certificate (default: the host of its address)."""
 
-    ca: str
-    cert: str = ""
-    key: str = ""
-    server_name: str = ""
+    ca: str = setting("", "the switches' CA certificate (PEM file)")
+    cert: str = setting("", "client certificate for switches that require one (PEM file)")
+    key: str = setting("", "its private key (PEM file)")
+    server_name: str = setting("", "name checked in the switches' certificates (empty: the host of each address)")
+
+    def __post_init__(self) -> None:
+        if not self.ca:
+            raise ValueError("P4Runtime over TLS needs the switches' CA certificate (ca)")
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("the client certificate and its key go together (cert and key)")
+        _readable(self.ca, self.cert, self.key)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(_read(self.ca), _read(self.key), _read(self.cert))

@@ -25,14 +25,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
-from controller.auth import TRUSTED, Authority, Caller, SwitchTls, admin_credential_path, hash_secret
+from controller.auth import TRUSTED, Authority, Caller, admin_credential_path, hash_secret
 from controller.barrier import GenerationBarriers
 from controller.chains import chain_slots
+from controller.config import ControllerConfig
 from controller.errors import Refusal
 from controller.memory import allocate_pools
 from controller.p4entity import Schema
@@ -49,34 +48,14 @@ from inaproto import wire
 from inaproto.backends import Backend
 from inaproto.job_entries import BindingEntry, ChainEntry, JobEntry, TransitEntry, WorkerEntry
 
-__all__ = ["DEFAULT_SCALE", "Controller", "ControllerOptions", "Refusal", "Subscription"]
+__all__ = ["Controller", "Refusal", "Subscription"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCALE = 2.0**16  # fixed point: int32 = round(float32 * scale)
 
 # Tables whose entries are keyed by job id first: a repair in any of them means the job's state there was not what
 # the database says (controller/programming.py writes them).
 JOB_TABLES = (JobEntry.table, ChainEntry.table, TransitEntry.table, BindingEntry.table, WorkerEntry.table)
-
-
-@dataclass(frozen=True)
-class ControllerOptions:
-    db_path: Path
-    p4info_path: Path = Path(__file__).resolve().parents[1] / "p4src" / "ina.p4info.txt"
-    device_config: bytes = b""  # BMv2: p4c's JSON (build/ina.json); ina-switch: empty or that JSON
-    policy: str = "first-fit"  # for a new database; a stored policy wins
-    election_id: tuple[int, int] = (0, 10)
-    heartbeat_timeout: float = 15.0  # seconds without a heartbeat from any worker of a job -> released
-    sync_timeout: float = 30.0  # longest wait in SyncGeneration
-    scale: float = DEFAULT_SCALE
-    force_push: bool = False  # push the pipeline even when the switch already runs this P4Info
-    connect_timeout: float = 10.0
-    monitor_interval: float = 0.5  # heartbeat reaping and switch health checks
-    rina_chains: bool = True  # Rina jobs run as chains across the switches (hosts of racks without INA: copies in their agents); False: the relay Rina
-    trees: bool = False  # multi-rack jobs aggregate in a two-level tree (ToRs + root) where every switch of it has slots
-    admin_credential: Path | None = None  # the admin credential file; None: beside the database (<db>.admin)
-    switch_tls: SwitchTls | None = None  # P4Runtime over TLS
 
 
 class Subscription:
@@ -104,7 +83,7 @@ class Controller:
     def __init__(
         self,
         topology: Topology,
-        options: ControllerOptions,
+        options: ControllerConfig,
         *,
         switch_factory: Callable[[SwitchOptions, Schema], Switch] = Switch,
     ) -> None:
@@ -193,6 +172,10 @@ class Controller:
         self._monitor = threading.Thread(target=self._monitor_loop, name="controller-monitor", daemon=True)
         self._monitor.start()
 
+    def _device_config(self) -> bytes:
+        """The device config pushed with the P4Info (BMv2's JSON; empty for ina-switch)."""
+        return self.options.device_config.read_bytes() if self.options.device_config is not None else b""
+
     def _bring_up(self, name: str, force_push: bool = False) -> set[int]:
         """Connect (primary or fail), push the pipeline if the switch does not run it, reconcile.
 
@@ -218,7 +201,7 @@ class Controller:
                     f"{self.options.election_id}); stop it or use a higher --election-id",
                 )
             pushed = sw.ensure_pipeline(
-                self.schema.p4info, self.options.device_config, force=self.options.force_push or force_push
+                self.schema.p4info, self._device_config(), force=self.options.force_push or force_push
             )
             if pushed:
                 log.info("%s: pipeline pushed", name)

@@ -33,7 +33,10 @@ __all__ = [
     "FieldDoc",
     "add_config_arguments",
     "as_dict",
+    "from_args",
     "load",
+    "markdown_table",
+    "parse_settings",
     "reference",
     "setting",
     "to_toml",
@@ -266,6 +269,20 @@ def reference(cls: type, prefix: str = "") -> list[FieldDoc]:
     return out
 
 
+def markdown_table(cls: type) -> str:
+    """Every setting of ``cls`` as a Markdown table (key, default, meaning): the docs' settings reference."""
+    from inaproto.commands import REPO  # defaults inside the checkout are shown relative to it
+
+    rows = ["| setting | default | meaning |", "|---|---|---|"]
+    for d in reference(cls):
+        value = d.default
+        if isinstance(value, str) and value.startswith(f"{REPO}/"):
+            value = value[len(str(REPO)) + 1:]
+        default = "none" if value is None else f"`{_toml_value(value)}`"
+        rows.append(f"| `{d.key}` | {default} | {d.doc.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows) + "\n"
+
+
 def _type_name(tp: Any) -> str:
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return " | ".join(repr(m.value) for m in tp)
@@ -276,12 +293,39 @@ def _type_name(tp: Any) -> str:
 
 # --- the command line -------------------------------------------------------------------------------------
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` (TOML, read with :func:`load`) and ``--print-config`` (the effective configuration as
-    TOML, then exit): the two options every ``ina-*`` daemon has."""
+    """The options every ``ina-*`` daemon has: ``--config FILE`` (TOML, read with :func:`load`), ``--set KEY=VALUE``
+    (one setting, repeatable, over the file) and ``--print-config`` (the effective configuration as TOML, then
+    exit). Read them back with :func:`from_args`."""
     parser.add_argument("--config", metavar="FILE", type=_absolute,
-                        help="read settings from this TOML file (flags given here override it; see --print-config)")
+                        help="read settings from this TOML file (see --print-config for every setting)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="one setting over the file, as a TOML value: --set heartbeat_timeout=0 (repeatable)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective configuration as TOML and exit")
+
+
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as overrides for :func:`load`: the value is read as a TOML value (``30``, ``true``,
+    ``[1, 2]``, ``"text"``), and a bare word that is not one is taken as a string."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = text.strip()
+    return out
+
+
+def from_args(cls: type[T], args: argparse.Namespace, flags: Mapping[str, Any] | None = None) -> T:
+    """The configuration a command line asks for: the ``--config`` file, then its ``--set`` settings, then
+    ``flags`` (dotted key -> value of the per-run flags given; None: not given)."""
+    given = {key: value for key, value in (flags or {}).items() if value is not None}
+    overrides = {**parse_settings(getattr(args, "settings", []) or []), **given}
+    return load(cls, getattr(args, "config", None), overrides)
 
 
 def _absolute(text: str) -> Path:

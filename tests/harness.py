@@ -18,7 +18,8 @@ from typing import Self
 import grpc
 import numpy as np
 
-from controller.core import Controller, ControllerOptions
+from controller.config import ControllerConfig
+from controller.core import Controller
 from controller.service import serve
 from controller.topology import Topology
 from inaproto import admission_pb2 as pb
@@ -152,7 +153,7 @@ class Harness:
         options.setdefault("sync_timeout", 5.0)
         options.setdefault("connect_timeout", 5.0)
         options.setdefault("monitor_interval", 0.1)
-        self.options = ControllerOptions(db_path=Path(db_path), **options)
+        self.options = ControllerConfig(db_path=Path(db_path), **options)
         self.controller: Controller | None = None
         self.server: grpc.Server | None = None
         self.channel: grpc.Channel | None = None

@@ -79,9 +79,9 @@ def run_tls_scenario(kind: str, tmp: Path, device_config: Path | None = None) ->
         admin = write_admin_credential(tmp / "admin.credential")
         listen = f"127.0.0.1:{_free_port()}"
         ctl_argv = [*command_argv(Command.CONTROLLER), "--topology", str(tmp / "topology.json"), "--db", str(tmp / "ctl.db"),
-                    "--listen", listen, "--heartbeat-timeout", "0", "--admin-credential", str(admin),
-                    "--switch-tls-ca", pems["ca.pem"], "--switch-tls-cert", pems["client.pem"],
-                    "--switch-tls-key", pems["client.key"], "--connect-timeout", "20"]
+                    "--listen", listen, "--set", "heartbeat_timeout=0", "--set", f"admin_credential={admin}",
+                    "--set", f'switch_tls={{ca = "{pems["ca.pem"]}", cert = "{pems["client.pem"]}", key = "{pems["client.key"]}"}}',
+                    "--set", "connect_timeout=20"]
         if device_config is not None:
             ctl_argv += ["--device-config", str(device_config)]
         ctl_log = tmp / "controller.log"

@@ -84,7 +84,7 @@ class Bed:
     def start_controller(self) -> None:
         self.controller = self.net.track(Process(
             [*command_argv(Command.CONTROLLER), "--topology", str(self.topology), "--db", str(self.tmp / "ctl.db"), "--listen", self.listen,
-             "--heartbeat-timeout", "0", "--sync-timeout", "20", "--admin-credential", str(self.admin)],
+             "--set", "heartbeat_timeout=0", "--set", "sync_timeout=20", "--set", f"admin_credential={self.admin}"],
             self.tmp / f"controller-{time.monotonic_ns()}.log"))
 
         def ready():

@@ -87,8 +87,8 @@ class Bench:
 
     def start_controller(self, *extra: str, wait: bool = True, listen: str | None = None) -> Process:
         argv = [*command_argv(Command.CONTROLLER), "--topology", str(self.topology), "--db", str(self.db),
-                "--listen", listen or self.listen, "--heartbeat-timeout", "0", "--log-level", "info",
-                "--admin-credential", str(self.admin), *extra]
+                "--listen", listen or self.listen, "--set", "heartbeat_timeout=0", "--log-level", "info",
+                "--set", f"admin_credential={self.admin}", *extra]
         log_path = self.tmp / f"controller-{len(self.procs)}.log"
         proc = self.track(Process(argv, log_path))
         if wait:
@@ -265,7 +265,7 @@ def test_second_controller_with_lower_election_id_cannot_write(bench):
     bench.start_controller()
     register(bench.stub, "a", ["h11", "h12"], 8)
     before = bench.switch_jobs()
-    other = bench.start_controller("--election-id", "0,5", "--db", str(bench.tmp / "other.db"),
+    other = bench.start_controller("--set", "election_id=[0, 5]", "--db", str(bench.tmp / "other.db"),
                                    wait=False, listen=f"127.0.0.1:{free_port()}")
     wait_until(lambda: not other.alive(), 30, message=lambda: other.describe())
     assert other.popen.returncode != 0

@@ -62,7 +62,7 @@ class Bed:
 
     def start_controller(self) -> None:
         argv = [*command_argv(Command.CONTROLLER), "--topology", str(self.topology), "--db", str(self.tmp / "ctl.db"),
-                "--listen", self.listen, "--admin-credential", str(self.admin), "--sync-timeout", "20"]
+                "--listen", self.listen, "--set", f"admin_credential={self.admin}", "--set", "sync_timeout=20"]
         self.controller = Process(argv, self.tmp / f"controller-{len(self.procs)}.log")
         self.procs.append(self.controller)
         self.controller.wait_until(self._serving, 30, "ina-controller serving")

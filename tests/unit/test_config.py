@@ -9,7 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from inaproto.config import ConfigError, add_config_arguments, as_dict, load, reference, setting, to_toml
+from inaproto.config import (
+    ConfigError,
+    add_config_arguments,
+    as_dict,
+    from_args,
+    load,
+    parse_settings,
+    reference,
+    setting,
+    to_toml,
+)
 
 
 class Color(enum.StrEnum):
@@ -119,3 +129,21 @@ def test_config_arguments_make_the_path_absolute(tmp_path, monkeypatch):
     add_config_arguments(p)
     a = p.parse_args(["--config", "c.toml", "--print-config"])
     assert a.config == tmp_path / "c.toml" and a.print_config
+
+
+def test_set_settings_are_toml_values_and_bare_words_are_strings():
+    assert parse_settings(["count=4", "inner.sizes=[1, 2]", "name=abc", 'name2="q r"', "on=true"]) == {
+        "count": 4, "inner.sizes": [1, 2], "name": "abc", "name2": "q r", "on": True}
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        parse_settings(["count"])
+
+
+def test_from_args_layers_file_then_set_then_flags(tmp_path):
+    path = write(tmp_path, "count = 1\nname = \"file\"\n[inner]\ntimeout = 9.0\n")
+    p = argparse.ArgumentParser()
+    add_config_arguments(p)
+    args = p.parse_args(["--config", str(path), "--set", "count=2", "--set", "inner.timeout=3"])
+    cfg = from_args(Outer, args, {"count": 5, "name": None})
+    assert (cfg.count, cfg.name, cfg.inner.timeout) == (5, "file", 3.0)
+    args = p.parse_args(["--set", "name=set"])
+    assert from_args(Outer, args, {"name": None}).name == "set"  # a flag not given leaves the setting alone

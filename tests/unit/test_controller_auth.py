@@ -231,7 +231,8 @@ def test_admission_service_over_tls_with_client_certificates(tmp_path):
 
 def test_p4runtime_over_tls_with_a_client_certificate(tmp_path):
     from controller.auth import SwitchTls
-    from controller.core import Controller, ControllerOptions
+    from controller.config import ControllerConfig
+    from controller.core import Controller
     from controller.switch import SwitchError
     from controller.topology import Topology
     from tests.harness import LocalSwitch, star_topology
@@ -242,7 +243,7 @@ def test_p4runtime_over_tls_with_a_client_certificate(tmp_path):
     topo = Topology.from_dict(star_topology({"s1": sw}, 2, 16))
     try:
         tls = SwitchTls(pems["ca_cert"], pems["client_cert"], pems["client_key"])
-        ctl = Controller(topo, ControllerOptions(db_path=tmp_path / "tls.db", switch_tls=tls, connect_timeout=5))
+        ctl = Controller(topo, ControllerConfig(db_path=tmp_path / "tls.db", switch_tls=tls, connect_timeout=5))
         ctl.start()
         try:
             grant = ctl.register(request("t", ["h11", "h12"]))
@@ -250,8 +251,8 @@ def test_p4runtime_over_tls_with_a_client_certificate(tmp_path):
             assert sw.entries("MyIngress.ina_job"), "the job's entries were written over TLS"
         finally:
             ctl.stop()
-        for options in (ControllerOptions(db_path=tmp_path / "plain.db", connect_timeout=2),  # plaintext
-                        ControllerOptions(db_path=tmp_path / "nocert.db", connect_timeout=2,
+        for options in (ControllerConfig(db_path=tmp_path / "plain.db", connect_timeout=2),  # plaintext
+                        ControllerConfig(db_path=tmp_path / "nocert.db", connect_timeout=2,
                                           switch_tls=SwitchTls(pems["ca_cert"]))):  # no client certificate
             with pytest.raises(SwitchError):
                 Controller(topo, options).start()
@@ -260,10 +261,10 @@ def test_p4runtime_over_tls_with_a_client_certificate(tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--tls-cert", "x.pem"], "--tls-cert and --tls-key go together"),
-    (["--tls-client-ca", "ca.pem"], "--tls-client-ca needs --tls-cert"),
-    (["--switch-tls-cert", "c.pem", "--switch-tls-key", "k.pem"], "--switch-tls-cert needs --switch-tls-ca"),
-    (["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"], "/nonexistent.pem: no such file"),
+    (["--set", 'tls={cert = "x.pem"}'], "needs both cert and key"),
+    (["--set", 'tls={client_ca = "ca.pem"}'], "needs both cert and key"),
+    (["--set", 'switch_tls={cert = "c.pem", key = "k.pem"}'], "needs the switches' CA certificate"),
+    (["--set", 'tls={cert = "/nonexistent.pem", key = "/nonexistent.key"}'], "/nonexistent.pem: no such file"),
 ])
 def test_controller_tls_options_are_checked(argv, words, capsys):
     from controller import daemon

@@ -9,7 +9,8 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from controller import daemon
-from controller.core import Controller, ControllerOptions, Refusal
+from controller.config import ControllerConfig
+from controller.core import Controller, Refusal
 from controller.p4entity import Schema
 from controller.topology import Topology, read_runtime_json
 from inaproto.commands import REPO
@@ -44,7 +45,7 @@ def test_write_runtime_exports_tutorials_runtime_json(tmp_path):
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--switch", "name=s1,addr=127.0.0.1:1", "--connect-timeout", "0.3"], "ina-controller: switch s1: connect to 127.0.0.1:1"),
+        (["--switch", "name=s1,addr=127.0.0.1:1", "--set", "connect_timeout=0.3"], "ina-controller: switch s1: connect to 127.0.0.1:1"),
         (["--switch", "name=s1"], "addr= is required"),
         ([], "no switch"),
         (["--topology", "/nonexistent/topology.json"], "No such file"),
@@ -58,13 +59,35 @@ def test_startup_errors_are_one_line_and_exit_1(tmp_path, argv, words):
 def test_topology_and_switch_together_are_refused(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps(TOPO))
     code, _, err = run(["--topology", str(tmp_path / "t.json"), "--switch", "name=s1,addr=x", "--db", str(tmp_path / "x.db")])
-    assert code == 1 and "not both" in err
+    assert code == 2 and "not both" in err
 
 
-def test_bad_option_values_exit_2(tmp_path):
+@pytest.mark.parametrize("argv, words", [
+    (["--set", "election_id=[0, 0]"], "election_id (0, 0): non-negative values, not 0,0"),
+    (["--set", "heartbeat_timeout=-1"], "heartbeat_timeout must be >= 0"),
+    (["--set", "hearbeat_timeout=1"], "unknown key hearbeat_timeout"),
+    (["--set", "connect_timeout=soon"], "connect_timeout: expected a number"),
+    (["--set", "policy=fastest"], "policy 'fastest' is not one of"),
+])
+def test_bad_settings_are_one_line_and_exit_2(argv, words):
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert daemon.main(["--switch", "name=s1,addr=x", *argv]) == 2
+    assert err.getvalue().count("\n") == 1 and err.getvalue().startswith("ina-controller: error: ") and words in err.getvalue()
+
+
+def test_bad_flag_values_exit_2():
     with pytest.raises(SystemExit) as exc, redirect_stderr(io.StringIO()):
-        daemon.main(["--switch", "name=s1,addr=x", "--election-id", "0,0"])
+        daemon.main(["--switch", "name=s1,addr=x", "--policy", "fastest"])
     assert exc.value.code == 2
+
+
+def test_print_config_reads_back_as_the_same_configuration(tmp_path, capsys):
+    assert daemon.main(["--switch", "name=s1,addr=x", "--set", "heartbeat_timeout=0", "--trees", "--print-config"]) == 0
+    (tmp_path / "c.toml").write_text(capsys.readouterr().out)
+    args = daemon.build_parser().parse_args(["--config", str(tmp_path / "c.toml")])
+    config = daemon.config_from(args)
+    assert config.heartbeat_timeout == 0 and config.trees and config.switches == ("name=s1,addr=x",)
 
 
 def test_database_of_another_topology_is_refused(tmp_path):
@@ -76,7 +99,7 @@ def test_database_of_another_topology_is_refused(tmp_path):
             "links": [link for link in h.doc["links"] if link[0].startswith("h1")],
         })
         h.stop_controller()
-        ctl = Controller(one, ControllerOptions(db_path=tmp_path / "ctl.db", connect_timeout=2))
+        ctl = Controller(one, ControllerConfig(db_path=tmp_path / "ctl.db", connect_timeout=2))
         with pytest.raises(Refusal, match="under switch s2"):
             ctl.start()
     db = sqlite3.connect(tmp_path / "ctl.db")

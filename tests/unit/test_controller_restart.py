@@ -9,7 +9,8 @@ import grpc
 import numpy as np
 import pytest
 
-from controller.core import Controller, ControllerOptions, Refusal
+from controller.config import ControllerConfig
+from controller.core import Controller, Refusal
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 from tests.harness import Harness, gradient_frame, parse_result, worker
@@ -196,7 +197,7 @@ def test_policy_and_counters_persist_in_sqlite_wal(h, tmp_path):
 def test_second_controller_with_lower_election_id_cannot_write(h, tmp_path):
     register(h, "a", ["h11", "h12"], requested=8)
     before = switch_state(h)
-    other = Controller(h.topology, ControllerOptions(db_path=tmp_path / "other.db", election_id=(0, 5), connect_timeout=2))
+    other = Controller(h.topology, ControllerConfig(db_path=tmp_path / "other.db", election_id=(0, 5), connect_timeout=2))
     with pytest.raises(Refusal) as err:
         other.start()
     assert err.value.code == grpc.StatusCode.PERMISSION_DENIED and "another controller is primary" in err.value.message

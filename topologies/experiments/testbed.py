@@ -242,7 +242,7 @@ class Testbed:
         argv = [
             *command_argv(Command.CONTROLLER),
             "--topology", str(self.controller_topology(pool)), "--db", str(db), "--listen", self.controller_address,
-            "--policy", self.policy, "--heartbeat-timeout", str(self.heartbeat_timeout), "--log-level", "warning",
+            "--policy", self.policy, "--set", f"heartbeat_timeout={self.heartbeat_timeout}", "--log-level", "warning",
             *self.controller_args,
         ]
         if self.device_config is not None:

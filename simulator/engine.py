@@ -637,13 +637,13 @@ class Simulation:
 
     def _switch_stretch(self, rack: int, job: _Job) -> float:
         """How much a shared switch's load stretches `job`'s software round trip (1 without ``switch_shared_pps``):
-        the load of every job holding slots there that has started, and of `job` itself, less what agents
-        starting there take, with each job's congestion window backing off at its own delay target
+        the load of every job holding slots there that has started, and of `job` itself, less what jobs in their
+        start-up take there, with each job's congestion window backing off at its own delay target
         (shared_switch.shared_state). A started job remembers the shortest round trip it has seen there (its
         senders' path_rtt: what its target is set from); its first is the switch's round trip without it."""
         if self.cal.switch_shared_pps is None:
             return 1.0
-        jobs, paths, earlier, mine, starting, starting_agents = [], [], [], 0, 0.0, 0
+        jobs, paths, earlier, mine, starting, starting_workers = [], [], [], 0, 0.0, 0
         for job_id, rng in self.switches[rack].alloc.items():
             other = self.running[job_id]
             if rng is not None and (other.ready or other is job):
@@ -653,18 +653,18 @@ class Simulation:
                     earlier.append(len(jobs))
                 jobs.append((rng.size, other.counts.get(rack, 0)))
                 paths.append(other.path_rtt.get(rack))
-            elif not other.ready:  # its agents are starting on the switch's cores (startup_load)
+            elif not other.ready:  # in its start-up: it takes part of the switch (startup_load)
                 m = other.counts.get(rack, 0)
                 warmup = m * math.ceil(other.spec.grad_bytes / self.cal.payload_bytes) * other.spec.startup_iterations
                 starting += shared_switch.startup_load(self.cal, m, other.spec.startup_s, warmup)
-                starting_agents += m
+                starting_workers += m
         if not jobs:
             return 1.0
         host = self.cluster.host_Bps
-        if starting > 0:  # what the start-up takes from the running jobs: the cores shared fairly among processes
+        if starting > 0:  # what the start-up takes from the running jobs: the switch shared fairly among claimants
             offered = sum(model.offered_pps(self.cal, model.ina_rate(self.cal, host, s, m), m) for s, m in jobs)
-            starting = shared_switch.startup_share(self.cal, starting, starting_agents, offered,
-                                                   sum(m for _, m in jobs) + 1)
+            starting = shared_switch.startup_share(self.cal, starting, starting_workers, offered,
+                                                   sum(m for _, m in jobs) + 1)  # their workers and the switch
         if not self.cal.cwnd_latecomer:  # every job's target from the unloaded path
             paths = [None] * len(jobs)
         elif job.ready and rack not in job.path_rtt:  # its first round trips: the switch as the jobs before it load it

@@ -79,7 +79,7 @@ def _testbed_trace(seed: int) -> tuple[JobSpec, ...]:
     return tuple(jobs)
 
 
-TESTBED_CAL = Calibration(ina_rtt_us=637.0, switch_shared_pps=8431.0, shared_cores=2.0, agent_startup_cpu_s=0.65,
+TESTBED_CAL = Calibration(ina_rtt_us=637.0, switch_shared_pps=8431.0, worker_startup_packets=0.65 * 8431.0 / 2.0,
                           propagation_rtt_us=40_000.0, realloc_pause_us=300_000.0, ring_step_overhead_us=0.0,
                           ring_goodput_fraction=0.92, ring_move_restarts_op=True, cwnd_min_window=4)
 

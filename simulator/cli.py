@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"[ina-sim] {config.trace}: skipped {trace.skipped} job(s) without GPUs or run time", file=sys.stderr)
     config.out.mkdir(parents=True, exist_ok=True)
     write_trace(config.out / "trace.csv", trace.jobs)
-    runs = run_policies(config, progress=None if args.quiet else 2.0)
+    runs = run_policies(config, progress=None if args.quiet else 2.0, trace=trace)
     cluster = config.cluster
     title = (f"{trace.name}: {cluster.racks} racks x {cluster.workers_per_rack} workers, {cluster.slots_per_switch} "
              f"slots/switch, {cluster.host_gbps:g} Gbit/s hosts, placement {config.placement}")

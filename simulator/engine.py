@@ -32,11 +32,12 @@ from simulator.waiting import WaitingQueue
 
 __all__ = ["InvariantError", "JobResult", "SimResult", "Simulation"]
 
-# Backends a job can run on: no communication (one worker), INA in one ToR, Rina, plain ring.
-_DONE, _READY, _ARRIVE = 0, 1, 2
-_RING = SimBackend.RING
-_AGGREGATING = frozenset((SimBackend.INA, SimBackend.RINA, SimBackend.TREE))  # completions sort first at equal times: freed workers are reusable
-# _READY: a job's start-up (trace column startup_s) is over; it starts sending (matters to a shared switch).
+# Events of running jobs: a completion, the end of a start-up (trace column startup_s: the job starts sending, which
+# matters to a shared switch). At equal times completions come first (freed workers are reusable), arrivals last.
+_DONE, _READY = 0, 1
+# Backends a job can run on: no communication (one worker), INA in one ToR, Rina, a two-level tree, plain ring.
+_LOCAL, _INA, _RINA, _TREE, _RING = SimBackend.LOCAL, SimBackend.INA, SimBackend.RINA, SimBackend.TREE, SimBackend.RING
+_AGGREGATING = frozenset((_INA, _RINA, _TREE))
 
 
 class InvariantError(SimulatorError, AssertionError):
@@ -240,6 +241,7 @@ class Simulation:
         self.shared = calibration.switch_shared_pps is not None  # every job at a switch sees the others' load
         self.unbound_sharing = self._unbound_sharing()
         self.requests: dict[tuple, tuple[int, int] | None] = {}  # _slot_request by job shape
+        self.ring_times: dict[tuple[int, int, float], float] = {}  # _ring_time
 
     # --- public -------------------------------------------------------------------------------------
 
@@ -250,40 +252,36 @@ class Simulation:
             raise ValueError(
                 f"job(s) {too_big[:5]} need more workers than the cluster has ({self.cluster.total_workers})"
             )
-        specs = {j.job_id: j for j in jobs}
-        if len(specs) != len(jobs):
+        if len({j.job_id for j in jobs}) != len(jobs):
             raise ValueError("job ids in the trace are not unique")
-        heap: list[tuple[float, int, int, int, int]] = [
-            (j.arrival_s, _ARRIVE, seq, j.job_id, 0) for seq, j in enumerate(jobs)
-        ]
-        heapq.heapify(heap)
+        # Arrivals in order of (time, trace position), beside a heap of the running jobs' events: an arrival comes after
+        # every event of that heap at its instant.
+        arrivals = sorted(range(len(jobs)), key=lambda k: jobs[k].arrival_s)
+        heap: list[tuple[float, int, int, int, int]] = []
         self._heap = heap
         self._seq = len(jobs)
         self.waiting = WaitingQueue()
         self.results: list[JobResult] = []
         self.timeline: list[tuple[float, int, int, int, int]] = [(0.0, 0, 0, 0, 0)]
         events = 0
+        next_arrival = 0
         next_report = started + self.progress if self.progress else math.inf
-        while heap:
-            t, kind, _, job_id, version = heapq.heappop(heap)
-            if kind == _DONE:
-                job = self.running.get(job_id)
-                if job is None or job.version != version:
-                    continue  # superseded by a later rate change
-                self.now = t
-                self._finish(job, t)
-            elif kind == _READY:
-                job = self.running.get(job_id)
-                if job is None or job.ready:
-                    continue
-                self.now = t
-                job.ready = True
-                if self.shared:
-                    shared = [*job.demand_racks, self.spine] if job.on_spine else job.demand_racks
-                    self._reallocate_and_retime([], [], t, shared=shared)
+        while heap or next_arrival < len(arrivals):
+            arriving = jobs[arrivals[next_arrival]] if next_arrival < len(arrivals) else None
+            if arriving is not None and (not heap or heap[0][0] > arriving.arrival_s):
+                next_arrival += 1
+                self.now = t = arriving.arrival_s
+                self.waiting.push(arriving)
             else:
+                t, kind, _, job_id, version = heapq.heappop(heap)
+                job = self.running.get(job_id)
+                if job is None or (job.version != version if kind == _DONE else job.ready):
+                    continue  # superseded by a later rate change, or gone
                 self.now = t
-                self.waiting.push(specs[job_id])
+                if kind == _DONE:
+                    self._finish(job, t)
+                else:
+                    self._ready(job, t)
             self._schedule(t)
             self._sample(t)
             events += 1
@@ -311,6 +309,13 @@ class Simulation:
             wall_s=time.perf_counter() - started,
             unfinished=len(self.waiting) + len(self.running),
         )
+
+    def _ready(self, job: _Job, t: float) -> None:
+        """The job's start-up is over: it sends from now on (on a shared switch, a load every job there sees)."""
+        job.ready = True
+        if self.shared:
+            shared = [*job.demand_racks, self.spine] if job.on_spine else job.demand_racks
+            self._reallocate_and_retime([], [], t, shared=shared)
 
     def check_invariants(self) -> None:
         """Raise InvariantError if any switch is over-allocated or any rack has negative free workers."""
@@ -562,7 +567,7 @@ class Simulation:
 
     def _uplink_sharing(self, job: _Job) -> int:
         """The most multi-rack jobs on any of `job`'s rack uplinks: its fair share of them is uplink / this."""
-        return max(len(self.cross_jobs[rack]) for rack in job.racks)
+        return max(map(len, map(self.cross_jobs.__getitem__, job.racks)))
 
     def _unbound_sharing(self) -> int:
         """The most jobs that can share an uplink while each one's share is at least the host link's rate: up to
@@ -583,31 +588,40 @@ class Simulation:
         spec = job.spec
         n = spec.num_workers
         if n < 2:
-            return 0.0, SimBackend.LOCAL, 0
-        cal, host = self.cal, self.cluster.host_Bps
+            return 0.0, _LOCAL, 0
         rate = self.host_ring_rate
         if job.bound:
             rate = min(rate, self.uplink_rate / job.bound)
-        best = (model.ring_time(cal, spec.grad_bytes, n, rate), SimBackend.RING, 0)
-        if job.demand_racks or job.on_spine:
-            slots = min((self._held(rack, spec.job_id) for rack in job.demand_racks), default=None)
-            candidate = None
-            if slots:
-                ina_rate = math.inf
-                for rack in job.demand_racks:
-                    window = model.window_rtt(cal, host, self._switch_stretch(rack, job)) if self.shared else self.window
-                    ina_rate = min(ina_rate, model.ina_rate(cal, host, self._held(rack, spec.job_id), job.counts[rack], window))
-                if job.cross:
-                    t_agg = model.rina_time(cal, spec.grad_bytes, len(job.placement), min(rate, ina_rate))
-                    candidate = (t_agg, SimBackend.RINA, slots)
-                else:
-                    candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), SimBackend.INA, slots)
-            tree = self._tree(job, slots)
-            if tree is not None and (candidate is None or tree[0] <= candidate[0] or self.follow_grant):
-                candidate = tree
-            if candidate is not None and (candidate[0] <= best[0] or self.follow_grant):
-                best = candidate
+        best = (self._ring_time(spec.grad_bytes, n, rate), _RING, 0)
+        if not (job.demand_racks or job.on_spine):
+            return best
+        cal, host, alloc = self.cal, self.cluster.host_Bps, self.switches
+        held = [alloc[rack].alloc.get(spec.job_id) for rack in job.demand_racks]
+        slots = min((0 if r is None else r.size for r in held), default=None)
+        candidate = None
+        if slots:
+            ina_rate = math.inf
+            for rack, rng in zip(job.demand_racks, held):
+                window = model.window_rtt(cal, host, self._switch_stretch(rack, job)) if self.shared else self.window
+                ina_rate = min(ina_rate, model.ina_rate(cal, host, rng.size, job.counts[rack], window))
+            if job.cross:
+                candidate = (model.rina_time(cal, spec.grad_bytes, len(job.placement), min(rate, ina_rate)), _RINA, slots)
+            else:
+                candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), _INA, slots)
+        tree = self._tree(job, slots)
+        if tree is not None and (candidate is None or tree[0] <= candidate[0] or self.follow_grant):
+            candidate = tree
+        if candidate is not None and (candidate[0] <= best[0] or self.follow_grant):
+            best = candidate
         return best
+
+    def _ring_time(self, nbytes: int, workers: int, rate: float) -> float:
+        """model.ring_time, remembered per (gradient, workers, rate): a trace has few of each."""
+        key = (nbytes, workers, rate)
+        seconds = self.ring_times.get(key)
+        if seconds is None:
+            seconds = self.ring_times[key] = model.ring_time(self.cal, nbytes, workers, rate)
+        return seconds
 
     def _tree(self, job: _Job, tor_slots: int | None) -> tuple[float, str, int] | None:
         """(all-reduce seconds, tree, bottleneck slots) when the job holds slots on the spine too, else None.
@@ -633,7 +647,7 @@ class Simulation:
             rate = min(rate, model.ina_rate(cal, cluster.host_Bps, slots, count, window))
         if job.bound:  # its share of the busiest uplink
             rate = min(rate, cluster.uplink_Bps / job.bound * cal.ina_efficiency)
-        return model.tree_time(cal, job.spec.grad_bytes, rate), SimBackend.TREE, slots
+        return model.tree_time(cal, job.spec.grad_bytes, rate), _TREE, slots
 
     def _switch_stretch(self, rack: int, job: _Job) -> float:
         """How much a shared switch's load stretches `job`'s software round trip (1 without ``switch_shared_pps``):

@@ -35,8 +35,8 @@ class RackView:
     the spine's free slots (0 when the spine does not aggregate); and the racks indexed by free workers.
 
     The simulator owns it and changes it only through :meth:`take_workers`, :meth:`set_free_slots` and
-    :meth:`add_slot_job`, which keep the index current: per number of free workers, the plain racks and the INA
-    racks in index order, and the INA racks also by (slot users, most free slots first, index)."""
+    :meth:`add_slot_job`, which keep the index current: per number of free workers (one or more), the plain racks
+    and the INA racks in index order, and the INA racks also by (slot users, most free slots first, index)."""
 
     def __init__(self, free_workers: Sequence[int], ina: Sequence[bool], free_slots: Sequence[int],
                  slot_jobs: Sequence[int], spine_free_slots: int = 0) -> None:
@@ -76,8 +76,11 @@ class RackView:
         self.slot_jobs[rack] += change
         self._index(rack)
 
+    # A rack without free workers is in no index: no placement asks for one, and in a busy cluster most racks are full.
     def _index(self, rack: int) -> None:
         free = self.free_workers[rack]
+        if not free:
+            return
         if self.ina[rack]:
             bisect.insort(self._ina[free], rack)
             bisect.insort(self._by_slots[free], (self.slot_jobs[rack], -self.free_slots[rack], rack))
@@ -86,20 +89,19 @@ class RackView:
 
     def _unindex(self, rack: int) -> None:
         free = self.free_workers[rack]
+        if not free:
+            return
         if self.ina[rack]:
-            racks = self._ina[free]
-            del racks[bisect.bisect_left(racks, rack)]
-            ranked = self._by_slots[free]
-            del ranked[bisect.bisect_left(ranked, (self.slot_jobs[rack], -self.free_slots[rack], rack))]
+            _remove(self._ina[free], rack)
+            _remove(self._by_slots[free], (self.slot_jobs[rack], -self.free_slots[rack], rack))
         else:
-            racks = self._plain[free]
-            del racks[bisect.bisect_left(racks, rack)]
+            _remove(self._plain[free], rack)
 
     # --- queries (the placements') ------------------------------------------------------------------------
     def best_fit(self, workers: int, *, ina: bool | None = None) -> int | None:
         """The rack (plain or INA only, or either with None) that fits `workers` with the fewest free workers
         left, the lowest index among equals; None if no rack fits."""
-        for free in range(max(workers, 0), self.most + 1):
+        for free in range(max(workers, 1), self.most + 1):
             plain = self._plain[free] if ina is not True else []
             capable = self._ina[free] if ina is not False else []
             if plain or capable:
@@ -117,6 +119,10 @@ class RackView:
     def ina_by_slots(self, free: int) -> list[tuple[int, int, int]]:
         """The INA racks with `free` free workers as (slot users, -free slots, rack), in that order."""
         return self._by_slots[free]
+
+
+def _remove(items: list, item: object) -> None:
+    del items[bisect.bisect_left(items, item)]
 
 
 class PlacementPolicy(abc.ABC):

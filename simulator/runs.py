@@ -62,25 +62,40 @@ def simulate(config: SimConfig, policy: str, jobs: Sequence[JobSpec], progress: 
     return sim.run(jobs)
 
 
+_given: tuple[SimConfig, Trace] | None = None  # in a pool's process: the trace its parent loaded for a configuration
+
+
+def _receive(config: SimConfig, trace: Trace) -> None:
+    """A pool process's initializer: the parent's trace (inherited, not copied, where processes fork)."""
+    global _given
+    _given = (config, trace)
+
+
 def run_policy(config: SimConfig, policy: str, *, write: bool = True, progress: float | None = None) -> PolicyRun:
-    """One policy's task: the configuration's trace, its simulation, and (`write`) its jobs' and timeline's CSV in
-    the configuration's output directory; its summary records the CPU-seconds all that took (``cpu_s``)."""
+    """One policy's task: the configuration's trace (the one its pool was given, else loaded), its simulation, and
+    (`write`) its jobs' and timeline's CSV in the configuration's output directory; its summary records the
+    CPU-seconds all that took (``cpu_s``)."""
     started = time.process_time()
-    result = simulate(config, policy, load_trace(config).jobs, progress)
+    trace = _given[1] if _given is not None and _given[0] == config else load_trace(config)
+    result = simulate(config, policy, trace.jobs, progress)
     if write:
         report.write_policy(config.out, result)
+    summary = report.summarize(result)
+    jct = np.array([j.jct_s for j in result.jobs])
+    memory = np.array([(t, held) for t, held, *_ in result.timeline], dtype=float).reshape(-1, 2)
     cpu = time.process_time() - started
-    return PolicyRun(policy, {**report.summarize(result), "cpu_s": cpu}, np.array([j.jct_s for j in result.jobs]),
-                     np.array([(t, held) for t, held, *_ in result.timeline], dtype=float).reshape(-1, 2), cpu)
+    return PolicyRun(policy, {**summary, "cpu_s": cpu}, jct, memory, cpu)
 
 
 def run_policies(config: SimConfig, executor: concurrent.futures.Executor | None = None,
-                 progress: float | None = None) -> list[PolicyRun]:
+                 progress: float | None = None, trace: Trace | None = None) -> list[PolicyRun]:
     """Every policy of the configuration, each a task on `executor` (default: a process pool of
-    ``config.processes`` processes, one per core when 0), in the configuration's order."""
+    ``config.processes`` processes, one per core when 0, given `trace` if the caller has loaded it), in the
+    configuration's order."""
     if executor is None and len(config.policies) > 1:
         workers = min(len(config.policies), config.processes or os.cpu_count() or 1)
-        with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+        shared = {"initializer": _receive, "initargs": (config, trace)} if trace is not None else {}
+        with concurrent.futures.ProcessPoolExecutor(max_workers=workers, **shared) as pool:
             return run_policies(config, pool, progress)
     if executor is None:
         return [run_policy(config, config.policies[0], progress=progress)]

@@ -118,3 +118,14 @@ def test_console_script_usage_error_exits_nonzero():
     proc = subprocess.run([*command_argv(Command.SIM), "run"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("ina-sim run: error:")
+
+
+def test_the_docs_list_every_setting_as_the_configuration_documents_it():
+    """docs/simulation.md's settings table is the one inaproto.config generates from SimConfig's documented fields."""
+    from pathlib import Path
+
+    from inaproto.config import markdown_table
+    from simulator.config import SimConfig
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "simulation.md").read_text()
+    assert markdown_table(SimConfig) in docs

@@ -13,7 +13,7 @@ BUILD    := build
 PYTEST   := $(PY) -m pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo demo-model run test test-fast lint p4 proto bench bench-switch soak stop clean
+.PHONY: help install demo demo-model run report test test-fast lint p4 proto bench bench-switch soak stop clean
 
 help: ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -24,16 +24,20 @@ install: ## system packages (as root) and the Python environment in .venv/ (PyTo
 $(STAMP): pyproject.toml scripts/install-deps.sh
 	PYTHON="$(PYTHON)" VENV="$(VENV)" ./scripts/install-deps.sh
 
-demo: install ## install, then run experiment 1 (INA vs ring vs Rina, small) on the embedded switch (root)
-	$(BIN)/ina-exp run allreduce --small
+demo: install ## install, run experiment 1 (INA vs ring vs Rina, small) on the embedded switch (root), then its report
+	$(BIN)/ina-exp run allreduce --small; status=$$?; $(BIN)/ina-exp report results/allreduce/latest && exit $$status
 
 demo-model: $(STAMP) ## a scripted aggregation through the pipeline model, no root
 	$(PY) -m softswitch.demo
 
 EXP  ?= allreduce
 ARGS ?= --small
-run: $(STAMP) ## one experiment: make run EXP=allreduce|hetero|multijob|loss ARGS=--small
+run: $(STAMP) ## one experiment: make run EXP=allreduce|hetero|multijob|loss|rina|tree ARGS=--small
 	$(BIN)/ina-exp run $(EXP) $(ARGS)
+
+REPORT_ARGS ?=
+report: $(STAMP) ## results/report.html: the newest run of each experiment beside the published figures, targets met or missed
+	$(BIN)/ina-exp report $(REPORT_ARGS)
 
 test: $(STAMP) ## every test tier (integration needs root; bmv2 runs where simple_switch_grpc and p4c are on PATH)
 	$(PYTEST) tests -q

@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 TORCH_VERSION=2.13.0
-APT_PACKAGES="mininet bridge-utils iproute2 ethtool iperf3 iputils-ping tcpdump protobuf-compiler protobuf-compiler-grpc python3-venv make"
+# chromium and chromium-driver: the results page's browser test (selenium drives them by path, downloads nothing)
+APT_PACKAGES="mininet bridge-utils iproute2 ethtool iperf3 iputils-ping tcpdump protobuf-compiler protobuf-compiler-grpc python3-venv make chromium chromium-driver"
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     missing=$(for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)

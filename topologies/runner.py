@@ -6,11 +6,14 @@
     ina-exp run multijob --switch bmv2 --out /tmp/results
     ina-exp run all --small
     ina-exp plot results/allreduce/latest             # summary and PNG again from a results folder
+    ina-exp report                                    # results/report.html: the newest run of each experiment
+    ina-exp report results/allreduce --last 3         # the 3 newest runs of one experiment as repetitions
 
 A run starts the topology, switches, controller and agents, measures, and writes
 ``<out>/<experiment>/<timestamp>/`` (``results.json`` with the configuration, ``results.csv``,
 ``measurements.jsonl``, a PNG, the testbeds' logs under ``runs/``); the last line printed is the plot's
-path. Progress goes to stderr. Everything it started is stopped on success, failure, Ctrl-C and SIGTERM.
+path. ``ina-exp report`` sets the runs' figures beside the published figures they reproduce and marks each
+experiment's targets met or missed, on one HTML page. Progress goes to stderr. Everything it started is stopped on success, failure, Ctrl-C and SIGTERM.
 Exit status: 0 done, 1 a measurement or the run failed, 2 usage error (one line), 130 interrupted.
 docs/experiments.md describes each experiment.
 """
@@ -64,7 +67,7 @@ _TYPES = {"ints": _ints, "floats": _floats, "strs": _strs}
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Run the INA testbed's experiments (topology, switches, controller, agents) and plot them.")
-    sub = p.add_subparsers(dest="command", metavar="{list,run,plot}", parser_class=Parser)
+    sub = p.add_subparsers(dest="command", metavar="{list,run,plot,report}", parser_class=Parser)
     lst = sub.add_parser("list", help="the experiments, their options and configurations")
     lst.add_argument("-v", "--verbose", action="store_true", help="also print each configuration")
     run = sub.add_parser("run", help="run one experiment (or all)", add_help=False,
@@ -87,6 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(size="full")
     replot = sub.add_parser("plot", help="the summary and plot again, from a results folder (no root needed)")
     replot.add_argument("results", help="a results folder (results/<experiment>/<timestamp>) or its results.json")
+    rep = sub.add_parser("report", help="one HTML page: each experiment's figures beside the published ones, its "
+                                        "targets met or missed (no root needed)")
+    rep.add_argument("results", nargs="*", type=Path,
+                     help="run folders (results/allreduce/<time>), experiment folders (results/allreduce: the newest "
+                          "runs) or results roots; default: results")
+    rep.add_argument("--last", type=int, default=1, metavar="N",
+                     help="from a folder, the N newest finished runs of each experiment, as repetitions (default 1)")
+    rep.add_argument("-o", "--out", type=Path, metavar="FILE",
+                     help="the page (default: report.html in the folder the runs' experiment folders are in)")
+    rep.add_argument("--figures", type=Path, metavar="FILE",
+                     help="also write these runs' figures summary (docs/figures.json: the docs' figures table)")
+    rep.add_argument("--markdown", type=Path, metavar="FILE",
+                     help="print the figures table made from the figures summary FILE (reads no results)")
+    rep.add_argument("--into", type=Path, metavar="DOC",
+                     help="with --markdown: replace the table between DOC's figures markers instead of printing it")
     p.run_parser = run  # type: ignore[attr-defined]  (for `ina-exp run NAME --help`)
     return p
 
@@ -141,6 +159,43 @@ def _replot(path: Path, out: TextIO) -> int:
     for line in cls.report(doc["summary"]):
         print(line, file=out)
     print(f"plot: {plot_path}", file=out)
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace, out: TextIO) -> int:
+    """The results page (and the figures summary) of the runs named, or the figures table of a summary."""
+    from topologies.errors import ExperimentError
+    from topologies.experiments import figures, report
+
+    if args.into and not args.markdown:
+        raise UsageError("--into DOC needs --markdown FILE (the figures summary the table is made from)")
+    if args.last < 1:
+        raise UsageError("--last must be >= 1")
+    try:
+        if args.markdown:
+            if args.results or args.figures or args.out:
+                raise UsageError("--markdown reads a figures summary only: no results folders, --figures or --out")
+            table = figures.markdown_table(figures.read_figures(args.markdown))
+            if args.into:
+                args.into.write_text(figures.insert_table(args.into.read_text(), table))
+                print(f"figures table: {args.into}", file=out)
+            else:
+                out.write(table)
+            return EXIT_OK
+        roots = args.results or [Path("results")]
+        runs = report.find_runs(roots, last=args.last)
+        if not runs:
+            raise UsageError(f"no results in {', '.join(map(str, roots))} (run an experiment first: "
+                             "ina-exp run allreduce --small)")
+        groups = report.group_runs(runs)
+        path = report.write_report(groups, args.out or Path(os.path.commonpath([r.path.parent.parent for r in runs]))
+                                   / "report.html")
+        if args.figures:
+            figures.write_figures(figures.figures_summary(groups, " ".join(["ina-exp", *sys.argv[1:]])), args.figures)
+            print(f"figures: {args.figures}", file=out)
+    except (ExperimentError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    print(f"report: {path}", file=out)
     return EXIT_OK
 
 
@@ -278,6 +333,8 @@ def run_experiment(exp_cls: Any, config: Any, options: Any, out: TextIO, err: Te
 
 def _finish(exp_cls: Any, config: Any, ctx: Any, status: str, err: TextIO) -> Path | None:
     """Summary, plot and the final results.json, also after a failure (with whatever was measured)."""
+    from topologies.experiments.base import load_average
+
     doc = ctx.store.doc
     plot_path = None
     try:
@@ -297,6 +354,7 @@ def _finish(exp_cls: Any, config: Any, ctx: Any, status: str, err: TextIO) -> Pa
                          "measurements": "measurements.jsonl"})
     doc["status"] = status
     doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    doc["environment"]["loadavg_end"] = load_average()
     doc["duration_s"] = round(time.monotonic() - ctx.started, 1)
     ctx.store.save()
     ctx.progress(f"{status} in {doc['duration_s']:.0f} s")
@@ -323,13 +381,15 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     try:
         args, rest = build_parser().parse_known_args(argv)
         if args.command is None:
-            raise UsageError("choose a command: list, run or plot (see ina-exp --help)")
-        if args.command in ("list", "plot") and rest:
+            raise UsageError("choose a command: list, run, plot or report (see ina-exp --help)")
+        if args.command in ("list", "plot", "report") and rest:
             raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
         if args.command == "list":
             return _list(args.verbose, out)
         if args.command == "plot":
             return _replot(Path(args.results), out)
+        if args.command == "report":
+            return _report(args, out)
     except UsageError as exc:
         return exc.report(PROG, err)
     with _Signals(err):  # from here on Ctrl-C and SIGTERM stop the run cleanly

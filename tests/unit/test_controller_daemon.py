@@ -69,16 +69,16 @@ def test_topology_and_switch_together_are_refused(tmp_path):
     (["--set", "connect_timeout=soon"], "connect_timeout: expected a number"),
     (["--set", "policy=fastest"], "policy 'fastest' is not one of"),
 ])
-def test_bad_settings_are_one_line_and_exit_2(argv, words):
+def test_bad_settings_are_one_line_and_exit_2(tmp_path, argv, words):
     err = io.StringIO()
     with redirect_stderr(err):
-        assert daemon.main(["--switch", "name=s1,addr=x", *argv]) == 2
+        assert daemon.main(["--switch", "name=s1,addr=x", "--db", str(tmp_path / "x.db"), *argv]) == 2
     assert err.getvalue().count("\n") == 1 and err.getvalue().startswith("ina-controller: error: ") and words in err.getvalue()
 
 
-def test_bad_flag_values_exit_2():
+def test_bad_flag_values_exit_2(tmp_path):
     with pytest.raises(SystemExit) as exc, redirect_stderr(io.StringIO()):
-        daemon.main(["--switch", "name=s1,addr=x", "--policy", "fastest"])
+        daemon.main(["--switch", "name=s1,addr=x", "--db", str(tmp_path / "x.db"), "--policy", "fastest"])
     assert exc.value.code == 2
 
 

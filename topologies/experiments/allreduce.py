@@ -45,7 +45,7 @@ from topologies.experiments.aggregate import (
     slot_model_seconds,
     window_rtt_seconds,
 )
-from topologies.experiments.base import Experiment
+from topologies.experiments.base import Anchor, Comparison, Experiment, Target
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
 BACKENDS = tuple(b.value for b in Backend)  # the experiment compares every backend a grant can hold
@@ -117,6 +117,29 @@ class AllreduceExperiment(Experiment):
     aliases = ("exp1",)
     title = "All-reduce time vs worker count: INA vs ring vs Rina on equal shaped links"
     Config = AllreduceConfig
+    anchors = (
+        Anchor("SwitchML", 'Sapio et al., "Scaling Distributed Machine Learning with In-Network Aggregation", NSDI 2021 '
+               "(arXiv 1903.06701)",
+               "a job's aggregator pool sized to the bandwidth-delay product: throughput grows with the pool until the "
+               "pool covers the BDP, then stays flat; INA time independent of the number of workers; training "
+               "throughput up to 5.5x over the host-based baseline on real models",
+               "the pool-size curve (right: time proportional to 1/slots below the BDP, at the framed wire time "
+               "above, the dashed model) and INA's time against the worker count (left)"),
+        Anchor("In-network vs ring, bytes", "arithmetic",
+               "ring all-reduce moves 2(n-1)/n of the data per worker link, INA 1x: INA/ring = n/(2(n-1)) before "
+               "framing",
+               "the ratio plot (middle): INA/ring measured against the ideal and the framed ideal (184-byte INA "
+               "frames with 128 bytes of payload, TCP's 1448 in 1514 and its ACKs)"),
+    )
+    targets = (
+        Target("every point of the pool-size curve within its bound: 15 % of the model below the BDP of the "
+               "measured round trip, 10 % of the framed wire time at or above it", "slot_curve.*.within_target",
+               Comparison.HOLDS),
+        Target("INA/ring at the largest worker count within 10 % of the framed ideal", "points[-1].ina_ring_ratio",
+               Comparison.WITHIN, 0.10, reference="points[-1].framed_ideal_ratio"),
+        Target("INA at the largest worker count within 15 % of its framed wire time (the same at every n: flat in n)",
+               "points[-1].ina_wire_ratio", Comparison.AT_MOST, 1.15),
+    )
     options = (
         ("--workers", "workers", "ints", "worker counts, e.g. 2,4,6,8"),
         ("--backends", "backends", "strs", "backends, e.g. ina,ring,rina"),

@@ -2,8 +2,9 @@
 
 An experiment is a class with a frozen ``Config`` dataclass, three presets (``tiny`` for CI, ``small`` for
 a demo, ``full``), a ``run()`` that measures and calls ``ctx.record(row)`` after every measurement, and two
-static functions that turn rows into a summary and a PNG. The run context writes, as it goes, into
-``results/<experiment>/<timestamp>/``:
+static functions that turn rows into a summary and a PNG; it declares, as data, the published figures it sets
+itself beside (``anchors``) and its stated targets on that summary (``targets``), which ``ina-exp report`` and the
+docs' figures table judge. The run context writes, as it goes, into ``results/<experiment>/<timestamp>/``:
 
 | file | content |
 |---|---|
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import enum
 import io
 import json
 import os
@@ -33,11 +35,16 @@ from topologies.errors import ExperimentError
 
 __all__ = [
     "SIZES",
+    "Anchor",
+    "Comparison",
     "Experiment",
     "ResultStore",
     "RunContext",
     "RunOptions",
+    "Target",
     "flatten_row",
+    "load_average",
+    "machine",
     "rows_to_csv",
 ]
 
@@ -56,6 +63,82 @@ class RunOptions:
     quiet: bool = False
 
 
+@dataclass(frozen=True)
+class Anchor:
+    """A published figure an experiment sets itself beside (the rows of ANCHORS.md): the anchors' own claims, on
+    their hardware; what this scale model should match is the shape of the effect, not absolute times."""
+
+    system: str
+    source: str
+    figure: str  # the figure as published
+    reproduced_by: str  # what in this experiment's results reproduces its effect
+
+
+class Comparison(enum.Enum):
+    """How a target's quantity is judged against its bound."""
+
+    AT_MOST = "at most"
+    AT_LEAST = "at least"
+    WITHIN = "within"  # |quantity - 1| <= bound: the value within a relative bound of its reference
+    HOLDS = "holds"  # the value is true
+
+
+@dataclass(frozen=True)
+class Target:
+    """One stated target of an experiment, judged on its summary: per repetition, and on the median over them.
+
+    Args:
+        words: the target as a sentence a reader checks (what, where, the bound).
+        key: where its value is in the summary: dotted names, list indices (``points[-1]``), selections of list
+            elements (``rina[ina_fraction=1,loss=0]``) and ``*`` (every element). Where the key finds several
+            values, the worst of them is judged (the largest for AT_MOST, the farthest for WITHIN, ...).
+        comparison, bound: the judgement (``bound`` unused for HOLDS).
+        reference: a summary key (same syntax) or a number the value is divided by before it is judged: the
+            quantity is value / reference.
+        fmt: format spec of the quantity (``".2f"``, ``".0%"``).
+    """
+
+    words: str
+    key: str
+    comparison: Comparison
+    bound: float | None = None
+    reference: str | float | None = None
+    fmt: str = ".2f"
+
+    def __post_init__(self) -> None:
+        if (self.bound is None) != (self.comparison is Comparison.HOLDS):
+            raise ValueError(f"{self.key}: a bound for every comparison but HOLDS, none for HOLDS")
+
+    def met(self, quantity: float | bool) -> bool:
+        """Whether one quantity (a repetition's, or the median over them) meets the target."""
+        if self.comparison is Comparison.HOLDS:
+            return bool(quantity)
+        q, bound = float(quantity), float(self.bound)  # type: ignore[arg-type]
+        if self.comparison is Comparison.AT_MOST:
+            return q <= bound
+        if self.comparison is Comparison.AT_LEAST:
+            return q >= bound
+        return abs(q - 1.0) <= bound
+
+    def worst(self, quantities: list[float | bool]) -> float | bool:
+        """The quantity judged where the key finds several: the one farthest on the wrong side of the bound."""
+        if self.comparison is Comparison.HOLDS:
+            return all(bool(q) for q in quantities)
+        if self.comparison is Comparison.AT_MOST:
+            return max(float(q) for q in quantities)
+        if self.comparison is Comparison.AT_LEAST:
+            return min(float(q) for q in quantities)
+        return max((float(q) for q in quantities), key=lambda q: abs(q - 1.0))
+
+    def bound_text(self) -> str:
+        """The bound as a reader sees it: ``<= 1.15``, ``>= 90%``, ``1 ± 0.10``, ``true``."""
+        if self.comparison is Comparison.HOLDS:
+            return "true"
+        bound = format(self.bound, self.fmt)
+        return {Comparison.AT_MOST: f"<= {bound}", Comparison.AT_LEAST: f">= {bound}"}.get(
+            self.comparison, f"1 ± {bound}")
+
+
 class Experiment:
     """Base of every experiment. Subclasses set the class attributes and implement :meth:`run`.
 
@@ -66,6 +149,10 @@ class Experiment:
         options: experiment options for the command line, ``(flag, field, type, help)``; a value given
             replaces that field of the preset (lists: comma-separated).
         needs_faults: the experiment uses ina-switch's fault options (not available on BMv2).
+        anchors: the published figures it sets itself beside; targets: its stated targets (``ina-exp report``
+            and docs/experiments.md's figures table judge them).
+        repetition_key: the row field that numbers a run's repetitions (None: a run is one repetition); each
+            repetition's rows are summarized apart to judge the targets per repetition.
     """
 
     name: ClassVar[str] = ""
@@ -74,6 +161,9 @@ class Experiment:
     Config: ClassVar[type] = object
     options: ClassVar[tuple[tuple[str, str, Any, str], ...]] = ()
     needs_faults: ClassVar[bool] = False
+    anchors: ClassVar[tuple[Anchor, ...]] = ()
+    targets: ClassVar[tuple[Target, ...]] = ()
+    repetition_key: ClassVar[str | None] = None
 
     def __init__(self, config: Any, ctx: RunContext) -> None:
         self.config = config
@@ -144,20 +234,54 @@ def rows_to_csv(rows: Iterable[Mapping[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _environment() -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-        "cpus": os.cpu_count(),
-        "argv": sys.argv,
-    }
+def _first_line_with(path: str, prefix: str) -> str | None:
+    """The value after ``prefix`` and its separator on the first line of ``path`` that starts with it."""
     try:
-        repo = Path(__file__).resolve().parents[2]
-        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=False)
-        if out.returncode == 0:
-            env["git_commit"] = out.stdout.strip()
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(prefix):
+                    return line[len(prefix):].lstrip(" \t:=").strip().strip('"') or None
+    except OSError:
+        return None
+    return None
+
+
+def machine() -> dict[str, Any]:
+    """What a figure was measured on: CPU model, cores, memory, operating system, kernel, Python."""
+    mem_kib = _first_line_with("/proc/meminfo", "MemTotal")
+    return {
+        "cpu_model": _first_line_with("/proc/cpuinfo", "model name") or platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(int(mem_kib.split()[0]) / 2**20, 1) if mem_kib else None,
+        "os": _first_line_with("/etc/os-release", "PRETTY_NAME") or platform.system(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def load_average() -> list[float] | None:
+    """The machine's 1, 5 and 15-minute load averages (None where the system has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _git(*args: str) -> str | None:
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
-        pass
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _environment() -> dict[str, Any]:
+    env: dict[str, Any] = {**machine(), "argv": sys.argv, "loadavg_start": load_average()}
+    commit = _git("rev-parse", "--short", "HEAD")
+    if commit is not None:
+        env["git_commit"] = commit
+        env["git_modified"] = bool(_git("status", "--porcelain", "--untracked-files=no"))
     return env
 
 

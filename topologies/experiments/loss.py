@@ -14,7 +14,7 @@ from pathlib import Path
 
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, ina_wire_seconds
-from topologies.experiments.base import Experiment
+from topologies.experiments.base import Anchor, Comparison, Experiment, Target
 from topologies.experiments.testbed import INA_UDP_BASE, AgentJob
 
 GOODPUT_TARGETS = ((0.01, 0.90), (0.05, 0.70))  # (loss, share of lossless goodput), every result exact
@@ -65,6 +65,19 @@ class LossExperiment(Experiment):
     aliases = ("exp4",)
     title = "Exactness and goodput of INA all-reduce vs injected loss rate"
     Config = LossConfig
+    anchors = (
+        Anchor("SwitchML", 'Sapio et al., "Scaling Distributed Machine Learning with In-Network Aggregation", NSDI 2021 '
+               "(arXiv 1903.06701)",
+               "loss recovery by the workers' retransmission, with two shadow copies of each aggregator slot in the "
+               "switch so that no update is counted twice (no published loss figure is set beside this experiment: "
+               "its targets are this project's own)",
+               "goodput and retransmissions against injected loss 0-5 %, every result checked against the exact sum"),
+    )
+    targets = (
+        *(Target(f"goodput at {loss * 100:g} % loss at least {share * 100:g} % of lossless", f"goodput_targets[loss={loss}]"
+                 ".relative_goodput", Comparison.AT_LEAST, share, fmt=".0%") for loss, share in GOODPUT_TARGETS),
+        Target("every result exact, at every loss rate", "all_exact", Comparison.HOLDS),
+    )
     needs_faults = True
     options = (
         ("--loss", "loss", "floats", "drop probabilities, e.g. 0,0.01,0.05"),

@@ -38,7 +38,7 @@ from simulator.trace import JobSpec, write_trace
 from topologies.errors import ExperimentError
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, group_by, median
-from topologies.experiments.base import Experiment
+from topologies.experiments.base import Anchor, Comparison, Experiment, Target
 from topologies.experiments.calibrate import (
     LabCalibration,
     calibration_from,
@@ -174,6 +174,30 @@ class MultijobExperiment(Experiment):
     aliases = ("exp3",)
     title = "A job trace sharing switch memory: completion time per priority, per policy and pool size"
     Config = MultijobConfig
+    anchors = (
+        Anchor("ESA", 'Wang et al., "Efficient Data-Plane Memory Scheduling for In-Network Aggregation" '
+               "(arXiv 2201.06398)",
+               "preemptive aggregator allocation with priorities: average job completion time improved by up to 1.35x",
+               "the priority policy's high-priority mean JCT against the static partition's, at a pool of 50 %"),
+        Anchor("ATP", 'Lao et al., "ATP: In-network Aggregation for Multi-tenant Learning", NSDI 2021',
+               "multi-tenant, best-effort aggregation with fallback to a parameter server; throughput +38 % to +66 % "
+               "over the baselines it compares with",
+               "switch memory shared across the trace's jobs, a job without slots falling back to the ring"),
+        Anchor("INAlloc", "switch memory allocation for INA jobs", "job completion time about 27 % lower than its "
+               "baselines", "every policy's mean JCT per pool size; the same trace through ina-sim"),
+    )
+    targets = (
+        Target("at a pool of 50 %, the best policy's mean JCT within 15 % of unlimited memory (first-fit at 100 %)",
+               "targets.best_vs_unlimited", Comparison.AT_MOST, 1.15),
+        Target("at a pool of 50 %, the static partition measurably worse: its mean JCT beyond the best policy's "
+               "15 % of unlimited memory", "targets.static_vs_unlimited", Comparison.AT_LEAST, 1.15),
+        Target("at a pool of 50 %, the priority policy's high-priority mean JCT at least 1.35x better than the "
+               "static partition's (ESA's figure)", "targets.priority_high_speedup_over_static", Comparison.AT_LEAST,
+               1.35),
+        Target(f"every job's testbed busy time within {TOLERANCE * 100:g} % of ina-sim's prediction",
+               "simulator.max_abs_rel_diff", Comparison.AT_MOST, TOLERANCE, fmt=".0%"),
+    )
+    repetition_key = "rep"
     options = (
         ("--trace", "trace", str, "full or tiny"),
         ("--supply", "supply", "floats", "pool as fractions of the summed requests, e.g. 1,0.5,0.25"),

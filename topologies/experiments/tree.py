@@ -32,7 +32,7 @@ from typing import Any
 from inaproto import wire
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, median
-from topologies.experiments.base import Experiment
+from topologies.experiments.base import Anchor, Comparison, Experiment, Target
 from topologies.experiments.rina import checked_layouts, parse_layouts
 from topologies.experiments.testbed import INA_UDP_BASE, AgentJob
 
@@ -133,6 +133,24 @@ class TreeExperiment(Experiment):
     aliases = ("exp-tree",)
     title = "Aggregation trees: ToR + spine tree vs Rina vs ring vs single-switch INA"
     Config = TreeConfig
+    anchors = (
+        Anchor("AggTree / two-level INA", "ATP's two-level design (Lao et al., NSDI 2021); AggTree",
+               "a job spanning racks aggregates at the ToRs, then at the spine; the uplink carries one partial sum per "
+               "rack", "the tree's time against single-switch INA; the INA bytes on each uplink (pcaps of the "
+               "spine's ports) in framed partial sums per all-reduce and rack"),
+    )
+    targets = (
+        Target("the tree within 10 % of single-switch INA's time (every layout)", "points.*.tree_over_ina",
+               Comparison.AT_MOST, 1.10),
+        Target("each uplink carries one framed partial sum per all-reduce and rack up (within 2 %)",
+               "points.*.runs.tree-uplink.uplink_up_over_framed_partial", Comparison.WITHIN, 0.02, reference=1.0,
+               fmt=".3f"),
+        Target("each uplink carries one framed sum per all-reduce and rack down (within 2 %)",
+               "points.*.runs.tree-uplink.uplink_down_over_framed_partial", Comparison.WITHIN, 0.02, reference=1.0,
+               fmt=".3f"),
+        Target("every result exact, also under injected loss", "points.*.runs.*.exact", Comparison.HOLDS),
+    )
+    repetition_key = "rep"
     options = (
         ("--layouts", "layouts", parse_layouts, "racks x workers, e.g. 2x4,4x2"),
         ("--elements", "elements", int, "float32 elements per all-reduce"),

@@ -215,6 +215,7 @@ class Simulation:
         self.on_event = on_event
         self.progress = progress
         self.ina = cluster.ina_racks()
+        self.any_ina = any(self.ina)
         # One switch per rack (its ToR), then the spine: switch index cluster.racks.
         self.switches = [_Switch(cluster.slots_per_switch if ina else 0) for ina in self.ina]
         self.switches.append(_Switch(cluster.spine_slots))
@@ -456,7 +457,7 @@ class Simulation:
 
     def _slot_hint(self, spec: JobSpec) -> int:
         """What the job would ask each switch for if placed as tightly as possible (for placements)."""
-        if spec.num_workers < 2 or not any(self.ina):
+        if spec.num_workers < 2 or not self.any_ina:
             return 0
         wpr = self.cluster.workers_per_rack
         racks = -(-spec.num_workers // wpr)
@@ -480,15 +481,12 @@ class Simulation:
         requested, min_slots = request
         job.requested = requested
         job.demand_racks = [r for r, _ in aggregating]
-        for rack in job.demand_racks:
-            self.switches[rack].demands.append(
-                JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
-            )
+        demand = JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
+        for rack in job.demand_racks:  # the same demand (a value) at every switch
+            self.switches[rack].demands.append(demand)
             self.view.add_slot_job(rack, 1)
         if tree:  # the spine is asked for as many slots as every ToR of the tree
-            self.switches[self.spine].demands.append(
-                JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
-            )
+            self.switches[self.spine].demands.append(demand)
             job.on_spine = True
             job.counts[self.spine] = len(job.placement)  # the spine aggregates one partial per rack
             return [*job.demand_racks, self.spine]

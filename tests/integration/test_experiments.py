@@ -148,7 +148,8 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
             "capacity_from_cpu"] == pytest.approx(cal.switch_shared_pps)
         life = probes["agent-lifecycle-cpu"]  # an agent's whole life, on the trace's star
         cores = os.cpu_count()  # an agent's start-up CPU over the shared cores, as a share of the switch's capacity
-        assert cal.worker_startup_packets == pytest.approx(life["cpu_s_per_agent"] * cal.switch_shared_pps / cores) > 0
+        assert cal.worker_startup_packets > 0
+        assert cal.worker_startup_packets == pytest.approx(life["cpu_s_per_agent"] * cal.switch_shared_pps / cores)
         from topologies.experiments.calibrate import ring_step_fit
 
         ring = [r for r in rows if r.get("probe") == "ring-steps"]  # the ring on the trace's star, two sizes

@@ -15,7 +15,7 @@ from scapy.packet import raw
 from inaproto import wire
 from inaproto.job_entries import WorkerAddress, job_entries
 from inaproto.scapy_layer import INA
-from softswitch.pipeline import InaPipeline
+from p4src.ina_model import InaPipeline
 
 SWITCH_MAC = "02:00:00:00:00:fe"
 SWITCH_IP = "10.0.0.254"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from softswitch.p4program import load_p4info
+from p4src.p4info import load_p4info
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,8 @@ from inaproto import wire
 from inaproto.job_entries import TransitEntry
 from inaproto.rina_ring import host_copy_port
 from inaproto.scapy_layer import INA
-from softswitch.p4program import load_p4info
-from softswitch.pipeline import InaPipeline
+from p4src.ina_model import InaPipeline
+from p4src.p4info import load_p4info
 from tests.targets import Worker, dissect, gradient
 
 JOB = 3

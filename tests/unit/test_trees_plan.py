@@ -11,8 +11,8 @@ from controller.policies import SlotRange
 from controller.trees import plan_tree, tree_layout, tree_ranges
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from softswitch.p4program import load_p4info
-from softswitch.pipeline import InaPipeline
+from p4src.ina_model import InaPipeline
+from p4src.p4info import load_p4info
 from tests.unit.test_chains_plan import _gradient, _job, _leaf_spine, _run
 
 JOB = 3

@@ -490,7 +490,7 @@ class Controller:
             job_id = self._free_job_id()
             job = Job(job_id, self._next_seq, req, placement, time.time(), generation=0,
                       secret_hash="" if caller.admin else hash_secret(caller.credential))
-            check_member_ids(self.topology, job, trees=self.options.trees, chains=self.options.rina_chains)
+            check_member_ids(self.topology, job, trees=self.options.trees)
             jobs = dict(self._jobs)
             jobs[job_id] = job
             new, counter = self._reallocate(jobs, f"job {job_id} admitted", self._next_generation, fresh=job_id)

@@ -102,12 +102,12 @@ def validate_registration(
     return out, tuple(placement)
 
 
-def check_member_ids(topology: Topology, job: Job, *, trees: bool, chains: bool) -> None:
+def check_member_ids(topology: Topology, job: Job, *, trees: bool) -> None:
     """Refuse (INVALID_ARGUMENT) a job whose layout across switches needs more member ids than the worker mask has.
 
     A switch that aggregates for others is a member of the job under an id no worker of the job has (the ids its
     partials carry, and the bits ``upstream_mask`` sets): every ToR and the root of an aggregation tree
-    (``trees``), every INA rack of Rina's ring on chains (``chains``). Workers and switch members share the
+    (``trees``), every INA rack of Rina's ring on chains. Workers and switch members share the
     ``wire.MAX_WORKERS``-bit mask, so such a job may have at most that many workers and switch members together.
     """
     switches = job.switches()
@@ -117,7 +117,7 @@ def check_member_ids(topology: Topology, job: Job, *, trees: bool, chains: bool)
     if trees and (layout := tree_layout(topology, job)) is not None:
         layouts.append((len(layout.switches), f"its aggregation tree ({len(layout.tors)} ToRs and the root {layout.root})"))
     racks = sum(1 for sw in switches if topology.switches[sw].ina)
-    if chains and racks:
+    if racks:
         layouts.append((racks, f"Rina's ring on chains ({racks} INA racks)"))
     workers = len(job.worker_ids)
     for members, what in layouts:

@@ -57,8 +57,8 @@ def record(args: argparse.Namespace) -> None:
 
     from host_agent.host_member import CopyMode
     from softswitch.pipeline import InaPipeline
+    from tests.local.test_agent_rina_chains import OPTIONS, _install_chains
     from tests.udp_switch import LocalCluster, quantised_sum
-    from tests.unit.test_agent_rina_chains import OPTIONS, _install_chains
 
     pipes: dict[int, dict] = {}
     process, process_batch = InaPipeline.process, InaPipeline.process_batch

@@ -1,7 +1,7 @@
 """Targets for the packet-level suite: frames in at a port, frames out at ports, control by P4Info names.
 
 The same tests run against the in-process model (``model``), the ``ina-switch`` process and BMv2
-(``--target``); a target only has to offer the few methods of ``Target``.
+(tests/packet/conftest.py); a target only has to offer the few methods of ``Target``.
 """
 from __future__ import annotations
 
@@ -142,14 +142,3 @@ def assert_same_registers(before, after) -> None:
     assert scalars_before == scalars_after
     assert (lanes_before == lanes_after).all()
 
-
-def process_target(kind: str, request) -> Target:
-    """A switch process target (``--target ina-switch`` or ``--target bmv2``) for one test.
-
-    The switch runs in a network namespace of its own with ports 1..10, each a veth pair to a host end;
-    control goes over P4Runtime, frames through raw sockets on the host ends (tests/integration/switch_process.py).
-    Skips when not root, or for BMv2 when simple_switch_grpc or build/ina.json is missing.
-    """
-    from tests.integration.switch_process import process_target as start
-
-    return start(kind, request)

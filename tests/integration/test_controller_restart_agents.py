@@ -35,8 +35,6 @@ from tests.udp_switch import local_job, quantised_sum, run_workers
 from topologies.experiments.testbed import free_port
 from topologies.netns import Process
 
-pytestmark = pytest.mark.integration
-
 HOSTS = {"a": ["h11", "h12"], "b": ["h13", "h14"], "c": ["h15", "h16"], "d": ["h17", "h18"]}
 ELEMENTS = 3000
 

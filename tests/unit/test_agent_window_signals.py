@@ -8,7 +8,6 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 import numpy as np
-import pytest
 
 from host_agent.chunks import Segment
 from host_agent.congestion import CongestionWindow
@@ -19,8 +18,6 @@ from host_agent.rtt import RttEstimator
 from host_agent.stream import StreamOptions, StreamStats
 from inaproto import wire
 from tests.targets import SWITCH_IP, SWITCH_MAC, ModelTarget, Worker, install_job, make_workers
-
-pytestmark = pytest.mark.unit
 
 JOB, GEN = 6, 2
 ME, PEER = make_workers(2)

@@ -13,8 +13,6 @@ from inaproto import admission_pb2 as pb
 from inaproto import wire
 from tests.unit.test_chains_plan import _job
 
-pytestmark = pytest.mark.unit
-
 FRAME_2M = wire.INA_FRAME_LEN * 8 / 2e6  # one INA frame on a 2 Mbit/s link
 
 

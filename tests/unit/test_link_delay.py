@@ -88,6 +88,7 @@ def test_batches_are_held_as_one_entry_and_joined_when_due_together():
     assert out[0] == (1, b"first") and out[1][0] == 1 and out[1][1] is b and line.held == 0
 
 
+@pytest.mark.local
 def test_the_timer_fires_at_the_deadline_not_before():
     import time
 

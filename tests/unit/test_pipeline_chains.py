@@ -3,7 +3,6 @@ frame: bytes out in order, every register (ina_final included) and every counter
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -11,8 +10,6 @@ from inaproto import wire
 from inaproto.job_entries import ChainHop, ChainLink, ChainPartition, WorkerAddress, chain_entries, job_entries
 from softswitch import pipeline_batch, pipeline_chains
 from softswitch.pipeline import InaPipeline
-
-pytestmark = pytest.mark.unit
 
 JOB, PLAIN_JOB = 5, 6  # a chain job, and a plain one whose slots overlap it (owner resets both ways)
 MEMBER = 20  # this switch is member 21 of a three-member Rina ring; 20 is its predecessor, 22 its successor

@@ -89,7 +89,7 @@ def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back
     """Generation by generation the ring follows the slots: two switch members while both racks have slots, r2's
     workers host members (each keeping its copy) while r2 has none, two switch members again; every worker plain
     INA towards its switch or its copy throughout, every chunk counted once (exact)."""
-    from tests.unit.test_agent_realloc import _assert_exact, _run_with_steps
+    from tests.local.test_agent_realloc import _assert_exact, _run_with_steps
 
     racks = ["r1", "r1", "r2", "r2"]
     rng = np.random.default_rng(9)

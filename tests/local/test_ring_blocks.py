@@ -17,8 +17,8 @@ from host_agent.ring_pieces import PieceStream
 from host_agent.stream import StreamOptions
 from inaproto.backends import Backend
 from inaproto.wire import LANES
+from tests.local.test_ring import exact_int32_sum, inputs, ring_order_sum
 from tests.udp_switch import LocalCluster, quantised_sum
-from tests.unit.test_ring import exact_int32_sum, inputs, ring_order_sum
 
 BLOCK_ROWS = 8
 BLOCKED = AgentOptions(stream=StreamOptions(op_timeout=20.0, ring_block_bytes=BLOCK_ROWS * CHUNK_BYTES))

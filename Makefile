@@ -13,7 +13,7 @@ BUILD    := build
 PYTEST   := $(PY) -m pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo demo-model run report test test-fast lint p4 proto bench bench-switch soak stop clean
+.PHONY: help install demo demo-model run report test test-fast lint docs p4 proto bench bench-switch soak stop clean
 
 help: ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -50,6 +50,9 @@ test-slow: $(STAMP) ## the slow tests (over about 30 s each), every tier
 
 lint: $(STAMP) ## ruff's default rules over the tree (configuration in pyproject.toml)
 	$(BIN)/ruff check .
+
+docs: $(STAMP) ## regenerate the settings tables in docs/ from the documented configuration dataclasses
+	$(PY) scripts/settings_tables.py
 
 p4: $(BUILD)/ina.json ## compile p4src/ with p4c into build/ and compare its P4Info with the committed one
 

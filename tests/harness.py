@@ -4,19 +4,17 @@
 127.0.0.1:0; ``Harness`` starts a controller with its admission service over a star topology of such
 switches, and can kill and restart the controller on the same database. ``Harness.stub`` carries the
 admin credential the controller wrote; ``Harness.job_stub(secret)`` a tenant's. Frames go through
-``pipeline.process`` directly (:func:`gradient_frame`, :func:`parse_result`).
+``pipeline.process`` directly (``tests.support.frames.grant_gradient``, ``parse_result``).
 """
 from __future__ import annotations
 
-import ipaddress
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Self
 
 import grpc
-import numpy as np
 
 from controller.config import ControllerConfig
 from controller.core import Controller
@@ -24,10 +22,10 @@ from controller.service import serve
 from controller.topology import Topology
 from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
-from inaproto import wire
 from inaproto.credentials import admission_channel, read_credential_file
+from tests.support.frames import HostAddr
 
-__all__ = ["Harness", "LocalSwitch", "gradient_frame", "parse_result", "star_topology", "worker", "write_admin_credential"]
+__all__ = ["Harness", "LocalSwitch", "star_topology", "worker", "write_admin_credential"]
 
 
 def write_admin_credential(path: Path) -> Path:
@@ -104,39 +102,6 @@ def star_topology(switches: dict[str, LocalSwitch], hosts_per_switch: int = 4, p
 def worker(worker_id: int, host: str, udp_port: int | None = None) -> pb.Worker:
     """A Worker message whose ip and mac the controller fills from the topology host."""
     return pb.Worker(worker_id=worker_id, host=host, udp_port=udp_port or 40000 + worker_id)
-
-
-@dataclass(frozen=True)
-class HostAddr:
-    ip: str
-    mac: str
-    udp_port: int
-
-
-def gradient_frame(
-    host: HostAddr, grant: pb.JobGrant, worker_id: int, slot: int, lanes, *, seq: int = 0, shadow: int = 0,
-    generation: int | None = None, switch: int = 0,
-) -> bytes:
-    """A worker's INA gradient to its switch, as agents send it (wire.udp_frame, UDP checksum 0)."""
-    sg = grant.switches[switch]
-    header = wire.InaHeader(
-        wire.MsgType.GRADIENT, 0, grant.job_id, grant.generation if generation is None else generation,
-        slot, seq, worker_id, shadow,
-    )
-    payload = wire.encode_payload(header, np.asarray(lanes, dtype=np.int32))
-    return wire.udp_frame(
-        bytes.fromhex(host.mac.replace(":", "")), bytes.fromhex(sg.switch_mac.replace(":", "")),
-        ipaddress.IPv4Address(host.ip).packed, ipaddress.IPv4Address(sg.switch_ip).packed,
-        host.udp_port, wire.INA_UDP_PORT, payload,
-    )
-
-
-def parse_result(frame: bytes) -> tuple[wire.InaHeader, np.ndarray, str, int]:
-    """(header, lanes, destination ip, destination udp port) of a frame the switch sent."""
-    header, lanes = wire.decode_payload(frame, wire.INA_OFFSET)
-    ip = str(ipaddress.IPv4Address(frame[wire.ETH_LEN + 16 : wire.ETH_LEN + 20]))
-    port = int.from_bytes(frame[wire.ETH_LEN + 22 : wire.ETH_LEN + 24], "big")
-    return header, lanes, ip, port
 
 
 class Harness:

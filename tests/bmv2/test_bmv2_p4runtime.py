@@ -4,7 +4,6 @@ tests/local/test_p4runtime_server.py), and keeps serving. Runs only where BMv2 a
 under /tmp/ina-integration.lock."""
 from __future__ import annotations
 
-import socket
 import subprocess
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from softswitch.p4program import load_p4info
 from tests.p4rt_malformed import BMV2, CASES, answer, check_unharmed
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,10 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def bmv2(tmp_path_factory, p4c_build):
     out = tmp_path_factory.mktemp("bmv2-p4rt")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"127.0.0.1:{port}"
+    address = f"127.0.0.1:{free_port()}"
     log = (out / "bmv2.log").open("w")
     proc = subprocess.Popen(["simple_switch_grpc", "--device-id", "1", "--no-p4", "--", "--grpc-server-addr", address],
                             stdout=log, stderr=subprocess.STDOUT)

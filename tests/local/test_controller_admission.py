@@ -14,7 +14,8 @@ import pytest
 
 from inaproto import admission_pb2 as pb
 from inaproto import wire
-from tests.harness import Harness, gradient_frame, parse_result, worker
+from tests.harness import Harness, worker
+from tests.support.frames import grant_gradient, parse_result
 
 STALE = wire.DropReason.STALE_GENERATION
 
@@ -52,7 +53,7 @@ class Job:
 
     def send(self, i: int, chunk: int, lanes, generation: int | None = None) -> list[tuple[int, bytes]]:
         s = self.grant.switches[0].num_slots
-        frame = gradient_frame(self.addr(i), self.grant, i, chunk % s, lanes, seq=chunk, shadow=(chunk // s) % 2, generation=generation)
+        frame = grant_gradient(self.addr(i), self.grant, i, chunk % s, lanes, seq=chunk, shadow=(chunk // s) % 2, generation=generation)
         return self.sw.send(self.ports[i], frame)
 
     def chunk(self, chunk: int, data: np.ndarray, workers=None) -> dict[int, np.ndarray]:

@@ -11,7 +11,8 @@ from controller.store import Store
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.job_entries import GENERATIONS
-from tests.harness import Harness, gradient_frame, parse_result, worker
+from tests.harness import Harness, worker
+from tests.support.frames import grant_gradient, parse_result
 
 HOSTS = ["h11", "h12"]
 
@@ -31,7 +32,7 @@ def _round(h: Harness, job_id: int, generation: int, seq: int, data: np.ndarray)
         switch="s1", switch_ip="10.0.1.254", switch_mac="02:00:00:00:01:fe", base_slot=base, num_slots=num)])
     out = []
     for i, host in enumerate(HOSTS):
-        frame = gradient_frame(h.host(host, 40000 + i), grant, i, 0, data[i], seq=seq, shadow=seq % 2)
+        frame = grant_gradient(h.host(host, 40000 + i), grant, i, 0, data[i], seq=seq, shadow=seq % 2)
         out += sw.send(h.topology.hosts[host].port, frame)
     results = {}
     for _, frame in out:

@@ -13,7 +13,8 @@ from controller.config import ControllerConfig
 from controller.core import Controller, Refusal
 from inaproto import admission_pb2 as pb
 from inaproto import wire
-from tests.harness import Harness, gradient_frame, parse_result, worker
+from tests.harness import Harness, worker
+from tests.support.frames import grant_gradient, parse_result
 
 TABLES = ("MyIngress.ina_job", "MyEgress.ina_worker", "MyIngress.ipv4_lpm")
 
@@ -51,7 +52,7 @@ def grants(h):
 
 
 def send(h, grant, i, host, chunk, lanes):
-    frame = gradient_frame(h.host(host, 40000 + i), grant, i, chunk % grant.switches[0].num_slots, lanes, seq=chunk)
+    frame = grant_gradient(h.host(host, 40000 + i), grant, i, chunk % grant.switches[0].num_slots, lanes, seq=chunk)
     return h.switches["s1"].send(h.topology.hosts[host].port, frame)
 
 

@@ -14,7 +14,8 @@ from controller.switch import Switch
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.backends import Backend
-from tests.harness import Harness, LocalSwitch, gradient_frame, parse_result, worker
+from tests.harness import Harness, LocalSwitch, worker
+from tests.support.frames import grant_gradient, parse_result
 
 UPLINK, DOWN1, DOWN2 = 100, 1, 2  # s1-p100 -- s3-p1, s2-p100 -- s3-p2
 
@@ -58,7 +59,7 @@ def _allreduce(h, grant, slot: int, seq: int, rng, generation: int | None = None
         lanes = rng.integers(-(2**20), 2**20, size=wire.LANES).astype(np.int32)
         total += lanes
         sw = h.topology.hosts[host].switch
-        frame = gradient_frame(h.host(host, 40000 + wid), grant, wid, slot, lanes, seq=seq, generation=generation,
+        frame = grant_gradient(h.host(host, 40000 + wid), grant, wid, slot, lanes, seq=seq, generation=generation,
                                switch=by_switch[sw])
         queue.append((sw, h.topology.hosts[host].port, frame))
     links = {("s1", UPLINK): ("s3", DOWN1), ("s2", UPLINK): ("s3", DOWN2)}

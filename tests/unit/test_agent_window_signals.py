@@ -17,7 +17,9 @@ from host_agent.ina_window import TX_MOD, InaPhase, WindowMode
 from host_agent.rtt import RttEstimator
 from host_agent.stream import StreamOptions, StreamStats
 from inaproto import wire
-from tests.targets import SWITCH_IP, SWITCH_MAC, ModelTarget, Worker, install_job, make_workers
+from tests.support.entries import install_job
+from tests.support.frames import SWITCH_IP, SWITCH_MAC, Worker, make_workers
+from tests.targets import ModelTarget
 
 JOB, GEN = 6, 2
 ME, PEER = make_workers(2)

@@ -3,7 +3,7 @@
     python bench/chain_bench.py record [--out FILE] [--elements 65536] [--calls 3] [--slots 64]
     python bench/chain_bench.py replay [--in FILE] [--repeat 5] [--json FILE]
 
-``record`` runs Rina on the LocalCluster (2 racks x 4 workers, the first rack INA-capable: the 50 % mix; copies
+``record`` runs Rina on a loopback cluster (topologies/loopback.py: 2 racks x 4 workers, the first rack INA-capable: the 50 % mix; copies
 in the agents' threads) and keeps, per pipeline (each host member's copy, the INA rack's UDP switch), its
 configuration (table entries, defaults, multicast groups) and every call into it in order: the copies'
 ``process_batch(port, rows)`` batches as they came, the UDP switch's single frames. ``replay`` rebuilds each
@@ -53,12 +53,11 @@ def _build(config: dict):
 
 def record(args: argparse.Namespace) -> None:
     sys.path.insert(0, ".")
-    import dataclasses
-
+    from host_agent.agent import AgentOptions
     from host_agent.host_member import CopyMode
+    from host_agent.stream import StreamOptions
     from softswitch.pipeline import InaPipeline
-    from tests.local.test_agent_rina_chains import OPTIONS, _install_chains
-    from tests.udp_switch import LocalCluster, quantised_sum
+    from topologies.loopback import LoopbackCluster, exact_sum
 
     pipes: dict[int, dict] = {}
     process, process_batch = InaPipeline.process, InaPipeline.process_batch
@@ -83,11 +82,11 @@ def record(args: argparse.Namespace) -> None:
     racks = ["r1"] * 4 + ["r2"] * 4
     rng = np.random.default_rng(3)
     inputs = [(rng.standard_normal(args.elements) * 3).astype(np.float32) for _ in racks]
-    options = dataclasses.replace(OPTIONS, rina_copy=CopyMode.THREAD)
-    with LocalCluster(racks, ina_racks={"r1"}, slots=args.slots, backend="rina", seed=5, options=options) as cl:
-        _install_chains(cl, {"r1": args.slots})
+    options = AgentOptions(stream=StreamOptions(op_timeout=20.0, rina_chains=True), rina_copy=CopyMode.THREAD)
+    with LoopbackCluster(racks, ina_racks={"r1"}, slots=args.slots, pool=args.slots, backend="rina", seed=5,
+                         options=options) as cl:  # the controller core writes the chains
         out = cl.run(lambda agent: [agent.allreduce(inputs[agent.rank]) for _ in range(args.calls)], timeout=300)
-    expected = quantised_sum(inputs)
+    expected = exact_sum(inputs)
     for results in out:
         for r in results:
             np.testing.assert_array_equal(r, expected)

@@ -26,8 +26,8 @@ from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto import wire
 from inaproto.commands import Command, command_argv
 from inaproto.credentials import admission_channel
-from tests.harness import write_admin_credential
 from tests.support.ports import free_port
+from topologies.loopback import write_admin_credential
 from topologies.netns import Network, Process, TcpForward, wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("softswitch.cli") is None, reason="ina-switch is not there yet")

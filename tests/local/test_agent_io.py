@@ -25,7 +25,7 @@ from host_agent.stream import ChunkStream, StreamOptions, StreamStats
 from host_agent.udp_io import GSO_MAX_SEGMENTS, DatagramIo, IoMode, gso_supported
 from inaproto import wire
 from softswitch.udp import Faults
-from tests.udp_switch import LocalCluster, quantised_sum
+from topologies.loopback import LoopbackCluster, exact_sum
 
 P = wire.INA_PAYLOAD_LEN
 
@@ -365,11 +365,12 @@ def test_ina_and_rina_exact_under_loss_in_both_io_modes(mode: IoMode) -> None:
     faults = Faults(drop=0.05, duplicate=0.05, reorder=0.05)
     opts = AgentOptions(stream=StreamOptions(op_timeout=20.0, io=mode))
     rng = np.random.default_rng(3)
-    for racks, backend in ((["s1"] * 4, "ina"), (["r1", "r1", "r2", "r2"], "rina")):
+    # one rack; two racks: Rina on the controller's chains, every worker plain INA towards its rack's switch
+    for racks, backend in ((["s1"] * 4, "ina"), (["r1", "r1", "r2", "r2"], "ina")):
         inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
-        with LocalCluster(racks, slots=32, faults=faults, seed=4, options=opts) as cl:
+        with LoopbackCluster(racks, slots=32, faults=faults, seed=4, options=opts) as cl:
             out = cl.run(lambda agent, inputs=inputs: (agent.allreduce(inputs[agent.rank]), agent.backend))
-            want = quantised_sum(inputs)
+            want = exact_sum(inputs)
             assert all(o[0].tobytes() == want.tobytes() and o[1] == backend for o in out)
 
 

@@ -8,8 +8,8 @@ import numpy as np
 
 from inaproto import admission_pb2 as pb
 from inaproto import wire
-from tests.harness import Harness, worker
 from tests.support.frames import grant_gradient, parse_result
+from topologies.loopback import LocalControlPlane, worker
 
 
 def _mac(mac: str) -> int:
@@ -21,7 +21,7 @@ def _ip(ip: str) -> int:
 
 
 def test_admission_binds_each_worker_and_spoofing_is_counted(tmp_path):
-    with Harness(tmp_path / "ctl.db", pool=16) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16) as h:
         # workers 0 and 1 share host h11 (distinct UDP ports); worker 2 is on h12
         workers = [worker(0, "h11", 40000), worker(1, "h11", 40001), worker(2, "h12", 40002)]
         g = h.stub.RegisterJob(pb.RegisterJobRequest(name="a", workers=workers, tensor_elements=1000, requested_slots=4),

@@ -11,19 +11,19 @@ from controller.store import Store
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.job_entries import GENERATIONS
-from tests.harness import Harness, worker
 from tests.support.frames import grant_gradient, parse_result
+from topologies.loopback import LocalControlPlane, worker
 
 HOSTS = ["h11", "h12"]
 
 
-def _register(h: Harness, name: str, hosts: list[str], requested: int) -> pb.JobGrant:
+def _register(h: LocalControlPlane, name: str, hosts: list[str], requested: int) -> pb.JobGrant:
     return h.stub.RegisterJob(pb.RegisterJobRequest(
         name=name, workers=[worker(i, host) for i, host in enumerate(hosts)], tensor_elements=10_000,
         requested_slots=requested), timeout=10)
 
 
-def _round(h: Harness, job_id: int, generation: int, seq: int, data: np.ndarray) -> dict[int, np.ndarray]:
+def _round(h: LocalControlPlane, job_id: int, generation: int, seq: int, data: np.ndarray) -> dict[int, np.ndarray]:
     """Both workers of the job send chunk ``seq`` into slot 0 from their own ports; worker -> result lanes."""
     sw = h.switches["s1"]
     base, num = sw.entries("MyIngress.ina_job")[(job_id,)][1][:2]
@@ -44,7 +44,7 @@ def _round(h: Harness, job_id: int, generation: int, seq: int, data: np.ndarray)
 
 def test_a_job_reallocated_across_the_wrap(tmp_path):
     db = tmp_path / "ctl.db"
-    with Harness(db, pool=16, policy="equal") as h:
+    with LocalControlPlane(db, pool=16, policy="equal") as h:
         h.stop_controller()
         store = Store(db)
         store.save(meta={"next_generation": str(GENERATIONS - 1)})  # the counter just below the wrap

@@ -13,15 +13,15 @@ from controller.config import ControllerConfig
 from controller.core import Controller, Refusal
 from inaproto import admission_pb2 as pb
 from inaproto import wire
-from tests.harness import Harness, worker
 from tests.support.frames import grant_gradient, parse_result
+from topologies.loopback import LocalControlPlane, worker
 
 TABLES = ("MyIngress.ina_job", "MyEgress.ina_worker", "MyIngress.ipv4_lpm")
 
 
 @pytest.fixture
 def h(tmp_path):
-    with Harness(tmp_path / "ctl.db", pool=16) as harness:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16) as harness:
         yield harness
 
 

@@ -14,8 +14,8 @@ from controller.switch import Switch
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.backends import Backend
-from tests.harness import Harness, LocalSwitch, worker
 from tests.support.frames import grant_gradient, parse_result
+from topologies.loopback import LocalControlPlane, LocalSwitch, worker
 
 UPLINK, DOWN1, DOWN2 = 100, 1, 2  # s1-p100 -- s3-p1, s2-p100 -- s3-p2
 
@@ -37,7 +37,7 @@ def _leaf_spine(switches: dict[str, LocalSwitch], pool: int) -> dict:
 
 @pytest.fixture
 def h(tmp_path):
-    with Harness(tmp_path / "ctl.db", 3, topology_doc=lambda sw: _leaf_spine(sw, 16), trees=True) as harness:
+    with LocalControlPlane(tmp_path / "ctl.db", 3, topology_doc=lambda sw: _leaf_spine(sw, 16), trees=True) as harness:
         yield harness
 
 

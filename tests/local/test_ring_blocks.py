@@ -18,7 +18,7 @@ from host_agent.stream import StreamOptions
 from inaproto.backends import Backend
 from inaproto.wire import LANES
 from tests.local.test_ring import exact_int32_sum, inputs, ring_order_sum
-from tests.udp_switch import LocalCluster, quantised_sum
+from topologies.loopback import LoopbackCluster, exact_sum
 
 BLOCK_ROWS = 8
 BLOCKED = AgentOptions(stream=StreamOptions(op_timeout=20.0, ring_block_bytes=BLOCK_ROWS * CHUNK_BYTES))
@@ -131,9 +131,9 @@ def _inputs(n: int, size: int, seed: int) -> list[np.ndarray]:
 def test_ring_phase_runs_in_blocks_exactly() -> None:
     n, size = 4, 3000  # 94 chunks: 12 blocks of 8 (the last of 6)
     data = _inputs(n, size, 1)
-    with LocalCluster(["s1"] * n, backend="ring", options=BLOCKED) as cl:
+    with LoopbackCluster(["s1"] * n, backend="ring", options=BLOCKED) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(data[agent.rank]) for _ in range(2)], agent.stats), controller=False)
-    want = quantised_sum(data)
+    want = exact_sum(data)
     for outs, stats in out:
         assert all(o.tobytes() == want.tobytes() for o in outs)
         assert stats.ring_ops == 2 * 12 and stats.ring_redo_int64 == 0
@@ -143,13 +143,25 @@ def test_overflow_redoes_only_its_block_in_int64() -> None:
     n = 4
     data = [np.concatenate([np.full(BLOCK_ROWS * LANES, 30000.0 + i, dtype=np.float32),
                             np.linspace(-1, 1, 2000, dtype=np.float32)]) for i in range(n)]
-    with LocalCluster(["s1"] * n, backend="ring", options=BLOCKED) as cl:
+    with LoopbackCluster(["s1"] * n, backend="ring", options=BLOCKED) as cl:
         out = cl.run(lambda agent: (agent.allreduce(data[agent.rank]), agent.stats), controller=False)
-    want = quantised_sum(data)
+    want = exact_sum(data)
     blocks = math.ceil(math.ceil(data[0].size / LANES) / BLOCK_ROWS)
     for got, stats in out:
         assert got.tobytes() == want.tobytes()
         assert stats.ring_redo_int64 == 1 and stats.ring_ops == blocks + 1
+
+
+def _to_ring(cl: LoopbackCluster) -> int:
+    """A higher-priority job takes the whole pool: the job's slots are revoked (the ring); its new generation."""
+    cl.admit("b", "s1", 16, priority=1)
+    return cl.job(cl.spec.name).grant.generation
+
+
+def _back_to_ina(cl: LoopbackCluster) -> int:
+    """That job leaves: the job gets its slots back (INA); its new generation."""
+    cl.release(cl.job("b").job_id)
+    return cl.job(cl.spec.name).grant.generation
 
 
 @pytest.mark.parametrize("where", ["boundary", "mid-block"])
@@ -181,14 +193,13 @@ def test_moves_off_the_ring_lose_at_most_the_block_in_flight(where: str) -> None
                 return False
         return True
 
-    with LocalCluster(["s1"] * n, slots=16, options=opts) as cl:
+    with LoopbackCluster(["s1"] * n, slots=16, pool=16, policy="priority", options=opts) as cl:
         def controller():
-            job_id = cl.fake.job_named(cl.spec.name).job_id
             for _ in range(3):
                 if not wait_for(lambda: "agent" in first and first["agent"].stats.chunks > 0):
                     return
                 agent = first["agent"]
-                moves.append(cl.fake.reallocate(job_id, slots=0))
+                moves.append(_to_ring(cl))
                 if not wait_for(lambda agent=agent: agent.plan.kind == Backend.RING and agent.stats.ring_ops >= 2):
                     return
                 ops = agent.stats.ring_ops
@@ -196,7 +207,7 @@ def test_moves_off_the_ring_lose_at_most_the_block_in_flight(where: str) -> None
                     return
                 if where == "mid-block" and done.wait(float(rng.uniform(0.2, 0.8)) * block_s):
                     return
-                moves.append(cl.fake.reallocate(job_id, slots=16, bases=0))
+                moves.append(_back_to_ina(cl))
                 if not wait_for(lambda agent=agent: agent.plan.kind == Backend.INA):
                     return
 
@@ -207,7 +218,7 @@ def test_moves_off_the_ring_lose_at_most_the_block_in_flight(where: str) -> None
         finally:
             done.set()
             t.join(10)
-    want = quantised_sum(data)
+    want = exact_sum(data)
     for outs, _ in out:
         assert all(o.tobytes() == want.tobytes() for o in outs)
     assert len(moves) >= 2, "no move off the ring happened before the run ended"
@@ -226,14 +237,14 @@ def test_block_size_follows_the_seconds_of_wire_time_and_the_agreed_rate() -> No
     n, size = 4, 3000  # 94 chunks
     data = _inputs(n, size, 4)
     paced = AgentOptions(stream=StreamOptions(op_timeout=20.0, link_bps=2e6, ring_block_seconds=0.05))
-    with LocalCluster(["s1"] * n, backend="ring", options=paced) as cl:  # 0.05 s at 2 Mbit/s: 62 chunks
+    with LoopbackCluster(["s1"] * n, backend="ring", options=paced) as cl:  # 0.05 s at 2 Mbit/s: 62 chunks
         out = cl.run(lambda agent: (agent.allreduce(data[agent.rank]), agent.stats.ring_ops), controller=False)
     assert {ops for _, ops in out} == {2}
     plain = AgentOptions(stream=StreamOptions(op_timeout=20.0, ring_block_seconds=1.0))
-    with LocalCluster(["s1"] * n, backend="ring", options=plain) as cl:
+    with LoopbackCluster(["s1"] * n, backend="ring", options=plain) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(data[agent.rank]) for _ in range(3)], agent.stream._ring_rate),
                      controller=False)
-    want = quantised_sum(data)
+    want = exact_sum(data)
     assert all(o.tobytes() == want.tobytes() for outs, _ in out for o in outs)
     rates = {rate for _, rate in out}
     assert len(rates) == 1 and rates.pop() > 0
@@ -284,19 +295,18 @@ def test_a_move_from_the_ring_to_ina_lets_the_ring_op_in_flight_finish() -> None
                 return False
         return True
 
-    with LocalCluster(["s1"] * n, slots=16, options=opts) as cl:
+    with LoopbackCluster(["s1"] * n, slots=16, pool=16, policy="priority", options=opts) as cl:
         def controller():
-            job_id = cl.fake.job_named(cl.spec.name).job_id
             if not wait_for(lambda: "agent" in first and first["agent"].stats.chunks > 0):
                 return
             agent = first["agent"]
-            moves.append(cl.fake.reallocate(job_id, slots=0))
+            moves.append(_to_ring(cl))
             if not wait_for(lambda: agent.plan.kind == Backend.RING and agent.stats.ring_ops >= 1):
                 return
             ops = agent.stats.ring_ops
             if not wait_for(lambda: agent.stats.ring_ops > ops) or done.wait(0.5 * op_s):  # half-way into the next op
                 return
-            moves.append(cl.fake.reallocate(job_id, slots=16, bases=0))
+            moves.append(_back_to_ina(cl))
 
         t = threading.Thread(target=controller)
         t.start()
@@ -305,7 +315,7 @@ def test_a_move_from_the_ring_to_ina_lets_the_ring_op_in_flight_finish() -> None
         finally:
             done.set()
             t.join(10)
-    want = quantised_sum(data)
+    want = exact_sum(data)
     for outs, _ in out:
         assert all(o.tobytes() == want.tobytes() for o in outs)
     assert len(moves) == 2, "the run ended before the ring op to finish"

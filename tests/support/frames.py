@@ -18,11 +18,11 @@ from scapy.packet import raw
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.scapy_layer import INA
+from topologies.loopback import HostAddr
 
 __all__ = [
     "SWITCH_IP",
     "SWITCH_MAC",
-    "HostAddr",
     "Worker",
     "dissect",
     "gradient",
@@ -103,13 +103,6 @@ def ina_frame(header: wire.InaHeader, lanes, *, src_mac: str | bytes, src_ip: st
     """An INA frame as agents send it (``wire.udp_frame``: UDP checksum 0); addresses as text or bytes."""
     payload = wire.encode_payload(header, np.asarray(lanes, dtype=np.int64).astype(np.int32))
     return wire.udp_frame(_mac(src_mac), _mac(dst_mac), _ip(src_ip), _ip(dst_ip), sport, dport, payload)
-
-
-@dataclass(frozen=True)
-class HostAddr:
-    ip: str
-    mac: str
-    udp_port: int
 
 
 def grant_gradient(

@@ -48,13 +48,13 @@ class ProcessTarget:
     ports = tuple(range(1, 11))
     BARRIER_TIMEOUT = 10.0
 
-    def __init__(self, switch: SwitchProcess, net: SwitchNetwork, kind: str, device_config: bytes, *,
+    def __init__(self, switch: SwitchProcess, host: HostPorts, kind: str, device_config: bytes, *,
                  used: bool = True) -> None:
         from tests.p4rt_client import P4RuntimeTestClient
 
         self.kind = kind
         self.switch = switch
-        self.host = HostPorts(net.hosts)
+        self.host = host  # the host ends' raw sockets, open for the whole run (closing one takes the kernel ~10 ms)
         self.client = None
         try:
             self.client = P4RuntimeTestClient(switch.address, switch.device_id, 1)
@@ -75,8 +75,6 @@ class ProcessTarget:
             self._release()
             raise
         self._unsendable = 0
-        # BMv2 runs egress on other threads than ingress: let a barrier's earlier replicas land.
-        self._settle = 0.05 if kind == "bmv2" else 0.0
         # Whatever an earlier test left in flight comes out before a barrier on every port.
         self._used: set[int] = set(self.ports)
         self.receive()
@@ -109,8 +107,11 @@ class ProcessTarget:
         """Everything the switch emitted for the frames sent so far, in arrival order.
 
         A barrier frame goes in on every port used since the last call, behind the test's frames; each comes
-        back out of its own port once the switch has processed everything before it. With ``expect=N``,
-        it then also waits (up to ``timeout``) until N frames are there.
+        back out of its own port once the switch has processed everything before it. BMv2 then gets a second
+        round on every port: its egress runs on other threads than its one ingress thread, so a replica of an
+        earlier frame to another port may still wait in that port's queue when the first round is back, but it
+        is queued there ahead of the second round's barrier. With ``expect=N``, it then also waits (up to
+        ``timeout``) until N frames are there.
         """
         if self._unsendable and not self._used:
             import pytest
@@ -119,14 +120,30 @@ class ProcessTarget:
                         "model-only case")
         self._unsendable = 0
         t0 = time.monotonic()
+        deadline = t0 + max(timeout, self.BARRIER_TIMEOUT)
+        got = self._barrier(sorted(self._used), deadline)
+        if self.kind == "bmv2" and self._used:
+            got += self._barrier(self.ports, deadline)
+        self._used.clear()
+        end = t0 + timeout
+        while expect is not None and len(got) < expect:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            got += [(p, f) for p, f in self.host.poll(left) if barrier_nonce(f) is None]
+        self.host.drain()
+        got += [(p, f) for p, f in self.host.pending if barrier_nonce(f) is None]
+        self.host.pending.clear()
+        return got
+
+    def _barrier(self, ports, deadline: float) -> list[tuple[int, bytes]]:
+        """A barrier frame into each of ``ports``; the other frames that came out until every one was back."""
         got: list[tuple[int, bytes]] = []
         waiting: dict[int, int] = {}
-        for port in sorted(self._used):
+        for port in ports:
             nonce = next(_barrier_nonce)
             self.host.send(port, barrier_frame(port, nonce))
             waiting[port] = nonce
-        self._used.clear()
-        deadline = t0 + max(timeout, self.BARRIER_TIMEOUT)
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -139,27 +156,15 @@ class ProcessTarget:
                     got.append((port, frame))
                 elif waiting.get(port) == nonce:
                     del waiting[port]
-        if self._settle:
-            time.sleep(self._settle)
-        end = t0 + timeout
-        while expect is not None and len(got) < expect:
-            left = end - time.monotonic()
-            if left <= 0:
-                break
-            got += [(p, f) for p, f in self.host.poll(left) if barrier_nonce(f) is None]
-        self.host.drain()
-        got += [(p, f) for p, f in self.host.pending if barrier_nonce(f) is None]
-        self.host.pending.clear()
         return got
 
     def _release(self) -> None:
         if self.client is not None:
             self.client.close()
             self.client = None
-        self.host.close()
 
     def close(self) -> None:
-        """Close this test's client and sockets; the switch process goes on (an error if it died meanwhile)."""
+        """Close this test's client; the switch process and the host ends go on (an error if it died meanwhile)."""
         self._release()
         if not self.switch.process.alive():
             raise RuntimeError(f"{self.kind} exited during the test: {self.switch.process.describe()}")
@@ -175,6 +180,7 @@ class SwitchProcesses:
         self.kind, self.log_dir, self.program = kind, log_dir, program
         self.device_config = program.read_bytes() if program is not None else b""
         self.networks: dict[int, SwitchNetwork] = {}
+        self.hosts: dict[int, HostPorts] = {}
         self.switches: dict[int, SwitchProcess] = {}
         sweep_stale()
 
@@ -185,6 +191,7 @@ class SwitchProcesses:
         net = self.networks.get(index)
         if net is None:
             net = self.networks[index] = SwitchNetwork(Network("pkt" if index == 0 else f"pk{index}"), ProcessTarget.ports)
+            self.hosts[index] = HostPorts(net.hosts)
         switch = self.switches.get(index)
         used = switch is not None and switch.process.alive()
         if not used:
@@ -194,7 +201,7 @@ class SwitchProcesses:
             log_dir.mkdir(parents=True, exist_ok=True)
             switch = self.switches[index] = SwitchProcess(
                 net, log_dir, kind=self.kind, program=str(self.program) if self.program is not None else None)
-        return ProcessTarget(switch, net, self.kind, self.device_config, used=used)
+        return ProcessTarget(switch, self.hosts[index], self.kind, self.device_config, used=used)
 
     def close(self) -> None:
         """Stop every switch (an error if ina-switch did not exit cleanly), then remove the namespaces."""
@@ -203,6 +210,8 @@ class SwitchProcesses:
             code = switch.stop()
             if code not in (0, -15, 143) and self.kind == "ina-switch":
                 errors.append(RuntimeError(f"ina-switch exited with {code}: {switch.process.describe()}"))
+        for host in self.hosts.values():
+            host.close()
         for net in self.networks.values():
             net.network.close()
         if errors:

@@ -57,6 +57,7 @@ def test_usage_errors_are_one_line_and_exit_2() -> None:
     assert r.returncode == 2 and "--comm gloo" in r.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow  # three torchrun launches of two workers each: 20-40 s
 def test_ina_equals_ring_bit_for_bit_and_stays_close_to_gloo(tmp_path) -> None:
     with LoopbackCluster(["s1", "s1"], slots=16) as cl:  # its sockets are not used: the script binds its own
         runs = {

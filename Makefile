@@ -60,7 +60,7 @@ $(BUILD)/ina.json: $(P4SRC) | $(STAMP)
 	@command -v $(P4C) >/dev/null || { echo "make p4: $(P4C) is not on PATH; install p4c (see README, 'Using real BMv2 and p4c') to compile $(P4SRC)"; exit 1; }
 	mkdir -p $(BUILD)
 	$(P4C) --p4v 16 --p4runtime-files $(BUILD)/ina.p4info.txt -o $(BUILD)/ina.json $(P4SRC)
-	@$(PY) -m softswitch.p4source --compare $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt \
+	@$(PY) -m p4src.p4source --compare $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt \
 		|| echo "note: review with: diff $(BUILD)/ina.p4info.txt p4src/ina.p4info.txt"
 
 # The admission service's stubs, generated beside their .proto. Run from the repository root with `-I .`, so

@@ -1,70 +1,128 @@
-"""Benchmark of the cluster simulator (ina-sim): simulated jobs and events per second, and how run time
-grows with trace length.
+"""Benchmark of ina-sim at the scale of a real cluster trace: every policy over 100,000 synthetic jobs on 1,000 racks
+of 8 workers, as a user runs it (the policies in parallel, one process each):
 
-    python bench/sim_bench.py            # 100 .. 10,000 jobs on 64 racks x 8 workers; every policy at 1,000 jobs
-    python bench/sim_bench.py --quick    # 100 .. 1,000 jobs
+    ina-sim run --synthetic 100000 --racks 1000 --policy all --no-plot --quiet
 
-Every figure is measured in this one run on this machine; compare ratios, not absolute numbers.
+    python bench/sim_bench.py                 # 3 repetitions (about 2 minutes on 2 cores)
+    python bench/sim_bench.py --jobs 20000    # smaller
+    python bench/sim_bench.py --philly        # the full Philly trace's size, read from its schema (below)
+
+Prints per repetition the command's wall time and each policy's CPU-seconds (its process: trace, simulation, its
+files), then the medians [min-max] with the load average beside them. Goal: under 60 s wall on 2 cores and at most
+15 CPU-seconds per policy. Every figure is measured in this run on this machine; compare ratios, not absolute numbers.
+
+``--philly``: a job log of Philly's size (117,325 jobs) written to Philly's cluster_job_log schema from the synthetic
+workload (its sizes and run times, at load 0.8 of 312 racks of 8 GPUs), run as a user with the real file would
+(``--trace cluster_job_log --trace-format philly --racks 312``): what the full trace costs, reader included.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runnable from a checkout without installing
 
-from controller.policies import POLICIES, make_policy
-from simulator.calibration import Calibration
-from simulator.cluster import ClusterSpec
-from simulator.engine import Simulation
-from simulator.placement import make_placement
-from simulator.trace import SyntheticConfig, generate_trace, interarrival_for_load
+from inaproto.commands import Command, command_argv
 
 
-def run_once(num_jobs: int, policy: str, cluster: ClusterSpec, seed: int) -> tuple[float, int, int]:
-    cfg = SyntheticConfig(num_jobs=num_jobs)
-    cfg = SyntheticConfig(num_jobs=num_jobs, mean_interarrival_s=interarrival_for_load(cfg, cluster.total_workers, 0.8))
-    jobs = generate_trace(cfg, seed)
-    sim = Simulation(cluster, Calibration(), make_policy(policy), make_placement("ina-aware"))
-    start = time.perf_counter()
-    result = sim.run(jobs)
-    wall = time.perf_counter() - start
-    return wall, result.events, len(result.jobs)
+def run_once(jobs: int, racks: int, out: Path) -> tuple[float, dict[str, float]]:
+    """One run of the command: its wall time and each policy's CPU-seconds (from its summary.json)."""
+    argv = [*command_argv(Command.SIM), "run", "--synthetic", str(jobs), "--racks", str(racks), "--policy", "all",
+            "--no-plot", "--quiet", "--out", str(out)]
+    started = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    results = json.loads((out / "summary.json").read_text())["results"]
+    return wall, {r["policy"]: r["cpu_s"] for r in results}
+
+
+PHILLY_JOBS = 117_325  # msr-fiddle/philly-traces: jobs submitted 2017-08-07 to 2017-12-22
+PHILLY_RACKS = 312
+
+
+def write_philly_log(path: Path, jobs: int, racks: int) -> None:
+    """A cluster_job_log (Philly's schema) of `jobs` synthetic jobs: one attempt each, its GPUs on 8-GPU machines."""
+    from simulator.cluster import ClusterSpec
+    from simulator.config import SimConfig
+    from simulator.runs import load_trace
+    from simulator.trace import SyntheticConfig
+
+    config = SimConfig(cluster=ClusterSpec(racks=racks), workload=SyntheticConfig(num_jobs=jobs))
+    log = []
+    for job in load_trace(config).jobs:
+        run = job.iterations * max(job.compute_s)
+        machines = [{"ip": f"m{k}", "gpus": [f"gpu{g}" for g in range(min(8, job.num_workers - 8 * k))]}
+                    for k in range(-(-job.num_workers // 8))]
+        start = job.arrival_s + 1
+        log.append({"status": "Pass", "vc": "v", "jobid": f"application_{job.job_id}", "user": "u",
+                    "submitted_time": _stamp(job.arrival_s),
+                    "attempts": [{"start_time": _stamp(start), "end_time": _stamp(start + max(1.0, run)),
+                                  "detail": machines}]})
+    path.write_text(json.dumps(log))
+
+
+def _stamp(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(1502064000 + seconds))  # from 2017-08-07, as Philly's
+
+
+def philly(repetitions: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "cluster_job_log"
+        write_philly_log(log, PHILLY_JOBS, PHILLY_RACKS)
+        print(f"ina-sim run --trace cluster_job_log --trace-format philly --racks {PHILLY_RACKS} --policy all --no-plot "
+              f"--quiet: {PHILLY_JOBS} jobs ({log.stat().st_size / 1e6:.0f} MB of JSON), {repetitions} repetitions")
+        walls, cpus = [], {}
+        for rep in range(1, repetitions + 1):
+            out = Path(tmp) / f"run{rep}"
+            argv = [*command_argv(Command.SIM), "run", "--trace", str(log), "--trace-format", "philly", "--racks",
+                    str(PHILLY_RACKS), "--policy", "all", "--no-plot", "--quiet", "--out", str(out)]
+            started = time.perf_counter()
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+            walls.append(time.perf_counter() - started)
+            for r in json.loads((out / "summary.json").read_text())["results"]:
+                cpus.setdefault(r["policy"], []).append(r["cpu_s"])
+            print(f"  run {rep}: wall {walls[-1]:.1f} s; load {os.getloadavg()[0]:.2f}", flush=True)
+        print(f"wall: {spread(walls)} s; CPU-s per policy: " + ", ".join(f"{p} {spread(v)}" for p, v in cpus.items()))
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="stop at 1,000 jobs")
-    parser.add_argument("--policy", default="weighted", choices=sorted(POLICIES), help="policy for the scaling series")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--racks", type=int, default=1000)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--philly", action="store_true", help="a job log of Philly's size, in Philly's schema")
     args = parser.parse_args()
-    cluster = ClusterSpec(racks=64, workers_per_rack=8, slots_per_switch=1024)
-    sizes = [100, 300, 1000] if args.quick else [100, 300, 1000, 3000, 10000]
-    print(f"cluster: {cluster.racks} racks ({cluster.ina_switches} INA switches) x {cluster.workers_per_rack} workers, "
-          f"{cluster.slots_per_switch} slots/switch; synthetic trace at load 0.8, placement ina-aware")
-
-    print(f"\nscaling, policy {args.policy}:")
-    print(f"{'jobs':>7} {'events':>8} {'wall s':>8} {'jobs/s':>9} {'events/s':>10} {'us/event':>9}")
-    series = []
-    for n in sizes:
-        wall, events, done = run_once(n, args.policy, cluster, args.seed)
-        series.append((n, wall, events))
-        print(f"{n:>7} {events:>8} {wall:>8.3f} {done / wall:>9.0f} {events / wall:>10.0f} {1e6 * wall / events:>9.1f}",
-              flush=True)
-    (n0, w0, e0), (n1, w1, e1) = series[0], series[-1]
-    print(f"growth {n0} -> {n1} jobs: x{n1 / n0:.0f} jobs, x{e1 / e0:.1f} events, x{w1 / w0:.1f} run time "
-          f"(per-event cost x{(w1 / e1) / (w0 / e0):.2f}; 1.00 = linear in events)")
-
-    scarce = ClusterSpec(racks=64, workers_per_rack=16, slots_per_switch=128, host_gbps=25)
-    for label, spec in (("plentiful memory, as above", cluster),
-                        ("scarce memory: 16 workers/rack, 128 slots, 25 Gbit/s (docs/simulation.md)", scarce)):
-        print(f"\n1,000 jobs on 64 switches, every policy; {label}:")
-        print(f"{'policy':<10} {'wall s':>8} {'jobs/s':>9} {'events/s':>10}")
-        for name in POLICIES:
-            wall, events, done = run_once(1000, name, spec, args.seed)
-            print(f"{name:<10} {wall:>8.3f} {done / wall:>9.0f} {events / wall:>10.0f}", flush=True)
+    if args.philly:
+        philly(args.repetitions)
+        return 0
+    print(f"ina-sim run --synthetic {args.jobs} --racks {args.racks} --policy all --no-plot --quiet "
+          f"({os.cpu_count()} cores), {args.repetitions} repetitions")
+    walls: list[float] = []
+    cpus: dict[str, list[float]] = {}
+    loads = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(1, args.repetitions + 1):
+            wall, cpu = run_once(args.jobs, args.racks, Path(tmp) / f"run{rep}")
+            loads.append(os.getloadavg()[0])
+            walls.append(wall)
+            for policy, seconds in cpu.items():
+                cpus.setdefault(policy, []).append(seconds)
+            print(f"  run {rep}: wall {wall:.1f} s; CPU-s " + ", ".join(f"{p} {s:.1f}" for p, s in cpu.items())
+                  + f"; load {loads[-1]:.2f}", flush=True)
+    print(f"wall: {spread(walls)} s (goal < 60 s), load average {spread(loads)}")
+    for policy, values in cpus.items():
+        print(f"  {policy:<10} {spread(values)} CPU-s (goal <= 15)")
     return 0
 
 

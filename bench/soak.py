@@ -58,8 +58,8 @@ from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto import wire
 from inaproto.commands import Command, command_argv
 from inaproto.credentials import admission_channel, new_secret
+from p4src.ina_model import InaPipeline
 from softswitch.p4runtime_server import P4RuntimeServer
-from softswitch.pipeline import InaPipeline
 from softswitch.udp import Faults, UdpSwitch
 
 

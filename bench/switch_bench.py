@@ -1,27 +1,28 @@
-"""Throughput of ``ina-switch`` over veth (both I/O paths), as a ratio to a bare per-packet Python loop on the same path.
+"""Throughput of ``ina-switch`` over veth, as a ratio to a bare per-packet Python loop on the same path.
 
-    python bench/switch_bench.py [--workers 2 4] [--seconds 3] [--window 128] [--json results.json]
+    python bench/switch_bench.py [--workers 2 4] [--seconds 3] [--window 128] [--baseline DIR] [--json results.json]
 
 Needs root. For each worker count N it builds, inside network namespaces it creates (and always removes):
 one switch namespace with ports 1..N and N worker namespaces, each joined to the switch by a veth pair.
 Every worker is a process in its own namespace that keeps ``--window`` chunks in flight (SwitchML's
 scheme: chunk c in slot c mod W, shadow copy (c div W) mod 2, next chunk sent when a result comes back,
 everything in flight resent after a 20 ms silence) and checks each result is the exact sum. By default
-(``--sender rings``) a worker does its own I/O on PACKET_MMAP rings: every result ready is read as one
-array, checked with one comparison, and the next chunks are written as rows of a prebuilt frame and handed
-to the kernel with one send(); when fewer than 16 results are ready it waits 0.2 ms once for more. So the
-workers can offer and absorb more than the switch's rate without eating the CPU the switch needs (one
+(``--sender rings``) a worker does its own I/O on PACKET_MMAP rings (bench/packet_ring.py): every result ready
+is read as one array, checked with one comparison, and the next chunks are written as rows of a prebuilt frame
+and handed to the kernel with one send(); when fewer than 16 results are ready it waits 0.2 ms once for more.
+So the workers can offer and absorb more than the switch's rate without eating the CPU the switch needs (one
 recv()/send() per frame, ``--sender socket``, cost them 7-11 us of CPU per frame, more than the bare loop
 they measure). The table gives the workers' CPU per frame beside the ratios.
 
-Three runs per N and round, alternated, on the same machine, in the same process:
+Per N and round, alternated, on the same machine, in the same process:
 
 - ceiling: the switch namespace runs a bare Python echo (epoll, recv, send the frame back on its port),
   the least work a Python program can do per frame on this path. Each worker counts its own frames
   coming back, so per frame in there is exactly one frame out, as in the switch run on average.
-- rings: the real process (``ina-switch --io rings -i 1@sw-eth1 ... -- --grpc-server-addr 127.0.0.1:PORT``),
-  configured over P4Runtime with one job of N workers: PACKET_MMAP rings, batches through the pipeline.
-- frames: the same with ``--io frames`` (one recv() and one send() per frame, one frame at a time).
+- ina-switch: the real process (``ina-switch -i 1@sw-eth1 ... -- --grpc-server-addr 127.0.0.1:PORT``),
+  configured over P4Runtime with one job of N workers.
+- with ``--baseline DIR``, also the ``ina-switch`` of the checkout DIR (its ``.venv``, else this interpreter
+  with DIR first on the path): a change's figure before and after, side by side in one run.
 
 It prints aggregated packets per second (gradient packets the switch consumed), results per second
 (completed slots, each multicast to N workers) and the ratio of aggregated packets per second to the
@@ -56,8 +57,8 @@ from inaproto import wire
 from inaproto.job_entries import JobEntries, WorkerAddress, job_entries
 
 JOB_ID, GROUP = 1, 1
-MODES = ("echo", "rings", "frames")  # the bare per-packet loop, then ina-switch on each I/O path
-MODE_LABELS = {"echo": "bare per-packet loop", "rings": "ina-switch --io rings", "frames": "ina-switch --io frames"}
+MODES = ("echo", "switch")  # the bare per-packet loop, then ina-switch (and "baseline": another checkout's)
+MODE_LABELS = {"echo": "bare per-packet loop", "switch": "ina-switch", "baseline": "ina-switch (baseline)"}
 SWITCH_MAC = bytes.fromhex("0200000000fe")
 SWITCH_IP = bytes([10, 0, 0, 254])
 RTO = 0.02
@@ -208,7 +209,7 @@ def rows_list(frames: np.ndarray | list) -> list:
 def _run_ring_worker(iface: str, wid: int, workers: int, window: int, warmup: float, seconds: float, echo: bool,
                      generation: int) -> dict:
     """``run_worker`` on PACKET_MMAP rings: batches of results in, batches of prebuilt chunks out."""
-    from softswitch.ring_io import PacketRing
+    from packet_ring import PacketRing
 
     sock = _worker_socket(iface)
     ring = PacketRing(sock, rx_frames=max(256, 4 * window), tx_frames=max(256, 2 * window))
@@ -360,17 +361,14 @@ class Switch:
     """ina-switch in the switch namespace with one job of n workers (started for one run: it must not be
     running while the echo is, since it would read every frame too)."""
 
-    def __init__(self, net, n: int, window: int, log_dir: Path, io: str) -> None:
+    def __init__(self, net, n: int, window: int, log_dir: Path, command: list[str] | None = None) -> None:
         from controller.p4entity import Schema
         from controller.switch import Switch as P4RuntimeSwitch
         from controller.switch import SwitchOptions
         from topologies.switch_process import SwitchProcess
 
         self.n, self.window, self.generation = n, window, 0
-        self.process = SwitchProcess(net, log_dir, core_args=["-L", "info", "--io", io])
-        log = self.process.process.log_path.read_text(errors="replace")
-        if io == "rings" and "PACKET_MMAP rings" not in log:
-            print(f"  note: --io rings fell back to frames: {log.strip().splitlines()[-1:]}", flush=True)
+        self.process = SwitchProcess(net, log_dir, core_args=["-L", "info"], command=command)
         try:
             schema = Schema.from_file(ROOT / "p4src" / "ina.p4info.txt")
             self.client = P4RuntimeSwitch(SwitchOptions("s1", self.process.address, self.process.device_id), schema)
@@ -393,8 +391,17 @@ class Switch:
         self.client.close()
         self.process.stop()
         for line in self.process.process.log_path.read_text(errors="replace").splitlines():
-            if "frames received in" in line:
-                print("   ", line.split("] ")[-1], flush=True)
+            if "lost" in line or ("send errors" in line and " 0 send errors" not in line):
+                print("   ", line.split("] ")[-1], flush=True)  # the switch's own losses (kernel buffers, sends)
+
+
+def baseline_command(checkout: Path) -> list[str]:
+    """The ina-switch of another checkout: its virtual environment's, else this interpreter with it first on the
+    path (``env PYTHONPATH=DIR python -m softswitch.cli``)."""
+    script = checkout / ".venv" / "bin" / "ina-switch"
+    if script.exists():
+        return [str(script)]
+    return ["env", f"PYTHONPATH={checkout}", sys.executable, "-m", "softswitch.cli"]
 
 
 def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
@@ -413,7 +420,7 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
             middle.wait_until(lambda: "ready" in middle.log_path.read_text(), 15, "echo ready")
             pid = middle.pid
         else:
-            switch = Switch(net, n, args.window, log_dir, mode)
+            switch = Switch(net, n, args.window, log_dir, baseline_command(args.baseline) if mode == "baseline" else None)
             generation = switch.next_generation()
             aggregated0 = switch.client.read_counter("MyIngress.ina_aggregated", JOB_ID).get(JOB_ID, 0)
             pid = switch.process.process.pid
@@ -477,8 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sender", choices=SENDERS, default="rings",
                         help="the workers' I/O: their own packet rings, prebuilt frames in batches (default), or one "
                              "send()/recv() per frame")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="also run the ina-switch of this checkout, alternated with this one's (before/after)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
+    modes = (*MODES, "baseline") if args.baseline else MODES
     if os.geteuid() != 0:
         print("bench/switch_bench.py: needs root (network namespaces, raw sockets)", file=sys.stderr)
         return 1
@@ -491,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         raise TimeoutError("benchmark budget exceeded")
 
     signal.signal(signal.SIGALRM, on_alarm)
-    expected = len(args.workers) * args.rounds * len(MODES) * (args.warmup + args.seconds + 3) + 10
+    expected = len(args.workers) * args.rounds * len(modes) * (args.warmup + args.seconds + 3) + 10
     signal.alarm(int(expected * 2))  # a hung run must not outlive its budget: everything is cleaned up below
     sweep_stale()
     print(f"ina-switch vs a bare Python AF_PACKET echo over veth: {wire.INA_FRAME_LEN}-byte INA frames, window "
@@ -505,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             with Network("bench") as network:
                 net = SwitchNetwork(network, range(1, n + 1), separate_hosts=True)
                 for r in range(args.rounds):
-                    for mode in MODES:
+                    for mode in modes:
                         res = run_once(net, mode, n, args, Path(tmp))
                         res["round"] = r
                         runs.append(res)
@@ -515,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"workers {res['workers_us_per_frame']:.1f} us CPU per frame, kernel {res['workers_sys_us_per_frame']:.1f} ({'/'.join(res['senders'])}), "
                               f"resent {res['resent']}, bad {res['bad_results']})", flush=True)
             row = {"workers": n}
-            for mode in MODES:
+            for mode in modes:
                 rates = [x["frames_per_s"] for x in runs if x["workers"] == n and x["mode"] == mode]
                 per_cpu = [x["frames_per_s"] / x["middle_cpu"] for x in runs
                            if x["workers"] == n and x["mode"] == mode and x["middle_cpu"] > 0]
@@ -526,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                              "workers_us_per_frame": statistics.median(x["workers_us_per_frame"] for x in runs
                                                                        if x["workers"] == n and x["mode"] == mode)}
             echo = row["echo"]
-            for mode in MODES[1:]:
+            for mode in modes[1:]:
                 row[mode]["ratio"] = row[mode]["median"] / echo["median"] if echo["median"] else 0.0
                 row[mode]["cpu_ratio"] = row[mode]["per_cpu_second"] / echo["per_cpu_second"] if echo["per_cpu_second"] else 0.0
             summary.append(row)
@@ -536,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'workers':>7}  {'path':<22}  {'frames/s median (min-max)':>27}  {'ratio':>5}  {'CPU':>5}  "
           f"{'frames/CPU-s':>12}  {'ratio':>5}  {'workers CPU':>11}  {'us/frame':>8}")
     for x in summary:
-        for mode in MODES:
+        for mode in modes:
             m = x[mode]
             ratio = f"{m['ratio']:5.2f}" if mode != "echo" else "    1"
             cpu_ratio = f"{m['cpu_ratio']:5.2f}" if mode != "echo" else "    1"

@@ -41,7 +41,7 @@ from controller.store import Job, Store
 from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import Topology
 from controller.trees import TreeLayout, tree_layout, tree_ranges
-from controller.validation import validate_registration
+from controller.validation import check_member_ids, validate_registration
 from controller.views import job_grant, job_info, memory_map, switch_stats, wire_generation
 from inaproto import admission_pb2 as pb
 from inaproto import wire
@@ -484,6 +484,7 @@ class Controller:
             job_id = self._free_job_id()
             job = Job(job_id, self._next_seq, req, placement, time.time(), generation=0,
                       secret_hash="" if caller.admin else hash_secret(caller.credential))
+            check_member_ids(self.topology, job, trees=self.options.trees, chains=self.options.rina_chains)
             jobs = dict(self._jobs)
             jobs[job_id] = job
             new, counter = self._reallocate(jobs, f"job {job_id} admitted", self._next_generation, fresh=job_id)

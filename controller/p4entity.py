@@ -5,7 +5,7 @@ and P4Info *names*, so that entries can be compared, hashed, stored and diffed. 
 p4runtime-shell's ``Context`` (one instance per :class:`Schema`, never its process-global one), and byte
 strings are encoded the way p4runtime-shell encodes them (canonical, leading zero bytes stripped).
 
-Match values are tuples in P4Info match-field order, the same shape as ``softswitch.pipeline``'s:
+Match values are tuples in P4Info match-field order, the same shape as ``p4src.ina_model``'s:
 exact ``v``, LPM ``(v, prefix_len)``, ternary ``(v, mask)``. Action parameters are ints in P4Info order.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from p4runtime_sh.bytes_utils import parse_value, to_canonical_bytes
 from p4runtime_sh.context import Context, P4Type
 
 from controller.errors import ControllerError
-from softswitch.p4program import load_p4info
+from p4src.p4info import load_p4info
 
 __all__ = ["MulticastGroup", "Schema", "SchemaError", "TableEntry", "encode_value", "format_value"]
 

@@ -11,10 +11,11 @@ import grpc
 from controller.errors import Refusal
 from controller.store import Job
 from controller.topology import Topology
+from controller.trees import tree_layout
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 
-__all__ = ["validate_registration"]
+__all__ = ["check_member_ids", "validate_registration"]
 
 
 def validate_registration(
@@ -99,3 +100,31 @@ def validate_registration(
                     f"worker address {w.ip}:{w.udp_port} is already registered by job {job.job_id}",
                 )
     return out, tuple(placement)
+
+
+def check_member_ids(topology: Topology, job: Job, *, trees: bool, chains: bool) -> None:
+    """Refuse (INVALID_ARGUMENT) a job whose layout across switches needs more member ids than the worker mask has.
+
+    A switch that aggregates for others is a member of the job under an id no worker of the job has (the ids its
+    partials carry, and the bits ``upstream_mask`` sets): every ToR and the root of an aggregation tree
+    (``trees``), every INA rack of Rina's ring on chains (``chains``). Workers and switch members share the
+    ``wire.MAX_WORKERS``-bit mask, so such a job may have at most that many workers and switch members together.
+    """
+    switches = job.switches()
+    if len(switches) < 2:
+        return
+    layouts = []
+    if trees and (layout := tree_layout(topology, job)) is not None:
+        layouts.append((len(layout.switches), f"its aggregation tree ({len(layout.tors)} ToRs and the root {layout.root})"))
+    racks = sum(1 for sw in switches if topology.switches[sw].ina)
+    if chains and racks:
+        layouts.append((racks, f"Rina's ring on chains ({racks} INA racks)"))
+    workers = len(job.worker_ids)
+    for members, what in layouts:
+        if workers + members > wire.MAX_WORKERS:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{workers} workers and the {members} switch members of {what} need {workers + members} member ids, "
+                f"but the worker mask has {wire.MAX_WORKERS}: a job spanning these switches has at most "
+                f"{wire.MAX_WORKERS - members} workers",
+            )

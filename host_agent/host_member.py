@@ -3,7 +3,7 @@
 Where a rack's switch does not run INA (or holds no slots), each of its workers is one member of the job's
 Rina ring (``inaproto.rina_ring``): it adds its own contribution to the partial sum its predecessor sends
 and forwards it, and passes final sums on, exactly as a switch member does. Its copy *is* the program's
-model (``softswitch.pipeline.InaPipeline``) with the entries ``inaproto.rina_ring.host_copy_entries`` gives
+model (``p4src.ina_model.InaPipeline``) with the entries ``inaproto.rina_ring.host_copy_entries`` gives
 (the controller computes the same in ``controller.chains.plan_rina``), behind one UDP socket on the worker's
 IP at ``host_copy_port(udp_port)``. The worker's own stream is plain INA towards that socket (its plan's rack
 for it, ``host_agent.grant.plan_for``), so loss recovery, generations and owner resets are the switch's.
@@ -22,7 +22,7 @@ any other datagram alone. Hops into or out of a switch stay single INA frames (t
 
 The 50 % deployment is CPU-bound on the testbed, so the copy moves datagrams in batches: a wake-up drains the
 socket with UDP GRO (``DatagramIo.drain_sources``: one sender's datagrams per read, with its address), runs
-each source's frames through the model in one ``process_batch`` (built as numpy rows under a cached header, no
+each source's frames through the model in one ``process_frames`` (built as numpy rows under a cached header, no
 per-datagram header in Python), and sends what the model emitted once per destination: single frames as one
 GSO run, runs as one GSO send of the full ones and one datagram for each shorter one (no timer: a run waits for
 nothing but the end of the wake-up). The copy runs in a thread of the agent or, with ``CopyMode.PROCESS``, in
@@ -102,7 +102,7 @@ class _Copy:
         self._me_mac = bytes.fromhex(me.mac.replace(":", "")) if me.mac else b"\0" * 6
         self._own = (me.ip, me.udp_port)
         self._key: tuple | None = None
-        self._pipe = None  # softswitch.pipeline.InaPipeline of the current generation, or None
+        self._pipe = None  # p4src.ina_model.InaPipeline of the current generation, or None
         self._local = 0  # the copy's id for this worker's gradients
         self._neighbours: set[str] = set()  # IPs chain packets may come from
         self._hosts: frozenset[tuple[str, int]] = frozenset()  # neighbours' copies: bundles go there
@@ -143,7 +143,7 @@ class _Copy:
         return self.switch_addresses.get(sg.switch, (sg.switch_ip, grant.ina_port))
 
     def _pipeline(self, grant: Grant, ring: Ring):
-        from softswitch.pipeline import InaPipeline  # the program's model: the copy is what a switch runs
+        from p4src.ina_model import InaPipeline  # the program's model: the copy is what a switch runs
 
         i = ring.index(self.me.worker_id)
         nxt, prv = self._address_of(grant, ring, i + 1), self._address_of(grant, ring, i - 1)
@@ -219,7 +219,7 @@ class _Copy:
                 continue
             port, rows = batch
             self.frames += len(rows)
-            emitted = pipe.process_batch(port, rows) if len(rows) > 1 else pipe.process(port, rows[0].tobytes())
+            emitted = pipe.process_frames(port, rows)
             for _out_port, frame in emitted:
                 dst = self._routes.get(frame[30:38])
                 if dst is None:

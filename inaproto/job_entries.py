@@ -16,14 +16,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inaproto.wire import INA_UDP_PORT
+from inaproto.wire import INA_UDP_PORT, MAX_JOBS
 
 __all__ = ["GENERATIONS", "MCAST_OFFSET", "BindingEntry", "ChainEntries", "ChainEntry", "ChainHop", "ChainLink",
            "ChainPartition", "JobEntries", "JobEntry", "JobGroup", "LinkBindingEntry", "TransitEntry", "WorkerAddress",
            "WorkerEntry", "chain_entries", "job_entries", "job_group", "split_generation"]
 
 MCAST_OFFSET = 1  # a job's multicast group on every switch: job_id + MCAST_OFFSET (group 0 is not a group)
-_MAX_JOBS = 256  # wire.MAX_JOBS: chain groups are numbered above every job group
 GENERATIONS = 0xFFFF  # wire generations cycle 1..65535 (bit<16>; 0 is never handed out)
 
 
@@ -218,12 +217,12 @@ def job_entries(job_id: int, workers: Iterable[WorkerAddress], *, base_slot: int
 
 def next_group(job_id: int) -> int:
     """The group with one replica towards a switch's next hop in the job's chains (rid = its member id)."""
-    return job_id + MCAST_OFFSET + _MAX_JOBS
+    return job_id + MCAST_OFFSET + MAX_JOBS
 
 
 def final_group(job_id: int) -> int:
     """The group for a final sum that goes beyond the switch's own workers: its workers plus those hops."""
-    return job_id + MCAST_OFFSET + 2 * _MAX_JOBS
+    return job_id + MCAST_OFFSET + 2 * MAX_JOBS
 
 
 @dataclass(frozen=True)

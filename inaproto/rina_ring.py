@@ -16,10 +16,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from inaproto.rina_partitions import aligned_blocks, partition_sizes, slot_partitions
+from inaproto.wire import INA_UDP_PORT, MAX_WORKERS
 
 __all__ = [
     "HOST_PORT",
-    "MAX_WORKERS",
     "NETWORK_PORT",
     "Rack",
     "Ring",
@@ -28,9 +28,6 @@ __all__ = [
     "host_copy_port",
     "ring_of",
 ]
-
-MAX_WORKERS = 32  # wire.MAX_WORKERS: the worker-id space (bitmap width)
-INA_UDP_PORT = 47000  # wire.INA_UDP_PORT
 
 # A host member keeps its copy of the chain as a switch would: its agent runs the program's model
 # (host_agent/host_member.py) with host_copy_entries: its worker's gradients enter on HOST_PORT and come back

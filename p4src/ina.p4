@@ -14,7 +14,7 @@
  *
  * Everything that is not INA is plain IPv4 LPM forwarding, as in p4lang/tutorials' basic.p4.
  *
- * softswitch/pipeline.py is an executable model of this program: same names, same order of steps.
+ * p4src/ina_model.py is an executable model of this program: same names, same order of steps.
  * Wire format: docs/protocol.md and inaproto/wire.py (a test checks those against the headers below).
  */
 #include <core.p4>

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from inaproto.config import setting
+
 __all__ = ["ClusterSpec"]
 
 
@@ -17,17 +19,13 @@ class ClusterSpec:
     too (a pool of its own): a job spanning racks can run as a two-level tree (ToRs, then the spine).
     """
 
-    racks: int = 64
-    workers_per_rack: int = 8
-    slots_per_switch: int = 1024
-    # Fraction of ToRs that are INA-capable, spread evenly over the racks (1.0 = all, 0.0 = none).
-    ina_fraction: float = 1.0
-    # Worker NIC and ToR downlink speed.
-    host_gbps: float = 100.0
-    # ToR-to-spine capacity per rack (each direction), shared by the jobs whose traffic leaves the rack.
-    uplink_gbps: float = 400.0
-    # Aggregator slots of the spine switch (0 = the spine does not aggregate: no trees, Rina or ring across racks).
-    spine_slots: int = 0
+    racks: int = setting(64, "racks, one ToR switch each")
+    workers_per_rack: int = setting(8, "workers (hosts, one GPU each) per rack")
+    slots_per_switch: int = setting(1024, "aggregator slots of each INA-capable ToR")
+    ina_fraction: float = setting(1.0, "share of the ToRs that are INA-capable, spread evenly over the racks")
+    host_gbps: float = setting(100.0, "worker link and ToR downlink speed (Gbit/s)")
+    uplink_gbps: float = setting(400.0, "ToR-to-spine capacity per rack, each direction, shared by the jobs leaving it (Gbit/s)")
+    spine_slots: int = setting(0, "aggregator slots of the spine (0: the spine does not aggregate, no trees)")
 
     def __post_init__(self) -> None:
         for name in ("racks", "workers_per_rack"):

@@ -5,6 +5,11 @@ are re-allocated by the controller's own policy classes (:mod:`controller.polici
 the controller calls them), and every job whose slots or cross-rack bandwidth changed gets a new
 iteration time from that moment on. Progress is tracked as fractional iterations: a job's remaining
 iterations drop by elapsed / iteration_time at each change, and its completion event is rescheduled.
+
+What an event costs does not grow with the jobs it leaves alone: waiting jobs are indexed by size
+(simulator.waiting), placements work on the racks' arrays at once (simulator.placement), a job's slot request
+is computed once per job shape, and only the jobs whose slots or uplink share changed are retimed (on a shared
+switch, whose load every job there sees, every job holding slots there).
 """
 from __future__ import annotations
 
@@ -23,12 +28,16 @@ from simulator.cluster import ClusterSpec
 from simulator.errors import SimulatorError
 from simulator.placement import Placement, PlacementPolicy, RackView
 from simulator.trace import JobSpec
+from simulator.waiting import WaitingQueue
 
 __all__ = ["InvariantError", "JobResult", "SimResult", "Simulation"]
 
-# Backends a job can run on: no communication (one worker), INA in one ToR, Rina, plain ring.
-_DONE, _READY, _ARRIVE = 0, 1, 2  # completions sort first at equal times: freed workers are reusable
-# _READY: a job's start-up (trace column startup_s) is over; it starts sending (matters to a shared switch).
+# Events of running jobs: a completion, the end of a start-up (trace column startup_s: the job starts sending, which
+# matters to a shared switch). At equal times completions come first (freed workers are reusable), arrivals last.
+_DONE, _READY = 0, 1
+# Backends a job can run on: no communication (one worker), INA in one ToR, Rina, a two-level tree, plain ring.
+_LOCAL, _INA, _RINA, _TREE, _RING = SimBackend.LOCAL, SimBackend.INA, SimBackend.RINA, SimBackend.TREE, SimBackend.RING
+_AGGREGATING = frozenset((_INA, _RINA, _TREE))
 
 
 class InvariantError(SimulatorError, AssertionError):
@@ -103,7 +112,9 @@ class _Switch:
 class _Job:
     __slots__ = (
         "backend",
+        "bound",
         "changes",
+        "comm",
         "compute",
         "counts",
         "cross",
@@ -148,6 +159,8 @@ class _Job:
         self.compute = compute
         self.demand_racks: list[int] = []  # racks where the job asked for slots
         self.cross = len(placement) > 1  # traffic leaves its racks: shares their uplinks
+        self.bound = 0  # the most multi-rack jobs on one of its uplinks, where that many bound its rate (else 0)
+        self.comm = 0.0  # all-reduce seconds when last retimed
         self.backend = ""
         self.slots = 0
         self.effective = 0  # slots held while actually aggregating (INA/Rina backend)
@@ -202,6 +215,7 @@ class Simulation:
         self.on_event = on_event
         self.progress = progress
         self.ina = cluster.ina_racks()
+        self.any_ina = any(self.ina)
         # One switch per rack (its ToR), then the spine: switch index cluster.racks.
         self.switches = [_Switch(cluster.slots_per_switch if ina else 0) for ina in self.ina]
         self.switches.append(_Switch(cluster.spine_slots))
@@ -217,12 +231,18 @@ class Simulation:
         self.cross_jobs: list[set[int]] = [set() for _ in range(cluster.racks)]  # multi-rack jobs per rack
         self.running: dict[int, _Job] = {}
         self.now = 0.0
-        self.free_total = cluster.total_workers
         self.held_total = 0
         self.effective_total = 0
-        # Uncontended rates, fixed for the run.
+        # Uncontended rates and the unloaded window round trip, fixed for the run.
         self.host_ring_rate = cluster.host_Bps * calibration.ring_goodput_fraction
         self.uplink_rate = cluster.uplink_Bps * calibration.ring_goodput_fraction
+        self.window = model.window_rtt(calibration, cluster.host_Bps)
+        self.exposed = 1.0 - calibration.comm_overlap  # the share of communication not hidden behind compute
+        self.pause = calibration.realloc_pause_s
+        self.shared = calibration.switch_shared_pps is not None  # every job at a switch sees the others' load
+        self.unbound_sharing = self._unbound_sharing()
+        self.requests: dict[tuple, tuple[int, int] | None] = {}  # _slot_request by job shape
+        self.ring_times: dict[tuple[int, int, float], float] = {}  # _ring_time
 
     # --- public -------------------------------------------------------------------------------------
 
@@ -233,44 +253,37 @@ class Simulation:
             raise ValueError(
                 f"job(s) {too_big[:5]} need more workers than the cluster has ({self.cluster.total_workers})"
             )
-        specs = {j.job_id: j for j in jobs}
-        if len(specs) != len(jobs):
+        if len({j.job_id for j in jobs}) != len(jobs):
             raise ValueError("job ids in the trace are not unique")
-        heap: list[tuple[float, int, int, int, int]] = [
-            (j.arrival_s, _ARRIVE, seq, j.job_id, 0) for seq, j in enumerate(jobs)
-        ]
-        heapq.heapify(heap)
+        # Arrivals in order of (time, trace position), beside a heap of the running jobs' events: an arrival comes after
+        # every event of that heap at its instant.
+        arrivals = sorted(range(len(jobs)), key=lambda k: jobs[k].arrival_s)
+        heap: list[tuple[float, int, int, int, int]] = []
         self._heap = heap
         self._seq = len(jobs)
-        self.queue: list[int] = []
-        self._hints: dict[int, int] = {}
-        self._queue_min = math.inf
+        self.waiting = WaitingQueue()
         self.results: list[JobResult] = []
         self.timeline: list[tuple[float, int, int, int, int]] = [(0.0, 0, 0, 0, 0)]
         events = 0
+        next_arrival = 0
         next_report = started + self.progress if self.progress else math.inf
-        while heap:
-            t, kind, _, job_id, version = heapq.heappop(heap)
-            if kind == _DONE:
-                job = self.running.get(job_id)
-                if job is None or job.version != version:
-                    continue  # superseded by a later rate change
-                self.now = t
-                self._finish(job, t)
-            elif kind == _READY:
-                job = self.running.get(job_id)
-                if job is None or job.ready:
-                    continue
-                self.now = t
-                job.ready = True
-                if self.cal.switch_shared_pps is not None:
-                    shared = [*job.demand_racks, self.spine] if job.on_spine else job.demand_racks
-                    self._reallocate_and_retime([], [], t, shared=shared)
+        while heap or next_arrival < len(arrivals):
+            arriving = jobs[arrivals[next_arrival]] if next_arrival < len(arrivals) else None
+            if arriving is not None and (not heap or heap[0][0] > arriving.arrival_s):
+                next_arrival += 1
+                self.now = t = arriving.arrival_s
+                self.waiting.push(arriving)
             else:
+                t, kind, _, job_id, version = heapq.heappop(heap)
+                job = self.running.get(job_id)
+                if job is None or (job.version != version if kind == _DONE else job.ready):
+                    continue  # superseded by a later rate change, or gone
                 self.now = t
-                self.queue.append(job_id)
-                self._queue_min = min(self._queue_min, specs[job_id].num_workers)
-            self._schedule(specs, t)
+                if kind == _DONE:
+                    self._finish(job, t)
+                else:
+                    self._ready(job, t)
+            self._schedule(t)
             self._sample(t)
             events += 1
             if self.check:
@@ -281,7 +294,7 @@ class Simulation:
                 next_report = time.perf_counter() + self.progress
                 print(
                     f"[ina-sim] {self.policy.name}: {len(self.results)}/{len(jobs)} jobs done, "
-                    f"{len(self.running)} running, {len(self.queue)} waiting, simulated t={t:,.0f} s, "
+                    f"{len(self.running)} running, {len(self.waiting)} waiting, simulated t={t:,.0f} s, "
                     f"{time.perf_counter() - started:.1f} s elapsed",
                     file=sys.stderr,
                     flush=True,
@@ -295,8 +308,15 @@ class Simulation:
             timeline=self.timeline,
             events=events,
             wall_s=time.perf_counter() - started,
-            unfinished=len(self.queue) + len(self.running),
+            unfinished=len(self.waiting) + len(self.running),
         )
+
+    def _ready(self, job: _Job, t: float) -> None:
+        """The job's start-up is over: it sends from now on (on a shared switch, a load every job there sees)."""
+        job.ready = True
+        if self.shared:
+            shared = [*job.demand_racks, self.spine] if job.on_spine else job.demand_racks
+            self._reallocate_and_retime([], [], t, shared=shared)
 
     def check_invariants(self) -> None:
         """Raise InvariantError if any switch is over-allocated or any rack has negative free workers."""
@@ -315,27 +335,19 @@ class Simulation:
 
     # --- events -------------------------------------------------------------------------------------
 
-    def _schedule(self, specs: dict[int, JobSpec], t: float) -> None:
+    def _schedule(self, t: float) -> None:
         """Start waiting jobs, in arrival order, while workers are free (fifo: stop at the first that waits)."""
-        if not self.queue or self.free_total < self._queue_min:
+        if self.view.free_total < self.waiting.smallest():
             return
-        waiting: list[int] = []
-        blocked = False
-        for job_id in self.queue:
-            spec = specs[job_id]
-            placement = None
-            if not blocked and spec.num_workers <= self.free_total:
-                hint = self._hints.get(job_id)
-                if hint is None:
-                    hint = self._hints[job_id] = self._slot_hint(spec)
-                placement = self.placer.place(spec.num_workers, self.view, hint)
+
+        def start(spec: JobSpec) -> bool:
+            placement = self.placer.place(spec.num_workers, self.view, self._slot_hint(spec))
             if placement is None:
-                waiting.append(job_id)
-                blocked = self.queue_mode == "fifo"
-                continue
+                return False
             self._start(spec, placement, t)
-        self.queue = waiting
-        self._queue_min = min((specs[j].num_workers for j in waiting), default=math.inf)
+            return True
+
+        self.waiting.start_fitting(lambda: self.view.free_total, start, fifo=self.queue_mode == "fifo")
 
     def _start(self, spec: JobSpec, placement: Placement, t: float) -> None:
         if sum(c for _, c in placement) != spec.num_workers or len({r for r, _ in placement}) != len(placement):
@@ -349,26 +361,26 @@ class Simulation:
         for rack, count in placement:
             if count > self.view.free_workers[rack]:
                 raise InvariantError(f"placement put {count} workers on rack {rack} with {self.view.free_workers[rack]} free")
-            self.view.free_workers[rack] -= count
-        self.free_total -= spec.num_workers
+            self.view.take_workers(rack, count)
         touched = self._register_demands(job)
         uplinks = job.racks if job.cross else []
         for rack in uplinks:
             self.cross_jobs[rack].add(spec.job_id)
+        if job.cross:
+            job.bound = self._binding(self._uplink_sharing(job))
         self._reallocate_and_retime(touched, uplinks, t, extra=job)
 
     def _finish(self, job: _Job, t: float) -> None:
         spec = job.spec
         del self.running[spec.job_id]
         for rack, count in job.placement:
-            self.view.free_workers[rack] += count
-        self.free_total += spec.num_workers
+            self.view.take_workers(rack, -count)
         self._set_effective(job, 0)
         for rack in job.demand_racks:
             sw = self.switches[rack]
             sw.demands = [d for d in sw.demands if d.job_id != spec.job_id]
             sw.alloc.pop(spec.job_id, None)
-            self.view.slot_jobs[rack] -= 1
+            self.view.add_slot_job(rack, -1)
         touched = list(job.demand_racks)
         if job.on_spine:
             spine = self.switches[self.spine]
@@ -397,7 +409,7 @@ class Simulation:
                 uplink_bytes=job.uplink,
             )
         )
-        self._reallocate_and_retime(touched, uplinks, t)
+        self._reallocate_and_retime(touched, uplinks, t, uplink_change=-1)
 
     # --- slots, rates, progress -----------------------------------------------------------------------
 
@@ -408,8 +420,14 @@ class Simulation:
         requested = the trace's `slots`, else the window that saturates the job's INA rate (uncontended);
         min_slots = the trace's, else the fewest slots with which INA/Rina is no slower than ring.
         tree: the job spans racks and the spine aggregates: sized for the tree (its longer round trip), and every
-        switch of the tree is asked for the same.
+        switch of the tree is asked for the same. Computed once per job shape (a trace has few).
         """
+        shape = (spec.grad_bytes, spec.num_workers, spec.slots, spec.min_slots, racks, widest, tree)
+        if shape not in self.requests:
+            self.requests[shape] = self._compute_slot_request(spec, racks, widest, tree)
+        return self.requests[shape]
+
+    def _compute_slot_request(self, spec: JobSpec, racks: int, widest: int, tree: bool) -> tuple[int, int] | None:
         cal, cluster = self.cal, self.cluster
         cross = racks > 1
         cross_rate = min(self.host_ring_rate, self.uplink_rate) if cross else math.inf
@@ -439,7 +457,7 @@ class Simulation:
 
     def _slot_hint(self, spec: JobSpec) -> int:
         """What the job would ask each switch for if placed as tightly as possible (for placements)."""
-        if spec.num_workers < 2 or not any(self.ina):
+        if spec.num_workers < 2 or not self.any_ina:
             return 0
         wpr = self.cluster.workers_per_rack
         racks = -(-spec.num_workers // wpr)
@@ -463,58 +481,31 @@ class Simulation:
         requested, min_slots = request
         job.requested = requested
         job.demand_racks = [r for r, _ in aggregating]
-        for rack in job.demand_racks:
-            self.switches[rack].demands.append(
-                JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
-            )
-            self.view.slot_jobs[rack] += 1
+        demand = JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
+        for rack in job.demand_racks:  # the same demand (a value) at every switch
+            self.switches[rack].demands.append(demand)
+            self.view.add_slot_job(rack, 1)
         if tree:  # the spine is asked for as many slots as every ToR of the tree
-            self.switches[self.spine].demands.append(
-                JobDemand(spec.job_id, requested, priority=spec.priority, weight=spec.weight, min_slots=min_slots)
-            )
+            self.switches[self.spine].demands.append(demand)
             job.on_spine = True
             job.counts[self.spine] = len(job.placement)  # the spine aggregates one partial per rack
             return [*job.demand_racks, self.spine]
         return job.demand_racks
 
     def _reallocate_and_retime(self, racks: Sequence[int], uplinks: Sequence[int], t: float, extra: _Job | None = None,
-                               shared: Sequence[int] = ()) -> None:
-        """Re-allocate the switches of `racks`, then retime every job whose slots changed, every multi-rack job
-        on `uplinks`, and (with a shared switch packet rate) every job holding slots at `racks` or `shared`."""
+                               shared: Sequence[int] = (), uplink_change: int = 1) -> None:
+        """Re-allocate the switches of `racks`, then retime `extra` (a job that starts), every job whose slots changed,
+        every multi-rack job on `uplinks` (whose count of multi-rack jobs changed by `uplink_change` each) whose
+        uplink share bounds its rate differently, and (with a shared switch packet rate) every job on `uplinks` and
+        every job holding slots at `racks` or `shared`."""
         affected: dict[int, _Job] = {}
         if extra is not None:
             affected[extra.spec.job_id] = extra
         for rack in racks:
-            sw = self.switches[rack]
-            current = {k: v for k, v in sw.alloc.items() if v is not None}
-            new = self.policy.allocate(sw.pool, sw.demands, current)
-            if self.check:
-                try:
-                    validate_allocation(sw.pool, sw.demands, new)
-                except ValueError as exc:
-                    raise InvariantError(f"t={t}: policy {self.policy.name} on switch {rack}: {exc}") from None
-            held = 0
-            for job_id, rng in new.items():
-                if rng is not None:
-                    held += rng.size
-                old = sw.alloc.get(job_id)
-                if rng is not old:
-                    job = self.running[job_id]
-                    if old is not None:
-                        job.changes += 1
-                    affected[job_id] = job
-            sw.alloc = new
-            if rack == self.spine:
-                self.spine_held = held
-                self.view.spine_free_slots = sw.pool - held
-            else:
-                self.held_total += held - sw.held
-                self.view.free_slots[rack] = sw.pool - held
-            sw.held = held
+            self._reallocate(rack, t, affected)
         for rack in uplinks:
-            for job_id in self.cross_jobs[rack]:
-                affected.setdefault(job_id, self.running[job_id])
-        if self.cal.switch_shared_pps is not None:
+            self._share_uplink(rack, uplink_change, extra, affected)
+        if self.shared:
             for rack in (*racks, *shared):  # a job's share of the switch changes when any other's load does
                 for job_id, rng in self.switches[rack].alloc.items():
                     if rng is not None:
@@ -522,38 +513,113 @@ class Simulation:
         for job in affected.values():
             self._retime(job, t)
 
+    def _reallocate(self, rack: int, t: float, changed: dict[int, _Job]) -> None:
+        """The policy's new allocation of switch `rack`; the jobs whose range it changed go into `changed`."""
+        sw = self.switches[rack]
+        current = {k: v for k, v in sw.alloc.items() if v is not None}
+        new = self.policy.allocate(sw.pool, sw.demands, current)
+        if self.check:
+            try:
+                validate_allocation(sw.pool, sw.demands, new)
+            except ValueError as exc:
+                raise InvariantError(f"t={t}: policy {self.policy.name} on switch {rack}: {exc}") from None
+        held = 0
+        for job_id, rng in new.items():
+            if rng is not None:
+                held += rng.size
+            old = sw.alloc.get(job_id)
+            if rng is not old:
+                job = self.running[job_id]
+                if old is not None:
+                    job.changes += 1
+                changed[job_id] = job
+        sw.alloc = new
+        if rack == self.spine:
+            self.spine_held = held
+            self.view.spine_free_slots = sw.pool - held
+        else:
+            self.held_total += held - sw.held
+            self.view.set_free_slots(rack, sw.pool - held)
+        sw.held = held
+
+    def _share_uplink(self, rack: int, change: int, extra: _Job | None, affected: dict[int, _Job]) -> None:
+        """Rack `rack`'s uplink has `change` more multi-rack jobs: update the bound of every other job on it, and put
+        those whose bound changed (on a shared switch: all of them) into `affected`."""
+        now = len(self.cross_jobs[rack])
+        before = now - change
+        if max(now, before) <= self.unbound_sharing and not self.shared:
+            return  # the rack's uplink bounds no job's rate, before or after
+        for job_id in self.cross_jobs[rack]:
+            job = self.running[job_id]
+            if job is extra:
+                continue
+            if now > job.bound and now > self.unbound_sharing:
+                job.bound = now
+                affected.setdefault(job_id, job)
+            elif before == job.bound and now < before:  # the busiest uplink lost one: which is busiest now?
+                job.bound = self._binding(self._uplink_sharing(job))
+                if job.bound != before:
+                    affected.setdefault(job_id, job)
+            if self.shared:
+                affected.setdefault(job_id, job)
+
+    def _uplink_sharing(self, job: _Job) -> int:
+        """The most multi-rack jobs on any of `job`'s rack uplinks: its fair share of them is uplink / this."""
+        return max(map(len, map(self.cross_jobs.__getitem__, job.racks)))
+
+    def _unbound_sharing(self) -> int:
+        """The most jobs that can share an uplink while each one's share is at least the host link's rate: up to
+        this many, the uplink bounds neither a ring (uplink / k against the host's ring goodput) nor a tree
+        (uplink / k framed, against the host's INA goodput), so a change among them changes no job's rate."""
+        host, uplink, eff = self.cluster.host_Bps, self.cluster.uplink_Bps, self.cal.ina_efficiency
+        k = 0
+        while self.uplink_rate / (k + 1) >= self.host_ring_rate and uplink / (k + 1) * eff >= host * eff:
+            k += 1
+        return k
+
+    def _binding(self, sharing: int) -> int:
+        """The uplink sharing as far as it can bound a job's rate (0: it cannot)."""
+        return sharing if sharing > self.unbound_sharing else 0
+
     def _comm(self, job: _Job) -> tuple[float, str, int]:
         """(all-reduce seconds, backend, bottleneck slots): the fastest backend available to the job now."""
         spec = job.spec
         n = spec.num_workers
         if n < 2:
-            return 0.0, SimBackend.LOCAL, 0
-        cal, cluster = self.cal, self.cluster
+            return 0.0, _LOCAL, 0
         rate = self.host_ring_rate
-        if job.cross:
-            for rack in job.racks:
-                rate = min(rate, self.uplink_rate / len(self.cross_jobs[rack]))
-        best = (model.ring_time(cal, spec.grad_bytes, n, rate), SimBackend.RING, 0)
-        if job.demand_racks or job.on_spine:
-            slots = min((self._held(rack, spec.job_id) for rack in job.demand_racks), default=None)
-            candidate = None
-            if slots:
-                ina_rate = math.inf
-                for rack, count in job.placement:
-                    if count >= 2:
-                        window = model.window_rtt(cal, cluster.host_Bps, self._switch_stretch(rack, job))
-                        ina_rate = min(ina_rate, model.ina_rate(cal, cluster.host_Bps, self._held(rack, spec.job_id), count, window))
-                if job.cross:
-                    t_agg = model.rina_time(cal, spec.grad_bytes, len(job.placement), min(rate, ina_rate))
-                    candidate = (t_agg, SimBackend.RINA, slots)
-                else:
-                    candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), SimBackend.INA, slots)
-            tree = self._tree(job, slots)
-            if tree is not None and (candidate is None or tree[0] <= candidate[0] or self.follow_grant):
-                candidate = tree
-            if candidate is not None and (candidate[0] <= best[0] or self.follow_grant):
-                best = candidate
+        if job.bound:
+            rate = min(rate, self.uplink_rate / job.bound)
+        best = (self._ring_time(spec.grad_bytes, n, rate), _RING, 0)
+        if not (job.demand_racks or job.on_spine):
+            return best
+        cal, host, alloc = self.cal, self.cluster.host_Bps, self.switches
+        held = [alloc[rack].alloc.get(spec.job_id) for rack in job.demand_racks]
+        slots = min((0 if r is None else r.size for r in held), default=None)
+        candidate = None
+        if slots:
+            ina_rate = math.inf
+            for rack, rng in zip(job.demand_racks, held):
+                window = model.window_rtt(cal, host, self._switch_stretch(rack, job)) if self.shared else self.window
+                ina_rate = min(ina_rate, model.ina_rate(cal, host, rng.size, job.counts[rack], window))
+            if job.cross:
+                candidate = (model.rina_time(cal, spec.grad_bytes, len(job.placement), min(rate, ina_rate)), _RINA, slots)
+            else:
+                candidate = (model.ina_time(cal, spec.grad_bytes, ina_rate), _INA, slots)
+        tree = self._tree(job, slots)
+        if tree is not None and (candidate is None or tree[0] <= candidate[0] or self.follow_grant):
+            candidate = tree
+        if candidate is not None and (candidate[0] <= best[0] or self.follow_grant):
+            best = candidate
         return best
+
+    def _ring_time(self, nbytes: int, workers: int, rate: float) -> float:
+        """model.ring_time, remembered per (gradient, workers, rate): a trace has few of each."""
+        key = (nbytes, workers, rate)
+        seconds = self.ring_times.get(key)
+        if seconds is None:
+            seconds = self.ring_times[key] = model.ring_time(self.cal, nbytes, workers, rate)
+        return seconds
 
     def _tree(self, job: _Job, tor_slots: int | None) -> tuple[float, str, int] | None:
         """(all-reduce seconds, tree, bottleneck slots) when the job holds slots on the spine too, else None.
@@ -577,19 +643,19 @@ class Simulation:
         rate = math.inf
         for rack, count in switches:
             rate = min(rate, model.ina_rate(cal, cluster.host_Bps, slots, count, window))
-        for rack in job.racks:
-            rate = min(rate, cluster.uplink_Bps / len(self.cross_jobs[rack]) * cal.ina_efficiency)
-        return model.tree_time(cal, job.spec.grad_bytes, rate), SimBackend.TREE, slots
+        if job.bound:  # its share of the busiest uplink
+            rate = min(rate, cluster.uplink_Bps / job.bound * cal.ina_efficiency)
+        return model.tree_time(cal, job.spec.grad_bytes, rate), _TREE, slots
 
     def _switch_stretch(self, rack: int, job: _Job) -> float:
         """How much a shared switch's load stretches `job`'s software round trip (1 without ``switch_shared_pps``):
-        the load of every job holding slots there that has started, and of `job` itself, less what agents
-        starting there take, with each job's congestion window backing off at its own delay target
+        the load of every job holding slots there that has started, and of `job` itself, less what jobs in their
+        start-up take there, with each job's congestion window backing off at its own delay target
         (shared_switch.shared_state). A started job remembers the shortest round trip it has seen there (its
         senders' path_rtt: what its target is set from); its first is the switch's round trip without it."""
         if self.cal.switch_shared_pps is None:
             return 1.0
-        jobs, paths, earlier, mine, starting, starting_agents = [], [], [], 0, 0.0, 0
+        jobs, paths, earlier, mine, starting, starting_workers = [], [], [], 0, 0.0, 0
         for job_id, rng in self.switches[rack].alloc.items():
             other = self.running[job_id]
             if rng is not None and (other.ready or other is job):
@@ -599,18 +665,18 @@ class Simulation:
                     earlier.append(len(jobs))
                 jobs.append((rng.size, other.counts.get(rack, 0)))
                 paths.append(other.path_rtt.get(rack))
-            elif not other.ready:  # its agents are starting on the switch's cores (startup_load)
+            elif not other.ready:  # in its start-up: it takes part of the switch (startup_load)
                 m = other.counts.get(rack, 0)
                 warmup = m * math.ceil(other.spec.grad_bytes / self.cal.payload_bytes) * other.spec.startup_iterations
                 starting += shared_switch.startup_load(self.cal, m, other.spec.startup_s, warmup)
-                starting_agents += m
+                starting_workers += m
         if not jobs:
             return 1.0
         host = self.cluster.host_Bps
-        if starting > 0:  # what the start-up takes from the running jobs: the cores shared fairly among processes
+        if starting > 0:  # what the start-up takes from the running jobs: the switch shared fairly among claimants
             offered = sum(model.offered_pps(self.cal, model.ina_rate(self.cal, host, s, m), m) for s, m in jobs)
-            starting = shared_switch.startup_share(self.cal, starting, starting_agents, offered,
-                                                   sum(m for _, m in jobs) + 1)
+            starting = shared_switch.startup_share(self.cal, starting, starting_workers, offered,
+                                                   sum(m for _, m in jobs) + 1)  # their workers and the switch
         if not self.cal.cwnd_latecomer:  # every job's target from the unloaded path
             paths = [None] * len(jobs)
         elif job.ready and rack not in job.path_rtt:  # its first round trips: the switch as the jobs before it load it
@@ -626,52 +692,77 @@ class Simulation:
         return 0 if rng is None else rng.size
 
     def _retime(self, job: _Job, t: float) -> None:
+        """Bring the job's progress to `t` and reschedule its completion at its new speed, if that changed."""
         comm, backend, slots = self._comm(job)
-        iter_time = model.iteration_time(self.cal, job.compute, comm)
-        if job.iter_time > 0:
-            progressed = min(job.remaining, max(0.0, t - job.last) / job.iter_time)
-            job.uplink += progressed * job.uplink_per_iter
-            job.remaining = max(0.0, job.remaining - max(0.0, t - job.last) / job.iter_time)
-        job.last = max(t, job.last)  # a reallocation pause still running keeps its end
-        moved = (backend, slots) != (job.backend, job.slots) and job.backend != ""
-        done = job.spec.iterations - job.remaining
-        if moved and job.backend == SimBackend.RING and backend != SimBackend.RING and self.cal.ring_move_restarts_op:
-            # The ring all-reduce in flight is aborted (host_agent/ring_phases.py): its work since it began (after the
-            # iteration's compute, or at the move onto the ring) is lost and redone on the new backend.
-            began = math.floor(done + 1e-9) + (job.compute / job.iter_time if job.iter_time > 0 else 0.0)
-            if done > began:
-                done = max(began, min(job.ring_from, done))
-            restarted = job.remaining != job.spec.iterations - done
-            job.remaining = job.spec.iterations - done
-        else:
-            restarted = False
-        if backend == SimBackend.RING and job.backend != SimBackend.RING:
-            job.ring_from = done
-        if moved and self.cal.realloc_pause_s:
-            job.last += self.cal.realloc_pause_s  # SyncGeneration barrier and resend: no progress meanwhile
-        if (backend, slots) != (job.backend, job.slots):
-            if job.history and job.history[-1][0] == t:
-                job.history.pop()  # superseded at the same instant (e.g. two arrivals at once)
-            if not job.history or job.history[-1][1:] != (backend, slots):
-                job.history.append((t, backend, slots))
-            job.backend, job.slots = backend, slots
-        held = sum(self._held(r, job.spec.job_id) for r in job.demand_racks)
-        self._set_effective(job, held if backend in (SimBackend.INA, SimBackend.RINA, SimBackend.TREE) else 0)
-        counts = [c for _, c in job.placement]
-        job.uplink_per_iter = model.uplink_bytes(self.cal, backend, job.spec.grad_bytes, counts) if job.cross else 0.0
-        if iter_time == job.iter_time and job.version and not (moved and self.cal.realloc_pause_s) and not restarted:
+        same_grant = backend == job.backend and slots == job.slots
+        if same_grant and comm == job.comm and job.version:
+            self._set_effective(job, self._effective(job, backend))  # same speed: the scheduled completion holds
+            return
+        job.comm = comm
+        iter_time = job.compute + self.exposed * comm  # model.iteration_time
+        self._advance(job, t)
+        moved = not same_grant and job.backend != ""
+        restarted = moved and self._move(job, backend)
+        if backend == _RING and job.backend != _RING:
+            job.ring_from = job.spec.iterations - job.remaining
+        if moved and self.pause:
+            job.last += self.pause  # SyncGeneration barrier and resend: no progress meanwhile
+        if not same_grant:
+            self._record(job, t, backend, slots)
+        self._set_effective(job, self._effective(job, backend))
+        if iter_time == job.iter_time and job.version and not (moved and self.pause) and not restarted:
             return  # same speed: the scheduled completion still holds
         job.iter_time = iter_time
         job.version += 1
         self._seq += 1
         heapq.heappush(self._heap, (job.last + job.remaining * iter_time, _DONE, self._seq, job.spec.job_id, job.version))
 
+    @staticmethod
+    def _advance(job: _Job, t: float) -> None:
+        """Count the iterations (and uplink bytes) the job made since it was last retimed."""
+        if job.iter_time > 0:
+            elapsed = max(0.0, t - job.last) / job.iter_time
+            job.uplink += min(job.remaining, elapsed) * job.uplink_per_iter
+            job.remaining = max(0.0, job.remaining - elapsed)
+        job.last = max(t, job.last)  # a reallocation pause still running keeps its end
+
+    def _move(self, job: _Job, backend: str) -> bool:
+        """A move off the ring aborts the ring all-reduce in flight (host_agent/ring_phases.py) when the calibration
+        says so: its work since it began (after the iteration's compute, or at the move onto the ring) is lost and
+        redone on the new backend. True when that took progress back."""
+        if not (self.cal.ring_move_restarts_op and job.backend == _RING and backend != _RING):
+            return False
+        done = job.spec.iterations - job.remaining
+        began = math.floor(done + 1e-9) + (job.compute / job.iter_time if job.iter_time > 0 else 0.0)
+        if done > began:
+            done = max(began, min(job.ring_from, done))
+        restarted = job.remaining != job.spec.iterations - done
+        job.remaining = job.spec.iterations - done
+        return restarted
+
+    def _record(self, job: _Job, t: float, backend: str, slots: int) -> None:
+        """The job's history gets its new backend and slots (one entry per instant)."""
+        if job.history and job.history[-1][0] == t:
+            job.history.pop()  # superseded at the same instant (e.g. two arrivals at once)
+        if not job.history or job.history[-1][1:] != (backend, slots):
+            job.history.append((t, backend, slots))
+        if job.cross and backend != job.backend:
+            counts = [c for _, c in job.placement]
+            job.uplink_per_iter = model.uplink_bytes(self.cal, backend, job.spec.grad_bytes, counts)
+        job.backend, job.slots = backend, slots
+
+    def _effective(self, job: _Job, backend: str) -> int:
+        """The ToR slots the job holds while it aggregates with them (0 on ring or alone)."""
+        if backend not in _AGGREGATING:
+            return 0
+        return sum(self._held(r, job.spec.job_id) for r in job.demand_racks)
+
     def _set_effective(self, job: _Job, slots: int) -> None:
         self.effective_total += slots - job.effective
         job.effective = slots
 
     def _sample(self, t: float) -> None:
-        point = (t, self.held_total, self.effective_total, self.cluster.total_workers - self.free_total, self.spine_held)
+        point = (t, self.held_total, self.effective_total, self.cluster.total_workers - self.view.free_total, self.spine_held)
         last = self.timeline[-1]
         if point[1:] != last[1:]:
             if last[0] == t:

@@ -15,7 +15,7 @@ payload bytes per second, times are seconds, ``nbytes`` is the gradient size of 
                   t = B / R_tree + 2 (rtt + propagation)
 
     iteration     t = compute + (1 - overlap) * t_comm
-    shared switch simulator/shared_switch.py: processor sharing, the congestion window, agents starting
+    shared switch simulator/shared_switch.py: processor sharing, the congestion window, jobs starting
 
 Without a shared switch the congestion window changes nothing here: it settles near the window that reaches
 line rate, and slots beyond it add nothing either (the min above).

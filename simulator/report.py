@@ -1,9 +1,14 @@
-"""Results of simulation runs as files: per-job CSV, timeline CSV, summary JSON/CSV, comparison PNG."""
+"""Results of simulation runs as files: per-job CSV, timeline CSV, summary JSON/CSV, comparison PNG.
+
+A policy's own files are written where it ran (:func:`write_policy`); the comparison (:func:`write_comparison`)
+needs only each policy's summary, its jobs' completion times and its switch memory over time (simulator.runs'
+PolicyRun)."""
 from __future__ import annotations
 
 import csv
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +16,20 @@ import numpy as np
 from inaproto.backends import SimBackend
 from simulator.engine import SimResult
 
-__all__ = ["plot_comparison", "summarize", "write_all", "write_jobs_csv", "write_summary", "write_timeline_csv"]
+__all__ = ["PolicyRun", "plot_comparison", "summarize", "write_comparison", "write_jobs_csv", "write_policy", "write_summary",
+           "write_timeline_csv"]
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """What a comparison needs of one policy's run: its summary, its jobs' completion times, its switch memory over
+    time ((time, ToR slots held) rows), and the CPU time its task took."""
+
+    policy: str
+    summary: dict
+    jct_s: np.ndarray
+    memory: np.ndarray
+    cpu_s: float
+
 
 JOB_COLUMNS = (
     "job_id", "arrival_s", "start_s", "finish_s", "jct_s", "queue_s", "num_workers", "racks", "priority",
@@ -20,32 +38,36 @@ JOB_COLUMNS = (
 )
 
 
-def _time_average(timeline: Sequence[tuple], column: int, end: float) -> float:
-    """Mean over [0, end] of the step function whose value changes at each timeline point."""
-    if end <= 0:
-        return 0.0
-    total = 0.0
-    for (t, *values), nxt in zip(timeline, list(timeline[1:]) + [(end,)]):
-        t_next = min(nxt[0], end)
-        if t_next > t:
-            total += values[column - 1] * (t_next - t)
-    return total / end
+def _time_averages(timeline: Sequence[tuple], end: float) -> np.ndarray:
+    """Per timeline column after the time, the mean over [0, end] of the step function it changes at each point."""
+    points = np.array(timeline, dtype=float).reshape(-1, 5)
+    if end <= 0 or not len(points):
+        return np.zeros(4)
+    t = points[:, 0]
+    until = np.minimum(np.append(t[1:], end), end)
+    held = np.clip(until - t, 0.0, None)
+    return held @ points[:, 1:] / end
+
+
+_AGGREGATING = (SimBackend.INA, SimBackend.RINA, SimBackend.TREE)
 
 
 def summarize(result: SimResult) -> dict:
     """Headline numbers of one run (times in seconds, utilisations as fractions)."""
-    jobs = result.jobs
+    jobs, cluster = result.jobs, result.cluster
     jct = np.array([j.jct_s for j in jobs], dtype=float)
     queue = np.array([j.queue_s for j in jobs], dtype=float)
+    priority = np.array([j.priority for j in jobs], dtype=int)
     end = max((j.finish_s for j in jobs), default=0.0)
     first = min((j.arrival_s for j in jobs), default=0.0)
-    capacity = result.cluster.ina_switches * result.cluster.slots_per_switch
+    capacity = cluster.ina_switches * cluster.slots_per_switch
     with_deadline = [j for j in jobs if j.deadline_s is not None]
-    backend_time = {b: 0.0 for b in SimBackend}
+    backend_time = dict.fromkeys(SimBackend, 0.0)
     for job in jobs:
         for backend, seconds in job.backend_seconds().items():
             backend_time[backend] = backend_time.get(backend, 0.0) + seconds
     run_time = sum(backend_time.values()) or 1.0
+    held, aggregating, busy, spine = _time_averages(result.timeline, end)
 
     def pct(values: np.ndarray, q: float) -> float:
         return float(np.percentile(values, q)) if values.size else 0.0
@@ -60,16 +82,12 @@ def summarize(result: SimResult) -> dict:
         "p99_jct_s": pct(jct, 99),
         "mean_queue_s": float(queue.mean()) if queue.size else 0.0,
         "p99_queue_s": pct(queue, 99),
-        "mean_jct_s_by_priority": {
-            str(p): float(np.mean([j.jct_s for j in jobs if j.priority == p]))
-            for p in sorted({j.priority for j in jobs})
-        },
+        "mean_jct_s_by_priority": {str(p): float(jct[priority == p].mean()) for p in np.unique(priority)},
         "makespan_s": end - first,
-        "slot_utilisation": _time_average(result.timeline, 1, end) / capacity if capacity else 0.0,
-        "slot_utilisation_effective": _time_average(result.timeline, 2, end) / capacity if capacity else 0.0,
-        "worker_utilisation": _time_average(result.timeline, 3, end) / result.cluster.total_workers,
-        "spine_slot_utilisation": (_time_average(result.timeline, 4, end) / result.cluster.spine_slots
-                                   if result.cluster.spine_slots else 0.0),
+        "slot_utilisation": float(held) / capacity if capacity else 0.0,
+        "slot_utilisation_effective": float(aggregating) / capacity if capacity else 0.0,
+        "worker_utilisation": float(busy) / cluster.total_workers,
+        "spine_slot_utilisation": float(spine) / cluster.spine_slots if cluster.spine_slots else 0.0,
         "uplink_bytes_total": float(sum(j.uplink_bytes for j in jobs)),
         "deadline_jobs": len(with_deadline),
         "deadline_misses": sum(1 for j in with_deadline if j.deadline_missed),
@@ -82,71 +100,73 @@ def summarize(result: SimResult) -> dict:
 
 
 def write_jobs_csv(path: Path, result: SimResult) -> None:
-    """One row per finished job; history is ``time:backend:slots`` entries joined by ``|``."""
-    with open(path, "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(JOB_COLUMNS)
-        for job in result.jobs:
-            seconds = job.backend_seconds()
-            run = sum(seconds.values())
-            aggregated = sum(seconds.get(b, 0.0) for b in (SimBackend.INA, SimBackend.RINA, SimBackend.TREE))
-            ina_share = aggregated / run if run > 0 else 0.0
-            writer.writerow([
-                job.job_id, f"{job.arrival_s:.6f}", f"{job.start_s:.6f}", f"{job.finish_s:.6f}", f"{job.jct_s:.6f}",
-                f"{job.queue_s:.6f}", job.num_workers, job.racks, job.priority,
-                "" if job.deadline_s is None else job.deadline_s,
-                "" if job.deadline_missed is None else int(job.deadline_missed),
-                job.slots_requested, job.range_changes, job.history[-1][1] if job.history else "",
-                f"{ina_share:.4f}", "|".join(f"{t:.3f}:{b}:{s}" for t, b, s in job.history), f"{job.uplink_bytes:.0f}",
-            ])
+    """One row per finished job; history is ``time:backend:slots`` entries joined by ``|`` (no field holds a comma)."""
+    lines = [",".join(JOB_COLUMNS)]
+    for job in result.jobs:
+        seconds = job.backend_seconds()
+        run = sum(seconds.values())
+        ina_share = sum(seconds.get(b, 0.0) for b in _AGGREGATING) / run if run > 0 else 0.0
+        deadline = "" if job.deadline_s is None else job.deadline_s
+        missed = "" if job.deadline_missed is None else int(job.deadline_missed)
+        final = job.history[-1][1] if job.history else ""
+        history = "|".join(f"{t:.3f}:{b}:{s}" for t, b, s in job.history)
+        lines.append(f"{job.job_id},{job.arrival_s:.6f},{job.start_s:.6f},{job.finish_s:.6f},{job.jct_s:.6f},"
+                     f"{job.queue_s:.6f},{job.num_workers},{job.racks},{job.priority},{deadline},{missed},"
+                     f"{job.slots_requested},{job.range_changes},{final},{ina_share:.4f},{history},{job.uplink_bytes:.0f}")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def write_timeline_csv(path: Path, result: SimResult) -> None:
     """Switch memory and worker occupancy over time, one row per change."""
     capacity = result.cluster.ina_switches * result.cluster.slots_per_switch
-    with open(path, "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["time_s", "slots_held", "slots_aggregating", "slot_capacity", "busy_workers", "spine_slots_held"])
-        for t, held, effective, busy, spine in result.timeline:
-            writer.writerow([f"{t:.6f}", held, effective, capacity, busy, spine])
+    lines = ["time_s,slots_held,slots_aggregating,slot_capacity,busy_workers,spine_slots_held"]
+    lines += [f"{t:.6f},{held},{effective},{capacity},{busy},{spine}" for t, held, effective, busy, spine in result.timeline]
+    path.write_text("\n".join(lines) + "\n")
 
 
-def write_summary(out: Path, results: Sequence[SimResult], config: dict) -> list[dict]:
-    summaries = [summarize(r) for r in results]
-    (out / "summary.json").write_text(json.dumps({"config": config, "results": summaries}, indent=2) + "\n")
+def write_policy(out: Path, result: SimResult) -> None:
+    """<policy>_jobs.csv and <policy>_timeline.csv in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_jobs_csv(out / f"{result.policy}_jobs.csv", result)
+    write_timeline_csv(out / f"{result.policy}_timeline.csv", result)
+
+
+def write_summary(out: Path, summaries: Sequence[dict], config: dict) -> None:
+    """summary.json (the configuration and every policy's summary) and summary.csv (one row per policy)."""
+    (out / "summary.json").write_text(json.dumps({"config": config, "results": list(summaries)}, indent=2) + "\n")
     flat = [k for k, v in summaries[0].items() if not isinstance(v, dict)] if summaries else []
     with open(out / "summary.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(flat + [f"share_{b}" for b in SimBackend])
         for s in summaries:
             writer.writerow([s[k] for k in flat] + [f"{s['backend_time_share'].get(b, 0.0):.4f}" for b in SimBackend])
-    return summaries
 
 
-def plot_comparison(path: Path, results: Sequence[SimResult], title: str = "") -> None:
-    """Four panels: JCT CDF, JCT statistics, switch memory held over time, queueing and deadlines."""
+def plot_comparison(path: Path, runs: Sequence[PolicyRun], capacity: int, title: str = "") -> None:
+    """Four panels: JCT CDF, JCT statistics, switch memory held over time, queueing and deadlines; `capacity`: the
+    ToRs' slots."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summaries = [summarize(r) for r in results]
+    summaries = [r.summary for r in runs]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     ax_cdf, ax_bar, ax_mem, ax_q = axes.flat
-    names = [r.policy for r in results]
-    for result in results:
-        jct = np.sort([j.jct_s for j in result.jobs])
+    names = [r.policy for r in runs]
+    for run in runs:
+        jct = np.sort(run.jct_s)
         if jct.size:
-            ax_cdf.plot(jct, np.arange(1, jct.size + 1) / jct.size, label=result.policy)
+            ax_cdf.plot(jct, np.arange(1, jct.size + 1) / jct.size, label=run.policy)
     ax_cdf.set_xscale("log")
     ax_cdf.set_xlabel("job completion time (s)")
     ax_cdf.set_ylabel("fraction of jobs")
     ax_cdf.set_title("JCT distribution")
     ax_cdf.grid(alpha=0.3)
-    if any(r.jobs for r in results):
+    if any(r.jct_s.size for r in runs):
         ax_cdf.legend()
 
-    x = np.arange(len(results))
+    x = np.arange(len(runs))
     width = 0.27
     base = summaries[0]
     lows = []
@@ -162,13 +182,10 @@ def plot_comparison(path: Path, results: Sequence[SimResult], title: str = "") -
     ax_bar.grid(axis="y", alpha=0.3)
     ax_bar.legend(fontsize=8, loc="lower right")
 
-    for result in results:
-        capacity = result.cluster.ina_switches * result.cluster.slots_per_switch
-        if not capacity:
-            continue
-        t = np.array([p[0] for p in result.timeline])
-        held = np.array([p[1] for p in result.timeline]) / capacity
-        ax_mem.step(t / 3600, held, where="post", label=result.policy, linewidth=0.9)
+    for run in runs:
+        if capacity:
+            ax_mem.step(run.memory[:, 0] / 3600, run.memory[:, 1] / capacity, where="post", label=run.policy,
+                        linewidth=0.9)
     ax_mem.set_xlabel("time (h)")
     ax_mem.set_ylabel("switch slots held (fraction)")
     ax_mem.set_ylim(0, 1.05)
@@ -195,18 +212,12 @@ def plot_comparison(path: Path, results: Sequence[SimResult], title: str = "") -
     plt.close(fig)
 
 
-def write_all(out: Path, results: Sequence[SimResult], config: dict, *, plot: bool = True) -> list[dict]:
-    """Everything for one comparison: <policy>_jobs.csv, <policy>_timeline.csv, summary.*, comparison.png."""
+def write_comparison(out: Path, runs: Sequence[PolicyRun], config: dict, capacity: int, title: str, *,
+                     plot: bool = True) -> list[dict]:
+    """summary.json, summary.csv and (`plot`) comparison.png for the policies' runs; returns their summaries."""
     out.mkdir(parents=True, exist_ok=True)
-    for result in results:
-        write_jobs_csv(out / f"{result.policy}_jobs.csv", result)
-        write_timeline_csv(out / f"{result.policy}_timeline.csv", result)
-    summaries = write_summary(out, results, config)
-    if plot and results:
-        title = (
-            f"{config.get('trace', '')}: {results[0].cluster.racks} racks x {results[0].cluster.workers_per_rack} "
-            f"workers, {results[0].cluster.slots_per_switch} slots/switch, {results[0].cluster.host_gbps:g} Gbit/s hosts, "
-            f"placement {results[0].placement}"
-        )
-        plot_comparison(out / "comparison.png", results, title)
+    summaries = [r.summary for r in runs]
+    write_summary(out, summaries, config)
+    if plot and runs:
+        plot_comparison(out / "comparison.png", runs, capacity, title)
     return summaries

@@ -1,12 +1,13 @@
-"""A switch shared by several INA jobs: its software path as one server, the senders' congestion window on it,
-and agents starting on its cores (the testbed runs the switch and every agent on one machine).
+"""A switch shared by several INA jobs: its processing as one server, the senders' congestion window on it, and
+jobs in their start-up taking part of it.
 
 Formulas (docs/simulation.md, "A switch shared by its jobs"); a = ina_rtt, P = propagation + serialization,
 W(rho) = a / (1 - rho) + P the window round trip at load rho, C = switch_shared_pps:
 
     processor sharing  rho = sum_j m_j R_j(W(rho)) / payload / C, a fixed point (shared_stretch)
-    start-up load      a starting job takes u_j = m_j c / (startup_s_j cores) + g_j / (startup_s_j C) of C, g_j the
-                       gradient packets of the all-reduces it runs within its start-up (startup_load)
+    start-up load      a starting job takes u_j = (m_j w + g_j) / (startup_s_j C) of C: w the packets' worth one
+                       worker's start-up takes (worker_startup_packets), g_j the gradient packets of the all-reduces
+                       it runs within its start-up (startup_load)
     congestion window  job j's delay target T_j = path_j + max(allowance, share x path_j), path_j the path's
                        unloaded round trip, or with cwnd_latecomer the shortest round trip the job has seen; where
                        W would exceed targets, the windows settle (shared_state)
@@ -16,9 +17,9 @@ its minimum window, one whose target is above it grows to its grant, and the rou
 the jobs in between (at W* = T_k: rho* = 1 - a / (T_k - P), those jobs share what the others leave of rho* C,
 max-min fairly), or between two targets (no job at its target: the fixed point with the windows so fixed). A
 latecomer that first saw a loaded switch has a higher target than a job that saw it idle, and takes more: the
-unfairness of delay-based congestion control (TCP Vegas, LEDBAT). The testbed's agents do not show it (jobs started
-staggered share equally: docs/experiments.md), so the engine gives every job the unloaded path's target unless
-the calibration's cwnd_latecomer asks for per-job targets.
+unfairness of delay-based congestion control (TCP Vegas, LEDBAT). The agents' congestion window does not show
+it (jobs started staggered share equally: docs/experiments.md), so the engine gives every job the unloaded
+path's target unless the calibration's cwnd_latecomer asks for per-job targets.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ __all__ = [
     "startup_share",
 ]
 
-MIN_SHARED_SHARE = 0.05  # the least share of a shared switch that starting agents leave to running jobs
+MIN_SHARED_SHARE = 0.05  # the least share of a shared switch that starting jobs leave to running jobs
 
 
 @dataclass(frozen=True)
@@ -57,45 +58,45 @@ class SharedState:
 
 def startup_load(cal: Calibration, workers: int, startup_s: float, gradients: float = 0.0) -> float:
     """The share of a shared switch's capacity a starting job takes over its start-up (`startup_s`): its `workers`
-    agents' start-up CPU over the cores they share with the switch, and the `gradients` packets it sends meanwhile
-    (a warm-up all-reduce: workers x chunks each) over the capacity. 0 without shared cores and capacity."""
-    if startup_s <= 0:
+    workers' start-up (``worker_startup_packets`` each) and the `gradients` packets it sends meanwhile (a warm-up
+    all-reduce: workers x chunks each), over the capacity. 0 without a shared capacity."""
+    if startup_s <= 0 or not cal.switch_shared_pps:
         return 0.0
     share = 0.0
-    if cal.shared_cores and cal.agent_startup_cpu_s:
-        share += workers * cal.agent_startup_cpu_s / (startup_s * cal.shared_cores)
-    if cal.switch_shared_pps and gradients > 0:
+    if cal.worker_startup_packets:
+        share += workers * cal.worker_startup_packets / (startup_s * cal.switch_shared_pps)
+    if gradients > 0:
         share += gradients / (startup_s * cal.switch_shared_pps)
     return share
 
 
-def startup_share(cal: Calibration, starting: float, starting_agents: int, running_pps: float,
-                  running_agents: int) -> float:
-    """The share of a shared switch's capacity starting agents take from the running jobs, with the cores shared
-    max-min fairly among processes (what the kernel's fair scheduler gives: a process that sleeps between packets
-    gets all it asks for while it asks less than an equal share), rather than in proportion to demand.
+def startup_share(cal: Calibration, starting: float, starting_workers: int, running_pps: float,
+                  running_claims: int) -> float:
+    """The share of a shared switch's capacity starting workers take from the running jobs, with the capacity shared
+    max-min fairly among its claimants rather than in proportion to demand: a running job's worker, which waits
+    between packets, gets what it asks while that is below an equal share, and the start-up takes the rest.
 
     `starting`: what the starting jobs ask, as a share of the capacity (startup_load summed), spread over
-    `starting_agents` processes; `running_pps`: what the running jobs offer at their own bounds, over
-    `running_agents` processes (their agents and the switch). The running jobs lose capacity only where their
-    agents' demand exceeds the level at which the cores are shared out (water-filling); with
-    ``startup_fair_share`` false, the whole of `starting` (session 8's model: start-up in proportion to demand)."""
+    `starting_workers`; `running_pps`: what the running jobs offer at their own bounds, spread over `running_claims`
+    (their workers and the switch's own work). The running jobs lose capacity only where their claimants' demand
+    exceeds the level the capacity is shared out at (water-filling); with ``startup_fair_share`` false, the whole
+    of `starting`."""
     if not cal.startup_fair_share or starting <= 0 or not cal.switch_shared_pps:
         return starting
     run = running_pps / cal.switch_shared_pps  # the running jobs' demand as a share of the capacity
-    if run + starting <= 1.0 or running_agents <= 0:
+    if run + starting <= 1.0 or running_claims <= 0:
         return starting if run + starting <= 1.0 else min(starting, 1.0)
-    start_each, run_each = starting / max(1, starting_agents), run / running_agents
-    lo, hi = 0.0, 1.0  # the level each process gets at most: sum of min(demand, level) = 1
+    start_each, run_each = starting / max(1, starting_workers), run / running_claims
+    lo, hi = 0.0, 1.0  # the level each claimant gets at most: sum of min(demand, level) = 1
     for _ in range(60):
         level = (lo + hi) / 2
-        used = running_agents * min(run_each, level) + max(1, starting_agents) * min(start_each, level)
+        used = running_claims * min(run_each, level) + max(1, starting_workers) * min(start_each, level)
         lo, hi = (level, hi) if used < 1.0 else (lo, level)
-    return max(1, starting_agents) * min(start_each, (lo + hi) / 2)
+    return max(1, starting_workers) * min(start_each, (lo + hi) / 2)
 
 
 def _capacity(cal: Calibration, background: float) -> float | None:
-    """The shared capacity left to running jobs while starting agents take `background` of it."""
+    """The shared capacity left to running jobs while starting jobs take `background` of it."""
     cap = cal.switch_shared_pps
     return None if cap is None else cap * max(MIN_SHARED_SHARE, 1.0 - background)
 
@@ -121,13 +122,13 @@ def shared_stretch(cal: Calibration, host_Bps: float | None, jobs: Sequence[tupl
     """How much the software round trip stretches on a switch shared by `jobs` ((slots, workers) each), every
     job keeping its whole grant in flight (no congestion window).
 
-    The switch and, on the testbed, the CPUs it shares with the agents form one processor-sharing server of
+    The switch (with whatever processors it shares with its hosts) is one processor-sharing server of
     `switch_shared_pps` gradient packets/s. At load rho (offered / capacity) the software part of every
     round trip takes ina_rtt / (1 - rho) (the response time of a processor-sharing queue), which lowers each
     job's window-bound rate, which lowers the load: rho is the fixed point rho = sum_j m_j R_j(rho) / payload
     / capacity, found by bisection (the right side falls as rho grows, to 0 at rho = 1, so the load never
     reaches the capacity). 1.0 without a shared capacity. `background`: the share of the capacity starting
-    agents take (startup_load)."""
+    jobs take (startup_load)."""
     cap = _capacity(cal, background)
     if cap is None or not jobs:
         return 1.0

@@ -1,4 +1,4 @@
-"""Job traces: the CSV format, a synthetic generator, and a reader for Philly/Helios-style job logs.
+"""Job traces: the CSV format, a synthetic generator, and readers for Philly's and Helios' job logs.
 
 Trace CSV (one header row, one job per row; docs/simulation.md has the full table):
 
@@ -12,8 +12,7 @@ default: priority (int, 0), deadline_s (seconds after arrival by which the job s
 slots and min_slots (INA slots asked per switch; derived from the time model when empty), weight
 (share weight for the weighted policy, 1), model (free-text label), startup_s (seconds after its start
 before the job makes progress, holding its workers and slots: process start-up; 0), startup_iterations (all-reduces
-the job runs within its start-up, not counted in iterations: the testbed's warm-up call, whose packets load a
-shared switch; 0).
+the job runs within its start-up, not counted in iterations: a warm-up, whose packets load a shared switch; 0).
 """
 from __future__ import annotations
 
@@ -22,21 +21,25 @@ import datetime as dt
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 
+from inaproto.config import setting
 from simulator.errors import SimulatorError
 
 __all__ = [
     "COLUMNS",
+    "HELIOS_COLUMNS",
     "MODEL_ZOO",
     "REQUIRED_COLUMNS",
     "JobSpec",
     "ModelProfile",
     "SyntheticConfig",
     "TraceError",
+    "TraceFormat",
     "generate_trace",
     "interarrival_for_load",
     "read_job_log",
@@ -83,7 +86,7 @@ class JobSpec:
     min_slots: int | None = None
     weight: float = 1.0
     model: str = ""
-    startup_s: float = 0.0  # after its start, no progress for this long (agents starting); holds workers and slots
+    startup_s: float = 0.0  # after its start, no progress for this long (processes starting); holds workers and slots
     startup_iterations: int = 0  # all-reduces run within startup_s (a warm-up call): load on a shared switch only
 
     def __post_init__(self) -> None:
@@ -233,35 +236,29 @@ MODEL_ZOO: dict[str, ModelProfile] = {
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    """Distributions of the synthetic workload; every field is a documented knob (docs/simulation.md).
+    """Distributions of the synthetic workload (the ``[workload]`` table of ina-sim's configuration).
 
     Arrivals are a Poisson process (exponential inter-arrival times); sizes, models and priorities are
     drawn from the discrete distributions below, iterations from a clipped log-normal.
     """
 
-    num_jobs: int = 1000
-    mean_interarrival_s: float = 30.0
-    # Workers per job and their probabilities: mostly small jobs, a tail of multi-rack ones (Philly-like).
-    sizes: tuple[tuple[int, float], ...] = ((1, 0.10), (2, 0.15), (4, 0.25), (8, 0.30), (16, 0.12), (32, 0.08))
-    # Models (keys of MODEL_ZOO) and their probabilities.
-    models: tuple[tuple[str, float], ...] = (
-        ("resnet50", 0.30),
-        ("vgg16", 0.20),
-        ("bert-base", 0.25),
-        ("bert-large", 0.10),
-        ("gpt2", 0.15),
-    )
-    # Iterations ~ lognormal(median, sigma), clipped to [min, max]: a heavy tail of long jobs.
-    iterations_median: float = 3000.0
-    iterations_sigma: float = 1.0
-    iterations_min: int = 100
-    iterations_max: int = 100_000
-    priorities: tuple[tuple[int, float], ...] = ((0, 0.7), (1, 0.2), (2, 0.1))
-    # Share of jobs with a deadline; deadline = slack x (iterations x compute), slack ~ U(lo, hi).
-    deadline_fraction: float = 0.3
-    deadline_slack: tuple[float, float] = (1.5, 4.0)
-    # Worker heterogeneity: worker i computes in compute_s * (1 + hetero * U(0, 1)); 0 = homogeneous.
-    hetero: float = 0.0
+    num_jobs: int = setting(1000, "jobs to draw")
+    mean_interarrival_s: float = setting(30.0, "mean of the exponential inter-arrival times (s)")
+    sizes: tuple[tuple[int, float], ...] = setting(
+        ((1, 0.10), (2, 0.15), (4, 0.25), (8, 0.30), (16, 0.12), (32, 0.08)),
+        "workers per job and their probabilities: mostly small jobs, a tail of multi-rack ones (Philly-like)")
+    models: tuple[tuple[str, float], ...] = setting(
+        (("resnet50", 0.30), ("vgg16", 0.20), ("bert-base", 0.25), ("bert-large", 0.10), ("gpt2", 0.15)),
+        "models (simulator.trace.MODEL_ZOO) and their probabilities")
+    iterations_median: float = setting(3000.0, "median iterations per job (log-normal)")
+    iterations_sigma: float = setting(1.0, "sigma of the iterations' log-normal: a heavy tail of long jobs")
+    iterations_min: int = setting(100, "fewest iterations (the log-normal is clipped)")
+    iterations_max: int = setting(100_000, "most iterations")
+    priorities: tuple[tuple[int, float], ...] = setting(((0, 0.7), (1, 0.2), (2, 0.1)), "priorities and their probabilities")
+    deadline_fraction: float = setting(0.3, "share of jobs with a deadline")
+    deadline_slack: tuple[float, float] = setting(
+        (1.5, 4.0), "a deadline is slack x iterations x compute, slack ~ U(lo, hi)")
+    hetero: float = setting(0.0, "worker heterogeneity h: worker i computes in compute x (1 + h U(0, 1))")
 
     def __post_init__(self) -> None:
         if self.num_jobs < 0:
@@ -356,102 +353,89 @@ def generate_trace(cfg: SyntheticConfig, seed: int) -> list[JobSpec]:
     return jobs
 
 
-# --- Philly / Helios job logs ----------------------------------------------------------------------------
+# --- Philly and Helios job logs ------------------------------------------------------------------------------
+# Microsoft Philly's cluster_job_log (msr-fiddle/philly-traces, README "Schema"): a JSON list of jobs, each with
+# "jobid", "status", "vc", "user", "submitted_time" and "attempts", a list of {"start_time", "end_time", "detail":
+# [{"ip", "gpus": [...]}]}; times "YYYY-mm-dd HH:MM:SS"; a job may have no attempt, an attempt no start or end time
+# (null or "None"). SenseTime Helios' cluster_log.csv (S-Lab-System-Group/HeliosData, README "Schema"): columns
+# job_id, user, vc, gpu_num, cpu_num, node_num, state, submit_time, start_time, end_time, duration (seconds, end
+# less start), queue; CPU-only jobs have gpu_num 0.
 
-_SUBMIT_KEYS = ("submit_time", "submitted_time", "submit", "arrival_time", "arrival_s", "arrival")
-_GPU_KEYS = ("gpu_num", "num_gpu", "num_gpus", "gpus", "gpu", "num_workers")
-_DURATION_KEYS = ("duration", "duration_s", "run_time", "runtime")
+
+class TraceFormat(StrEnum):
+    CSV = "csv"  # the simulator's own trace CSV (this module's docstring)
+    PHILLY = "philly"  # Microsoft Philly's cluster_job_log (JSON)
+    HELIOS = "helios"  # SenseTime Helios' cluster_log.csv
 
 
-@dataclass
+HELIOS_COLUMNS = ("job_id", "gpu_num", "submit_time", "duration")  # what the reader uses of cluster_log.csv
+
+
+@dataclass(frozen=True)
 class _LogJob:
     submit: float
     gpus: int
     duration: float
-    label: str = field(default="")
 
 
-def _to_seconds(text: object) -> float:
-    """A timestamp as seconds: a number as is, else an ISO-like date 'YYYY-mm-dd HH:MM:SS'."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    text = str(text).strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    return dt.datetime.fromisoformat(text.replace("/", "-")).timestamp()
+def _timestamp(text: str) -> float:
+    """A log's 'YYYY-mm-dd HH:MM:SS' as seconds (the zone does not matter: only differences are used)."""
+    return dt.datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC).timestamp()
+
+
+def _philly_job(job: dict) -> _LogJob | None:
+    """A Philly job: GPUs the most any of its attempts held, run time the sum of its attempts with both times."""
+    duration, gpus = 0.0, 0
+    for attempt in job.get("attempts") or []:
+        start, end = attempt.get("start_time"), attempt.get("end_time")
+        if start in (None, "None") or end in (None, "None"):
+            continue
+        duration += _timestamp(end) - _timestamp(start)
+        gpus = max(gpus, sum(len(machine.get("gpus") or []) for machine in attempt.get("detail") or []))
+    if gpus < 1 or duration <= 0:
+        return None
+    return _LogJob(_timestamp(job["submitted_time"]), gpus, duration)
 
 
 def _philly_jobs(path: Path) -> tuple[list[_LogJob], int]:
-    """Philly's cluster_job_log: a JSON list of jobs, each with submitted_time and attempts[] whose
-    detail[] lists the machines and their gpus; run time is the sum of the attempts' durations."""
     data = json.loads(path.read_text())
     if not isinstance(data, list):
-        raise TraceError(f"{path}: expected a JSON list of jobs (Philly cluster_job_log)")
+        raise TraceError(f"{path}: expected a JSON list of jobs (Philly's cluster_job_log)")
     out, skipped = [], 0
-    for job in data:
+    for k, job in enumerate(data):
         try:
-            submit = _to_seconds(job["submitted_time"])
-            duration, gpus = 0.0, 0
-            for attempt in job.get("attempts") or []:
-                start, end = attempt.get("start_time"), attempt.get("end_time")
-                if start in (None, "", "None") or end in (None, "", "None"):
-                    continue
-                duration += _to_seconds(end) - _to_seconds(start)
-                gpus = max(gpus, sum(len(m.get("gpus") or []) for m in attempt.get("detail") or []))
-        except (KeyError, TypeError, ValueError, AttributeError):
+            entry = _philly_job(job)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TraceError(f"{path}: job {k}: not a Philly job ({type(exc).__name__}: {exc})") from None
+        if entry is None:
             skipped += 1
-            continue
-        if gpus < 1 or duration <= 0:
-            skipped += 1
-            continue
-        out.append(_LogJob(submit, gpus, duration, str(job.get("jobid", ""))))
+        else:
+            out.append(entry)
     return out, skipped
 
 
-def _csv_log_jobs(path: Path) -> tuple[list[_LogJob], int]:
-    """A CSV job log (Helios cluster_log.csv and similar): a submit time, a GPU count and either a
-    duration in seconds or start_time/end_time columns. Column names are matched from common aliases."""
+def _helios_jobs(path: Path) -> tuple[list[_LogJob], int]:
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
-        header = [h.strip().lower() for h in reader.fieldnames or []]
-        names = dict(zip(header, reader.fieldnames or []))
-
-        def pick(keys: Sequence[str]) -> str | None:
-            return next((names[k] for k in keys if k in names), None)
-
-        submit_col, gpu_col, dur_col = pick(_SUBMIT_KEYS), pick(_GPU_KEYS), pick(_DURATION_KEYS)
-        start_col, end_col = pick(("start_time", "start")), pick(("end_time", "end"))
-        if submit_col is None or gpu_col is None or (dur_col is None and not (start_col and end_col)):
-            raise TraceError(
-                f"{path}: not a job log I can read: need a submit time ({'/'.join(_SUBMIT_KEYS)}), a GPU count "
-                f"({'/'.join(_GPU_KEYS)}) and a duration ({'/'.join(_DURATION_KEYS)}) or start_time/end_time"
-            )
-        id_col = pick(("job_id", "jobid", "id"))
+        missing = [c for c in HELIOS_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceError(f"{path}: missing column(s) {', '.join(missing)} of Helios' cluster_log.csv")
         out, skipped = [], 0
         for row in reader:
             try:
-                submit = _to_seconds(row[submit_col])
-                gpus = int(float(row[gpu_col]))
-                if dur_col is not None and (row.get(dur_col) or "").strip():
-                    duration = float(row[dur_col])
-                else:
-                    duration = _to_seconds(row[end_col]) - _to_seconds(row[start_col])
-            except (TypeError, ValueError, KeyError):
+                entry = _LogJob(_timestamp(row["submit_time"]), int(row["gpu_num"]), float(row["duration"] or 0))
+            except ValueError as exc:
+                raise TraceError(f"{path}:{reader.line_num}: {exc}") from None
+            if entry.gpus < 1 or not entry.duration > 0:
                 skipped += 1
-                continue
-            if gpus < 1 or not duration > 0:
-                skipped += 1
-                continue
-            out.append(_LogJob(submit, gpus, duration, row.get(id_col, "") if id_col else ""))
+            else:
+                out.append(entry)
     return out, skipped
 
 
-def read_job_log(
-    path: str | Path, *, fmt: str = "auto", seed: int = 0, max_jobs: int | None = None
-) -> tuple[list[JobSpec], int]:
-    """Turn a Philly (JSON) or Helios-style (CSV) job log into a trace; returns (jobs, rows skipped).
+def read_job_log(path: str | Path, fmt: TraceFormat, *, seed: int = 0,
+                 max_jobs: int | None = None) -> tuple[list[JobSpec], int]:
+    """A Philly or Helios job log as a trace; returns (jobs, rows skipped).
 
     Logs give submit time, GPU count and run time only. Each job becomes num_workers = GPUs, a model
     drawn (seeded) from the synthetic defaults' mix, and iterations = run time / that model's compute
@@ -459,22 +443,14 @@ def read_job_log(
     to the first submission. Jobs without GPUs or without a run time are skipped and counted.
     """
     path = Path(path)
-    if fmt == "auto":
-        fmt = "philly" if path.suffix.lower() == ".json" or path.name == "cluster_job_log" else "csv"
     try:
-        if fmt == "philly":
-            log, skipped = _philly_jobs(path)
-        elif fmt in ("csv", "helios"):
-            log, skipped = _csv_log_jobs(path)
-        else:
-            raise TraceError(f"unknown job-log format {fmt!r}; valid: auto, philly, helios, csv")
+        log, skipped = _philly_jobs(path) if fmt == TraceFormat.PHILLY else _helios_jobs(path)
     except OSError as exc:
         raise TraceError(f"cannot read job log {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     log.sort(key=lambda j: j.submit)
-    if max_jobs is not None:
-        log = log[:max_jobs]
+    log = log[:max_jobs]
     if not log:
         return [], skipped
     rng = np.random.default_rng(seed)
@@ -484,15 +460,7 @@ def read_job_log(
     jobs = []
     for i, (entry, pick) in enumerate(zip(log, picks)):
         profile = MODEL_ZOO[models[pick]]
-        jobs.append(
-            JobSpec(
-                job_id=i,
-                arrival_s=round(entry.submit - t0, 3),
-                num_workers=entry.gpus,
-                grad_bytes=profile.grad_bytes,
-                iterations=max(1, round(entry.duration / profile.compute_s)),
-                compute_s=(profile.compute_s,),
-                model=models[pick],
-            )
-        )
+        jobs.append(JobSpec(job_id=i, arrival_s=round(entry.submit - t0, 3), num_workers=entry.gpus,
+                            grad_bytes=profile.grad_bytes, iterations=max(1, round(entry.duration / profile.compute_s)),
+                            compute_s=(profile.compute_s,), model=models[pick]))
     return jobs, skipped

@@ -1,15 +1,7 @@
-"""What ``ina-switch``'s data plane (softswitch/dataplane.py) moves frames with, and what it counts."""
+"""What ``ina-switch``'s data plane (softswitch/dataplane.py) counts."""
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
-
-
-class IoMode(enum.Enum):
-    """How frames move between the sockets and the pipeline."""
-
-    RINGS = "rings"  # PACKET_MMAP rings, a batch per port per wake-up, one send() per port per wake-up
-    FRAMES = "frames"  # one recv() and one send() per frame
 
 
 @dataclass
@@ -26,4 +18,3 @@ class DataPlaneStats:
     not_live: int = 0  # frames received before a pipeline was configured (--no-p4)
     packet_in: int = 0
     packet_out: int = 0
-    batches: int = 0  # receive batches (rings: one per port per wake-up)

@@ -18,7 +18,7 @@ import numpy as np
 
 from inaproto import wire
 from inaproto.job_entries import WorkerAddress, job_entries
-from softswitch.pipeline import InaPipeline
+from p4src.ina_model import InaPipeline
 
 SWITCH_MAC = bytes.fromhex("0200000000fe")
 SWITCH_IP = ipaddress.IPv4Address("10.0.0.254").packed

@@ -20,12 +20,22 @@ Example::
 """
 from __future__ import annotations
 
+import enum
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inaproto import wire
 
 DIRECTIONS = ("in", "out")
+
+
+class FaultDirection(enum.StrEnum):
+    """Which frames get faults: those the switch receives, those it sends, or both."""
+
+    IN = "in"
+    OUT = "out"
+    BOTH = "both"
 
 
 @dataclass(frozen=True)
@@ -63,12 +73,12 @@ class FaultConfig:
     default: FaultSpec = field(default_factory=FaultSpec)
     per_port: tuple[tuple[int, FaultSpec], ...] = ()
     ports: frozenset[int] = frozenset()
-    direction: str = "both"
+    direction: FaultDirection = FaultDirection.BOTH
     seed: int = 0
     reorder_delay: float = 0.005
 
     def __post_init__(self) -> None:
-        if self.direction not in ("in", "out", "both"):
+        if self.direction not in tuple(FaultDirection):
             raise ValueError(f"fault direction must be in, out or both, not {self.direction!r}")
         if self.reorder_delay < 0:
             raise ValueError("reorder_delay must not be negative")
@@ -111,8 +121,8 @@ def parse_probability(text: str) -> tuple[int | None, float]:
 
 
 def build_config(
-    drop: list[str] = (), dup: list[str] = (), reorder: list[str] = (), *, ports: list[int] = (), direction: str = "both",
-    seed: int = 0, reorder_delay: float = 0.005,
+    drop: Sequence[str] = (), dup: Sequence[str] = (), reorder: Sequence[str] = (), *, ports: Sequence[int] = (),
+    direction: FaultDirection = FaultDirection.BOTH, seed: int = 0, reorder_delay: float = 0.005,
 ) -> FaultConfig:
     """A FaultConfig from command-line values (each ``P`` or ``PORT:P``; the last global value wins)."""
     default = {"drop": 0.0, "dup": 0.0, "reorder": 0.0}
@@ -126,7 +136,7 @@ def build_config(
                 per_port.setdefault(port, {})[kind] = p
     base = FaultSpec(**default)
     specs = tuple(sorted((port, FaultSpec(**{**default, **kinds})) for port, kinds in per_port.items()))
-    return FaultConfig(base, specs, frozenset(ports), direction, seed, reorder_delay)
+    return FaultConfig(base, specs, frozenset(ports), FaultDirection(direction), seed, reorder_delay)
 
 
 def is_ina(frame: bytes | bytearray | memoryview) -> bool:

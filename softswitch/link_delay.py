@@ -20,12 +20,6 @@ the link delay plus serialization the experiments model. Frames are never sent e
 the egress delay after the deadline of the frame that released it, and each egress port keeps the order its
 outputs were emitted in (a deadline is never earlier than the port's previous one).
 
-The packet rings (``ina-switch --io rings``) hold a whole receive batch, and each egress port's rows of a
-batch's output block, as one entry (``hold_in_batch``, ``hold_out_rows``: a numpy array of equal-length
-frames): the frames of a batch share their arrival or emission time, so one deadline is theirs. That keeps
-delayed traffic in numpy from socket to socket (no bytes object and no heap entry per frame), and the batches
-of a port that fall due together go through the pipeline as one (``due_in_batches``).
-
 Example::
 
     delays = parse_link_delays(["10", "3:0"])      # 10 ms on every port, none on port 3
@@ -42,8 +36,6 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-
-import numpy as np
 
 log = logging.getLogger("ina-switch")
 
@@ -109,9 +101,9 @@ class DelayLine:
     def __init__(self, delays: LinkDelay) -> None:
         self.delays = delays
         self._seconds: dict[int, float] = {}
-        # entries (deadline, sequence, port, frame or array of frames, frame count)
-        self._in: list[tuple[float, int, int, bytes | np.ndarray, int]] = []
-        self._out: list[tuple[float, int, int, bytes | np.ndarray, int]] = []
+        # entries (deadline, sequence, port, frame)
+        self._in: list[tuple[float, int, int, bytes]] = []
+        self._out: list[tuple[float, int, int, bytes]] = []
         self._seq = 0
         self._released: float | None = None  # the latest deadline among ingress frames released since emission_time
         self._last_out: dict[int, float] = {}  # per egress port, the latest deadline held (keeps the port's order)
@@ -126,35 +118,20 @@ class DelayLine:
 
     def hold_in(self, port: int, frame: bytes, now: float) -> bool:
         """Hold a received frame; False if the port has no delay (process it now)."""
-        return self._hold(self._in, port, frame, now, 1)
-
-    def hold_in_batch(self, port: int, frames: np.ndarray | list[bytes], now: float) -> bool:
-        """Hold a receive batch (an (n, length) array, or a list of frames) as one entry; False if no delay."""
-        if isinstance(frames, list):
-            d = self.seconds(port)
-            if d <= 0.0:
-                return False
-            for frame in frames:
-                self._hold(self._in, port, frame, now, 1)
-            return True
-        return self._hold(self._in, port, frames, now, len(frames))
+        return self._hold(self._in, port, frame, now)
 
     def hold_out(self, port: int, frame: bytes, now: float) -> bool:
         """Hold a frame emitted to ``port``; False if the port has no delay (send it now)."""
-        return self._hold(self._out, port, frame, now, 1)
-
-    def hold_out_rows(self, port: int, rows: np.ndarray, now: float) -> bool:
-        """Hold the (n, length) rows a batch emitted to ``port`` as one entry; False if the port has no delay."""
-        return self._hold(self._out, port, rows, now, len(rows))
+        return self._hold(self._out, port, frame, now)
 
     def emission_time(self, now: float) -> float:
         """When the outputs of the ingress frames released since the last call count as emitted: the latest of
         their deadlines (the moment a switch without software delay would have emitted them), never later than
-        ``now``; ``now`` when none was released. Pass it as ``now`` to ``hold_out`` / ``hold_out_rows``."""
+        ``now``; ``now`` when none was released. Pass it as ``now`` to ``hold_out``."""
         released, self._released = self._released, None
         return now if released is None or released > now else released
 
-    def _hold(self, heap: list, port: int, frame: bytes | np.ndarray, now: float, count: int) -> bool:
+    def _hold(self, heap: list, port: int, frame: bytes, now: float) -> bool:
         d = self._seconds.get(port)
         if d is None:
             d = self.seconds(port)
@@ -166,59 +143,32 @@ class DelayLine:
             last = self._last_out.get(port, 0.0)
             deadline = max(deadline, last)
             self._last_out[port] = deadline
-        heapq.heappush(heap, (deadline, self._seq, port, frame, count))
-        self._held += count
+        heapq.heappush(heap, (deadline, self._seq, port, frame))
+        self._held += 1
         self.held_most = max(self.held_most, self._held)
         return True
 
     def due_in(self, now: float) -> dict[int, list[bytes]]:
         """Received frames whose delay has passed, per port in arrival order (ports in deadline order)."""
-        out: dict[int, list[bytes]] = {}
-        for port, items in self._due(self._in, now).items():
-            frames = out[port] = []
-            for item in items:
-                if isinstance(item, np.ndarray):
-                    frames += _rows_as_bytes(item)
-                else:
-                    frames.append(item)
-        return out
-
-    def due_in_batches(self, now: float) -> dict[int, np.ndarray | list[bytes]]:
-        """``due_in`` with each port's due frames as one batch: one array when every due entry of the port is
-        an array of one frame length (they are then joined), else a list of bytes."""
-        out: dict[int, np.ndarray | list[bytes]] = {}
-        for port, items in self._due(self._in, now).items():
-            first = items[0]
-            if isinstance(first, np.ndarray) and all(
-                    isinstance(item, np.ndarray) and item.shape[1] == first.shape[1] for item in items):
-                out[port] = first if len(items) == 1 else np.concatenate(items)
-            else:
-                frames = out[port] = []
-                for item in items:
-                    frames += _rows_as_bytes(item) if isinstance(item, np.ndarray) else [item]
-        return out
-
-    def due_out(self, now: float) -> list[tuple[int, bytes | np.ndarray]]:
-        """Emitted frames whose delay has passed, in emission order per port: ``[(port, frame)]``, where a
-        frame is an (n, length) array for rows held with ``hold_out_rows``."""
-        heap, out = self._out, []
+        heap, out = self._in, {}
         while heap and heap[0][0] <= now:
-            _, _, port, frame, count = heapq.heappop(heap)
-            self._held -= count
-            out.append((port, frame))
-        return out
-
-    def _due(self, heap: list, now: float) -> dict[int, list[bytes | np.ndarray]]:
-        out: dict[int, list[bytes | np.ndarray]] = {}
-        while heap and heap[0][0] <= now:
-            deadline, _, port, frame, count = heapq.heappop(heap)
+            deadline, _, port, frame = heapq.heappop(heap)
             self._released = deadline  # popped in deadline order: the last is the latest
-            self._held -= count
+            self._held -= 1
             frames = out.get(port)
             if frames is None:
                 out[port] = [frame]
             else:
                 frames.append(frame)
+        return out
+
+    def due_out(self, now: float) -> list[tuple[int, bytes]]:
+        """Emitted frames whose delay has passed, in emission order per port: ``[(port, frame)]``."""
+        heap, out = self._out, []
+        while heap and heap[0][0] <= now:
+            _, _, port, frame = heapq.heappop(heap)
+            self._held -= 1
+            out.append((port, frame))
         return out
 
     def next_deadline(self) -> float | None:
@@ -233,11 +183,6 @@ class DelayLine:
     def held(self) -> int:
         """Frames held now, both directions."""
         return self._held
-
-
-def _rows_as_bytes(rows: np.ndarray) -> list[bytes]:
-    blob, size = rows.tobytes(), rows.shape[1]
-    return [blob[o : o + size] for o in range(0, len(blob), size)]
 
 
 class _Timespec(ctypes.Structure):

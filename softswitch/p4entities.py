@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from google.protobuf.message import Message
 from p4.v1 import p4runtime_pb2
 
+from p4src.ina_model import InaPipeline
+from p4src.tables import ActionScopeError, PipelineError
 from softswitch.p4failure import Code, check_update_type, fail
 from softswitch.p4schema import P4Schema, TableInfo, canonical, to_int
-from softswitch.pipeline import InaPipeline
-from softswitch.tables import PipelineError
 
 __all__ = ["FIRST_RESERVED_GROUP", "P4Entities"]
 
@@ -81,30 +81,10 @@ class P4Entities:
 
     def reset(self) -> None:
         """Tables empty with their P4 default actions, no multicast groups, counters and registers zero."""
-        p = self.pipeline
-        for name, table in p.tables.items():
-            with p.lock:
-                matches = list(table.entries)
-            for m in matches:
-                try:
-                    p.delete_entry(name, m)
-                except LookupError:
-                    pass
-            if not table.spec.const_default:
-                p.set_default_action(name, table.spec.default_action, ())
-        for g in list(p.multicast_groups):
-            try:
-                p.delete_multicast_group(g)
-            except LookupError:
-                pass
-        with p.lock:
-            for values in p.counters.values():
-                values[:] = [0] * len(values)
-            p.reset_registers()
+        self.pipeline.reset()
         self._entry_meta.clear()
         self._groups_written.clear()
         logger.info("pipeline state reset: tables, multicast groups, counters and registers")
-
 
     # --- tables, multicast groups, counters -----------------------------------------------------------------
     def _table(self, table_id: int) -> TableInfo:
@@ -154,7 +134,7 @@ class P4Entities:
             raise fail(Code.INVALID_ARGUMENT, f"Non-zero priority {te.priority} for non-ternary match in {t.name}")
         return tuple(match)
 
-    def _action(self, t: TableInfo, ta: p4runtime_pb2.TableAction) -> tuple[str, tuple[int, ...]]:
+    def _action(self, t: TableInfo, ta: p4runtime_pb2.TableAction, *, default: bool = False) -> tuple[str, tuple[int, ...]]:
         kind = ta.WhichOneof("type")
         if kind != "action":
             raise fail(Code.INVALID_ARGUMENT, f"Cannot provide indirect action ({kind}) for direct table {t.name}")
@@ -163,6 +143,8 @@ class P4Entities:
             raise fail(Code.INVALID_ARGUMENT, f"Invalid action id {ta.action.action_id}: not an action of the program")
         if a.id not in t.action_ids:
             raise fail(Code.INVALID_ARGUMENT, f"Invalid action for table: {a.name} is not an action of {t.name}")
+        if not default and a.name in self.pipeline.table(t.name).spec.default_only:  # PI checks the scope first
+            raise fail(Code.PERMISSION_DENIED, f"Cannot use DEFAULT_ONLY action in table entry ({a.name} in {t.name})")
         fields = {p.id: p for p in a.params}
         values: dict[int, int] = {}
         for p in ta.action.params:
@@ -207,7 +189,7 @@ class P4Entities:
             if p.tables[t.name].spec.const_default:  # as PI: the P4's const default_action stays
                 raise fail(Code.PERMISSION_DENIED, f"Cannot change the const default action of table {t.name}")
             if te.HasField("action"):
-                action, params = self._action(t, te.action)
+                action, params = self._action(t, te.action, default=True)
                 p.set_default_action(t.name, action, params)
                 self._entry_meta[(t.name, None)] = (te.controller_metadata, te.metadata)
             else:  # MODIFY without an action resets the default entry to the P4's default_action
@@ -238,6 +220,8 @@ class P4Entities:
             self._entry_meta[(t.name, match)] = (te.controller_metadata, te.metadata)
         except LookupError:
             raise fail(Code.NOT_FOUND, f"Cannot find match entry in {t.name}") from None
+        except ActionScopeError as e:  # as PI: "Cannot use DEFAULT_ONLY action in table entry"
+            raise fail(Code.PERMISSION_DENIED, str(e)) from None
         except PipelineError as e:
             raise fail(Code.INVALID_ARGUMENT, str(e)) from None
 
@@ -425,7 +409,7 @@ class P4Entities:
                 entry.CopyFrom(written)  # what the client wrote, for read-write symmetry
             else:
                 entry.multicast_group_id = g
-                for port, rid in sorted(replicas, key=lambda pr: (pr[1], pr[0])):  # PI: by instance, then port
+                for port, rid in replicas:  # the order copies are made in: PI's read order of a group made in one write
                     r = entry.replicas.add()
                     r.egress_port, r.instance = port, rid
             yield out

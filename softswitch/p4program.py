@@ -1,7 +1,7 @@
-"""The program ina-switch runs, p4src/ina.p4, and whether a P4Info or device config is that program.
+"""Whether a P4Info or device config is the program ina-switch runs, p4src/ina.p4.
 
-The committed ``p4src/ina.p4info.txt`` is the reference (:func:`load_p4info`, the one P4Info loader of the
-project). ``SetForwardingPipelineConfig`` holds every pushed P4Info against it name by name, id by id, width
+The committed ``p4src/ina.p4info.txt`` is the reference (:func:`p4src.p4info.load_p4info`).
+``SetForwardingPipelineConfig`` holds every pushed P4Info against it name by name, id by id, width
 by width (:func:`p4info_mismatch`) and accepts an empty or p4c-generated BMv2 JSON device config
 (:func:`device_config_mismatch`); the ``ina-switch`` command line checks the BMv2 JSON it is started with the
 same way, plus its key widths and table sizes (:func:`check_program`).
@@ -12,33 +12,24 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
-from softswitch import tables as model
+from p4src import tables as model
 from softswitch.errors import SoftSwitchError
 
 __all__ = [
     "JSON_VERSION",
-    "P4INFO_PATH",
     "ProgramError",
     "check_program",
     "device_config_mismatch",
-    "load_p4info",
     "p4info_mismatch",
 ]
 
-P4INFO_PATH = Path(__file__).resolve().parents[1] / "p4src" / "ina.p4info.txt"
 JSON_VERSION = "2.23"  # the BMv2 JSON format version p4c 1.2.4 writes; any 2.x is read
 
 
 class ProgramError(SoftSwitchError):
     """A program (BMv2 JSON) the pipeline model does not implement."""
-
-
-def load_p4info(path: Path | str = P4INFO_PATH) -> p4info_pb2.P4Info:
-    """The committed P4Info (text format), the reference every pushed P4Info is held against."""
-    return text_format.Parse(Path(path).read_text(), p4info_pb2.P4Info())
 
 
 def _objects(info: p4info_pb2.P4Info) -> list[tuple[str, list]]:
@@ -202,8 +193,6 @@ def device_config_mismatch(data: bytes) -> str | None:
     except (AttributeError, TypeError, KeyError) as e:
         return f"p4_device_config is not a well-formed BMv2 JSON ({type(e).__name__}: {e})"
     return None
-
-
 
 
 def check_program(path: str) -> bytes:

@@ -30,12 +30,14 @@ from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
+from p4src.ina_model import InaPipeline
+from p4src.p4info import load_p4info
+from p4src.v1model import P4RUNTIME_PORT
 from softswitch.p4arbitrator import CLOSE, MAX_CONNECTIONS, Abort, Arbitrator, Connection, election_id_str, u128
 from softswitch.p4entities import P4Entities
 from softswitch.p4failure import ERROR_SPACE, Code, P4RuntimeFailure, fail
-from softswitch.p4program import device_config_mismatch, load_p4info, p4info_mismatch
+from softswitch.p4program import device_config_mismatch, p4info_mismatch
 from softswitch.p4schema import P4Schema, canonical, pack_header, to_int, unpack_header
-from softswitch.pipeline import InaPipeline
 
 __all__ = ["API_VERSION", "P4RuntimeServer"]
 
@@ -92,7 +94,7 @@ class P4RuntimeServer:
         pipeline: InaPipeline,
         *,
         device_id: int,
-        address: str = "127.0.0.1:9559",
+        address: str = f"127.0.0.1:{P4RUNTIME_PORT}",
         cpu_port: int | None = None,
         packet_out: Callable[[bytes], None] | None = None,
         emit: Callable[[list[tuple[int, bytes]]], None] | None = None,
@@ -264,8 +266,9 @@ class P4RuntimeServer:
             logger.debug("packet-out outputs dropped (no emit callback): ports %s", [p for p, _ in others])
 
     # --- StreamChannel ---------------------------------------------------------------------------------------
-    def _stream(self, requests: Iterator[p4runtime_pb2.StreamMessageRequest],
-                context) -> Iterator[p4runtime_pb2.StreamMessageResponse]:
+    def stream_channel(self, requests: Iterator[p4runtime_pb2.StreamMessageRequest],
+                       context) -> Iterator[p4runtime_pb2.StreamMessageResponse]:
+        """The StreamChannel RPC: arbitration, packet-in/out and stream errors of one client."""
         conn = Connection(context.peer())
         context.add_callback(lambda: conn.outbox.put(CLOSE))
         reader = threading.Thread(target=self._read_stream, args=(requests, conn), name="p4rt-stream", daemon=True)
@@ -342,7 +345,8 @@ class P4RuntimeServer:
         return config
 
     # --- SetForwardingPipelineConfig / GetForwardingPipelineConfig -------------------------------------------
-    def _set_pipeline(self, request: p4runtime_pb2.SetForwardingPipelineConfigRequest) -> None:
+    def set_pipeline(self, request: p4runtime_pb2.SetForwardingPipelineConfigRequest) -> None:
+        """The SetForwardingPipelineConfig RPC (P4RuntimeFailure says why it is refused)."""
         self._check_device(request.device_id)
         self._check_role(request)
         self._arbiter.check_primary(request)
@@ -378,8 +382,9 @@ class P4RuntimeServer:
                 self._entities.reset()  # a new pipeline starts empty, as on BMv2
             self._config = config
 
-    def _get_pipeline(self, request: p4runtime_pb2.GetForwardingPipelineConfigRequest
-                      ) -> p4runtime_pb2.GetForwardingPipelineConfigResponse:
+    def get_pipeline(self, request: p4runtime_pb2.GetForwardingPipelineConfigRequest
+                     ) -> p4runtime_pb2.GetForwardingPipelineConfigResponse:
+        """The GetForwardingPipelineConfig RPC."""
         self._check_device(request.device_id)
         config = self._require_config()
         rep = p4runtime_pb2.GetForwardingPipelineConfigResponse()
@@ -395,7 +400,8 @@ class P4RuntimeServer:
         return rep
 
     # --- Write -----------------------------------------------------------------------------------------------
-    def _write(self, request: p4runtime_pb2.WriteRequest, context) -> p4runtime_pb2.WriteResponse:
+    def write(self, request: p4runtime_pb2.WriteRequest, context) -> p4runtime_pb2.WriteResponse:
+        """The Write RPC: every update applied in order, each refusal reported in the status details."""
         self._check_device(request.device_id)
         self._check_role(request)
         self._arbiter.check_primary(request)
@@ -426,7 +432,8 @@ class P4RuntimeServer:
         return p4runtime_pb2.WriteResponse()
 
     # --- Read ------------------------------------------------------------------------------------------------
-    def _read(self, request: p4runtime_pb2.ReadRequest, context) -> Iterator[p4runtime_pb2.ReadResponse]:
+    def read(self, request: p4runtime_pb2.ReadRequest, context) -> Iterator[p4runtime_pb2.ReadResponse]:
+        """The Read RPC: the entities each request entity selects, in responses of up to 1,000."""
         self._check_device(request.device_id)
         self._require_config()
         logger.debug("P4Runtime Read\n%s", request)
@@ -462,31 +469,31 @@ class _Service(p4runtime_pb2_grpc.P4RuntimeServicer):
 
     def Write(self, request, context):
         try:
-            return self._s._write(request, context)
+            return self._s.write(request, context)
         except P4RuntimeFailure as f:
             self._abort(context, f, "Write")
 
     def Read(self, request, context):
         try:
-            yield from self._s._read(request, context)
+            yield from self._s.read(request, context)
         except P4RuntimeFailure as f:
             self._abort(context, f, "Read")
 
     def SetForwardingPipelineConfig(self, request, context):
         try:
-            self._s._set_pipeline(request)
+            self._s.set_pipeline(request)
             return p4runtime_pb2.SetForwardingPipelineConfigResponse()
         except P4RuntimeFailure as f:
             self._abort(context, f, "SetForwardingPipelineConfig")
 
     def GetForwardingPipelineConfig(self, request, context):
         try:
-            return self._s._get_pipeline(request)
+            return self._s.get_pipeline(request)
         except P4RuntimeFailure as f:
             self._abort(context, f, "GetForwardingPipelineConfig")
 
     def StreamChannel(self, request_iterator, context):
-        yield from self._s._stream(request_iterator, context)
+        yield from self._s.stream_channel(request_iterator, context)
 
     def Capabilities(self, request, context):
         return p4runtime_pb2.CapabilitiesResponse(p4runtime_api_version=API_VERSION)

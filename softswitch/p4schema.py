@@ -1,6 +1,6 @@
 """The P4Info as ina-switch's P4Runtime service sees it: name <-> id <-> width of every control-plane object.
 
-Built from the committed P4Info and checked against the pipeline model (``softswitch.pipeline``) at start-up,
+Built from the committed P4Info and checked against the pipeline model (``p4src.ina_model``) at start-up,
 so a request's ids map to the model's tables, actions and counters. Also the bytestring rules of P4Runtime
 (values of any length that fit their width in; canonical, shortest bytestrings out) and the controller
 headers (``packet_in`` / ``packet_out``) packed and unpacked by their fields.
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from p4.config.v1 import p4info_pb2
 
-from softswitch import tables as model
+from p4src import tables as model
 from softswitch.p4failure import Code, fail
 
 __all__ = ["ActionInfo", "Field", "P4Schema", "TableInfo", "canonical", "pack_header", "to_int", "unpack_header"]

@@ -1,8 +1,4 @@
-"""A switch port's raw AF_PACKET socket: bound to one interface, promiscuous, blind to its own sends.
-
-Both I/O paths of :mod:`softswitch.dataplane` start from it (``rings`` then maps PACKET_MMAP rings on it,
-:mod:`softswitch.ring_io`).
-"""
+"""A switch port's raw AF_PACKET socket: bound to one interface, promiscuous, blind to its own sends."""
 from __future__ import annotations
 
 import fcntl
@@ -17,6 +13,7 @@ PACKET_ADD_MEMBERSHIP = 1
 PACKET_MR_PROMISC = 1
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: a packet socket does not see its own (or anyone's) outgoing frames
 PACKET_OUTGOING = 4
+PACKET_STATISTICS = 6  # struct tpacket_stats: tp_packets, tp_drops (reset by each read)
 SOCKET_BUFFER = 4 << 20
 SIOCGIFFLAGS = 0x8913
 
@@ -63,3 +60,12 @@ def interface_is_up(sock: socket.socket, iface: str) -> bool:
     except OSError:
         return True  # cannot tell: say nothing
     return bool(flags & 0x1)
+
+
+def receive_drops(sock: socket.socket) -> int:
+    """Frames the kernel dropped at a packet socket since the last call (its receive buffer full:
+    PACKET_STATISTICS, which each read resets)."""
+    try:
+        return struct.unpack("=II", sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))[1]
+    except OSError:
+        return 0

@@ -1,6 +1,6 @@
 """The switch pipeline model behind a UDP socket: an INA switch for agents on 127.0.0.x, without root.
 
-``UdpSwitch`` runs ``softswitch.pipeline.InaPipeline`` on a UDP socket: each datagram it receives becomes an
+``UdpSwitch`` runs ``p4src.ina_model.InaPipeline`` on a UDP socket: each datagram it receives becomes an
 Ethernet/IPv4/UDP frame on the ingress port of its sender, and each frame the pipeline emits is sent as
 a datagram to the frame's destination IP and UDP port. Seeded faults (drop, duplicate, reorder) in both
 directions make loss recovery testable. The agent's tests and ``bench/agent_bench.py`` use it.
@@ -21,7 +21,7 @@ from typing import Protocol, Self
 
 from inaproto import wire
 from inaproto.job_entries import WorkerAddress, job_entries
-from softswitch.pipeline import InaPipeline
+from p4src.ina_model import InaPipeline
 
 __all__ = ["SWITCH_MAC", "Faults", "UdpSwitch", "UdpWorker", "make_switches"]
 

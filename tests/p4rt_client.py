@@ -25,7 +25,7 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controller.p4entity import MulticastGroup, Schema, TableEntry
 from controller.switch import Switch, SwitchError, SwitchOptions, update_errors
-from softswitch.p4program import P4INFO_PATH, load_p4info
+from p4src.p4info import P4INFO_PATH, load_p4info
 
 VERIFY_AND_COMMIT = p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT
 SCHEMA = Schema(load_p4info())

@@ -141,6 +141,20 @@ def read_unknown_counter():
     return _read(e)
 
 
+def defaultonly_noaction_in_ina_job():
+    """NoAction is @defaultonly in ina_job: an entry may not use it (PI: PERMISSION_DENIED)."""
+    return _write(_upd(Update.INSERT, table_entry("MyIngress.ina_job", (5,), "NoAction")))
+
+
+def defaultonly_noaction_in_ina_binding():
+    return _write(_upd(Update.INSERT, table_entry("MyIngress.ina_binding", (5, 1), "NoAction")))
+
+
+def defaultonly_drop_in_ina_worker():
+    """MyEgress.drop is @defaultonly in ina_worker (its const default action)."""
+    return _write(_upd(Update.INSERT, table_entry("MyEgress.ina_worker", (5, 1), "MyEgress.drop")))
+
+
 def batch_beyond_table_size(extra: int = 4):
     """One batch of size + extra distinct /32 routes: the table takes ``size``, the rest do not fit."""
     size = SCHEMA.table("MyIngress.ipv4_lpm").size
@@ -154,7 +168,8 @@ CASES: dict[str, Callable[[], object]] = {
         priority_on_exact_table, param_too_wide, lpm_prefix_too_long, unspecified_update_type,
         update_without_entity, counter_index_negative, counter_index_past_size, unknown_counter_write,
         read_counter_index_past_size, read_unknown_table,
-        read_unknown_counter, batch_beyond_table_size,
+        read_unknown_counter, defaultonly_noaction_in_ina_job, defaultonly_noaction_in_ina_binding,
+        defaultonly_drop_in_ina_worker, batch_beyond_table_size,
     )
 }
 
@@ -176,6 +191,10 @@ BMV2: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "read_counter_index_past_size": ("UNKNOWN", None),
     "read_unknown_table": ("INVALID_ARGUMENT", None),
     "read_unknown_counter": ("INVALID_ARGUMENT", None),
+    # PI: "Cannot use DEFAULT_ONLY action in table entry"
+    "defaultonly_noaction_in_ina_job": ("UNKNOWN", ("PERMISSION_DENIED",)),
+    "defaultonly_noaction_in_ina_binding": ("UNKNOWN", ("PERMISSION_DENIED",)),
+    "defaultonly_drop_in_ina_worker": ("UNKNOWN", ("PERMISSION_DENIED",)),
     # the table takes its size; PI reports the target's refusal of the rest as UNKNOWN, not RESOURCE_EXHAUSTED
     "batch_beyond_table_size": ("UNKNOWN", ("OKx1024", "UNKNOWNx4")),
 }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from softswitch.pipeline import InaPipeline
+from p4src.ina_model import InaPipeline
 
 
 class Target(Protocol):

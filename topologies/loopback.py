@@ -59,8 +59,8 @@ class LocalSwitch:
     ``server_credentials``."""
 
     def __init__(self, device_id: int = 1, server_credentials: grpc.ServerCredentials | None = None) -> None:
+        from p4src.ina_model import InaPipeline
         from softswitch.p4runtime_server import P4RuntimeServer
-        from softswitch.pipeline import InaPipeline
 
         self.device_id = device_id
         self.server_credentials = server_credentials
@@ -75,8 +75,8 @@ class LocalSwitch:
 
     def restart(self) -> None:
         """A switch process that died and came back on the same address: empty, no pipeline."""
+        from p4src.ina_model import InaPipeline
         from softswitch.p4runtime_server import P4RuntimeServer
-        from softswitch.pipeline import InaPipeline
 
         self.server.stop()
         self.pipeline = InaPipeline()

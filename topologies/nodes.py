@@ -40,7 +40,10 @@ from mininet.log import debug
 from mininet.node import Host, Switch
 from mininet.util import makeIntfPair
 
+from inaproto import wire
 from inaproto.commands import REPO, Command, command_argv
+from p4src.p4info import P4INFO_PATH
+from p4src.v1model import P4RUNTIME_PORT
 from topologies import state as run_state
 from topologies.errors import TopologiesError
 from topologies.plan import Route
@@ -60,12 +63,12 @@ __all__ = [
 ]
 
 REPO_ROOT = REPO
-DEFAULT_P4INFO = REPO_ROOT / "p4src" / "ina.p4info.txt"
+DEFAULT_P4INFO = P4INFO_PATH
 DEFAULT_BMV2_JSON = REPO_ROOT / "build" / "ina.json"
 TARGETS = ("ina-switch", "bmv2", "auto")
-DEFAULT_GRPC_PORT = 9559
+DEFAULT_GRPC_PORT = P4RUNTIME_PORT
 DEFAULT_THRIFT_PORT = 9090
-CPU_PORT = 255
+CPU_PORT = wire.CPU_PORT
 LOG_TAIL_LINES = 15
 
 

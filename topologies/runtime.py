@@ -21,7 +21,7 @@ import grpc
 from controller.p4entity import Schema, SchemaError, TableEntry
 from controller.switch import Switch, SwitchError, SwitchOptions
 from controller.topology import TopologyError, read_runtime_json
-from softswitch.p4program import P4INFO_PATH, load_p4info
+from p4src.p4info import P4INFO_PATH, load_p4info
 from topologies.plan import FORWARD_ACTION, LPM_TABLE, Route
 
 __all__ = ["RouteInstaller", "SwitchError", "main", "route_entry"]

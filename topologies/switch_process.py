@@ -7,32 +7,20 @@ client never leaves 127.0.0.1. The integration tests and ``bench/switch_bench.py
 """
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from inaproto import wire
 from inaproto.commands import Command, command_argv
+from p4src.v1model import P4RUNTIME_PORT
 from topologies.netns import Namespace, Network, Process, TcpForward
 
 __all__ = ["CPU_PORT", "DEVICE_ID", "GRPC_PORT", "SwitchNetwork", "SwitchProcess", "switch_command"]
 
-GRPC_PORT = 9559
+GRPC_PORT = P4RUNTIME_PORT
 DEVICE_ID = 1
-CPU_PORT = 255
-
-
-SWITCH_IO_ENV = "INA_SWITCH_IO"  # rings | frames: the I/O path of every ina-switch the tests start (default: its own)
-
-
-def switch_io_args(kind: str) -> list[str]:
-    """``--io`` for ina-switch as ``INA_SWITCH_IO`` asks (so the packet suite runs on either I/O path)."""
-    io = os.environ.get(SWITCH_IO_ENV, "")
-    if kind != "ina-switch" or not io:
-        return []
-    if io not in ("rings", "frames"):
-        raise ValueError(f"{SWITCH_IO_ENV}={io!r}: expected rings or frames")
-    return ["--io", io]
+CPU_PORT = wire.CPU_PORT
 
 
 def switch_command(kind: str) -> list[str]:
@@ -78,12 +66,13 @@ class SwitchProcess:
     def __init__(
         self, net: SwitchNetwork, log_dir: str | Path, *, kind: str = "ina-switch", program: str | None = None,
         core_args: Sequence[str] = (), target_args: Sequence[str] = (), device_id: int = DEVICE_ID, ready_timeout: float = 20.0,
-        log_console: bool = True,
+        log_console: bool = True, command: Sequence[str] | None = None,
     ) -> None:
+        """``command``: the executable (argv prefix) to start instead of ``kind``'s, e.g. another checkout's."""
         self.net, self.kind, self.device_id = net, kind, device_id
         logging = ["--log-console", "-L", "info"] if log_console else []
-        argv = switch_command(kind) + ["--device-id", str(device_id), *net.interface_args(), *logging,
-                                     *switch_io_args(kind), *core_args]
+        argv = [*(command or switch_command(kind)), "--device-id", str(device_id), *net.interface_args(), *logging,
+                *core_args]
         argv += [program] if program is not None else ["--no-p4"]
         argv += ["--", "--grpc-server-addr", f"127.0.0.1:{GRPC_PORT}", "--cpu-port", str(CPU_PORT), *target_args]
         self.argv = argv

@@ -2,7 +2,7 @@
 BMv2 as on every other target: tests/packet/conftest.py.) Runs only where p4c is installed."""
 from __future__ import annotations
 
-from softswitch.p4program import load_p4info
+from p4src.p4info import load_p4info
 
 
 def test_p4c_p4info_has_the_committed_names_ids_and_widths(p4c_build):

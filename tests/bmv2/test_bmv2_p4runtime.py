@@ -11,7 +11,7 @@ import grpc
 import pytest
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from softswitch.p4program import load_p4info
+from p4src.p4info import load_p4info
 from tests.p4rt_malformed import BMV2, CASES, answer, check_unharmed
 from tests.support.ports import free_port
 

@@ -11,7 +11,7 @@ import copy
 import json
 from pathlib import Path
 
-from softswitch import tables as model
+from p4src import tables as model
 
 _HEADER_TYPES = {
     "ipv4_t": ("ipv4", [["version", 4, False], ["ihl", 4, False], ["diffserv", 8, False], ["totalLen", 16, False],

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCHEMA = Schema.from_file(REPO / "p4src" / "ina.p4info.txt")
 STAND_IN = """
 import sys, signal, threading
-from softswitch.pipeline import InaPipeline
+from p4src.ina_model import InaPipeline
 from softswitch.p4runtime_server import P4RuntimeServer
 server = P4RuntimeServer(InaPipeline(), device_id=int(sys.argv[1]), address=sys.argv[2])
 server.start()

@@ -19,10 +19,10 @@ import pytest
 pytest.importorskip("mininet")
 
 from inaproto.commands import REPO, Command, command_argv
-from simulator.calibration import load_calibration
 from topologies import state as run_state
 from topologies.cleanup import root_interfaces
 from topologies.experiments.allreduce import measured_slots
+from topologies.experiments.calibrate import read_calibration
 
 PNG = b"\x89PNG\r\n\x1a\n"
 INA_EXP = command_argv(Command.EXP)
@@ -112,7 +112,7 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         # exact sums for INA, ring and Rina in namespaces through ina-switch: every worker checked its result
         assert all(r["exact"] is True for r in rows if r["kind"] == "allreduce"), [r.get("exact") for r in rows]
         assert {r["granted_backend"] for r in rows if r["kind"] == "allreduce" and r["backend"] != "rina"} == {"ina", "ring"}
-        cal = load_calibration(run_dir / "calibration.json")  # the simulator's own format and checks
+        cal = read_calibration(run_dir / "calibration.toml")  # ina-sim's [calibration], read by its own checks
         assert cal.ina_rtt_us > 0 and cal.switch_pps and "ina-exp allreduce" in cal.source
         assert doc["summary"]["points"][1]["ina_ring_ratio"] > 0
         curve = doc["summary"]["slot_curve"]  # the pool-size curve: 1 slot is window-bound, 8 near the BDP (nominal 7.4)
@@ -129,7 +129,7 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         assert len(memory) == 6 and all(max(s for _, s in r["samples"]) <= r["pool"] for r in memory)
         sims = [r for r in rows if r["kind"] == "sim"]
         assert len(sims) == len(jobs) and all(r["sim_s"] > 0 for r in sims)
-        assert load_calibration(run_dir / "calibration.json").propagation_rtt_us == 4000
+        assert read_calibration(run_dir / "calibration.toml").propagation_rtt_us == 4000
         assert doc["summary"]["simulator"]["jobs_compared"] == len(jobs)
         assert {"best_vs_unlimited", "static_vs_unlimited", "priority_high_speedup_over_static"} <= set(doc["summary"]["targets"])
         trace_run = next((run_dir / "runs").glob("*-trace"))  # after the calibration probes' testbeds
@@ -140,14 +140,16 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         assert shared["gradients_per_s"] > 0 and (shared["bw_mbps"], shared["rtt_ms"], shared["job_workers"], shared["slots"]) == (2.0, 4.0, [2, 2], 8)
         assert shared["exact"] is True and shared["conditions"]["jobs"] == 2 and shared["conditions"]["wall_s"] > 0
         assert all(r.get("conditions", {}).get("busy_cores") is not None for r in memory)  # the machine during each run
-        cal = load_calibration(run_dir / "calibration.json")  # the probe's CPU accounting: cores left / CPU per gradient
+        cal = read_calibration(run_dir / "calibration.toml")  # the probe's CPU accounting: cores left / CPU per gradient
         from topologies.experiments.calibrate import shared_capacity_from_cpu
 
         assert cal.switch_shared_pps == pytest.approx(shared_capacity_from_cpu(shared)) and cal.startup_fair_share is True
         assert doc["summary"]["probes"][[p["probe"] for p in doc["summary"]["probes"]].index("ina-shared-pps")][
             "capacity_from_cpu"] == pytest.approx(cal.switch_shared_pps)
         life = probes["agent-lifecycle-cpu"]  # an agent's whole life, on the trace's star
-        assert cal.agent_startup_cpu_s == life["cpu_s_per_agent"] > 0 and cal.shared_cores >= 1
+        cores = os.cpu_count()  # an agent's start-up CPU over the shared cores, as a share of the switch's capacity
+        assert cal.worker_startup_packets > 0
+        assert cal.worker_startup_packets == pytest.approx(life["cpu_s_per_agent"] * cal.switch_shared_pps / cores)
         from topologies.experiments.calibrate import ring_step_fit
 
         ring = [r for r in rows if r.get("probe") == "ring-steps"]  # the ring on the trace's star, two sizes

@@ -145,3 +145,25 @@ def test_controller_dying_half_way_through_a_tree_change_repairs_it_on_restart(h
     assert sorted(got) == [0, 1, 2, 3] and all((v == total).all() for v in got.values())
     stale, _ = _allreduce(h, g2, 2, 3, rng, generation=g.generation)  # the old generation's packets: dropped
     assert stale == {}
+
+
+def _many(n: int) -> list[pb.Worker]:
+    """n workers on the two racks' hosts, several per host (each its own UDP port)."""
+    hosts = ["h11", "h12", "h13", "h21", "h22", "h23"]
+    return [worker(i, hosts[i % len(hosts)]) for i in range(n)]
+
+
+@pytest.mark.parametrize("layout, members", [({"trees": True}, 3), ({"rina_chains": True}, 2)], ids=["tree", "chains"])
+def test_a_layout_that_needs_more_member_ids_than_the_mask_has_is_refused(tmp_path, layout, members):
+    """Switch members take ids no worker has, from the same 32-bit mask: a tree's ToRs and root, a ring's INA racks."""
+    import grpc
+
+    with LocalControlPlane(tmp_path / "ctl.db", 3, topology_doc=lambda sw: _leaf_spine(sw, 16), **layout) as h:
+        fits = wire.MAX_WORKERS - members
+        with pytest.raises(grpc.RpcError) as info:
+            h.stub.RegisterJob(pb.RegisterJobRequest(name="big", workers=_many(fits + 1), tensor_elements=1000))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"need {wire.MAX_WORKERS + 1} member ids" in info.value.details()
+        assert f"at most {fits} workers" in info.value.details()
+        grant = h.stub.RegisterJob(pb.RegisterJobRequest(name="fits", workers=_many(fits), tensor_elements=1000))
+        assert grant.job_id

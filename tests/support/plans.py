@@ -14,8 +14,8 @@ from controller.trees import TreePlan
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.rina_ring import host_copy_port
-from softswitch.p4program import load_p4info
-from softswitch.pipeline import InaPipeline
+from p4src.ina_model import InaPipeline
+from p4src.p4info import load_p4info
 from tests.support.frames import Worker, dissect, gradient
 
 __all__ = ["PLAN_JOB", "carry", "install_plan", "leaf_spine", "placed_job", "plan_gradient"]

@@ -10,7 +10,7 @@ from controller.programming import SwitchProgrammer
 from inaproto import wire
 from inaproto.job_entries import TransitEntry
 from inaproto.scapy_layer import INA
-from softswitch.pipeline import InaPipeline
+from p4src.ina_model import InaPipeline
 from tests.support.plans import PLAN_JOB, carry, install_plan, leaf_spine, placed_job, plan_gradient
 
 JOB = PLAN_JOB

@@ -4,7 +4,6 @@ from __future__ import annotations
 import select
 import time
 
-import numpy as np
 import pytest
 
 from softswitch.link_delay import DeadlineTimer, DelayLine, LinkDelay, parse_link_delays
@@ -61,31 +60,6 @@ def test_the_switchs_own_time_is_spent_inside_the_delay_and_each_port_keeps_its_
     line.hold_out(5, b"other port", 1.999)
     assert line.due_out(2.0045) == [(5, b"other port")]
     assert line.due_out(2.005) == [(4, b"late"), (4, b"early")]
-    # the batches of the rings path count the same way
-    line.hold_in_batch(1, np.zeros((2, 4), np.uint8), 3.0)
-    line.due_in_batches(3.1)
-    assert line.emission_time(3.1) == pytest.approx(3.005)
-
-
-def test_batches_are_held_as_one_entry_and_joined_when_due_together():
-    """The rings path holds a receive batch and each port's output rows as one entry each."""
-    line = DelayLine(LinkDelay(0.010, ((3, 0.0),)))
-    a = np.arange(12, dtype=np.uint8).reshape(3, 4)
-    b = np.arange(12, 20, dtype=np.uint8).reshape(2, 4)
-    assert not line.hold_in_batch(3, a, 0.0) and not line.hold_out_rows(3, a, 0.0)
-    assert line.hold_in_batch(1, a, 1.0) and line.hold_in_batch(1, b, 1.001)
-    assert line.hold_in_batch(2, [b"x", b"yy"], 1.0)  # frames of different lengths: one entry each
-    assert line.held == 7 and line.held_most == 7
-    due = line.due_in_batches(1.02)
-    assert due[1].tolist() == np.concatenate([a, b]).tolist() and due[2] == [b"x", b"yy"]
-    assert line.held == 0
-    line.hold_in_batch(1, a, 2.0)
-    line.hold_in(1, b"zz", 2.0)
-    assert line.due_in_batches(2.5) == {1: [a[0].tobytes(), a[1].tobytes(), a[2].tobytes(), b"zz"]}
-    line.hold_out(1, b"first", 3.0)
-    assert line.hold_out_rows(1, b, 3.0)
-    out = line.due_out(3.01)
-    assert out[0] == (1, b"first") and out[1][0] == 1 and out[1][1] is b and line.held == 0
 
 
 @pytest.mark.local
@@ -119,6 +93,9 @@ class _FailingPipeline:
     def process(self, port, frame):
         raise RuntimeError("pipeline failed")
 
+    def process_frames(self, port, frames):
+        raise RuntimeError("pipeline failed")
+
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_a_release_whose_processing_raises_leaves_no_emission_time_behind(fast):
@@ -127,11 +104,10 @@ def test_a_release_whose_processing_raises_leaves_no_emission_time_behind(fast):
     from softswitch.dataplane import DataPlane
 
     dp = DataPlane(_FailingPipeline(), {}, link_delay=LinkDelay(0.005))
-    dp._process_batch = None
     assert dp.delay.hold_in(1, b"frame", time.monotonic() - 1.0)  # due long ago
     with pytest.raises(RuntimeError, match="pipeline failed"):
-        dp._release_held([], fast)
-    assert dp._emitted_at is None and dp.delay.held == 0
+        dp.loop.release_held([], not fast)
+    assert dp.loop.emitted_at is None and dp.delay.held == 0
 
 
 class _PacketSocket:
@@ -143,7 +119,7 @@ class _PacketSocket:
     def getsockopt(self, level, name, size):
         import struct
 
-        from softswitch.ring_io import PACKET_STATISTICS, SOL_PACKET
+        from softswitch.port_socket import PACKET_STATISTICS, SOL_PACKET
 
         assert (level, name, size) == (SOL_PACKET, PACKET_STATISTICS, 8)
         return struct.pack("=II", 100, self.drops)
@@ -153,15 +129,15 @@ class _PacketSocket:
 
 
 def test_closing_logs_the_frames_a_port_lost_to_a_full_receive_buffer(caplog):
-    """Frames the kernel dropped before the switch read them (``--io frames``) are named when the switch stops, as the
-    rings' are: a lossless run's gap reports can only name those (tests/integration/test_experiments.py)."""
+    """Frames the kernel dropped before the switch read them are named when the switch stops: a lossless run's gap
+    reports can only name those (tests/integration/test_experiments.py)."""
     import logging
 
     from softswitch.dataplane import DataPlane
 
     dp = DataPlane(_FailingPipeline(), {1: "a", 2: "b"})
-    dp._sockets = {1: _PacketSocket(3), 2: _PacketSocket(0)}
-    socks = list(dp._sockets.values())
+    dp.sockets.update({1: _PacketSocket(3), 2: _PacketSocket(0)})
+    socks = list(dp.sockets.values())
     with caplog.at_level(logging.WARNING, logger="ina-switch"):
         dp.close()
     lines = [r.getMessage() for r in caplog.records]

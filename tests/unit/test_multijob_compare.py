@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 
 import pytest
 
@@ -12,6 +11,7 @@ from simulator.calibration import Calibration
 from topologies.experiments import calibrate
 from topologies.experiments.calibrate import (
     RING_PROBE,
+    LabCalibration,
     calibration_from,
     overlapping_calls,
     ring_step_fit,
@@ -44,10 +44,10 @@ def test_the_trace_probes_give_the_window_round_trip_and_the_shared_ceiling():
          "bw_mbps": 1.0},
         {"probe": "ina-shared-pps", "gradients_per_s": 9000.0},
     ]
-    cal = calibration_from(probes, ring_goodput=None, source="t", rtt_ms=20.0)
+    cal = calibration_from(probes, ring_goodput=None, source="t", rtt_ms=20.0).model
     assert cal.ina_rtt_us == pytest.approx(1500.0)  # 21.5 ms + 2 frames at 1 Mbit/s, less the 20 ms added and the frames
     assert cal.switch_shared_pps == 9000.0 and cal.propagation_rtt_us == 20000.0
-    alone = calibration_from(probes[:1], ring_goodput=None, source="t", rtt_ms=20.0)
+    alone = calibration_from(probes[:1], ring_goodput=None, source="t", rtt_ms=20.0).model
     assert alone.ina_rtt_us == pytest.approx(300.0) and alone.switch_shared_pps is None
 
 
@@ -58,16 +58,16 @@ def test_the_shared_ceiling_is_the_model_inverted_on_the_probe_links():
               "bw_mbps": 1.0}
     shared = {"probe": "ina-shared-pps", "gradients_per_s": 6000.0, "slots": 64, "job_workers": [4, 4, 4, 4],
               "bw_mbps": 4.0, "rtt_ms": 20.0}
-    cal = calibration_from([window, shared], ring_goodput=None, source="t", rtt_ms=20.0)
+    cal = calibration_from([window, shared], ring_goodput=None, source="t", rtt_ms=20.0).model
     assert cal.switch_shared_pps > 6000.0  # the windows back off before the server is full
     probe = dataclasses.replace(cal, propagation_rtt_us=20000.0)
     assert shared_switch.shared_throughput(probe, 4e6 / 8, [(64, 4)] * 4) == pytest.approx(6000.0, rel=1e-6)
     startup = {"probe": "agent-startup-cpu", "cpu_s_median": 0.6, "cores": 2}
     with_startup = calibration_from([window, shared, startup], ring_goodput=None, source="t", rtt_ms=20.0)
     assert (with_startup.agent_startup_cpu_s, with_startup.shared_cores) == (0.6, 2.0)
-    assert with_startup.switch_shared_pps == pytest.approx(cal.switch_shared_pps)  # the probe's calls: agents running
+    assert with_startup.model.switch_shared_pps == pytest.approx(cal.switch_shared_pps)  # the probe's calls: agents running
     line = {**shared, "gradients_per_s": 16 * 4e6 / 8 / 184}  # the links' rate: no ceiling measured
-    assert calibration_from([window, line], ring_goodput=None, source="t", rtt_ms=20.0).switch_shared_pps is None
+    assert calibration_from([window, line], ring_goodput=None, source="t", rtt_ms=20.0).model.switch_shared_pps is None
 
 
 def test_the_shared_ceiling_comes_from_the_probe_cpu_accounting():
@@ -85,7 +85,7 @@ def test_the_shared_ceiling_comes_from_the_probe_cpu_accounting():
     assert calibrate.shared_cpu_per_gradient(one) == pytest.approx(300e-6)
     assert calibrate.shared_capacity_from_cpu(one) == pytest.approx(1.6 / 300e-6)
     rows = [one, shared(5000.0, 1.3, 0.0), shared(3000.0, 0.7, 0.75)]  # 300 us, 300 us, 300 us per gradient
-    cal = calibration_from(rows, ring_goodput=None, source="t", rtt_ms=40.0)
+    cal = calibration_from(rows, ring_goodput=None, source="t", rtt_ms=40.0).model
     assert cal.switch_shared_pps == pytest.approx(1.6 / 300e-6)  # the median of 1.6, 1.85 and 1.1 cores left
     assert calibrate.shared_capacity_from_cpu({**one, "conditions": {}}) is None
     busy = {**one, "conditions": {**one["conditions"], "others_cores": 2.0}}
@@ -103,10 +103,10 @@ def test_repeated_trace_probes_give_their_medians():
                 "bw_mbps": 4.0, "rtt_ms": 20.0}
 
     rows = [window(65 * 0.0245), shared(5000.0), window(65 * 0.0260), shared(4500.0), window(65 * 0.0231), shared(11000.0)]
-    cal = calibration_from(rows, ring_goodput=None, source="t", rtt_ms=20.0)
-    middle = calibration_from(rows[:2], ring_goodput=None, source="t", rtt_ms=20.0)  # the median window, 5000/s
+    cal = calibration_from(rows, ring_goodput=None, source="t", rtt_ms=20.0).model
+    middle = calibration_from(rows[:2], ring_goodput=None, source="t", rtt_ms=20.0).model  # the median window, 5000/s
     assert cal.ina_rtt_us == pytest.approx(24.5e3 - 20e3 - 2 * 1472.0, rel=1e-6)
-    mids = sorted(calibration_from([rows[0], r], ring_goodput=None, source="t", rtt_ms=20.0).switch_shared_pps
+    mids = sorted(calibration_from([rows[0], r], ring_goodput=None, source="t", rtt_ms=20.0).model.switch_shared_pps
                   for r in rows[1::2])
     assert cal.switch_shared_pps == pytest.approx(mids[1])
     assert cal.switch_shared_pps == pytest.approx(middle.switch_shared_pps)
@@ -120,8 +120,7 @@ def test_the_startup_probe_measures_an_agent_import():
 
 
 def test_simulated_trace_starts_each_job_after_its_start_up(tmp_path):
-    cal = tmp_path / "cal.json"
-    cal.write_text(Calibration(propagation_rtt_us=20000.0, ina_rtt_us=300.0).to_json())
+    cal = Calibration(propagation_rtt_us=20000.0, ina_rtt_us=300.0)
     startup = {1: 2.0, 2: 1.0, 3: 3.0, 4: 2.5}
     kw = {"requested": 16, "min_slots": 1, "pool": 64, "policy": "first-fit", "bw_mbps": 1.0, "calibration": cal}
     late = simulate_trace(TRACE, out=tmp_path / "late", startup=startup, **kw)
@@ -134,8 +133,7 @@ def test_simulated_trace_starts_each_job_after_its_start_up(tmp_path):
     steady = simulate_trace(TRACE, out=tmp_path / "steady", skip_first=True, **kw)
     for tj in TRACE:  # one all-reduce fewer, each as long as before
         assert steady[tj.job]["busy_s"] == pytest.approx(now[tj.job]["busy_s"] * (tj.iterations - 1) / tj.iterations, rel=1e-6)
-    shared = tmp_path / "shared.json"
-    shared.write_text(json.dumps({**json.loads(cal.read_text()), "switch_shared_pps": 5000.0}))
+    shared = dataclasses.replace(cal, switch_shared_pps=5000.0)
     slow = simulate_trace(TRACE, out=tmp_path / "slow", startup=startup, **{**kw, "calibration": shared})
     assert all(slow[tj.job]["busy_s"] > now[tj.job]["busy_s"] for tj in TRACE)
 
@@ -165,14 +163,26 @@ def test_conditions_name_the_measurement_and_its_cpu():
     assert {"switch_cores", "controller_cores", "agents_cores", "runner_cores", "irq_cores", "steal_cores", "loadavg_start"} <= set(out)
 
 
+def test_the_lab_hands_ina_sim_an_agents_start_up_as_a_share_of_the_switch(tmp_path):
+    """The testbed's agents start on the cores the switch runs on: c CPU-seconds on k cores is, for ina-sim, c / k of
+    the switch's capacity C for the start-up, worker_startup_packets = c C / k; written as ina-sim's [calibration]."""
+    lab = LabCalibration(model=Calibration(switch_shared_pps=8000.0), agent_startup_cpu_s=0.6, shared_cores=2.0)
+    assert lab.simulator().worker_startup_packets == pytest.approx(0.6 * 8000.0 / 2.0)
+    assert shared_switch.startup_load(lab.simulator(), 4, 2.0) == pytest.approx(4 * 0.6 / (2.0 * 2.0))
+    assert LabCalibration(model=Calibration(), agent_startup_cpu_s=0.6, shared_cores=2.0).simulator() == Calibration()
+    path = calibrate.write_calibration(lab, tmp_path / "calibration.toml")
+    assert calibrate.read_calibration(path) == lab.simulator()
+    assert "0.6 CPU-s on 2 shared cores" in path.read_text()
+
+
 def test_an_agents_measured_life_replaces_its_import_as_start_up_cpu():
     """The lifecycle probe (start, register, grant, one tiny all-reduce, exit) measures what the import-only probe
     bounds from below; repeated, the calibration takes its median."""
     startup = {"probe": "agent-startup-cpu", "cpu_s_median": 0.5, "cores": 2}
     lives = [{"probe": "agent-lifecycle-cpu", "cpu_s_per_agent": v, "cores": 2} for v in (0.7, 0.6, 0.9)]
     assert calibration_from([startup], ring_goodput=None, source="t").agent_startup_cpu_s == 0.5
-    cal = calibration_from([startup, *lives], ring_goodput=None, source="t")
-    assert (cal.agent_startup_cpu_s, cal.shared_cores) == (0.7, 2.0)
+    lab = calibration_from([startup, *lives], ring_goodput=None, source="t")
+    assert (lab.agent_startup_cpu_s, lab.shared_cores) == (0.7, 2.0)
 
 
 def test_window_probes_that_resolve_no_round_trip_count_in_the_median():
@@ -184,10 +194,10 @@ def test_window_probes_that_resolve_no_round_trip_count_in_the_median():
 
     one = {"probe": "ina-1slot", "bytes": 65536, "seconds_median": 512 * 300e-6}
     frames = 2 * 184 * 8 / 1e6 * 1e3  # ms
-    low = calibration_from([one, window(20 + frames + 1.0), window(22.4), window(22.0)], ring_goodput=None, source="t", rtt_ms=20.0)
+    low = calibration_from([one, window(20 + frames + 1.0), window(22.4), window(22.0)], ring_goodput=None, source="t", rtt_ms=20.0).model
     assert low.ina_rtt_us == pytest.approx(300.0)
     high = calibration_from([one, window(20 + frames + 1.0), window(20 + frames + 2.0), window(22.0)], ring_goodput=None,
-                            source="t", rtt_ms=20.0)
+                            source="t", rtt_ms=20.0).model
     assert high.ina_rtt_us == pytest.approx(1000.0, rel=1e-6)
 
 
@@ -234,7 +244,7 @@ def test_the_ring_probe_fits_a_step_overhead_and_a_per_byte_cost():
     overhead, cost = 0.004, 1 / (0.8 * 62_500)  # 4 ms per step, 80 % of the link
     rows = [_ring_row(e, 6 * (overhead + e * 4 / 4 * cost)) for e in (8192, 16384)]
     assert ring_step_fit(rows) == pytest.approx((overhead, cost))
-    cal = calibration_from(rows, ring_goodput=0.94, source="t", rtt_ms=40.0)
+    cal = calibration_from(rows, ring_goodput=0.94, source="t", rtt_ms=40.0).model
     assert cal.ring_step_overhead_us == pytest.approx(4000.0)
     assert cal.ring_goodput_fraction == pytest.approx(0.8)
     assert not cal.ring_move_restarts_op  # the testbed's agents let the ring op in flight finish on a move to INA
@@ -252,9 +262,9 @@ def test_a_ring_step_that_hides_its_latency_fits_through_the_origin():
     assert overhead == 0.0
     assert cost == pytest.approx(sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
     assert ring_step_fit(rows[1:]) is None
-    assert calibration_from(rows[1:], ring_goodput=None, source="t").ring_step_overhead_us is None
+    assert calibration_from(rows[1:], ring_goodput=None, source="t").model.ring_step_overhead_us is None
     unshaped = [_ring_row(8192, 0.2, bw_mbps=None), _ring_row(16384, 0.3, bw_mbps=None)]
-    assert calibration_from(unshaped, ring_goodput=None, source="t").ring_step_overhead_us is None  # no link rate
+    assert calibration_from(unshaped, ring_goodput=None, source="t").model.ring_step_overhead_us is None  # no link rate
 
 
 def test_the_ring_probe_spans_the_traces_sizes():

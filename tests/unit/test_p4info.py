@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from p4.config.v1 import p4info_pb2
 
-from softswitch import pipeline, tables
-from softswitch.p4program import load_p4info
-from softswitch.p4source import assign_ids, derive_p4info, jenkins_one_at_a_time
+from p4src import ina_model, tables
+from p4src.p4info import load_p4info
+from p4src.p4source import assign_ids, derive_p4info, jenkins_one_at_a_time
 
 
 def _committed() -> p4info_pb2.P4Info:
@@ -45,7 +45,7 @@ def test_model_tables_actions_counters_registers_match_p4info():
 def test_model_default_actions_match_p4():
     import re
 
-    from softswitch.p4source import read_p4
+    from p4src.p4source import read_p4
 
     src = read_p4()
     for name, spec in tables.TABLES.items():
@@ -58,7 +58,7 @@ def test_model_default_actions_match_p4():
 def test_model_refuses_what_the_p4_forbids():
     import pytest
 
-    p = pipeline.InaPipeline()
+    p = ina_model.InaPipeline()
     with pytest.raises(tables.PipelineError, match="defaultonly"):
         p.insert_entry("MyEgress.ina_worker", (1, 0), "MyEgress.drop")
     with pytest.raises(tables.PipelineError, match="defaultonly"):

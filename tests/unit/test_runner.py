@@ -84,12 +84,12 @@ def test_calibration_from_probes_is_a_valid_simulator_calibration():
     rows = [{"backend": "ring", "workers": 4, "bytes": 65536, "seconds_median": 1.5 * 65536 * 8 / 2e6 / 0.9}]
     frac = ring_fraction(rows, 2.0)
     assert math.isclose(frac, 0.9)
-    cal = calibration_from(probes, ring_goodput=frac, source="test")
+    cal = calibration_from(probes, ring_goodput=frac, source="test").model  # the cluster model ina-sim gets
     assert math.isclose(cal.ina_rtt_us, 200.0)  # 128 B per 200 us
     assert math.isclose(cal.switch_pps, 2 * 1000 / 0.05)
     assert math.isclose(cal.ring_step_latency_us, 500.0)
     assert cal.frame_bytes == 184 and cal.payload_bytes == 128 and cal.source == "test"
-    assert calibration_from([], ring_goodput=None, source="x").ina_rtt_us == 5.0  # defaults kept
+    assert calibration_from([], ring_goodput=None, source="x").model.ina_rtt_us == 5.0  # defaults kept
 
 
 def agent_train(worker_id, *, wall, comm, compute, batch, acc=0.9, ttt=1.0, digest="ab"):

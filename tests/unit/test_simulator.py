@@ -8,9 +8,11 @@ import math
 import pytest
 
 from controller.policies import POLICIES, SizedPolicy, make_policy, register_policy
+from inaproto.config import ConfigError, load, to_toml
 from simulator import model
-from simulator.calibration import Calibration, CalibrationError, load_calibration
+from simulator.calibration import Calibration, CalibrationError
 from simulator.cluster import ClusterSpec
+from simulator.config import SimConfig
 from simulator.engine import InvariantError, Simulation
 from simulator.placement import PLACEMENTS, RackView, make_placement
 from simulator.trace import JobSpec, SyntheticConfig, generate_trace
@@ -230,25 +232,25 @@ def test_min_useful_slots_is_the_break_even_with_ring():
     assert model.min_useful_slots(CAL, 340, slot_time, ring / 10) is None
 
 
-def test_calibration_file_round_trip_and_errors(tmp_path):
-    path = tmp_path / "cal.json"
-    path.write_text('{"ina_rtt_us": 40, "switch_pps": 16000, "source": "testbed run 1"}')
-    cal = load_calibration(path)
+def test_calibration_table_round_trip_and_errors(tmp_path):
+    """The [calibration] table of ina-sim's configuration: read from TOML, printed back, and refused naming the key."""
+    path = tmp_path / "sim.toml"
+    path.write_text('[calibration]\nina_rtt_us = 40\nswitch_pps = 16000\nsource = "testbed run 1"\n')
+    cal = load(SimConfig, path).calibration
     assert cal.ina_rtt_us == 40 and cal.switch_pps == 16000 and cal.frame_bytes == 184
-    path.write_text(cal.to_json())
-    assert load_calibration(path) == cal
+    path.write_text(to_toml(SimConfig(calibration=cal)))
+    assert load(SimConfig, path).calibration == cal
     for text, message in [
-        ('{"rtt": 4}', "unknown calibration field"),
-        ('{"ina_rtt_us": -1}', "ina_rtt_us"),
-        ('{"frame_bytes": 100}', "frame_bytes"),
-        ("[1]", "JSON object"),
-        ("{", "not valid JSON"),
+        ("rtt = 4", "unknown key calibration.rtt"),
+        ("ina_rtt_us = -1", "ina_rtt_us"),
+        ("frame_bytes = 100", "frame_bytes"),
+        ("ring_goodput_fraction = 1.5", "ring_goodput_fraction"),
     ]:
-        path.write_text(text)
-        with pytest.raises(CalibrationError, match=message):
-            load_calibration(path)
-    with pytest.raises(CalibrationError, match="cannot read"):
-        load_calibration(tmp_path / "missing.json")
+        path.write_text(f"[calibration]\n{text}\n")
+        with pytest.raises(ConfigError, match=message):
+            load(SimConfig, path)
+    with pytest.raises(CalibrationError, match="comm_overlap"):
+        Calibration(comm_overlap=1.0)
 
 
 # --- placement --------------------------------------------------------------------------------------

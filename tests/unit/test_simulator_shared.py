@@ -114,7 +114,7 @@ def test_cwnd_target_is_the_unloaded_round_trip_plus_the_allowance():
     assert shared_switch.cwnd_target(CAL) == pytest.approx(3e-3)
     far = dataclasses.replace(CAL, propagation_rtt_us=20_000.0)  # 21 ms: a quarter of it exceeds 2 ms
     assert shared_switch.cwnd_target(far) == pytest.approx(21e-3 * 1.25)
-    assert shared_switch.cwnd_target(dataclasses.replace(CAL, cwnd_queue_allowance_us=None)) is None
+    assert shared_switch.cwnd_target(dataclasses.replace(CAL, congestion_window=False)) is None
 
 
 def test_below_the_target_the_congestion_window_changes_nothing():
@@ -135,7 +135,7 @@ def test_above_the_target_the_windows_hold_the_load_at_rho_star():
     stretches = shared_switch.shared_stretches(cal, None, jobs)
     for stretch in stretches:  # the time a slot is held: SLOTS chunks per SLOTS / per_worker seconds
         assert model.window_rtt(cal, None, stretch) == pytest.approx(SLOTS / per_worker, rel=1e-6)
-    off = dataclasses.replace(cal, cwnd_queue_allowance_us=None)
+    off = dataclasses.replace(cal, congestion_window=False)
     assert shared_switch.shared_stretches(off, None, jobs) == pytest.approx([5.0] * 4, rel=1e-9)
 
 
@@ -176,7 +176,7 @@ def test_shared_capacity_inverts_the_model_on_the_probe():
 
 
 def test_calibration_checks_the_congestion_window_fields():
-    assert Calibration(cwnd_queue_allowance_us=None).cwnd_queue_allowance_s is None
+    assert Calibration(congestion_window=False).cwnd_queue_allowance_s is None
     with pytest.raises(CalibrationError, match="cwnd_queue_allowance_us"):
         Calibration(cwnd_queue_allowance_us=-1.0)
     with pytest.raises(CalibrationError, match="cwnd_allowance_share"):
@@ -185,25 +185,25 @@ def test_calibration_checks_the_congestion_window_fields():
         Calibration(cwnd_min_window=0)
 
 
-# --- agents starting on the switch's cores ------------------------------------------------------------------
+# --- jobs in their start-up taking part of a shared switch ----------------------------------------------------
 
 
-def test_startup_load_is_the_agents_cpu_over_the_shared_cores():
-    cal = dataclasses.replace(CAL, shared_cores=2.0, agent_startup_cpu_s=0.5)
-    assert shared_switch.startup_load(cal, 4, 2.0) == pytest.approx(4 * 0.5 / (2.0 * 2))
-    assert shared_switch.startup_load(CAL, 4, 2.0) == 0.0  # the switch has its own cores
+def test_startup_load_is_the_workers_start_up_over_the_capacity():
+    cal = dataclasses.replace(CAL, switch_shared_pps=1000.0, worker_startup_packets=500.0)
+    assert shared_switch.startup_load(cal, 4, 2.0) == pytest.approx(4 * 500 / (2.0 * 1000))
+    assert shared_switch.startup_load(dataclasses.replace(cal, switch_shared_pps=None), 4, 2.0) == 0.0  # nothing shared
     assert shared_switch.startup_load(cal, 4, 0.0) == 0.0
 
 
-def test_starting_agents_take_capacity_from_the_running_jobs():
-    """Job 1's 4 agents start for T with a CPU share u = 4 c / (T cores) = 1/2: job 0 runs on half the capacity
+def test_starting_workers_take_capacity_from_the_running_jobs():
+    """Job 1's 4 workers start for T with a share u = 4 w / (T C) = 1/2: job 0 runs on half the capacity
     meanwhile (the closed form of a job alone with half the capacity), then on all of it once job 1 runs too
     (the start-up in proportion to demand: ``startup_fair_share`` false)."""
     cap = WORKERS * SLOTS / S0
     t_start = 4 * per_call(rate(1, cap))
-    cal = dataclasses.replace(CAL, switch_shared_pps=cap, shared_cores=2.0, agent_startup_cpu_s=t_start / 4,
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap, worker_startup_packets=t_start * cap / 8,
                               startup_fair_share=False)
-    half = dataclasses.replace(cal, switch_shared_pps=cap / 2, agent_startup_cpu_s=0.0)
+    half = dataclasses.replace(cal, switch_shared_pps=cap / 2, worker_startup_packets=0.0)
     assert shared_switch.shared_stretch(cal, None, [(SLOTS, WORKERS)], background=0.5) == pytest.approx(
         shared_switch.shared_stretch(half, None, [(SLOTS, WORKERS)]), rel=1e-9)
     slow = per_call(rate(1, cap / 2))  # job 0 alone on half the capacity
@@ -213,9 +213,9 @@ def test_starting_agents_take_capacity_from_the_running_jobs():
     assert r1.jct_s == pytest.approx(t_start + per_call(rate(1, cap)), rel=1e-6)
 
 
-def test_startup_share_fills_the_cores_fairly_among_processes():
-    """Water-filling over processes: 5 running (4 agents and the switch) asking 1/5 of the capacity each against 4
-    starting agents asking 1/8 each: every process gets 1/9, the start-up 4/9 (not the 1/2 it asks). Running jobs
+def test_startup_share_fills_the_switch_fairly_among_claimants():
+    """Water-filling over claimants: 5 running (4 workers and the switch) asking 1/5 of the capacity each against 4
+    starting workers asking 1/8 each: every claimant gets 1/9, the start-up 4/9 (not the 1/2 it asks). Running jobs
     asking little (0.06 each) keep it all and the start-up takes the rest (0.7 of its 0.9)."""
     cal = dataclasses.replace(CAL, switch_shared_pps=1000.0)
     assert shared_switch.startup_share(cal, 0.5, 4, 1000.0, 5) == pytest.approx(4 / 9, rel=1e-9)
@@ -225,22 +225,20 @@ def test_startup_share_fills_the_cores_fairly_among_processes():
     assert shared_switch.startup_share(proportional, 0.5, 4, 1000.0, 5) == 0.5
 
 
-def test_running_jobs_keep_their_fair_share_while_agents_start():
-    """The engine with the fair share: job 0 (4 agents and the switch, asking the whole capacity) against job 1's 4
-    starting agents asking half: job 1 takes 4/9, job 0 runs on 5/9 of the capacity meanwhile."""
+def test_running_jobs_keep_their_fair_share_while_workers_start():
+    """The engine with the fair share: job 0 (4 workers and the switch, asking the whole capacity) against job 1's 4
+    starting workers asking half: job 1 takes 4/9, job 0 runs on 5/9 of the capacity meanwhile."""
     cap = WORKERS * SLOTS / S0
     t_start = 4 * per_call(rate(1, cap))
-    cal = dataclasses.replace(CAL, switch_shared_pps=cap, shared_cores=2.0, agent_startup_cpu_s=t_start / 4)
+    cal = dataclasses.replace(CAL, switch_shared_pps=cap, worker_startup_packets=t_start * cap / 8)
     slow = per_call(rate(1, cap * 5 / 9))
     r0, _ = sorted(run([job(0, iterations=2), job(1, iterations=1, startup_s=t_start)], cal).jobs, key=lambda r: r.job_id)
     assert t_start > 2 * slow and r0.jct_s == pytest.approx(2 * slow, rel=1e-6)
 
 
 def test_calibration_checks_the_startup_fields():
-    with pytest.raises(CalibrationError, match="agent_startup_cpu_s"):
-        Calibration(agent_startup_cpu_s=-0.1)
-    with pytest.raises(CalibrationError, match="shared_cores"):
-        Calibration(shared_cores=0)
+    with pytest.raises(CalibrationError, match="worker_startup_packets"):
+        Calibration(worker_startup_packets=-0.1)
     with pytest.raises(CalibrationError, match="startup_fair_share"):
         Calibration(startup_fair_share=1)
 
@@ -291,12 +289,12 @@ def test_without_latecomer_targets_a_late_job_shares_equally():
 
 
 def test_startup_load_counts_the_warm_up_packets_over_the_capacity():
-    """A job that all-reduces within its start-up (the testbed's warm-up call) sends g gradient packets over
-    startup_s: g / (startup_s C) of the capacity, on top of its agents' CPU."""
-    cal = dataclasses.replace(CAL, switch_shared_pps=5000.0, shared_cores=2.0, agent_startup_cpu_s=0.5)
-    assert shared_switch.startup_load(cal, 4, 2.0, gradients=2048) == pytest.approx(4 * 0.5 / (2.0 * 2) + 2048 / (2.0 * 5000.0))
-    no_cpu = dataclasses.replace(cal, agent_startup_cpu_s=0.0)
-    assert shared_switch.startup_load(no_cpu, 4, 2.0, gradients=2048) == pytest.approx(2048 / (2.0 * 5000.0))
+    """A job that all-reduces within its start-up (a warm-up) sends g gradient packets over startup_s: g / (startup_s
+    C) of the capacity, on top of its workers' start-up."""
+    cal = dataclasses.replace(CAL, switch_shared_pps=5000.0, worker_startup_packets=2500.0)
+    assert shared_switch.startup_load(cal, 4, 2.0, gradients=2048) == pytest.approx(1.0 + 2048 / (2.0 * 5000.0))
+    bare = dataclasses.replace(cal, worker_startup_packets=0.0)
+    assert shared_switch.startup_load(bare, 4, 2.0, gradients=2048) == pytest.approx(2048 / (2.0 * 5000.0))
     assert shared_switch.startup_load(CAL, 4, 2.0, gradients=2048) == 0.0  # no shared capacity: nothing to load
 
 

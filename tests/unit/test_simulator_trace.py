@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import itertools
-import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +11,7 @@ from simulator.trace import (
     JobSpec,
     SyntheticConfig,
     TraceError,
+    TraceFormat,
     generate_trace,
     interarrival_for_load,
     read_job_log,
@@ -91,42 +92,39 @@ def test_generator_rejects_nonsense():
         SyntheticConfig(deadline_fraction=2)
 
 
-def test_philly_job_log(tmp_path):
-    log = [
-        {"jobid": "a", "status": "Pass", "submitted_time": "2017-10-03 02:45:27", "user": "u",
-         "attempts": [{"start_time": "2017-10-03 02:46:00", "end_time": "2017-10-03 03:46:00",
-                       "detail": [{"ip": "m1", "gpus": ["gpu0", "gpu1"]}, {"ip": "m2", "gpus": ["gpu0", "gpu1"]}]}]},
-        {"jobid": "b", "status": "Failed", "submitted_time": "2017-10-03 02:45:37", "user": "u",
-         "attempts": [{"start_time": None, "end_time": None, "detail": []}]},
-        {"jobid": "c", "status": "Killed", "submitted_time": "2017-10-03 02:47:27", "user": "u",
-         "attempts": [{"start_time": "2017-10-03 02:50:00", "end_time": "2017-10-03 02:51:00",
-                       "detail": [{"ip": "m3", "gpus": ["gpu3"]}]}]},
-    ]
-    path = tmp_path / "cluster_job_log.json"
-    path.write_text(json.dumps(log))
-    jobs, skipped = read_job_log(path, seed=1)
-    assert skipped == 1
-    assert [(j.arrival_s, j.num_workers) for j in jobs] == [(0.0, 4), (120.0, 1)]
-    assert jobs[0].iterations == round(3600 / jobs[0].compute_s[0])
-    assert read_job_log(path, seed=1) == (jobs, 1)
+DATA = Path(__file__).with_name("data")
 
 
-def test_helios_style_csv_job_log(tmp_path):
-    path = tmp_path / "cluster_log.csv"
-    path.write_text(
-        "job_id,user,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration,queue\n"
-        "j1,u,8,32,1,COMPLETED,2020-04-01 00:00:10,2020-04-01 00:00:20,2020-04-01 01:00:20,3600,10\n"
-        "j2,u,0,4,1,COMPLETED,2020-04-01 00:00:11,2020-04-01 00:00:20,2020-04-01 00:10:20,600,9\n"
-        "j3,u,2,8,1,FAILED,2020-04-01 00:01:10,2020-04-01 00:01:20,2020-04-01 00:11:20,,10\n"
-    )
-    jobs, skipped = read_job_log(path, fmt="helios")
-    assert skipped == 1  # no GPUs
-    assert [(j.arrival_s, j.num_workers) for j in jobs] == [(0.0, 8), (60.0, 2)]
-    assert jobs[1].iterations == round(600 / jobs[1].compute_s[0])  # from start/end when duration is empty
+def test_philly_cluster_job_log():
+    """A fixture written to Philly's published schema (msr-fiddle/philly-traces, README): GPUs are the most any
+    attempt held over its machines, run time the attempts' sum; no attempt, or no end time, is no run."""
+    jobs, skipped = read_job_log(DATA / "philly_cluster_job_log.json", TraceFormat.PHILLY, seed=1)
+    assert skipped == 2  # a job without attempts, and one still running (end_time null)
+    assert [(j.arrival_s, j.num_workers) for j in jobs] == [(0.0, 16), (120.0, 2), (153.0, 4)]
+    run = [j.iterations * j.compute_s[0] for j in jobs]
+    assert run == pytest.approx([3600, 210, 1800], rel=0.01)  # iterations of the drawn model's compute time
+    assert read_job_log(DATA / "philly_cluster_job_log.json", TraceFormat.PHILLY, seed=1) == (jobs, 2)
+    assert read_job_log(DATA / "philly_cluster_job_log.json", TraceFormat.PHILLY, seed=1, max_jobs=2)[0] == jobs[:2]
 
 
-def test_unreadable_job_log_says_what_it_needs(tmp_path):
+def test_helios_cluster_log():
+    """A fixture written to Helios' published schema (S-Lab-System-Group/HeliosData, README): CPU-only jobs and
+    jobs that never ran are left out."""
+    jobs, skipped = read_job_log(DATA / "helios_cluster_log.csv", TraceFormat.HELIOS, seed=1)
+    assert skipped == 2
+    assert [(j.arrival_s, j.num_workers) for j in jobs] == [(0.0, 8), (60.0, 16), (180.0, 2)]
+    run = [j.iterations * j.compute_s[0] for j in jobs]
+    assert run == pytest.approx([3600, 300, 86400], rel=0.01)
+
+
+def test_a_job_log_not_in_its_schema_is_refused(tmp_path):
     path = tmp_path / "x.csv"
     path.write_text("a,b\n1,2\n")
-    with pytest.raises(TraceError, match="need a submit time"):
-        read_job_log(path)
+    with pytest.raises(TraceError, match="missing column.*gpu_num"):
+        read_job_log(path, TraceFormat.HELIOS)
+    path.write_text('{"jobs": []}')
+    with pytest.raises(TraceError, match="JSON list"):
+        read_job_log(path, TraceFormat.PHILLY)
+    path.write_text('[{"jobid": "a", "attempts": [{"start_time": "2017-10-03", "end_time": "x", "detail": []}]}]')
+    with pytest.raises(TraceError, match="job 0"):
+        read_job_log(path, TraceFormat.PHILLY)

@@ -9,7 +9,7 @@ from scapy.packet import raw
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from softswitch.p4source import read_p4
+from p4src.p4source import read_p4
 
 GOLDEN_PAYLOAD = bytes.fromhex(
     "01 01 0007 0003 0102 deadbeef 05 01"  # GRADIENT, RETRANSMIT, job 7, gen 3, slot 258, seq, worker 5, shadow 1
@@ -128,6 +128,6 @@ def test_daemons_do_not_import_scapy():
     import subprocess
     import sys
 
-    code = ("import sys, host_agent.agent, host_agent.cli, softswitch.cli, softswitch.pipeline, controller.daemon; "
+    code = ("import sys, host_agent.agent, host_agent.cli, softswitch.cli, p4src.ina_model, controller.daemon; "
             "sys.exit('scapy' in ' '.join(sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -6,7 +6,7 @@ rack's switch, ring between the racks). Each job all-reduces a float32 tensor ``
 ``warmup`` untimed calls. A call's time is the slowest worker's. The plot shows the times and the ratio
 INA/ring against its ideal n/(2(n-1)) (payload only) and against the same with each protocol's framing
 (INA: 128 B of payload in a 184 B frame; TCP: 1448 in 1514). With ``calibrate`` it also runs the
-calibration probes and writes ``calibration.json`` for ``ina-sim``.
+calibration probes and writes ``calibration.toml`` for ``ina-sim`` (its [calibration] table).
 
 The links carry ``rtt_ms`` of propagation round trip between each worker and its switch (ina-switch
 ``--link-delay``), so a job's bandwidth-delay product is ``bdp_slots`` (16 slots at 2 Mbit/s and 10 ms)
@@ -76,7 +76,7 @@ class AllreduceConfig:
         rtt_ms: round trip added between each worker and its switch (``ina-exp --rtt-ms``; 0 on bmv2).
         slot_sweep: granted slot counts of the pool-size curve (empty: no curve).
         sweep_workers, sweep_elements: the curve's job (workers, float32 elements per all-reduce).
-        calibrate: also run the calibration probes and write calibration.json.
+        calibrate: also run the calibration probes and write calibration.toml.
     """
 
     workers: tuple[int, ...] = (2, 4, 6, 8)
@@ -282,7 +282,7 @@ class AllreduceExperiment(Experiment):
             probes, ring_goodput=ring_fraction(ctx.rows, cfg.bw_mbps, cfg.rtt_ms), rtt_ms=cfg.rtt_ms,
             source=f"ina-exp allreduce ({ctx.options.switch}, unshaped 2-worker probes; ring goodput on "
                    f"{cfg.bw_mbps:g} Mbit/s htb links), {ctx.out_dir.name}")
-        path = write_calibration(cal, ctx.out_dir / "calibration.json")
+        path = write_calibration(cal, ctx.out_dir / "calibration.toml")
         ctx.store.doc["files"]["calibration"] = path.name
         ctx.store.save()
         ctx.progress(f"calibration written: {path}")

@@ -7,27 +7,29 @@ ring step). Experiment 3's probes run on the trace's own star, before each repet
 process conditions (its links, request, ``--check``, controller polling): an agent's whole life's CPU
 (:func:`run_lifecycle_probe`, ``agent_startup_cpu_s``), one job's window-bound round trip
 (:func:`run_window_probe`, ``ina_rtt_us``) and the trace's jobs all at once (:func:`run_shared_probe`,
-``switch_shared_pps``: since session 9 from the probe's CPU accounting, :func:`shared_capacity_from_cpu`; ina-sim's
-model inverted on the probe's configuration where no accounting was recorded) and ring all-reduces of two sizes
+``switch_shared_pps``: from the probe's CPU accounting, :func:`shared_capacity_from_cpu`; ina-sim's model inverted on
+the probe's configuration where no accounting was recorded) and ring all-reduces of two sizes
 (:func:`run_ring_probe`, ``ring_step_overhead_us`` and ``ring_goodput_fraction``: what a ring step costs on those
 links, fitted by :func:`ring_step_fit`); each records the machine's conditions (topologies.experiments.conditions). ``ring_goodput_fraction`` comes from ring all-reduces on shaped links (ideal wire time /
-measured time). :func:`calibration_from` combines whatever was measured with the simulator's defaults and
-checks the result with ``simulator.calibration``.
+measured time). :func:`calibration_from` combines whatever was measured with the simulator's defaults into a
+:class:`LabCalibration`, whose :meth:`~LabCalibration.simulator` is what ina-sim gets (:func:`write_calibration`).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from inaproto import wire
+from inaproto.config import load, setting, to_toml
 from simulator.calibration import Calibration
+from simulator.config import SimConfig
 from topologies.experiments.aggregate import allreduce_row, median
 from topologies.experiments.testbed import AgentJob, Testbed
 
@@ -38,8 +40,10 @@ __all__ = [
     "SHARED_PROBE",
     "STARTUP_PROBE",
     "WINDOW_PROBE",
+    "LabCalibration",
     "calibration_from",
     "overlapping_calls",
+    "read_calibration",
     "ring_fraction",
     "ring_step_fit",
     "ring_steps_summary",
@@ -312,18 +316,20 @@ def ring_fraction(rows: Sequence[Mapping[str, Any]], link_mbps: float, rtt_ms: f
 
 
 def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float | None, source: str,
-                     rtt_ms: float = 0.0, realloc_pause_s: float | None = None) -> Calibration:
-    """A :class:`Calibration` from probe rows (see :data:`PROBES`); unmeasured fields keep their defaults.
+                     rtt_ms: float = 0.0, realloc_pause_s: float | None = None) -> LabCalibration:
+    """A :class:`LabCalibration` from probe rows (see :data:`PROBES`); unmeasured fields keep their defaults.
 
     The probes run unshaped and undelayed (the software path); ``rtt_ms``, the experiment's added round
     trip, is carried as ``propagation_rtt_us`` and ``realloc_pause_s`` (measured by the agents) as
-    ``realloc_pause_us``; a move off the ring keeps the ring op in flight (``ring_move_restarts_op`` false: since
-    session 10 the agents let it finish on a move to INA, ``RingPhases.ring_op_worth_finishing``). Ring probe rows (:data:`RING_PROBE`, on shaped links) give ``ring_step_overhead_us`` and
-    ``ring_goodput_fraction`` (:func:`ring_step_fit`), in place of ``ring_goodput``."""
+    ``realloc_pause_us``; a move off the ring keeps the ring op in flight (``ring_move_restarts_op`` false: the
+    agents let it finish on a move to INA, ``RingPhases.ring_op_worth_finishing``). Ring probe rows
+    (:data:`RING_PROBE`, on shaped links) give ``ring_step_overhead_us`` and ``ring_goodput_fraction``
+    (:func:`ring_step_fit`), in place of ``ring_goodput``. An agent's start-up CPU and the machine's cores (the
+    lifecycle or import probe) stay the lab's: :meth:`LabCalibration.simulator` maps them onto the cluster model."""
     by = {r.get("probe"): r for r in probes}
-    # ring_move_restarts_op: until session 10 the agents aborted the ring op in flight when their job moved off the
-    # ring; now a plain ring op moving to INA finishes (with 4 members whenever 4 % of it is done), so no progress is
-    # lost. The model then moves at once: optimistic by the op's rest x (1 - 1/INA's speed-up), <= 4 % of an op here.
+    # ring_move_restarts_op: a plain ring op moving to INA finishes (with 4 members whenever 4 % of it is done), so no
+    # progress is lost. The model then moves at once: optimistic by the op's rest x (1 - 1/INA's speed-up), <= 4 % of
+    # an op here.
     fields: dict[str, Any] = {"payload_bytes": wire.INA_DATA_LEN, "frame_bytes": wire.INA_FRAME_LEN, "source": source,
                               "propagation_rtt_us": rtt_ms * 1000, "ring_move_restarts_op": False}
     if realloc_pause_s:
@@ -356,16 +362,16 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
     if fit is not None:
         fields["ring_step_overhead_us"] = fit[0] * 1e6
         fields["ring_goodput_fraction"] = ring_goodput_share(fit[1], float(ring_rows[0]["bw_mbps"]))
+    lab: dict[str, float] = {}
     startup = by.get(STARTUP_PROBE)
     if startup and startup.get("cpu_s_median") and startup.get("cores"):
-        fields["agent_startup_cpu_s"] = float(startup["cpu_s_median"])
-        fields["shared_cores"] = float(startup["cores"])
+        lab = {"agent_startup_cpu_s": float(startup["cpu_s_median"]), "shared_cores": float(startup["cores"])}
     # An agent's whole life (start, register, grant, exit) measured on the trace's star, when taken: its median
     # replaces the import's lower bound.
     lives = [r for r in probes if r.get("probe") == LIFECYCLE_PROBE and r.get("cpu_s_per_agent") and r.get("cores")]
     if lives:
-        fields["agent_startup_cpu_s"] = median([float(r["cpu_s_per_agent"]) for r in lives])
-        fields["shared_cores"] = float(lives[0]["cores"])
+        lab = {"agent_startup_cpu_s": median([float(r["cpu_s_per_agent"]) for r in lives]),
+               "shared_cores": float(lives[0]["cores"])}
     sharing = Calibration(**fields)
     # Each shared probe's capacity from its CPU accounting (its CPU per gradient and the cores left to it), else the
     # model inverted on its rate; the median over the repetitions.
@@ -373,7 +379,7 @@ def calibration_from(probes: Sequence[Mapping[str, Any]], *, ring_goodput: float
                         if r.get("probe") == SHARED_PROBE and r.get("gradients_per_s")) if c is not None]
     if caps:
         fields["switch_shared_pps"] = median(caps)
-    return Calibration(**fields)
+    return LabCalibration(model=Calibration(**fields), **lab)
 
 
 def _window_rtt_us(window: Mapping[str, Any], rtt_ms: float) -> float | None:
@@ -389,7 +395,7 @@ def _window_rtt_us(window: Mapping[str, Any], rtt_ms: float) -> float | None:
 
 
 SHARED_OWN_OVERHEAD = ("controller_cores", "runner_cores", "irq_cores")  # the measurement's own work besides its data path
-SHARED_BACKGROUND = ("others_cores", "steal_cores")  # what other sessions and the hypervisor took meanwhile
+SHARED_BACKGROUND = ("others_cores", "steal_cores")  # what other processes and the hypervisor took meanwhile
 
 
 def shared_cpu_per_gradient(row: Mapping[str, Any]) -> float | None:
@@ -403,11 +409,11 @@ def shared_cpu_per_gradient(row: Mapping[str, Any]) -> float | None:
 def shared_capacity_from_cpu(row: Mapping[str, Any]) -> float | None:
     """``switch_shared_pps`` from an ``ina-shared-pps`` row's CPU accounting: the cores left to the agents and the
     switch (the machine's cores less the measurement's own controller, runner and interrupt work and the background
-    it measured: other sessions, steal) over what one gradient costs them (:func:`shared_cpu_per_gradient`).
+    it measured: other processes, steal) over what one gradient costs them (:func:`shared_cpu_per_gradient`).
 
     Unlike the probe's rate (which its links bound whenever the cores are not saturated, and which a moment's
-    background moves: 4.2k-5.3k gradients/s in session 8's three probes, one with the hypervisor taking 0.4 cores),
-    the CPU per gradient is a property of the data path (269-297 us in session 8, 271-296 us in session 7), so every
+    background moves: 4.2k-5.3k gradients/s over three probes, one with the hypervisor taking 0.4 cores), the CPU
+    per gradient is a property of the data path (269-297 us over the same probes, 271-296 us over another run's), so every
     probe gives the ceiling, saturated or not. None without the accounting (older rows: the model inverted)."""
     cond = row.get("conditions") or {}
     per = shared_cpu_per_gradient(row)
@@ -443,14 +449,35 @@ def shared_capacity_of(cal: Calibration, row: Mapping[str, Any]) -> float | None
     return shared_switch.shared_capacity(probe, host_Bps, [(int(row["slots"]), int(m)) for m in workers], measured)
 
 
-def write_calibration(cal: Calibration, path: Path) -> Path:
-    path.write_text(cal.to_json())
+@dataclass(frozen=True)
+class LabCalibration:
+    """What the testbed's probes measured: the cluster model's constants, and the testbed's own, which ina-sim gets
+    mapped onto its cluster (:meth:`simulator`): the testbed runs the switch and every agent on one machine, so an
+    agent's start-up takes part of the switch's capacity."""
+
+    model: Calibration = setting(factory=Calibration, doc="the time model's constants as measured (ina-sim's [calibration])")
+    agent_startup_cpu_s: float = setting(0.0, "CPU-seconds one agent's start-up takes (agent-lifecycle-cpu probe; the "
+                                              "agent's import, agent-startup-cpu, is its lower bound)")
+    shared_cores: float = setting(0.0, "cores the switch shares with the agents: the machine's (0: none shared)")
+
+    def simulator(self) -> Calibration:
+        """ina-sim's calibration: an agent's start-up CPU over the shared cores is that share of the switch's capacity
+        for the start-up's length, ``worker_startup_packets`` = CPU-seconds x switch_shared_pps / cores."""
+        capacity = self.model.switch_shared_pps
+        if not (self.agent_startup_cpu_s and self.shared_cores and capacity):
+            return self.model
+        packets = self.agent_startup_cpu_s * capacity / self.shared_cores
+        return dataclasses.replace(self.model, worker_startup_packets=packets)
+
+
+def write_calibration(lab: LabCalibration, path: Path) -> Path:
+    """The calibration ina-sim reads (``ina-sim run --config PATH``: its [calibration] table), the lab's own
+    measurements in its header."""
+    path.write_text(f"# {lab.model.source}\n# agent start-up {lab.agent_startup_cpu_s:g} CPU-s on {lab.shared_cores:g} "
+                    f"shared cores\n[calibration]\n{to_toml(lab.simulator())}")
     return path
 
 
-def calibration_dict(cal: Calibration) -> dict:
-    return dataclasses.asdict(cal)
-
-
-def load_json(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
+def read_calibration(path: Path) -> Calibration:
+    """A calibration file as :func:`write_calibration` writes it (any ina-sim configuration: its [calibration])."""
+    return load(SimConfig, path).calibration

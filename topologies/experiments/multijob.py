@@ -21,21 +21,32 @@ and each job's predicted time is compared with the measured busy time.
 """
 from __future__ import annotations
 
-import contextlib
-import csv
 import dataclasses
-import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from inaproto.backends import Backend
+from inaproto.config import ConfigError
+from simulator.calibration import Calibration
+from simulator.cluster import ClusterSpec
+from simulator.config import SimConfig
+from simulator.report import write_policy
+from simulator.runs import simulate
+from simulator.trace import JobSpec, write_trace
 from topologies.errors import ExperimentError
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, group_by, median
 from topologies.experiments.base import Anchor, Comparison, Experiment, Target
-from topologies.experiments.calibrate import ring_steps_summary, shared_cpu_summary
+from topologies.experiments.calibrate import (
+    LabCalibration,
+    calibration_from,
+    read_calibration,
+    ring_steps_summary,
+    shared_cpu_summary,
+    write_calibration,
+)
 from topologies.experiments.conditions import Conditions
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
@@ -100,7 +111,8 @@ class MultijobConfig:
         bw_mbps, rtt_ms: every host link (Mbit/s) and the round trip added between a worker and the switch.
         repetitions: runs of the whole trace per (pool, policy).
         simulate: run the same traces through ina-sim and compare.
-        calibration: a calibration JSON for ina-sim instead of measuring one (probes on a 2-host star).
+        calibration: an ina-sim configuration whose [calibration] to use instead of measuring one (probes on a 2-host
+            star), e.g. another run's calibration.toml.
         warm_start: start each run's agents (their processes and imports) before the trace's clock starts
             (``Testbed.prestart``), as a cluster whose workers each have a host of their own; False: at each job's
             arrival, as until session 9 (every JCT then carries its agents' start-up on the shared 2 cores).
@@ -193,7 +205,7 @@ class MultijobExperiment(Experiment):
         ("--demand", "demand_slots", int, "slots each job asks for (its BDP)"),
         ("--bw", "bw_mbps", float, "link bandwidth, Mbit/s"),
         ("--repetitions", "repetitions", int, "runs of the trace per pool and policy"),
-        ("--calibration", "calibration", str, "ina-sim calibration JSON (default: measure one)"),
+        ("--calibration", "calibration", str, "ina-sim [calibration] TOML, e.g. a run's calibration.toml (default: measure one)"),
         ("--no-simulate", "simulate", "false", "skip the ina-sim comparison"),
         ("--cold-start", "warm_start", "false", "start each job's agents at its arrival (imports in its JCT)"),
     )
@@ -376,31 +388,25 @@ class MultijobExperiment(Experiment):
         return [lifecycle, window, *ring, shared]
 
     def write_calibration(self, probes: list[dict]) -> Path:
-        """calibration.json: the given file's, or the probes' (medians of the repeated trace probes)."""
-        from topologies.experiments.calibrate import calibration_from, write_calibration
-
+        """calibration.toml (ina-sim's [calibration]): the given file's, or the probes' (medians of the repeated trace
+        probes, the lab's measurements mapped onto the cluster model)."""
         ctx, cfg = self.ctx, self.config
-        path = ctx.out_dir / "calibration.json"
+        path = ctx.out_dir / "calibration.toml"
         if cfg.calibration:
-            from simulator.calibration import CalibrationError, load_calibration
-
             try:
-                cal = load_calibration(cfg.calibration)
-            except CalibrationError as exc:
+                return write_calibration(LabCalibration(model=read_calibration(Path(cfg.calibration))), path)
+            except ConfigError as exc:
                 raise ExperimentError(str(exc)) from None
-            write_calibration(cal, path)
-            return path
         repeats = sum(1 for r in probes if r.get("probe") == "ina-shared-pps")
         pauses = move_pauses([r for r in ctx.rows if r.get("kind") == "job"])
         pause = median(pauses) if pauses else None
-        cal = calibration_from(probes, ring_goodput=None, rtt_ms=cfg.rtt_ms, realloc_pause_s=pause,
+        lab = calibration_from(probes, ring_goodput=None, rtt_ms=cfg.rtt_ms, realloc_pause_s=pause,
                                source=f"ina-exp multijob ({ctx.options.switch}): unshaped 2-worker probes; window probe "
                                       f"({window_probe_slots(cfg.demand_slots)} slots) and shared ceiling on the trace's own star "
                                       f"({cfg.bw_mbps:g} Mbit/s, {cfg.demand_slots} slots, --check, controller polled), its capacity from the probe's CPU per gradient and the cores left to it; medians of {repeats} probe sets, one before each "
                                       f"repetition; {cfg.rtt_ms:g} ms round trip carried; move pause the median of "
                                       f"{len(pauses)} moves' in the trace's rows (the agents' pause stats); {ctx.out_dir.name}")
-        write_calibration(cal, path)
-        return path
+        return write_calibration(lab, path)
 
     def simulate(self) -> None:
         ctx, cfg = self.ctx, self.config
@@ -409,6 +415,7 @@ class MultijobExperiment(Experiment):
         if not measured or cal_path is None:
             return
         ctx.store.doc["files"]["calibration"] = cal_path.name
+        calibration = read_calibration(cal_path)
         ctx.progress(f"ina-sim: the same traces with {cal_path.name}")
         sim_dir = ctx.out_dir / "sim"
         for (supply, pool, policy), rows in sorted(group_by(measured, "supply", "pool", "policy").items(),
@@ -416,7 +423,7 @@ class MultijobExperiment(Experiment):
             requested, min_slots = job_request(policy, cfg.demand_slots, pool, len(cfg.jobs))
             startup = {job[0]: median(r["steady_from_s"] - r["arrival_s"] for r in rs) for job, rs in group_by(rows, "job").items()}
             predicted = simulate_trace(cfg.jobs, requested=requested, min_slots=min_slots, pool=pool,
-                                       policy=controller_policy(policy), bw_mbps=cfg.bw_mbps, calibration=cal_path,
+                                       policy=controller_policy(policy), bw_mbps=cfg.bw_mbps, calibration=calibration,
                                        out=sim_dir / f"pool{pool}-{policy}", startup=startup, skip_first=True)
             for job, rs in sorted(group_by(rows, "job").items()):
                 sim = predicted.get(job[0])
@@ -777,11 +784,11 @@ def _history(workers: list[dict]) -> list[str]:
 
 
 def simulate_trace(jobs: tuple[TraceJob, ...], *, requested: int, min_slots: int, pool: int, policy: str, bw_mbps: float,
-                   calibration: Path, out: Path, startup: dict[int, float] | None = None,
+                   calibration: Calibration, out: Path, startup: dict[int, float] | None = None,
                    skip_first: bool = False) -> dict[int, dict]:
-    """Run one trace through ina-sim (in process); per job number: jct_s (arrival to finish), busy_s (jct_s less
-    the start-up), final_backend, history. Every job arrives at its time and asks ``requested`` slots
-    (``min_slots`` at least).
+    """Run one trace through ina-sim (in process; its trace and per-job results written to `out`); per job number:
+    jct_s (arrival to finish), busy_s (jct_s less the start-up), final_backend, history. Every job arrives at its time
+    and asks ``requested`` slots (``min_slots`` at least); the testbed's star is one rack, its agents follow their grant.
 
     ``startup``: per job number, how long after its arrival its workers had all joined on the testbed (the
     trace's ``startup_s``: the job holds its slots but makes no progress). Agent start-up is the testbed's,
@@ -789,31 +796,21 @@ def simulate_trace(jobs: tuple[TraceJob, ...], *, requested: int, min_slots: int
     ``skip_first``: each job runs one all-reduce fewer (its first is the testbed's warm-up, ``_steady``), which runs
     within its start-up instead (trace column startup_iterations: its packets load the shared switch meanwhile)."""
     startup = startup or {}
-    from simulator.cli import main as sim_main
-
-    out.mkdir(parents=True, exist_ok=True)
-    trace = out / "trace.csv"
-    lines = [("job_id,arrival_s,num_workers,grad_bytes,iterations,compute_s,priority,slots,min_slots,weight,startup_s,"
-             "startup_iterations")]
+    trace = []
     for tj in jobs:
         warmup = 1 if skip_first and tj.iterations > 1 else 0
-        lines.append(f"{tj.job},{tj.arrival_s},{tj.workers},{tj.elements * 4},{tj.iterations - warmup},0,{tj.priority},"
-                     f"{requested},{min_slots},{2.0 if tj.priority == HIGH else 1.0},{round(startup.get(tj.job, 0.0), 6)},"
-                     f"{warmup}")
-    trace.write_text("\n".join(lines) + "\n")
-    argv = ["run", "--trace", str(trace), "--policy", policy, "--placement", "pack", "--racks", "1", "--follow-grant",
-            "--workers-per-rack", str(sum(tj.workers for tj in jobs)), "--slots", str(pool), "--host-gbps", str(bw_mbps / 1000),
-            "--uplink-gbps", str(bw_mbps / 1000), "--calibration", str(calibration), "--out", str(out), "--no-plot", "--quiet"]
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = sim_main(argv)
-    if code:
-        raise ExperimentError(f"ina-sim failed ({code}) for {out.name}: {buf.getvalue().strip()[-200:]}")
-    result = {}
-    with (out / f"{policy}_jobs.csv").open() as fh:
-        for row in csv.DictReader(fh):
-            job = int(row["job_id"])
-            result[job] = {"jct_s": float(row["jct_s"]), "busy_s": float(row["jct_s"]) - startup.get(job, 0.0),
-                           "final_backend": row["final_backend"], "history": row["history"]}
-    return result
-
+        trace.append(JobSpec(tj.job, tj.arrival_s, tj.workers, tj.elements * 4, tj.iterations - warmup, (0.0,),
+                             priority=tj.priority, slots=requested, min_slots=min_slots,
+                             weight=2.0 if tj.priority == HIGH else 1.0, startup_s=round(startup.get(tj.job, 0.0), 6),
+                             startup_iterations=warmup))
+    rate = bw_mbps / 1000
+    cluster = ClusterSpec(racks=1, workers_per_rack=sum(tj.workers for tj in jobs), slots_per_switch=pool,
+                          host_gbps=rate, uplink_gbps=rate)
+    config = SimConfig(policies=(policy,), placement="pack", follow_grant=True, cluster=cluster, calibration=calibration)
+    result = simulate(config, policy, trace)
+    out.mkdir(parents=True, exist_ok=True)
+    write_trace(out / "trace.csv", trace)
+    write_policy(out, result)
+    return {r.job_id: {"jct_s": r.jct_s, "busy_s": r.jct_s - startup.get(r.job_id, 0.0),
+                       "final_backend": r.history[-1][1] if r.history else "",
+                       "history": "|".join(f"{t:.3f}:{b}:{s}" for t, b, s in r.history)} for r in result.jobs}

@@ -1,9 +1,11 @@
-"""Executable model of p4src/ina.p4 on v1model, as BMv2 simple_switch runs it.
+"""Executable model of p4src/ina.p4 on v1model, as BMv2 simple_switch runs it: the program's one model in Python.
 
-Read it side by side with the P4: the stages, tables, actions, counters and registers carry the P4's names
-(``MyIngress.ina_job``, ``ina_bitmap`` ...) and the steps come in the same order, each marked with the P4
-block it models. Control-plane state (tables, multicast groups, counters) is addressed by P4Info names, so
-the P4Runtime server and the tests drive it exactly as they would drive BMv2.
+Read it side by side with the P4: the controls, tables, actions, counters and registers carry the P4's names
+(``MyIngress.ina_job``, ``ina_bitmap`` ...) and the steps come in the same order, each method marked with the
+P4 block it models (``_ingress`` is ``MyIngress.apply``'s steps 1-3, ``_check`` step 4, ``_gradient`` step 6
+...). Control-plane state (tables, multicast groups, counters) is addressed by P4Info names, so the P4Runtime
+server and the tests drive it exactly as they would drive BMv2; what BMv2 does around the program (drop port,
+order of multicast copies) is :mod:`p4src.v1model`.
 
 Hot path: struct, bytes and Python integers only. The lanes register lives in a bytearray in wire order (the
 numpy array ``ina_lanes`` is a view of it), so a contribution is added to a slot with one SWAR addition on a
@@ -18,19 +20,21 @@ BMv2 behaviours modelled on purpose: a parser error does not drop by itself (ing
 """
 from __future__ import annotations
 
-import array
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import numpy as np
 
 from inaproto import wire
 from inaproto.wire import DropReason, MsgType
-from softswitch import pipeline_batch
-from softswitch.tables import COUNTERS, NUM_BINDINGS, NUM_CELLS, TABLES, Match, PipelineError, Table, TableEntry
+from p4src.tables import COUNTERS, NUM_BINDINGS, NUM_CELLS, TABLES, Match, PipelineError, Table, TableEntry
+from p4src.v1model import DROP_PORT, replication_order
 
-DROP_PORT = 511  # BMv2's default drop port
+__all__ = ["InaPipeline", "Output"]
+
+Output = list[tuple[int, bytes]]  # what a frame makes the switch emit: (egress port, frame), in emission order
+
 TYPE_IPV4 = 0x0800
 PROTO_UDP = 17
 INT32 = wire.LANES_DTYPE
@@ -50,6 +54,7 @@ _O_RESERVED = _O_INA + wire.INA_FIELD_OFFSETS["reserved_shadow"]  # reserved:7 |
 _O_DATA = wire.INA_OFFSET + wire.INA_HEADER_LEN
 _INA_END = _O_DATA + wire.INA_DATA_LEN
 _CELL_BYTES = wire.LANES * 4
+_INA_PORT = _U16.pack(wire.INA_UDP_PORT)
 # Enum members as plain ints for the hot path (an IntEnum attribute lookup costs as much as a dict lookup).
 _GRADIENT, _RESULT, _BROADCAST = int(MsgType.GRADIENT), int(MsgType.RESULT), int(MsgType.BROADCAST)
 _QUERY, _STATUS, _HELD = int(MsgType.QUERY), int(MsgType.STATUS), int(wire.Flags.HELD)
@@ -60,6 +65,7 @@ _TX_LATE_HALF = wire.TX_LATE_HALF  # INA_TX_LATE_HALF
 # SWAR masks over LANES int32 lanes in one big-endian integer: each lane's sign bit, and the bits below it.
 _SIGNS = int.from_bytes(b"\x80\x00\x00\x00" * wire.LANES, "big")
 _LOWS = int.from_bytes(b"\x7f\xff\xff\xff" * wire.LANES, "big")
+_NO_CHAIN = (0, 0, 0, 0)  # meta.chain, own_member_id, chain_end, next_grp of a slot without an ina_chain entry
 
 
 def _carry_gap(buf: bytearray, gap: tuple[int, bytes] | None) -> None:
@@ -93,7 +99,13 @@ def _ipv4_checksum_ok(header: bytes | bytearray) -> bool:
 
 
 class InaPipeline:
-    """The switch's data plane: ``process(port, frame)`` returns the frames it emits, as [(port, frame)]."""
+    """The switch's data plane: ``process(port, frame)`` returns the frames it emits, as [(port, frame)].
+
+    Public, for the control plane and for readers: ``tables`` (by P4Info name), ``multicast_groups`` (group ->
+    its (port, rid) replicas in the order BMv2 makes the copies), ``counters`` (by P4Info name) and the
+    registers (``ina_owner``, ``ina_bitmap`` ... as lists, ``ina_lanes`` as a numpy view); write them through
+    the methods, which keep the packet path's lookups current.
+    """
 
     def __init__(self) -> None:
         self.tables = {name: Table(spec) for name, spec in TABLES.items()}
@@ -101,43 +113,43 @@ class InaPipeline:
         self.counters: dict[str, list[int]] = {name: [0] * size for name, size in COUNTERS.items()}
         self.lock = threading.Lock()  # held by process() and by control-plane writes
         self.reset_registers()
-        # Fast views of the tables the hot path reads (rebuilt on every control-plane write).
+        # The tables as the packet path reads them (rebuilt on every control-plane write, _refresh).
         self._job: dict[int, tuple[int, ...]] = {}
         # table ina_binding as what the frame must carry: (job, member) -> (port, src MAC, src IPv4, src UDP port).
         self._binding: dict[tuple[int, int], tuple[int, bytes, bytes, bytes]] = {}
         # its bind_link entries (chains): (job, member) -> the (port, src UDP port) pairs it may come from.
         self._link_binding: dict[tuple[int, int], frozenset[tuple[int, bytes]]] = {}
-        self._worker: dict[tuple[int, int], tuple[int, int, int] | None] = {}
-        # The same entries as _worker, as the bytes the egress writes: (mac, ip, udp_port, worker_id, ip as int).
-        self._worker_bytes: dict[tuple[int, int], tuple[bytes, bytes, bytes, bytes, int] | None] = {}
+        # table ina_worker as the bytes the egress writes: (job, rid) -> (mac, ip, udp_port, worker_id, ip as int),
+        # or None for an entry whose action is drop.
+        self._worker: dict[tuple[int, int], tuple[bytes, bytes, bytes, bytes, int] | None] = {}
         self._worker_default_drop = True
         # Chains: job -> ((shift, slot >> shift, set_chain params), ...), longest prefix first; transit jobs.
         self._chain: dict[int, tuple[tuple[int, int, tuple[int, ...]], ...]] = {}
         self._transit: frozenset[int] = frozenset()
         self._chain_hits: dict[int, tuple[int, ...] | None] = {}  # _chain_lookup's answers
+        # (group, job) -> each replica's port and ina_worker entry as _worker holds it (False: a miss): _replicate's
+        self._copies: dict[tuple[int, int], tuple[tuple[int, tuple | None | bool], ...]] = {}
         self._lpm = self.tables["MyIngress.ipv4_lpm"]
 
     # --- registers: data-plane state only; BMv2 cannot read or write them over P4Runtime -------------
     def reset_registers(self) -> None:
-        # Machine-word arrays (indexed like lists by the per-frame path; numpy views of them serve batches).
-        self.ina_owner = array.array("Q", bytes(8 * wire.NUM_SLOTS))
-        self.ina_bitmap, self.ina_count, self.ina_overflow, self.ina_seq = (
-            array.array("q", bytes(8 * NUM_CELLS)) for _ in range(4))
-        self.ina_final = [0] * NUM_CELLS
-        # Loss signals (docs/protocol.md): per (job, member) 0x80 | the transmission counter expected next (0: none
-        # seen), index job_id * 32 + worker_id; per job 0x80 | seq & 0x7F of its latest counted completion.
-        self.ina_tx_next = array.array("q", bytes(8 * NUM_BINDINGS))
-        self.ina_last_done = array.array("q", bytes(8 * wire.MAX_JOBS))
+        self.ina_owner = [0] * wire.NUM_SLOTS
+        self.ina_bitmap, self.ina_count, self.ina_overflow, self.ina_seq, self.ina_final = (
+            [0] * NUM_CELLS for _ in range(5))
+        # Loss signals (docs/protocol.md): per (job, member) generation << 8 | 0x80 | the transmission counter
+        # expected next (0: none seen), index job_id * 32 + worker_id; per job the same with seq & 0x7F of its
+        # latest counted completion.
+        self.ina_tx_next = [0] * NUM_BINDINGS
+        self.ina_last_done = [0] * wire.MAX_JOBS
         # Lanes in wire order (big-endian int32), cell after cell; ina_lanes is a (NUM_CELLS, LANES) view of it.
         self._lanes_buf = bytearray(NUM_CELLS * _CELL_BYTES)
         self.ina_lanes = np.frombuffer(self._lanes_buf, dtype=INT32).reshape(NUM_CELLS, wire.LANES)
 
     def register_snapshot(self) -> tuple:
         """A copy of every register, for tests that assert 'no state change'."""
-        lanes = self.ina_lanes.astype(np.int32)
         return (
             list(self.ina_owner), list(self.ina_bitmap), list(self.ina_count), list(self.ina_overflow), list(self.ina_seq),
-            list(self.ina_final), list(self.ina_tx_next), list(self.ina_last_done), lanes,
+            list(self.ina_final), list(self.ina_tx_next), list(self.ina_last_done), self.ina_lanes.astype(np.int32),
         )
 
     # --- control plane, by P4Info names ------------------------------------------------------------
@@ -176,18 +188,35 @@ class InaPipeline:
             self._refresh()
 
     def set_multicast_group(self, group: int, replicas: list[tuple[int, int]]) -> None:
+        """Create the group, or replace its replicas; copies are made in BMv2's order (``v1model.replication_order``)."""
         if not 0 < group < (1 << 16):
             raise PipelineError(f"multicast group id {group} out of range 1..65535")
         if any(int(p) == DROP_PORT for p, _ in replicas):
             raise PipelineError(f"multicast group {group}: port {DROP_PORT} is the drop port, not a replica port")
+        replicas = [(int(p), int(r)) for p, r in replicas]
         with self.lock:
-            self.multicast_groups[group] = tuple((int(p), int(r)) for p, r in replicas)
+            self.multicast_groups[group] = replication_order(replicas, self.multicast_groups.get(group))
+            self._copies = {}
 
     def delete_multicast_group(self, group: int) -> None:
         with self.lock:
             if group not in self.multicast_groups:
                 raise LookupError(f"no multicast group {group}")
             del self.multicast_groups[group]
+            self._copies = {}
+
+    def reset(self) -> None:
+        """The state of a freshly loaded program: tables empty with their P4 default actions, no multicast groups,
+        counters and registers zero (what SetForwardingPipelineConfig does on BMv2)."""
+        with self.lock:
+            for table in self.tables.values():
+                table.clear()
+            self.multicast_groups.clear()
+            self._copies = {}
+            for values in self.counters.values():
+                values[:] = [0] * len(values)
+            self.reset_registers()
+            self._refresh()
 
     def counter(self, name: str) -> list[int]:
         try:
@@ -196,6 +225,7 @@ class InaPipeline:
             raise PipelineError(f"no counter named {name}") from None
 
     def _refresh(self) -> None:
+        """The packet path's lookups from the tables (after every control-plane write)."""
         self._job = {e.match[0]: e.params for e in self.tables["MyIngress.ina_job"].entries.values() if e.action == "MyIngress.set_job"}
         bindings = self.tables["MyIngress.ina_binding"].entries.values()
         self._binding = {
@@ -208,13 +238,10 @@ class InaPipeline:
         }
         workers = self.tables["MyEgress.ina_worker"]
         self._worker = {
-            e.match: (e.params if e.action == "MyEgress.set_worker_addr" else None) for e in workers.entries.values()
-        }
-        self._worker_bytes = {
-            match: None if p is None else (
-                p[0].to_bytes(6, "big"), p[1].to_bytes(4, "big"), _U16.pack(p[2]), bytes((match[1] & 0xFF,)), p[1]
-            )
-            for match, p in self._worker.items()
+            e.match: (e.params[0].to_bytes(6, "big"), e.params[1].to_bytes(4, "big"), _U16.pack(e.params[2]),
+                      bytes((e.match[1] & 0xFF,)), e.params[1])
+            if e.action == "MyEgress.set_worker_addr" else None
+            for e in workers.entries.values()
         }
         self._worker_default_drop = workers.default[0] == "MyEgress.drop"
         chains: dict[int, list[tuple[int, int, int, tuple[int, ...]]]] = {}
@@ -224,6 +251,7 @@ class InaPipeline:
         self._chain = {j: tuple((s, k, p) for _, s, k, p in sorted(c, reverse=True)) for j, c in chains.items()}
         self._transit = frozenset(m[0] for m in self.tables["MyIngress.ina_transit"].entries)
         self._chain_hits = {}
+        self._copies = {}
 
     def _chain_lookup(self, job_id: int, slot: int, cache: bool) -> tuple[int, ...] | None:
         """table ina_chain for (job_id, slot): the longest prefix's set_chain params, or None on a miss; kept in
@@ -238,310 +266,316 @@ class InaPipeline:
             self._chain_hits[(job_id << 16) | slot] = params
         return params
 
-    # --- the packet path ---------------------------------------------------------------------------
-    def process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+    # --- the packet path: V1Switch(MyParser, MyVerifyChecksum, MyIngress, MyEgress, MyComputeChecksum, MyDeparser)
+    def process(self, ingress_port: int, frame: bytes) -> Output:
+        """One frame received on ``ingress_port`` through the whole switch: the frames it emits."""
         with self.lock:
             return self._process(ingress_port, frame)
 
-    def process_batch(self, ingress_port: int | np.ndarray, frames: list[bytes] | np.ndarray, *, as_block: bool = False
-                      ) -> list[tuple[int, bytes]] | pipeline_batch.FrameBlock:
-        """``process`` for each frame in turn, outputs concatenated; numpy across the batch (softswitch/pipeline_batch.py)."""
+    def process_frames(self, ingress_port: int, frames: Sequence[bytes] | np.ndarray) -> Output:
+        """``process`` for each frame in turn, under one hold of the lock, the outputs concatenated: one port's
+        frames as bytes, or as the rows of an (n, length) uint8 array."""
+        if isinstance(frames, np.ndarray):
+            blob, size = frames.tobytes(), frames.shape[1]
+            frames = [blob[o : o + size] for o in range(0, len(blob), size)]
+        out: Output = []
         with self.lock:
-            return pipeline_batch.process_batch(self, ingress_port, frames, as_block=as_block)
+            for frame in frames:
+                out += self._process(ingress_port, frame)
+        return out
 
-    def _process(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
-        n = len(frame)
-        # --- MyParser, the common case at once: a whole INA packet from a data port goes start -> parse_ethernet
-        # -> parse_ipv4 -> parse_udp -> parse_ina -> accept with no parser error (the general parser below
-        # reaches the same states for it).
-        if ingress_port != wire.CPU_PORT and n >= _INA_END:
+    def _process(self, ingress_port: int, frame: bytes) -> Output:
+        # MyParser, the common case at once: a whole INA packet from a data port goes start -> parse_ethernet ->
+        # parse_ipv4 -> parse_udp -> parse_ina -> accept with no parser error (_parse reaches the same states).
+        if ingress_port != wire.CPU_PORT and len(frame) >= _INA_END:
             h = _INA_HEADERS.unpack_from(frame)
             if h[0] == TYPE_IPV4 and h[1] & 0x0F == 5 and h[3] == PROTO_UDP and h[4] == wire.INA_UDP_PORT:
-                # MyVerifyChecksum, then MyIngress.apply from step 2 on.
-                if not _ipv4_checksum_ok(frame[_O_IP:_O_UDP]):
+                if not _ipv4_checksum_ok(frame[_O_IP:_O_UDP]):  # MyVerifyChecksum
                     self.counters["MyIngress.ina_drops"][DropReason.MALFORMED] += 1
                     return []
                 return self._ina(ingress_port, frame, h)
+        return self._ingress(ingress_port, frame, *self._parse(ingress_port, frame))
 
-        counters = self.counters
-        ina_drops = counters["MyIngress.ina_drops"]
-
-        # --- MyParser ---
-        off = 0
-        packet_out_port = None
+    @staticmethod
+    def _parse(ingress_port: int, frame: bytes) -> tuple[int, int | None, bool, bool, bool, bool]:
+        """MyParser and MyVerifyChecksum: (offset of the Ethernet header, packet_out.egress_port or None,
+        parser_error, checksum_error, hdr.ipv4.isValid(), hdr.ina.isValid())."""
+        n = len(frame)
+        off, packet_out_port = 0, None
         if ingress_port == wire.CPU_PORT:  # state parse_packet_out
             if n < 2:
-                ina_drops[DropReason.MALFORMED] += 1
-                return []
-            packet_out_port = _U16.unpack_from(frame, 0)[0] >> 7
-            off = 2
-        parser_error = n - off < wire.ETH_LEN
-        ipv4_valid = ina_valid = False
-        checksum_error = False
-        if not parser_error:
-            ether_type = _U16.unpack_from(frame, off + 12)[0]
-            if ether_type == TYPE_IPV4:  # state parse_ipv4
-                if n - off < wire.ETH_LEN + wire.IPV4_LEN:
-                    parser_error = True
-                else:
-                    ipv4_valid = True
-                    ip0 = off + wire.ETH_LEN
-                    vihl, proto = frame[ip0], frame[ip0 + 9]
-                    # MyVerifyChecksum: csum16 over the 20-byte base header must verify to zero
-                    # (wire.ipv4_checksum(header) == 0, i.e. the folded sum is 0xFFFF).
-                    checksum_error = not _ipv4_checksum_ok(frame[ip0 : ip0 + 20])
-                    if (vihl & 0x0F) == 5 and proto == PROTO_UDP:  # state parse_udp
-                        if n - off < _O_INA:
-                            parser_error = True
-                        else:
-                            if _U16.unpack_from(frame, off + _O_UDP + 2)[0] == wire.INA_UDP_PORT:  # state parse_ina
-                                if n - off < _O_DATA:
-                                    parser_error = True
-                                elif frame[off + _O_INA] == _QUERY:  # header only
-                                    ina_valid = True
-                                elif n - off < _INA_END:  # state parse_ina_data
-                                    parser_error = True
-                                else:
-                                    ina_valid = True
+                return 0, None, True, False, False, False
+            packet_out_port, off = _U16.unpack_from(frame, 0)[0] >> 7, 2
+        if n - off < wire.ETH_LEN:
+            return off, packet_out_port, True, False, False, False
+        if _U16.unpack_from(frame, off + 12)[0] != TYPE_IPV4:  # state parse_ethernet
+            return off, packet_out_port, False, False, False, False
+        if n - off < wire.ETH_LEN + wire.IPV4_LEN:  # state parse_ipv4
+            return off, packet_out_port, True, False, False, False
+        ip0 = off + wire.ETH_LEN
+        # MyVerifyChecksum: csum16 over the 20-byte base header
+        checksum_error = not _ipv4_checksum_ok(frame[ip0 : ip0 + 20])
+        if frame[ip0] & 0x0F != 5 or frame[ip0 + 9] != PROTO_UDP:
+            return off, packet_out_port, False, checksum_error, True, False
+        if n - off < _O_INA:  # state parse_udp
+            return off, packet_out_port, True, checksum_error, True, False
+        if _U16.unpack_from(frame, off + _O_UDP + 2)[0] != wire.INA_UDP_PORT:
+            return off, packet_out_port, False, checksum_error, True, False
+        if n - off < _O_DATA:  # state parse_ina
+            return off, packet_out_port, True, checksum_error, True, False
+        if frame[off + _O_INA] != _QUERY and n - off < _INA_END:  # state parse_ina_data (a query is header only)
+            return off, packet_out_port, True, checksum_error, True, False
+        return off, packet_out_port, False, checksum_error, True, True
 
-        # --- MyIngress.apply ---
+    def _ingress(self, ingress_port: int, frame: bytes, off: int, packet_out_port: int | None, parser_error: bool,
+                 checksum_error: bool, ipv4_valid: bool, ina_valid: bool) -> Output:
+        """MyIngress.apply, steps 1-3; an INA packet goes on to ``_ina``."""
         # 1. Packet-out from the controller: send as told (egress and the deparser still run).
         if packet_out_port is not None:
             return self._egress(ingress_port, packet_out_port, 0, bytearray(frame[off:]), ina_out=False, ina_mcast=False)
         # 2. Malformed frames never reach any state.
         if parser_error or checksum_error:
-            ina_drops[DropReason.MALFORMED] += 1
+            self.counters["MyIngress.ina_drops"][DropReason.MALFORMED] += 1
             return []
         if not ipv4_valid:
             return []
         # 3. Not INA: IPv4 LPM forwarding.
         if not ina_valid:
             return self._ipv4_lpm(ingress_port, frame)
-
         return self._ina(ingress_port, frame, _INA_HEADERS.unpack_from(frame))
 
-    def _ina(self, ingress_port: int, frame: bytes, headers: tuple) -> list[tuple[int, bytes]]:
-        """MyIngress.apply from step 4 on, for a valid INA packet (``headers``: _INA_HEADERS of the frame)."""
-        counters = self.counters
-        ina_drops = counters["MyIngress.ina_drops"]
-        # 4. INA: validate lengths, job, message type, generation, worker, binding, slot.
+    def _ina(self, ingress_port: int, frame: bytes, headers: tuple) -> Output:
+        """MyIngress.apply from step 3 on, for a valid INA packet (``headers``: _INA_HEADERS of the frame)."""
         _, _, total_len, _, _, udp_len, msg_type, flags, job_id, generation, slot, seq, worker_id, last = headers
         # 3. (chains) INA of a job this switch only carries: IPv4 LPM forwarding (table ina_transit).
         if job_id in self._transit:
             return self._ipv4_lpm(ingress_port, frame)
-        if msg_type == _QUERY:
-            if total_len != wire.INA_QUERY_IPV4_LEN or udp_len != wire.INA_QUERY_UDP_LEN:
-                ina_drops[DropReason.MALFORMED] += 1
-                return []
-        elif total_len != wire.INA_IPV4_LEN or udp_len != wire.INA_UDP_LEN:
-            ina_drops[DropReason.MALFORMED] += 1
+        meta = self._check(ingress_port, frame, msg_type, total_len, udp_len, job_id, generation, slot, worker_id)
+        if meta is None:
             return []
-        shadow = last & 1
+        slot_abs, owner, num_workers, mcast_grp, chain = meta
+        # 5. Broadcast: to every worker of the job, payload as it is.
+        if msg_type == _BROADCAST:
+            out = bytearray(frame)
+            self._multicast_to_job(out)
+            return self._replicate(mcast_grp, out, ingress_port)
+        cell = (slot_abs << 1) + (last & 1)  # the copy hdr.ina.shadow names
+        if msg_type == _QUERY:
+            return self._query(ingress_port, frame, seq, worker_id, slot_abs, cell, owner)
+        if msg_type == _RESULT:
+            return self._final_sum(ingress_port, frame, flags, job_id, seq, slot_abs, cell, owner, mcast_grp)
+        return self._gradient(ingress_port, frame, flags, job_id, generation, seq, worker_id, last, slot_abs, cell,
+                              owner, num_workers, mcast_grp, chain)
+
+    def _check(self, ingress_port: int, frame: bytes, msg_type: int, total_len: int, udp_len: int, job_id: int,
+               generation: int, slot: int, worker_id: int) -> tuple[int, int, int, int, tuple[int, int, int, int]] | None:
+        """4. INA: validate lengths, job (ina_job, ina_chain), message type, generation, worker, binding
+        (ina_binding), slot. A drop is counted here and gives None; else (meta.slot_abs, meta.owner,
+        meta.num_workers, meta.mcast_grp, (meta.chain, own_member_id, chain_end, next_grp))."""
+        ina_drops = self.counters["MyIngress.ina_drops"]
+        if msg_type == _QUERY:
+            malformed = total_len != wire.INA_QUERY_IPV4_LEN or udp_len != wire.INA_QUERY_UDP_LEN
+        else:
+            malformed = total_len != wire.INA_IPV4_LEN or udp_len != wire.INA_UDP_LEN
+        if malformed:
+            ina_drops[DropReason.MALFORMED] += 1
+            return None
         job = self._job.get(job_id) if job_id < wire.MAX_JOBS else None  # job ids beyond the counters; table ina_job
         if job is None:
             ina_drops[DropReason.UNKNOWN_JOB] += 1
-            return []
+            return None
         base_slot, num_slots, worker_mask, num_workers, mcast_grp, job_generation, owner_epoch = job
-        # table ina_chain (chains): upstream members join the mask, final_grp replaces mcast_grp
-        chain = False
-        own_member_id = chain_end = next_grp = 0
-        if job_id in self._chain:
+        chain = _NO_CHAIN
+        if job_id in self._chain:  # table ina_chain: upstream members join the mask, final_grp replaces mcast_grp
             params = self._chain_hits.get((job_id << 16) | slot, False)
             if params is False:
                 params = self._chain_lookup(job_id, slot, slot < num_slots)
             if params is not None:  # action set_chain
-                chain = True
                 own_member_id, upstream_mask, num_upstream, chain_end, next_grp, mcast_grp = params
+                chain = (1, own_member_id, chain_end, next_grp)
                 worker_mask |= upstream_mask
                 num_workers = (num_workers + num_upstream) & 0xFF
         # 4b. Ingress binding: the sender must be where (job, member) was bound (table ina_binding); a member
         # bound by link (bind_link, chains) by its ingress port and UDP port only, on one of its two links.
-        binding = self._binding.get((job_id, worker_id))  # member_id = worker_id
+        binding = self._binding.get((job_id, worker_id))  # meta.member_id = hdr.ina.worker_id
         if binding is not None:  # bind_member
             bound = ingress_port == binding[0] and frame[6:12] == binding[1] and \
                 frame[_O_IP + 12 : _O_IP + 16] == binding[2] and frame[_O_UDP : _O_UDP + 2] == binding[3]
         else:
             links = self._link_binding.get((job_id, worker_id))
             bound = links is not None and (ingress_port, frame[_O_UDP : _O_UDP + 2]) in links
-        drop_reason = 0
-        wbit = (1 << worker_id) & 0xFFFFFFFF  # (bit<32>)1 << worker_id: 0 for worker_id >= 32
         slot_abs = base_slot + slot
-        if msg_type != _GRADIENT and msg_type != _BROADCAST and not (msg_type == _RESULT and chain) and \
-                not (msg_type == _QUERY and not chain):
+        in_range = slot < num_slots and slot_abs < wire.NUM_SLOTS
+        drop_reason = 0
+        if msg_type != _GRADIENT and msg_type != _BROADCAST and not (msg_type == _RESULT and chain[0]) and \
+                not (msg_type == _QUERY and not chain[0]):
             drop_reason = DropReason.BAD_MSG_TYPE
         elif generation != job_generation:
             drop_reason = DropReason.STALE_GENERATION
         elif msg_type == _RESULT:
-            if worker_id != own_member_id:
+            if worker_id != chain[1]:
                 drop_reason = DropReason.NOT_RECIPIENT
             elif not bound:
                 drop_reason = DropReason.SPOOFED  # bound under the recipient's own id: where final sums come from
-            elif slot >= num_slots or slot_abs >= wire.NUM_SLOTS:
+            elif not in_range:
                 drop_reason = DropReason.SLOT_OUT_OF_RANGE
-        elif worker_mask & wbit == 0:
+        elif worker_mask & (1 << worker_id) & 0xFFFFFFFF == 0:  # meta.wbit: 0 for worker_id >= 32
             drop_reason = DropReason.FOREIGN_WORKER
         elif not bound:
             drop_reason = DropReason.SPOOFED
-        elif (msg_type == _GRADIENT or msg_type == _QUERY) and (slot >= num_slots or slot_abs >= wire.NUM_SLOTS):
+        elif (msg_type == _GRADIENT or msg_type == _QUERY) and not in_range:
             drop_reason = DropReason.SLOT_OUT_OF_RANGE
         if drop_reason:
             ina_drops[drop_reason] += 1
-            counters["MyIngress.ina_job_drops"][job_id * wire.NUM_DROP_REASONS + drop_reason] += 1
-            return []
-
-        # 5. Broadcast: to every worker of the job, payload as it is.
-        if msg_type == _BROADCAST:
-            out = bytearray(frame)
-            self._multicast_to_job(out)
-            return self._replicate(mcast_grp, out, ingress_port)
-
-        # 6. Gradient. A slot whose owner changed (another job, or a new generation) is reset first.
-        cell = (slot_abs << 1) + shadow
-        other_cell = (slot_abs << 1) + (shadow ^ 1)
+            self.counters["MyIngress.ina_job_drops"][job_id * wire.NUM_DROP_REASONS + drop_reason] += 1
+            return None
         owner = (owner_epoch << 32) | (job_id << 16) | generation  # owner_epoch ++ job_id ++ generation
-        ina_bitmap, ina_count, ina_overflow, ina_seq = self.ina_bitmap, self.ina_count, self.ina_overflow, self.ina_seq
+        return slot_abs, owner, num_workers, mcast_grp, chain
 
-        # 6q. Query: the stored sum if the sender's contribution is in a complete copy, a status with HELD if in an
-        # incomplete one, else a status without it; only to the sender, no state changes.
-        if msg_type == _QUERY:
-            out = bytearray(frame)
-            out[_O_INA] = _STATUS
-            out[_O_FLAGS] = 0
-            if self.ina_owner[slot_abs] == owner and ina_seq[cell] == seq and ina_bitmap[cell] & wbit:
-                if ina_count[cell] == 0:
-                    o = cell * _CELL_BYTES
-                    out[_O_DATA:_O_DATA] = self._lanes_buf[o : o + _CELL_BYTES]  # setValid, READ_LANE x LANES
-                    out[_O_INA] = _RESULT
-                    out[_O_FLAGS] = _OVERFLOW if ina_overflow[cell] else 0
-                    out[_O_IP + 2 : _O_IP + 4] = _U16.pack(wire.INA_IPV4_LEN)
-                    out[_O_UDP + 4 : _O_UDP + 6] = _U16.pack(wire.INA_UDP_LEN)
-                else:
-                    out[_O_FLAGS] = _HELD
-            self._reply_to_sender(out)
-            return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
-
-        # 6c. Chains: the final sum reaching this switch, kept in a complete copy of the same chunk that holds the
-        # partial this switch sent onward, then sent to final_grp; anything else is a duplicate.
-        if msg_type == _RESULT:
-            if (self.ina_owner[slot_abs] == owner and ina_bitmap[cell] != 0 and ina_count[cell] == 0
-                    and ina_seq[cell] == seq and self.ina_final[cell] == 0):
+    def _query(self, ingress_port: int, frame: bytes, seq: int, worker_id: int, slot_abs: int, cell: int, owner: int
+               ) -> Output:
+        """6q. Query: the stored sum if the sender's contribution is in a complete copy, a status with HELD if in
+        an incomplete one, else a status without it; only to the sender, no state changes."""
+        out = bytearray(frame)
+        out[_O_INA] = _STATUS
+        out[_O_FLAGS] = 0
+        if self.ina_owner[slot_abs] == owner and self.ina_seq[cell] == seq and self.ina_bitmap[cell] & (1 << worker_id):
+            if self.ina_count[cell] == 0:
                 o = cell * _CELL_BYTES
-                self._lanes_buf[o : o + _CELL_BYTES] = frame[_O_DATA:_INA_END]  # STORE_LANE x LANES
-                self.ina_final[cell] = 1
-                ina_overflow[cell] = 1 if flags & _OVERFLOW else 0
-                out = bytearray(frame)
-                out[_O_FLAGS] = flags & _OVERFLOW
-                self._multicast_to_job(out)
-                return self._replicate(mcast_grp, out, ingress_port)
-            counters["MyIngress.ina_duplicates"][job_id] += 1
-            return []
+                out[_O_DATA:_O_DATA] = self._lanes_buf[o : o + _CELL_BYTES]  # setValid, READ_LANE x LANES
+                out[_O_INA] = _RESULT
+                out[_O_FLAGS] = _OVERFLOW if self.ina_overflow[cell] else 0
+                out[_O_IP + 2 : _O_IP + 4] = _U16.pack(wire.INA_IPV4_LEN)
+                out[_O_UDP + 4 : _O_UDP + 6] = _U16.pack(wire.INA_UDP_LEN)
+            else:
+                out[_O_FLAGS] = _HELD
+        self._reply_to_sender(out)
+        return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 
-        # 6t. Loss signals (docs/protocol.md, "Loss signals"): a counted gradient of a job not on a chain checks its
-        # sender's transmission counter against the one expected next (none: not yet, or of another generation);
-        # in sequence, or a gap (1 .. INA_TX_LATE_HALF - 1 ahead), the next one is written now, whatever the
-        # frame's fate, and the frame's fate says how the gap is reported: a dropped frame becomes the gap report,
-        # a delivered one carries it to its sender (the sender's copy of a completion, or the answer to a resend);
-        # a late frame (INA_TX_LATE_HALF or more ahead, i.e. behind: reordered or duplicated) neither reports nor
-        # writes, and is otherwise as in sequence.
-        tx_counted = flags & _TX_COUNTED and not chain
-        tx_gap = False
+    def _final_sum(self, ingress_port: int, frame: bytes, flags: int, job_id: int, seq: int, slot_abs: int, cell: int,
+                   owner: int, final_grp: int) -> Output:
+        """6c. Chains: the final sum reaching this switch, kept in a complete copy of the same chunk that holds the
+        partial this switch sent onward, then sent to final_grp; anything else is a duplicate."""
+        if (self.ina_owner[slot_abs] == owner and self.ina_bitmap[cell] != 0 and self.ina_count[cell] == 0
+                and self.ina_seq[cell] == seq and self.ina_final[cell] == 0):
+            o = cell * _CELL_BYTES
+            self._lanes_buf[o : o + _CELL_BYTES] = frame[_O_DATA:_INA_END]  # STORE_LANE x LANES
+            self.ina_final[cell] = 1
+            self.ina_overflow[cell] = 1 if flags & _OVERFLOW else 0
+            out = bytearray(frame)
+            out[_O_FLAGS] = flags & _OVERFLOW
+            self._multicast_to_job(out)
+            return self._replicate(final_grp, out, ingress_port)
+        self.counters["MyIngress.ina_duplicates"][job_id] += 1
+        return []
+
+    def _gradient(self, ingress_port: int, frame: bytes, flags: int, job_id: int, generation: int, seq: int,
+                  worker_id: int, last: int, slot_abs: int, cell: int, owner: int, num_workers: int, mcast_grp: int,
+                  chain: tuple[int, int, int, int]) -> Output:
+        """6. Gradient: the loss signals' counter (6t), a slot whose owner changed (another job, or a new
+        generation) reset, then the copy's state decides: a new contribution (6a) or one seen before (6b)."""
+        # 6t. Loss signals (docs/protocol.md, "Loss signals"): a counted gradient of a job not on a chain checks
+        # its sender's transmission counter against the one expected next (none: not yet, or of another
+        # generation); in sequence, or a gap (1 .. INA_TX_LATE_HALF - 1 ahead), the next one is written now,
+        # whatever the frame's fate, and the frame's fate says how the gap is reported: a dropped frame becomes
+        # the gap report, a delivered one carries it to its sender (the sender's copy of a completion, or the
+        # answer to a resend); a late frame (INA_TX_LATE_HALF or more ahead, i.e. behind: reordered or
+        # duplicated) neither reports nor writes, and is otherwise as in sequence.
+        gap = None  # (meta.gap_worker, meta.gap_slot packed), or the gap report's tx_ahead while not delivered
+        tx_counted = flags & _TX_COUNTED and not chain[0]
         if tx_counted:
             reserved = last >> 1
             tx_idx = (job_id << 5) + worker_id
             tx_next = self.ina_tx_next[tx_idx]
             tx_ahead = (reserved - tx_next) & 0x7F if tx_next & 0x80 and tx_next >> 8 == generation else 0
             if tx_ahead < _TX_LATE_HALF:
-                tx_gap = tx_ahead != 0
+                if tx_ahead:
+                    gap = (worker_id, _U16.pack(wire.gap_slot(tx_ahead, reserved)), tx_ahead)
                 self.ina_tx_next[tx_idx] = (generation << 8) | 0x80 | ((reserved + 1) & 0x7F)
-
         if self.ina_owner[slot_abs] != owner:
             self.ina_owner[slot_abs] = owner
             c0 = slot_abs << 1
-            ina_bitmap[c0] = ina_bitmap[c0 + 1] = 0
-            ina_count[c0] = ina_count[c0 + 1] = 0
-            ina_overflow[c0] = ina_overflow[c0 + 1] = 0
-            ina_seq[c0] = ina_seq[c0 + 1] = (seq - 1) & 0xFFFFFFFF
-
-        bitmap = ina_bitmap[cell]
-        count = ina_count[cell]
-        overflow = ina_overflow[cell]
-        stored_seq = ina_seq[cell]
-
-        # Accept: the round in progress (same seq), or the next round of an empty or complete copy (newer
-        # seq); a late packet of a finished round is never added.
-        age = (seq - stored_seq) & 0xFFFFFFFF
-        accept = bitmap & wbit == 0 and ((age != 0 and age < 0x80000000) if count == 0 else age == 0)
-
-        if accept:
-            # 6a. A new contribution: mark it in this copy, clear it in the other (shadow sets).
-            ina_bitmap[cell] = bitmap | wbit
-            ina_bitmap[other_cell] &= ~wbit & 0xFFFFFFFF
-            first = count == 0
-            if first:
-                overflow = 0
-                ina_seq[cell] = seq
-                if chain:
-                    self.ina_final[cell] = 0
-            if chain and flags & _OVERFLOW:
-                overflow = 1  # an upstream partial that overflowed
-            count = (count + 1) & 0xFF
-            complete = count == num_workers
-            if complete:
-                count = 0
-            ina_count[cell] = count
-            # AGGREGATE_LANE x LANES, all lanes at once (see the module docstring)
-            buf = self._lanes_buf
-            o = cell * _CELL_BYTES
-            if first:  # cur = 0: the sum is the value, and no lane can overflow
-                total = frame[_O_DATA:_INA_END]
-            else:
-                cur = int.from_bytes(buf[o : o + _CELL_BYTES], "big")
-                value = int.from_bytes(frame[_O_DATA:_INA_END], "big")
-                s = ((cur & _LOWS) + (value & _LOWS)) ^ ((cur ^ value) & _SIGNS)  # int32 wraps, as bit<32> does
-                if (cur ^ s) & (value ^ s) & _SIGNS:
-                    overflow = 1
-                total = s.to_bytes(_CELL_BYTES, "big")
-            buf[o : o + _CELL_BYTES] = total
-            ina_overflow[cell] = overflow
-            counters["MyIngress.ina_aggregated"][job_id] += 1
-            if not complete:
-                if tx_gap:
-                    return self._gap_report(frame, ingress_port, tx_ahead)
-                return []
-            out = bytearray(frame)
-            out[_O_DATA:_INA_END] = total
-            out[_O_INA] = _RESULT
-            out[_O_FLAGS] = _OVERFLOW if overflow else 0
-            if chain and not chain_end:
-                return self._send_onward(out, job_id, own_member_id, next_grp, ingress_port)
-            if chain:
-                self.ina_final[cell] = 1
-            if tx_counted:
-                self._stamp_prev_done(out, job_id, generation, seq)
-            self._multicast_to_job(out)
-            if tx_gap:  # MyEgress: the sender's copy carries the gap its frame revealed
-                return self._replicate(mcast_grp, out, ingress_port, (worker_id, _U16.pack(wire.gap_slot(tx_ahead, reserved))))
-            return self._replicate(mcast_grp, out, ingress_port)
-
+            self.ina_bitmap[c0] = self.ina_bitmap[c0 + 1] = 0
+            self.ina_count[c0] = self.ina_count[c0 + 1] = 0
+            self.ina_overflow[c0] = self.ina_overflow[c0 + 1] = 0
+            self.ina_seq[c0] = self.ina_seq[c0 + 1] = (seq - 1) & 0xFFFFFFFF
+        # A worker's bit not in the copy: its contribution to the round in progress (same seq), or the start of
+        # the copy's next round (newer seq, copy empty or complete). Anything else is a late packet of a round
+        # the copy already finished, which the network delayed or reordered: never added.
+        wbit = 1 << worker_id
+        bitmap, count = self.ina_bitmap[cell], self.ina_count[cell]
+        age = (seq - self.ina_seq[cell]) & 0xFFFFFFFF
+        if bitmap & wbit == 0 and ((age != 0 and age < 0x80000000) if count == 0 else age == 0):
+            return self._aggregate(ingress_port, frame, flags, job_id, generation, seq, wbit, cell, count,
+                                   num_workers, mcast_grp, chain, tx_counted, gap)
         # 6b. Seen before: a completed copy answers its sender alone; anything else is dropped.
-        counters["MyIngress.ina_duplicates"][job_id] += 1
-        final = self.ina_final[cell] if chain else 1
+        self.counters["MyIngress.ina_duplicates"][job_id] += 1
         if count != 0 or age != 0 or bitmap & wbit == 0:
-            if tx_gap:
-                return self._gap_report(frame, ingress_port, tx_ahead)
-            return []
+            return self._gap_report(frame, ingress_port, gap[2]) if gap else []
+        return self._answer(ingress_port, frame, job_id, cell, chain, tx_counted, gap)
+
+    def _aggregate(self, ingress_port: int, frame: bytes, flags: int, job_id: int, generation: int, seq: int,
+                   wbit: int, cell: int, count: int, num_workers: int, mcast_grp: int, chain: tuple[int, int, int, int],
+                   tx_counted: int, gap: tuple[int, bytes, int] | None) -> Output:
+        """6a. A new contribution: mark it in this copy, clear it in the other (SwitchML's shadow sets), add the
+        lanes (AGGREGATE_LANE x LANES); the last one completes the copy and its sum leaves."""
+        self.ina_bitmap[cell] |= wbit
+        self.ina_bitmap[cell ^ 1] &= ~wbit & 0xFFFFFFFF  # meta.other_cell
+        first = count == 0
+        overflow = 0 if first else self.ina_overflow[cell]
+        if first:
+            self.ina_seq[cell] = seq
+            if chain[0]:
+                self.ina_final[cell] = 0
+        if chain[0] and flags & _OVERFLOW:
+            overflow = 1  # an upstream partial that overflowed
+        count = (count + 1) & 0xFF
+        complete = count == num_workers
+        self.ina_count[cell] = 0 if complete else count
+        # AGGREGATE_LANE x LANES, all lanes at once (see the module docstring)
         o = cell * _CELL_BYTES
+        if first:  # cur = 0: the sum is the value, and no lane can overflow
+            total = frame[_O_DATA:_INA_END]
+        else:
+            cur = int.from_bytes(self._lanes_buf[o : o + _CELL_BYTES], "big")
+            value = int.from_bytes(frame[_O_DATA:_INA_END], "big")
+            s = ((cur & _LOWS) + (value & _LOWS)) ^ ((cur ^ value) & _SIGNS)  # int32 wraps, as bit<32> does
+            if (cur ^ s) & (value ^ s) & _SIGNS:
+                overflow = 1
+            total = s.to_bytes(_CELL_BYTES, "big")
+        self._lanes_buf[o : o + _CELL_BYTES] = total
+        self.ina_overflow[cell] = overflow
+        self.counters["MyIngress.ina_aggregated"][job_id] += 1
+        if not complete:
+            return self._gap_report(frame, ingress_port, gap[2]) if gap else []
         out = bytearray(frame)
-        out[_O_DATA:_INA_END] = self._lanes_buf[o : o + _CELL_BYTES]  # READ_LANE x LANES
+        out[_O_DATA:_INA_END] = total
         out[_O_INA] = _RESULT
         out[_O_FLAGS] = _OVERFLOW if overflow else 0
-        if final != 1:  # chains: a copy still waiting for the final sum sends its partial onward again
+        if chain[0] and not chain[2]:  # chains: the partial goes on; the copy waits for the final sum
+            return self._send_onward(out, job_id, chain[1], chain[3], ingress_port)
+        if chain[0]:
+            self.ina_final[cell] = 1
+        if tx_counted:
+            self._stamp_prev_done(out, job_id, generation, seq)
+        self._multicast_to_job(out)
+        return self._replicate(mcast_grp, out, ingress_port, gap)  # MyEgress: the sender's copy carries its gap
+
+    def _answer(self, ingress_port: int, frame: bytes, job_id: int, cell: int, chain: tuple[int, int, int, int],
+                tx_counted: int, gap: tuple[int, bytes, int] | None) -> Output:
+        """6b, a copy that holds the sender's contribution and is complete: READ_LANE x LANES, then the sum to
+        the sender alone, or (chains) the partial onward again while the copy waits for the final sum."""
+        o = cell * _CELL_BYTES
+        out = bytearray(frame)
+        out[_O_DATA:_INA_END] = self._lanes_buf[o : o + _CELL_BYTES]
+        out[_O_INA] = _RESULT
+        out[_O_FLAGS] = _OVERFLOW if self.ina_overflow[cell] else 0
+        if chain[0] and self.ina_final[cell] != 1:
             out[_O_FLAGS] |= _RETRANSMIT
-            return self._send_onward(out, job_id, own_member_id, next_grp, ingress_port)
+            return self._send_onward(out, job_id, chain[1], chain[3], ingress_port)
         if tx_counted:
             out[_O_RESERVED] &= 1  # an answer to a resend carries no PREV_DONE: reserved 0
-            if tx_gap:
-                _carry_gap(out, (worker_id, _U16.pack(wire.gap_slot(tx_ahead, reserved))))
+            _carry_gap(out, gap)
         self._reply_to_sender(out)
         return self._egress(ingress_port, ingress_port, 0, out, ina_out=True, ina_mcast=False)
 
@@ -551,10 +585,9 @@ class InaPipeline:
         """action multicast_to_job: source becomes the address the worker sent to."""
         out[6:12] = out[0:6]
         out[_O_IP + 12 : _O_IP + 16] = out[_O_IP + 16 : _O_IP + 20]
-        out[_O_UDP : _O_UDP + 2] = _U16.pack(wire.INA_UDP_PORT)
+        out[_O_UDP : _O_UDP + 2] = _INA_PORT
 
-    def _send_onward(self, out: bytearray, job_id: int, member_id: int, next_grp: int,
-                     ingress_port: int) -> list[tuple[int, bytes]]:
+    def _send_onward(self, out: bytearray, job_id: int, member_id: int, next_grp: int, ingress_port: int) -> Output:
         """action send_onward (chains): the copy's sum to the next hop as one contribution under member_id."""
         out[_O_INA] = _GRADIENT
         out[_O_WORKER] = member_id
@@ -574,7 +607,7 @@ class InaPipeline:
             out[_O_RESERVED] &= 1
         self.ina_last_done[job_id] = (generation << 8) | 0x80 | (seq & 0x7F)
 
-    def _gap_report(self, frame: bytes, ingress_port: int, tx_ahead: int) -> list[tuple[int, bytes]]:
+    def _gap_report(self, frame: bytes, ingress_port: int, tx_ahead: int) -> Output:
         """action gap_report: a dropped counted frame that revealed a gap becomes the gap report to its sender: a
         header-only STATUS with GAP, slot = the frames lost (tx_ahead: reserved - expected, mod 128), reserved its
         own counter."""
@@ -595,9 +628,9 @@ class InaPipeline:
         ip = _O_IP + 12
         out[ip : ip + 4], out[ip + 4 : ip + 8] = out[ip + 4 : ip + 8], out[ip : ip + 4]
         out[_O_UDP + 2 : _O_UDP + 4] = out[_O_UDP : _O_UDP + 2]
-        out[_O_UDP : _O_UDP + 2] = _U16.pack(wire.INA_UDP_PORT)
+        out[_O_UDP : _O_UDP + 2] = _INA_PORT
 
-    def _ipv4_lpm(self, ingress_port: int, frame: bytes) -> list[tuple[int, bytes]]:
+    def _ipv4_lpm(self, ingress_port: int, frame: bytes) -> Output:
         """table ipv4_lpm, then the traffic manager and egress for a unicast packet."""
         dst = int.from_bytes(frame[_O_IP + 16 : _O_IP + 20], "big")
         entry = self._lpm.lookup_lpm(dst)
@@ -621,10 +654,9 @@ class InaPipeline:
         return self._egress(ingress_port, egress_spec, 0, out, ina_out=False, ina_mcast=False)
 
     # --- traffic manager ---------------------------------------------------------------------------
-    def _replicate(self, group: int, out: bytearray, ingress_port: int, gap: tuple[int, bytes] | None = None
-                   ) -> list[tuple[int, bytes]]:
+    def _replicate(self, group: int, out: bytearray, ingress_port: int, gap: tuple | None = None) -> Output:
         """Replicas of an INA packet (multicast_to_job): MyEgress with ina_mcast = ina_out = 1 for each; ``gap``:
-        (meta.gap_worker, meta.gap_slot) of a completion that revealed a gap, whose sender's copy carries it.
+        (meta.gap_worker, meta.gap_slot, ...) of a completion that revealed a gap, whose sender's copy carries it.
 
         The same steps as ``_egress`` for every replica, with what all replicas share done once: the UDP
         checksum and the IPv4 checksum field are zeroed, the bytes set_worker_addr leaves alone are cut once,
@@ -633,25 +665,24 @@ class InaPipeline:
         """
         if group == 0:  # no multicast group: BMv2 sends to egress_spec, which is unset (port 0)
             return self._egress(ingress_port, 0, 0, out, ina_out=True, ina_mcast=True, gap=gap)
-        emitted: list[tuple[int, bytes]] = []
-        replicas = self.multicast_groups.get(group, ())
-        if not replicas:
+        emitted: Output = []
+        job_id = (out[_O_JOB] << 8) | out[_O_JOB + 1]
+        copies = self._copies.get((group, job_id))
+        if copies is None:  # each replica's ina_worker entry (table ina_worker, by job and egress_rid)
+            copies = self._copies[(group, job_id)] = tuple(
+                (port, self._worker.get((job_id, rid), False)) for port, rid in self.multicast_groups.get(group, ()))
+        if not copies:
             return emitted
         out[_O_UDP + 6 : _O_UDP + 8] = b"\x00\x00"  # UDP checksum 0: the payload changed
         out[_O_IP + 10 : _O_IP + 12] = b"\x00\x00"  # MyComputeChecksum fills it per replica
-        job_id = (out[_O_JOB] << 8) | out[_O_JOB + 1]
         results = self.counters["MyEgress.ina_results"] if out[_O_INA] == _RESULT else None
-        workers = self._worker_bytes
         default_drop = self._worker_default_drop
         pack = _U16.pack
         # Pieces of every rewritten replica: mac | a | ip checksum | b | dst ip | c | dst port | d | worker_id | e
         a, b, c = bytes(out[6 : _O_IP + 10]), bytes(out[_O_IP + 12 : _O_IP + 16]), bytes(out[_O_UDP : _O_UDP + 2])
         d, e = bytes(out[_O_UDP + 4 : _O_WORKER]), bytes(out[_O_WORKER + 1 :])
         x_base = int.from_bytes(out[_O_IP : _O_IP + 16], "big") << 32  # the header's value with dst address 0
-        for port, rid in replicas:
-            if port == DROP_PORT:
-                continue
-            addr = workers.get((job_id, rid), False)  # table ina_worker
+        for port, addr in copies:
             if addr is None:  # an entry whose action is drop
                 continue
             if addr is False:  # a miss: the default action
@@ -679,13 +710,13 @@ class InaPipeline:
     # --- MyEgress.apply, MyComputeChecksum, MyDeparser ---------------------------------------------
     def _egress(
         self, ingress_port: int, egress_port: int, egress_rid: int, out: bytearray, *, ina_out: bool, ina_mcast: bool,
-        gap: tuple[int, bytes] | None = None,
-    ) -> list[tuple[int, bytes]]:
+        gap: tuple | None = None,
+    ) -> Output:
         if egress_port == DROP_PORT:
             return []
         if ina_mcast:
             job_id = _U16.unpack_from(out, _O_JOB)[0]
-            addr = self._worker_bytes.get((job_id, egress_rid), False)  # table ina_worker
+            addr = self._worker.get((job_id, egress_rid), False)  # table ina_worker
             if addr is False:
                 if self._worker_default_drop:
                     return []
@@ -697,7 +728,7 @@ class InaPipeline:
                 _carry_gap(out, gap)  # the sender's copy carries its gap
         if ina_out:
             out[_O_UDP + 6 : _O_UDP + 8] = b"\x00\x00"  # UDP checksum 0: the payload changed
-            if out[_O_INA] == MsgType.RESULT:
+            if out[_O_INA] == _RESULT:
                 self.counters["MyEgress.ina_results"][_U16.unpack_from(out, _O_JOB)[0]] += 1
         # MyComputeChecksum: update_checksum over the base IPv4 header.
         if len(out) >= _O_UDP and out[12] == 0x08 and out[13] == 0x00:  # etherType TYPE_IPV4
@@ -706,6 +737,3 @@ class InaPipeline:
         if egress_port == wire.CPU_PORT:  # packet_in header: ingress_port:9, _pad:7
             out[0:0] = _U16.pack((ingress_port & 0x1FF) << 7)
         return [(egress_port, bytes(out))]
-
-
-ProcessFn = Callable[[int, bytes], list[tuple[int, bytes]]]

@@ -1,25 +1,11 @@
-"""Linux PACKET_MMAP rings on one AF_PACKET socket: a TPACKET_V2 receive ring and transmit ring of frame slots.
+"""The switch benchmark's workers' I/O: Linux PACKET_MMAP rings (TPACKET_V2) on one AF_PACKET socket.
 
-Both rings are arrays of fixed-size frame slots (``FRAME_SIZE`` bytes, a ``tpacket2_hdr`` at the start of
-each; Documentation/networking/packet_mmap.rst), mapped once and seen from Python as 2-D numpy arrays: slot
-``i`` is row ``i``. That is what makes a batch cheap: the receive side reads the status words of the next
-slots in one numpy operation, checks that the ready frames share one length and one data offset (INA
-traffic does) and copies all of them out with one strided copy; the transmit side writes a block of
-equal-length frames into consecutive slots with one copy and marks them with one store, then one
-``send()`` hands every marked slot to the kernel. Frames of other shapes take a per-frame loop.
-
-Why TPACKET_V2 and not V3's variable-size blocks: V3 wakes the reader only when a block is full or retired
-by its timer (a jiffy at least, 4 ms at HZ=250), so at low rates every frame waits up to that long; V2 marks
-and signals each frame as it lands, so a lone frame is seen at once and under load the reader still finds
-everything that arrived meanwhile. Fixed slots also make the batch a strided view (no header chain to
-walk).
-
-Transmit: the kernel sets a slot AVAILABLE again once its frame has left through the interface's qdisc
-(shaped links keep their shaping). A flush does not wait (MSG_DONTWAIT); only a full ring or a full socket
-buffer waits for the kernel, as a blocking send() would for one frame.
-
-Anything the kernel refuses while setting up raises ``RingUnavailable`` with the reason, so the caller
-can fall back to one recv()/send() per frame.
+A worker of bench/switch_bench.py keeps a window of chunks in flight at a rate a per-frame Python sender cannot
+offer (7-11 us of CPU per frame): both rings are arrays of fixed-size frame slots (``FRAME_SIZE`` bytes, a
+``tpacket2_hdr`` at the start of each; Documentation/networking/packet_mmap.rst) seen as 2-D numpy arrays, so
+every result ready is read with one strided copy and the next chunks are written as rows with one copy and
+handed to the kernel with one ``send()``. TPACKET_V2 signals each frame as it lands (V3 holds a block until it
+is full or its timer fires). Anything the kernel refuses while setting up raises ``RingUnavailable``.
 """
 from __future__ import annotations
 
@@ -35,7 +21,6 @@ PACKET_RX_RING = 5
 PACKET_VERSION = 10
 PACKET_TX_RING = 13
 PACKET_LOSS = 14  # a malformed transmit slot is skipped instead of stopping the flush
-PACKET_STATISTICS = 6  # struct tpacket_stats: tp_packets, tp_drops (reset by each read)
 TPACKET_V2 = 1
 
 TP_STATUS_KERNEL = 0
@@ -58,15 +43,6 @@ _RX_HEAD = struct.Struct("=IIIH")  # tp_status, tp_len, tp_snaplen, tp_mac
 _U32 = struct.Struct("=I")
 _TX_LEN = struct.Struct("=II")  # tp_len, tp_snaplen
 SMALL_BATCH = 8  # fewer ready frames than this are read with struct, one at a time (numpy's fixed cost is larger)
-
-
-def receive_drops(sock) -> int:
-    """Frames the kernel dropped at a packet socket since the last call (its receive ring or buffer full:
-    PACKET_STATISTICS, which each read resets)."""
-    try:
-        return struct.unpack("=II", sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))[1]
-    except OSError:
-        return 0
 
 
 class RingUnavailable(OSError):
@@ -113,14 +89,6 @@ class PacketRing:
         self._tx_next = 0  # the next transmit slot
         self._queued = 0  # slots marked SEND_REQUEST since the last flush
         self._tx_max = FRAME_SIZE - TX_DATA_OFFSET
-
-    def receive_drops(self) -> int:
-        """Frames the kernel dropped since the last call because the receive ring was full (PACKET_STATISTICS)."""
-        return receive_drops(self.sock)
-
-    @property
-    def mapped_bytes(self) -> int:
-        return len(self._mm)
 
     # --- receive -------------------------------------------------------------------------------------------
     def receive_batch(self, limit: int = 1024) -> np.ndarray | list[bytes]:
@@ -179,14 +147,6 @@ class PacketRing:
                 else:
                     self.truncated += 1
         return frames
-
-    def receive(self, limit: int = 1024) -> list[bytes]:
-        """``receive_batch`` as a list of bytes."""
-        frames = self.receive_batch(limit)
-        if isinstance(frames, list):
-            return frames
-        blob, size = frames.tobytes(), frames.shape[1]
-        return [blob[o : o + size] for o in range(0, len(blob), size)]
 
     # --- transmit ------------------------------------------------------------------------------------------
     def _take_slots(self, count: int) -> list[slice] | None:

@@ -6,8 +6,8 @@ const integers, typedef'd bit widths) and derives P4Info the way p4c does: contr
 ``Control.object``, aliases as the shortest unique dotted suffix, and ids as the resource-type prefix over
 the low 24 bits of the Jenkins one-at-a-time hash of the name, probing linearly in sorted-name order.
 
-    python -m softswitch.p4source > p4src/ina.p4info.txt   # regenerate the hand-kept P4Info where p4c is absent
-    python -m softswitch.p4source --compare A B             # compare two P4Infos up to the order of their lists
+    python -m p4src.p4source > p4src/ina.p4info.txt   # regenerate the hand-kept P4Info where p4c is absent
+    python -m p4src.p4source --compare A B             # compare two P4Infos up to the order of their lists
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from pathlib import Path
 from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
 
-from softswitch.p4program import load_p4info
+from p4src.p4info import load_p4info
 
-P4_PATH = Path(__file__).resolve().parent.parent / "p4src" / "ina.p4"
+P4_PATH = Path(__file__).resolve().parent / "ina.p4"
 
 _STRIP_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 

@@ -3,21 +3,32 @@
 The names, widths and sizes are the P4Info's (tests/unit/test_p4info.py holds the two together); a
 :class:`Table` checks what a P4Runtime write may put in it the way BMv2 does (widths, LPM prefixes,
 @defaultonly and const default actions) and looks entries up. The packet path that reads them is
-:mod:`softswitch.pipeline`.
+:mod:`p4src.ina_model`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from inaproto import wire
-from softswitch.errors import SoftSwitchError
+
+__all__ = [
+    "ACTIONS", "COUNTERS", "NUM_BINDINGS", "NUM_CELLS", "NUM_CHAINS", "REGISTERS", "TABLES", "ActionScopeError",
+    "ActionSpec", "Match", "PipelineError", "Table", "TableEntry", "TableSpec",
+]
 
 NUM_CELLS = wire.NUM_SLOTS * 2
 NUM_CHAINS = 4096  # ina_chain entries
-NUM_BINDINGS = 8192  # table ina_binding: MAX_JOBS * 32 workers
+NUM_BINDINGS = wire.MAX_JOBS * wire.MAX_WORKERS  # table ina_binding, register ina_tx_next: (job, member)
 
-class PipelineError(SoftSwitchError, ValueError):
-    """A control-plane request that names something the program does not have, or bad values."""
+
+class PipelineError(ValueError):
+    """A control-plane request that names something the program does not have, or bad values: the base of the
+    errors ``p4src`` raises."""
+
+
+class ActionScopeError(PipelineError):
+    """An action used where the program's annotations forbid it: a @defaultonly action in a table entry (BMv2,
+    through PI, answers PERMISSION_DENIED)."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +189,7 @@ class Table:
             elif not 0 <= value < (1 << width):
                 raise PipelineError(f"{spec.name}: {fname} value {value} does not fit in {width} bits")
         if action in spec.default_only:
-            raise PipelineError(f"{spec.name}: action {action} is @defaultonly: it cannot be used in an entry")
+            raise ActionScopeError(f"{spec.name}: action {action} is @defaultonly: it cannot be used in an entry")
         self.check_action(action, params)
 
     def check_action(self, action: str, params: tuple[int, ...]) -> None:
@@ -197,6 +208,12 @@ class Table:
         if len(self.entries) >= self.spec.size:
             raise OverflowError(f"{self.spec.name}: table is full ({self.spec.size} entries)")
         self.entries[entry.match] = entry
+        self._reindex()
+
+    def clear(self) -> None:
+        """No entries, the P4's default action."""
+        self.entries.clear()
+        self.default = (self.spec.default_action, ())
         self._reindex()
 
     def modify(self, entry: TableEntry) -> None:

@@ -12,13 +12,13 @@ from inaproto.commands import Command, command_argv
 from simulator.cli import main
 from simulator.trace import read_trace
 
-TINY = ["--racks", "4", "--workers-per-rack", "8", "--slots", "512", "--iterations-median", "200", "--quiet"]
+TINY = ["--racks", "4", "--slots", "512", "--set", "workload.iterations_median=200", "--quiet"]
 
 
 def test_run_compares_policies_and_writes_its_files(tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["run", "--synthetic", "40", "--policy", "equal,first-fit,weighted,priority", "--seed", "3",
-               "--out", str(out), "--check", *TINY])
+               "--out", str(out), "--set", "check=true", *TINY])
     assert rc == 0
     names = {p.name for p in out.iterdir()}
     for policy in ("equal", "first-fit", "weighted", "priority"):
@@ -32,7 +32,7 @@ def test_run_compares_policies_and_writes_its_files(tmp_path, capsys):
     for r in summary["results"]:
         assert r["jobs_finished"] == 40 and 0 <= r["slot_utilisation"] <= 1
         assert r["p50_jct_s"] <= r["p99_jct_s"]
-    assert summary["config"]["cluster"]["racks"] == 4
+    assert summary["config"]["cluster"]["racks"] == 4 and summary["config"]["check"] is True
     assert "mean JCT" in capsys.readouterr().out
     # The trace the run used is saved, and replaying it gives the same numbers.
     again = tmp_path / "again"
@@ -44,19 +44,23 @@ def test_run_compares_policies_and_writes_its_files(tmp_path, capsys):
 
 def test_gen_trace_writes_a_readable_trace(tmp_path, capsys):
     path = tmp_path / "t.csv"
-    assert main(["gen-trace", "25", "--seed", "2", "--out", str(path), "--hetero", "0.5"]) == 0
+    assert main(["gen-trace", "25", "--seed", "2", "--out", str(path), "--set", "workload.hetero=0.5"]) == 0
     jobs = read_trace(path)
     assert len(jobs) == 25 and any(len(j.compute_s) > 1 for j in jobs)
     assert "wrote 25 jobs" in capsys.readouterr().out
 
 
-def test_show_calibration_prints_a_loadable_template(capsys, tmp_path):
-    assert main(["show-calibration"]) == 0
+def test_print_config_is_a_file_run_reads_back(capsys, tmp_path):
+    """--print-config prints every setting as TOML (flags and --set applied); --config reads it back."""
+    assert main(["run", "--print-config", "--racks", "4", "--set", "calibration.ina_rtt_us=40"]) == 0
     text = capsys.readouterr().out
-    (tmp_path / "c.json").write_text(text)
-    assert json.loads(text)["payload_bytes"] == 128
-    assert main(["run", "--synthetic", "5", "--calibration", str(tmp_path / "c.json"), "--no-plot",
-                 "--out", str(tmp_path / "o"), *TINY]) == 0
+    assert "[calibration]" in text and "ina_rtt_us = 40" in text and "racks = 4" in text
+    (tmp_path / "sim.toml").write_text(text)
+    out = tmp_path / "o"
+    assert main(["run", "--synthetic", "5", "--config", str(tmp_path / "sim.toml"), "--no-plot", "--policy", "equal",
+                 "--out", str(out), "--quiet"]) == 0
+    config = json.loads((out / "summary.json").read_text())["config"]
+    assert config["calibration"]["ina_rtt_us"] == 40 and config["cluster"]["racks"] == 4
 
 
 @pytest.mark.parametrize(
@@ -83,9 +87,9 @@ def test_bad_input_files_exit_nonzero_with_one_line(tmp_path, capsys):
     bad.write_text("job_id,arrival_s\n")
     assert main(["run", "--trace", str(bad), "--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert main(["run", "--trace", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o"), "--quiet"]) == 2
-    cal = tmp_path / "cal.json"
-    cal.write_text('{"bogus": 1}')
-    assert main(["run", "--synthetic", "3", "--calibration", str(cal), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    config = tmp_path / "sim.toml"
+    config.write_text("[calibration]\nbogus = 1\n")
+    assert main(["run", "--synthetic", "3", "--config", str(config), "--out", str(tmp_path / "o"), "--quiet"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 3 and all(line.startswith("ina-sim: error:") for line in lines)
     assert "missing column" in lines[0] and "cannot read trace" in lines[1] and "bogus" in lines[2]
@@ -115,3 +119,12 @@ def test_console_script_usage_error_exits_nonzero():
     proc = subprocess.run([*command_argv(Command.SIM), "run"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("ina-sim run: error:")
+
+
+def test_the_docs_list_every_setting_as_the_configuration_documents_it():
+    """docs/simulation.md's settings table is generated from SimConfig's documented fields (tests/unit/
+    test_settings_docs.py keeps every marked table current)."""
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "simulation.md").read_text()
+    assert "<!-- settings: simulator.config:SimConfig -->" in docs

@@ -9,7 +9,6 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 import numpy as np
-import pytest
 
 from host_agent.chunks import Segment
 from host_agent.grant import Rack
@@ -17,9 +16,9 @@ from host_agent.ina_window import TX_MOD, InaSender
 from host_agent.options import StreamOptions
 from host_agent.stats import StreamStats
 from inaproto import wire
-from tests.targets import SWITCH_IP, SWITCH_MAC, ModelTarget, Worker, install_job, make_workers
-
-pytestmark = pytest.mark.unit
+from tests.support.entries import install_job
+from tests.support.frames import SWITCH_IP, SWITCH_MAC, Worker, make_workers
+from tests.targets import ModelTarget
 
 JOB, GEN = 6, 2
 ME, PEER = make_workers(2)

@@ -9,6 +9,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 
 import numpy as np
+import pytest
 
 from host_agent.chunks import Segment
 from host_agent.grant import Rack
@@ -129,6 +130,7 @@ def _exact(seg: Segment, contrib: np.ndarray) -> bool:
     return bool((got == contrib + 1).all()) and all(seg.src)
 
 
+@pytest.mark.local  # a socket pair stands for the switch
 def test_a_chunk_the_switch_reports_lost_gets_its_payload_again() -> None:
     net = _Net(16, lost={(5, 1)})
     sender, seg, contrib = _run(net, 16, 40)
@@ -137,6 +139,7 @@ def test_a_chunk_the_switch_reports_lost_gets_its_payload_again() -> None:
     assert [m for m, s, _ in net.arrived if s == 5] == [wire.MsgType.GRADIENT]  # its resend: the payload
 
 
+@pytest.mark.local  # a socket pair stands for the switch
 def test_a_refused_counted_send_gives_its_counters_back_and_its_chunks_go_next_turn() -> None:
     """The socket refuses the last 70 frames of the first run (a full buffer) and later the resend of a lost chunk:
     the switch sees every frame that reached it numbered in sequence (no gap, no "late" run of 64 or more), and every

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from simulator.config import SimConfig
 from simulator.report import write_policy
 from simulator.runs import simulate
 from simulator.trace import JobSpec, write_trace
+from topologies.daemons import write_config
 from topologies.errors import ExperimentError
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, group_by, median
@@ -423,9 +425,11 @@ class MultijobExperiment(Experiment):
                                                    key=lambda kv: (-kv[0][0], kv[0][2])):
             requested, min_slots = job_request(policy, cfg.demand_slots, pool, len(cfg.jobs))
             startup = {job[0]: median(r["steady_from_s"] - r["arrival_s"] for r in rs) for job, rs in group_by(rows, "job").items()}
+            label = f"pool{pool}-{policy}"
             predicted = simulate_trace(cfg.jobs, requested=requested, min_slots=min_slots, pool=pool,
                                        policy=controller_policy(policy), bw_mbps=cfg.bw_mbps, calibration=calibration,
-                                       out=sim_dir / f"pool{pool}-{policy}", startup=startup, skip_first=True)
+                                       out=sim_dir / label, startup=startup, skip_first=True,
+                                       record=lambda config, label=label: ctx.simulated(label, config))
             for job, rs in sorted(group_by(rows, "job").items()):
                 sim = predicted.get(job[0])
                 if sim is None or not sim["busy_s"]:
@@ -786,10 +790,12 @@ def _history(workers: list[dict]) -> list[str]:
 
 def simulate_trace(jobs: tuple[TraceJob, ...], *, requested: int, min_slots: int, pool: int, policy: str, bw_mbps: float,
                    calibration: Calibration, out: Path, startup: dict[int, float] | None = None,
-                   skip_first: bool = False) -> dict[int, dict]:
-    """Run one trace through ina-sim (in process; its trace and per-job results written to `out`); per job number:
-    jct_s (arrival to finish), busy_s (jct_s less the start-up), final_backend, history. Every job arrives at its time
-    and asks ``requested`` slots (``min_slots`` at least); the testbed's star is one rack, its agents follow their grant.
+                   skip_first: bool = False, record: Callable[[SimConfig], None] | None = None) -> dict[int, dict]:
+    """Run one trace through ina-sim (in process; its trace, per-job results and configuration written to `out`); per
+    job number: jct_s (arrival to finish), busy_s (jct_s less the start-up), final_backend, history. Every job arrives at
+    its time and asks ``requested`` slots (``min_slots`` at least); the testbed's star is one rack, its agents follow
+    their grant. ``out/sim.toml`` is the run's whole configuration (``ina-sim run --config`` runs it again from
+    ``out/trace.csv``); ``record`` is called with it.
 
     ``startup``: per job number, how long after its arrival its workers had all joined on the testbed (the
     trace's ``startup_s``: the job holds its slots but makes no progress). Agent start-up is the testbed's,
@@ -807,10 +813,15 @@ def simulate_trace(jobs: tuple[TraceJob, ...], *, requested: int, min_slots: int
     rate = bw_mbps / 1000
     cluster = ClusterSpec(racks=1, workers_per_rack=sum(tj.workers for tj in jobs), slots_per_switch=pool,
                           host_gbps=rate, uplink_gbps=rate)
-    config = SimConfig(policies=(policy,), placement="pack", follow_grant=True, cluster=cluster, calibration=calibration)
+    config = SimConfig(policies=(policy,), placement="pack", follow_grant=True, cluster=cluster, calibration=calibration,
+                       trace=out / "trace.csv", out=out, plot=False)
     result = simulate(config, policy, trace)
     out.mkdir(parents=True, exist_ok=True)
-    write_trace(out / "trace.csv", trace)
+    write_trace(config.trace, trace)
+    write_config(config, out / "sim.toml", f"ina-sim run --config: the simulated trace's whole configuration ({policy}, "
+                                           f"pool {pool})")
+    if record is not None:
+        record(config)
     write_policy(out, result)
     return {r.job_id: {"jct_s": r.jct_s, "busy_s": r.jct_s - startup.get(r.job_id, 0.0),
                        "final_backend": r.history[-1][1] if r.history else "",

@@ -187,36 +187,34 @@ class TreeExperiment(Experiment):
             n = racks * per
             layout = f"{racks}x{per}"
             hosts = tuple(f"h{i}" for i in range(1, n + 1))
-            # (label, topology, backend, controller args, agent args, expected path floor in ms, faults); uplink runs
-            # (pcaps) after them
-            runs: list[tuple[str, Any, str, tuple, tuple, float, float]] = [
+            # (label, topology, backend, whether the controller builds trees, expected path floor in ms, injected
+            # loss); uplink runs (pcaps) after them
+            runs: list[tuple[str, Any, str, bool, float, float]] = [
                 ("tree", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "auto",
-                 ("--trees",), (), tree_floor, 0.0)]
+                 True, tree_floor, 0.0)]
             if cfg.baselines:
                 runs += [
                     ("rina", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "rina",
-                     (), (), star_floor, 0.0),
-                    ("ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps), "ring", (), (), 0.0,
-                     0.0),
-                    ("star", StarTopo(n, bw=cfg.bw_mbps), "ina", (), (), star_floor, 0.0),
+                     False, star_floor, 0.0),
+                    ("ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps), "ring", False, 0.0, 0.0),
+                    ("star", StarTopo(n, bw=cfg.bw_mbps), "ina", False, star_floor, 0.0),
                 ]
             if not bmv2:
                 runs += [(f"tree-loss{p:g}", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps,
-                                                           spine_ina=True), "auto", ("--trees",), (), tree_floor, p)
+                                                           spine_ina=True), "auto", True, tree_floor, p)
                          for p in cfg.loss if p > 0]
             uplink = [(f"{label}-uplink", *rest) for label, *rest in runs if label in ("tree", "rina")]
             schedule = [(rep, run) for rep in range(cfg.repetitions) for run in runs]
             schedule += [(rep, run) for rep in range(cfg.uplink_runs) for run in uplink]
-            for rep, (label, topo, backend, ctl_args, agent_args, floor_ms, loss) in schedule:
+            for rep, (label, topo, backend, trees, floor_ms, loss) in schedule:
                 port += 1
                 ctx.progress(f"{layout} {label} #{rep + 1}: {backend}, {cfg.warmup}+{cfg.iterations} all-reduces")
                 opts: dict[str, Any] = {"pcap": True} if label.endswith("-uplink") else {}  # lossless, untimed
                 if loss:
                     opts["faults"] = {"drop": loss, "seed": 17 + rep}
-                with ctx.testbed(topo, f"{layout}-{label}-{rep + 1}", controller_args=ctl_args,
+                with ctx.testbed(topo, f"{layout}-{label}-{rep + 1}", controller_settings={"trees": trees},
                                  switch_opts=opts) as bed:
-                    job = AgentJob(f"tree-{layout}-{label}", hosts, "allreduce", backend=backend,
-                                   args=common + agent_args,
+                    job = AgentJob(f"tree-{layout}-{label}", hosts, "allreduce", backend=backend, args=common,
                                    requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
                     granted: list[str] = []  # the controller's grant (agents report their plan: ina for a tree)
                     workers = ctx.run_job(bed, job, {"kind": "tree", "layout": layout, "run": label, "rep": rep},

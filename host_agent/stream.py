@@ -156,7 +156,12 @@ class ChunkStream:
         return self._released
 
     def notify_grant(self, grant: Grant) -> None:
-        """A grant from the controller's event stream; a new generation interrupts the stream."""
+        """A grant from the controller's event stream; a new generation interrupts the stream.
+
+        The interruption (waking the INA window, aborting the ring's op or set-up) happens under the lock that
+        ``_resync`` takes to end the pending generation: once interrupted, the stream may resync at once and
+        start the new generation's ring, which an abort arriving after it would break (no generation change
+        would then explain the failure)."""
         with self._ctl:
             same = grant.generation == self._latest.generation
             self._latest = grant
@@ -165,9 +170,9 @@ class ChunkStream:
             if not self._pending:
                 self._notice_at = time.monotonic()
             self._pending = True
-        self.ina.wake()
-        if not self._finishes_ring_op(grant):
-            self.ring.abort()
+            self.ina.wake()
+            if not self._finishes_ring_op(grant):
+                self.ring.abort()
 
     def _finishes_ring_op(self, grant: Grant) -> bool:
         """A move from the ring to INA lets the ring op in flight finish when that loses less than aborting it
@@ -387,12 +392,17 @@ class ChunkStream:
         stop = time.monotonic()
         lost, self.ring.lost = self.ring.lost, 0.0  # the work an aborted ring op threw away
         self.ina.clear_wake()
+        # Leave the rings before the barrier: a peer may have started a ring op this worker will not join (it
+        # had not seen the grant yet, and then let the op run on as worth finishing); the closed connections
+        # fail that op, which then resyncs, instead of both waiting on each other until their timeouts. A peer
+        # finishing the op this worker finished still gets all of it: it was sent before the close. The next
+        # generation rebuilds the rings under its plan.
+        self.ring.new_generation()
         m = self.first_missing()
         grant, resume = self._barrier(m, stop + self.options.op_timeout)
         with self._ctl:
             if self._latest.generation == grant.generation:
                 self._pending = False
-        self.ring.new_generation()  # the rings are rebuilt under the new plan
         if resume > m:
             raise AgentError(f"controller resumed at chunk {resume}, beyond this worker's first missing chunk {m}")
         self._reset_from(resume)

@@ -9,11 +9,14 @@ import time
 import numpy as np
 import pytest
 
-from host_agent.agent import AgentOptions
+from host_agent.agent import AgentOptions, bind_worker_sockets
 from host_agent.chunks import Segment
+from host_agent.errors import AgentTimeout, StaleGeneration
+from host_agent.grant import Grant, SwitchGrant, Worker
 from host_agent.options import StreamOptions
 from host_agent.ring_phases import RingOp, RingPhase
 from host_agent.stats import StreamStats
+from host_agent.stream import ChunkStream
 from inaproto.backends import Backend
 from inaproto.wire import LANES
 from topologies.loopback import LoopbackCluster, exact_sum
@@ -113,3 +116,96 @@ def test_a_ring_op_is_worth_finishing_once_its_rest_costs_less_than_its_work_so_
             expected, n = op
             phase.op = RingOp(time.monotonic() - elapsed_share * (expected or 1.0), expected, n)
         assert phase.worth_finishing() is finish
+
+
+class _Barrier:
+    """The controller's generation barrier for streams driven by hand: each worker's report, the minimum once all
+    have reported (``controller/barrier.py``), a StaleGeneration once a newer generation was announced."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers, self.cv = workers, threading.Condition()
+        self.reports: dict[int, dict[int, int]] = {}
+        self.latest = 0
+
+    def announce(self, generation: int) -> None:
+        with self.cv:
+            self.latest = max(self.latest, generation)
+            self.cv.notify_all()
+
+    def sync(self, worker: int, generation: int, first_missing: int) -> int:
+        with self.cv:
+            self.reports.setdefault(generation, {})[worker] = first_missing
+            self.cv.notify_all()
+            if not self.cv.wait_for(lambda: len(self.reports[generation]) == self.workers or self.latest > generation,
+                                    timeout=60):
+                raise AgentTimeout(f"generation {generation}: not every worker reported")
+            if len(self.reports[generation]) < self.workers:
+                raise StaleGeneration(f"generation {generation} was replaced")
+            return min(self.reports[generation].values())
+
+    def complete(self, generation: int) -> bool:
+        with self.cv:
+            return len(self.reports.get(generation, {})) == self.workers
+
+
+def test_a_worker_stopping_for_a_generation_leaves_its_rings_so_a_peer_in_an_op_it_will_not_join_resyncs() -> None:
+    """Worker 0 (its ring link emulated slow) is still in a call's ring op when the move to INA reaches it, and
+    finishes the op (two members: INA is no faster than the ring); worker 1, done with that op, has started the
+    next call's, and sees the move only then (its op, in flight, looks worth finishing too). Worker 0 leaves its
+    rings before it waits at the barrier, so worker 1's op fails and worker 1 resyncs, instead of the two waiting
+    on each other until their timeouts; a move back to the ring finishes the calls, exactly."""
+    n = 2
+    socks = [bind_worker_sockets("127.0.0.1") for _ in range(n)]
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # the INA switch's address: nothing answers there
+    sink.bind(("127.0.0.1", 0))
+    workers = tuple(Worker(i, "127.0.0.1", s[0].getsockname()[1], "", f"h{i}") for i, s in enumerate(socks))
+    ring1 = Grant(job_id=1, generation=1, backend=Backend.RING)
+    ina2 = Grant(job_id=1, generation=2, backend=Backend.INA, ina_port=sink.getsockname()[1],
+                 switches=(SwitchGrant("s1", "127.0.0.1", num_slots=4, worker_ids=(0, 1)),))
+    ring3 = Grant(job_id=1, generation=3, backend=Backend.RING)
+    barrier = _Barrier(n)
+    options = [StreamOptions(op_timeout=60.0, ring_grace=60.0, link_bps=30e3),  # an op of 40 chunks: about 1.5 s
+               StreamOptions(op_timeout=60.0, ring_grace=60.0)]
+    streams = [ChunkStream(worker_id=i, workers=workers, sock=socks[i][0], listener=socks[i][1], grant=ring1,
+                           sync=lambda g, m, i=i: barrier.sync(i, g, m), options=options[i]) for i in range(n)]
+    data = [np.full((40, LANES), i + 1, dtype=np.int32) for i in range(n)]
+    results: dict[int, list] = {0: [], 1: []}
+
+    def calls(i: int, count: int) -> None:
+        for _ in range(count):
+            results[i].append(streams[i].reduce(data[i]))
+
+    def within(cond, seconds: float = 20.0) -> bool:
+        deadline = time.monotonic() + seconds
+        while not cond():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    threads = [threading.Thread(target=calls, args=(i, 3), daemon=True) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        ring0, ring1_ = streams[0].ring, streams[1].ring
+        assert within(lambda: streams[1].stats.calls == 3 and ring1_.op is not None), "worker 1 in the third call's op"
+        assert streams[0].stats.calls == 2 and ring0.op is not None, "worker 0 still in the second call's op"
+        barrier.announce(2)
+        streams[0].notify_grant(ina2)  # worth finishing: worker 0 finishes the op, then resyncs
+        assert within(lambda: 0 in barrier.reports.get(2, {})), "worker 0 waits at the barrier"
+        streams[1].notify_grant(ina2)  # worker 1's op in flight looks worth finishing: not aborted
+        assert within(lambda: barrier.complete(2)), "worker 1 still waits in a ring op worker 0 will not join"
+        barrier.announce(3)
+        for s in streams:
+            s.notify_grant(ring3)  # the switch never answers: back to the ring to finish the calls
+        for t in threads:
+            t.join(30)
+        assert [len(r) for r in results.values()] == [3, 3]
+        for r in results.values():
+            assert all((out == 3).all() for out in r)
+    finally:
+        for s in streams:
+            s.close()
+        for udp, _ in socks:
+            udp.close()
+        sink.close()

@@ -14,9 +14,10 @@ from inaproto.backends import Backend
 from inaproto.wire import LANES
 from topologies.loopback import LoopbackCluster, exact_sum
 
-__all__ = ["MID_CALL_LIMIT", "Step", "admit_step", "assert_exact", "release_step", "run_with_steps"]
+__all__ = ["MID_CALL_LIMIT", "MORE_CALLS", "Step", "admit_step", "assert_exact", "release_step", "run_with_steps"]
 
 MID_CALL_LIMIT = 2.0  # seconds
+MORE_CALLS = 8  # the workers make at most this many times the calls asked for, waiting for the last step
 Step = Callable[[LoopbackCluster], None]  # one change at the controller, through its admission service
 
 
@@ -31,7 +32,7 @@ def _into_call(agent: Agent, per_call: int) -> int:
 
 def run_with_steps(cl: LoopbackCluster, inputs: list[np.ndarray], calls: int, steps: list[Step], *, every: int,
                     spec=None, sockets=None, before: Step | None = None) -> list:
-    """Every worker all-reduces its input ``calls`` times; a controller thread takes ``steps`` one by one (each a
+    """Every worker all-reduces its input at least ``calls`` times; a controller thread takes ``steps`` one by one (each a
     change at the real controller: another job admitted or released, which the policy answers by moving,
     shrinking, revoking or restoring this job's slots), each once worker 0 has synced on the previous one, then
     started ``every`` more chunks, then had results for a fifth of that call's chunks; the switches hold their
@@ -45,19 +46,37 @@ def run_with_steps(cl: LoopbackCluster, inputs: list[np.ndarray], calls: int, st
     call before noticing a grant (every step landed on a call's boundary). Only under a single-switch INA
     plan (Rina's ring exchanges would wait on a held switch; the ring has no switch) does the step wait for
     mid-call results (at most ``MID_CALL_LIMIT`` seconds) and hold the switches; otherwise it is taken at once.
-    ``before`` is taken as soon as the job is registered, before any step. Returns (per worker (results, stats),
-    the job's generation after each step)."""
+    ``before`` is taken as soon as the job is registered, before any step.
+
+    The workers make at least ``calls`` calls, and go on calling until the last step is taken and worker 0 synced
+    on it (at most ``MORE_CALLS`` times ``calls``): under load the steps' thread runs seldom, and on the ring no
+    switch is held, so a fixed number of calls could end before the last step (then taken on a released job).
+    Every worker makes the same number of calls (a collective): the first to ask whether there is a call ``k``
+    decides it for all. Returns (per worker (results, stats), the job's generation after each step)."""
     first: dict[str, Agent] = {}
     per_call = -(-inputs[0].size // LANES)  # chunks per call
-    done = threading.Event()
+    done = threading.Event()  # worker 0 made its last call
+    stepped = threading.Event()  # the steps' thread has ended: every step taken and synced on, or given up
     applied: list[int] = []
+    decided: dict[int, bool] = {}
+    lock = threading.Lock()
+
+    def another(k: int) -> bool:
+        with lock:
+            if k not in decided:
+                decided[k] = k < calls or (not stepped.is_set() and k < calls * MORE_CALLS)
+            return decided[k]
 
     def work(agent):
         if agent.rank == 0:
             first["agent"] = agent
-        outs = [agent.allreduce(inputs[agent.rank]) for _ in range(calls)]
-        if agent.rank == 0:
-            done.set()
+        outs = []
+        try:
+            while another(len(outs)):
+                outs.append(agent.allreduce(inputs[agent.rank]))
+        finally:
+            if agent.rank == 0:
+                done.set()
         return outs, agent.stats
 
     def controller():
@@ -92,7 +111,13 @@ def run_with_steps(cl: LoopbackCluster, inputs: list[np.ndarray], calls: int, st
                     sw.release()
             target = stats.chunks + every
 
-    t = threading.Thread(target=controller)
+    def take_steps():
+        try:
+            controller()
+        finally:
+            stepped.set()
+
+    t = threading.Thread(target=take_steps)
     t.start()
     try:
         out = cl.run(work, spec=spec, sockets=sockets)

@@ -39,11 +39,16 @@ REPORT_ARGS ?=
 report: $(STAMP) ## results/report.html: the newest run of each experiment beside the published figures, targets met or missed
 	$(BIN)/ina-exp report $(REPORT_ARGS)
 
+# The tiers without namespaces run on two pytest workers (pytest-xdist); integration and bmv2 run in one process,
+# one test at a time: their network namespaces, veths and switch processes have fixed names.
+FAST     := -m "(unit or local or packet) and not slow" -n 2 --dist worksteal
+
 test: $(STAMP) ## every tier but slow (integration needs root; bmv2 runs where simple_switch_grpc and p4c are on PATH)
-	$(PYTEST) tests -q -m "not slow"
+	$(PYTEST) tests -q $(FAST)
+	$(PYTEST) tests -q -m "(integration or bmv2) and not slow"
 
 test-fast: $(STAMP) ## the unit, local and packet tiers (no root)
-	$(PYTEST) tests -q -m "(unit or local or packet) and not slow"
+	$(PYTEST) tests -q $(FAST)
 
 test-slow: $(STAMP) ## the slow tests (over about 30 s each), every tier
 	$(PYTEST) tests -q -m slow

@@ -319,7 +319,13 @@ class Switch:
     def push_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes = b"", *,
                       action: int = VERIFY_AND_COMMIT) -> None:
         """SetForwardingPipelineConfig (VERIFY_AND_COMMIT resets the device's state; RECONCILE_AND_COMMIT
-        keeps it): on BMv2 ``device_config`` is p4c's JSON."""
+        keeps it): on BMv2 ``device_config`` is p4c's JSON.
+
+        Before a VERIFY_AND_COMMIT the multicast groups the device holds are deleted: BMv2's replication engine
+        keeps them across the push while its P4Runtime layer forgets them, so a group written again after it
+        would be a second group of the same id, and every packet sent to it would be replicated twice."""
+        if action == VERIFY_AND_COMMIT:
+            self._delete_groups()
         req = p4runtime_pb2.SetForwardingPipelineConfigRequest(device_id=self.options.device_id, action=action)
         req.election_id.high, req.election_id.low = self.options.election_id
         req.config.p4info.CopyFrom(p4info)
@@ -330,6 +336,18 @@ class Switch:
             self._stub.SetForwardingPipelineConfig(req, timeout=self.options.rpc_timeout)
         except grpc.RpcError as exc:
             raise SwitchError.from_rpc(self.name, "set pipeline", exc) from None
+
+    def _delete_groups(self) -> None:
+        """Delete every multicast group the device holds (none without a pipeline, or where groups cannot be read)."""
+        try:
+            groups = self.read_groups()
+        except SwitchError as exc:
+            if exc.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED):
+                return
+            raise
+        if groups:
+            self.delete(*groups)
+            log.info("%s: deleted %d multicast group(s) before pushing the pipeline", self.name, len(groups))
 
     def ensure_pipeline(self, p4info: p4info_pb2.P4Info, device_config: bytes = b"", *, force: bool = False) -> bool:
         """Push the pipeline unless the device already runs this P4Info (pushing resets all its state,

@@ -48,29 +48,17 @@ class ProcessTarget:
     ports = tuple(range(1, 11))
     BARRIER_TIMEOUT = 10.0
 
-    def __init__(self, switch: SwitchProcess, host: HostPorts, kind: str, device_config: bytes, *,
-                 used: bool = True) -> None:
+    def __init__(self, switch: SwitchProcess, host: HostPorts, kind: str, device_config: bytes) -> None:
         from tests.p4rt_client import P4RuntimeTestClient
 
         self.kind = kind
         self.switch = switch
         self.host = host  # the host ends' raw sockets, open for the whole run (closing one takes the kernel ~10 ms)
+        self.device_config = device_config
         self.client = None
         try:
             self.client = P4RuntimeTestClient(switch.address, switch.device_id, 1)
-            # Pushing the pipeline empties every table, counter and register; BMv2 keeps its multicast groups
-            # in its replication engine (while its P4Runtime layer forgets them), so those of an earlier test go
-            # first (``used``: an earlier test pushed a pipeline).
-            groups = self.client.switch.read_groups() if used else []
-            if groups:
-                self.client.switch.delete(*groups)
-            self.client.set_forwarding_pipeline(device_config)
-            # Barrier routes: 203.0.113.<p>/32 goes back out of port p.
-            self.client.switch.insert(*(
-                self.client.schema.entry("MyIngress.ipv4_lpm", ((BARRIER_NET + p, 32),), "MyIngress.ipv4_forward",
-                                         (int.from_bytes(BARRIER_MAC, "big"), p))
-                for p in self.ports
-            ))
+            self.push_pipeline()
         except BaseException:
             self._release()
             raise
@@ -78,6 +66,17 @@ class ProcessTarget:
         # Whatever an earlier test left in flight comes out before a barrier on every port.
         self._used: set[int] = set(self.ports)
         self.receive()
+
+    def push_pipeline(self) -> None:
+        """Push the pipeline afresh through the controller's switch connection (``controller.switch.Switch``): every
+        table, multicast group, counter and register empties; then the barrier routes (203.0.113.<p>/32 goes
+        back out of port p)."""
+        self.client.set_forwarding_pipeline(self.device_config)
+        self.client.switch.insert(*(
+            self.client.schema.entry("MyIngress.ipv4_lpm", ((BARRIER_NET + p, 32),), "MyIngress.ipv4_forward",
+                                     (int.from_bytes(BARRIER_MAC, "big"), p))
+            for p in self.ports
+        ))
 
     # --- control (forwarded to the P4Runtime client) --------------------------------------------------
     def insert_entry(self, table, match, action, params=()):
@@ -193,15 +192,14 @@ class SwitchProcesses:
             net = self.networks[index] = SwitchNetwork(Network("pkt" if index == 0 else f"pk{index}"), ProcessTarget.ports)
             self.hosts[index] = HostPorts(net.hosts)
         switch = self.switches.get(index)
-        used = switch is not None and switch.process.alive()
-        if not used:
+        if switch is None or not switch.process.alive():
             if switch is not None:
                 switch.stop()
             log_dir = self.log_dir / f"s{index}"
             log_dir.mkdir(parents=True, exist_ok=True)
             switch = self.switches[index] = SwitchProcess(
                 net, log_dir, kind=self.kind, program=str(self.program) if self.program is not None else None)
-        return ProcessTarget(switch, self.hosts[index], self.kind, self.device_config, used=used)
+        return ProcessTarget(switch, self.hosts[index], self.kind, self.device_config)
 
     def close(self) -> None:
         """Stop every switch (an error if ina-switch did not exit cleanly), then remove the namespaces."""

@@ -54,6 +54,22 @@ def test_k_workers_receive_exact_sum(target, k):
     assert target.read_counter("MyEgress.ina_results", 7) == k
 
 
+def test_a_job_written_again_after_a_pipeline_push_gets_one_result_per_worker(target):
+    """A pushed pipeline holds no multicast group of before, so the job's group written again is its only one
+    (BMv2's replication engine keeps groups across a push unless they are deleted first: each result would
+    then go out twice)."""
+    workers = make_workers(3)
+    install_job(target, 5, workers, base=0, num_slots=4)
+    target.push_pipeline()
+    install_job(target, 5, workers, base=0, num_slots=4)
+    for i, w in enumerate(workers):
+        target.send(w.port, gradient(w, 5, slot=1, lanes=[i + 1] * wire.LANES, seq=9))
+    results = _results(target.receive(expect=3))
+    assert set(results) == {w.port for w in workers}
+    for w in workers:
+        _check_result(results[w.port], w, 5, 9, [6] * wire.LANES, slot=1, shadow=0)
+
+
 def test_result_ip_checksum_is_valid(target):
     workers = make_workers(2)
     install_job(target, 1, workers, base=0, num_slots=4)

@@ -45,7 +45,7 @@ def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back
     # a higher-priority job takes r2's pool, then leaves
     steps = [admit_step("b", "r2", SLOTS), release_step("b")]
     with LoopbackCluster(racks, slots=SLOTS, pool=SLOTS, policy="priority", backend="rina", options=OPTIONS) as cl:
-        out, applied = run_with_steps(cl, inputs, calls=20, steps=steps, every=150)
+        out, applied = run_with_steps(cl, inputs, calls=4, steps=steps, every=150)
     assert_exact(out, inputs)
     assert len(applied) == len(steps)
     for _, stats in out:
@@ -61,7 +61,7 @@ def test_rina_on_chains_moves_to_the_ring_and_back_exactly():
     inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
     steps = [admit_step("b", "r2", SLOTS), admit_step("c", "r1", SLOTS), release_step("c", "b")]
     with LoopbackCluster(racks, slots=SLOTS, pool=SLOTS, policy="priority", backend="rina", options=OPTIONS) as cl:
-        out, applied = run_with_steps(cl, inputs, calls=30, steps=steps, every=200)
+        out, applied = run_with_steps(cl, inputs, calls=4, steps=steps, every=200)
     assert_exact(out, inputs)
     assert len(applied) == len(steps)
     kinds = [kind for _, kind, _ in out[0][1].generation_history]

@@ -14,10 +14,10 @@ from inaproto.backends import Backend
 from inaproto.wire import LANES
 from topologies.loopback import LoopbackCluster, exact_sum
 
-__all__ = ["MID_CALL_LIMIT", "MORE_CALLS", "Step", "admit_step", "assert_exact", "release_step", "run_with_steps"]
+__all__ = ["CALL_LIMIT", "MID_CALL_LIMIT", "Step", "admit_step", "assert_exact", "release_step", "run_with_steps"]
 
 MID_CALL_LIMIT = 2.0  # seconds
-MORE_CALLS = 8  # the workers make at most this many times the calls asked for, waiting for the last step
+CALL_LIMIT = 64  # waiting for the last step, the workers make at most this many calls
 Step = Callable[[LoopbackCluster], None]  # one change at the controller, through its admission service
 
 
@@ -49,7 +49,7 @@ def run_with_steps(cl: LoopbackCluster, inputs: list[np.ndarray], calls: int, st
     ``before`` is taken as soon as the job is registered, before any step.
 
     The workers make at least ``calls`` calls, and go on calling until the last step is taken and worker 0 synced
-    on it (at most ``MORE_CALLS`` times ``calls``): under load the steps' thread runs seldom, and on the ring no
+    on it (at most ``CALL_LIMIT`` calls): under load the steps' thread runs seldom, and on the ring no
     switch is held, so a fixed number of calls could end before the last step (then taken on a released job).
     Every worker makes the same number of calls (a collective): the first to ask whether there is a call ``k``
     decides it for all. Returns (per worker (results, stats), the job's generation after each step)."""
@@ -64,7 +64,7 @@ def run_with_steps(cl: LoopbackCluster, inputs: list[np.ndarray], calls: int, st
     def another(k: int) -> bool:
         with lock:
             if k not in decided:
-                decided[k] = k < calls or (not stepped.is_set() and k < calls * MORE_CALLS)
+                decided[k] = k < calls or (not stepped.is_set() and k < CALL_LIMIT)
             return decided[k]
 
     def work(agent):

@@ -84,7 +84,7 @@ def results_of(out: Path, name: str) -> tuple[Path, dict]:
     return run_dir, json.loads((run_dir / "results.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["allreduce", "hetero", "multijob", "loss"])
+@pytest.mark.parametrize("name", ["allreduce", pytest.param("hetero", marks=pytest.mark.slow), "multijob", "loss"])  # hetero: over 30 s
 def test_tiny_configuration_runs_end_to_end(name, tmp_path):
     ports_before = unowned_ports()
     # As a user runs it: the default, relative results folder, from a folder that is not the checkout.

@@ -24,6 +24,7 @@ import pytest
 
 pytest.importorskip("mininet")
 
+from tests.support.ports import free_port
 from topologies import state as run_state
 from topologies.cleanup import cleanup_all, root_interfaces
 from topologies.network import InaNetwork
@@ -81,11 +82,6 @@ def wait_until(condition, timeout: float = 5.0, message: str = ""):
             raise AssertionError(message or "condition not met in time")
         time.sleep(0.02)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ping(host, ip: str) -> bool:

@@ -24,6 +24,7 @@ SCRIPT = REPO / "examples" / "torchrun_train.py"
 RDZV_PORT = 29411
 
 
+@pytest.mark.slow  # two torchrun launches of two workers each, over 30 s
 def test_torchrun_two_hosts_two_workers_each_through_ina(tmp_path) -> None:
     out = tmp_path / "summary.json"
     procs: list[subprocess.Popen] = []

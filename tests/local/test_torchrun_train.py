@@ -1,7 +1,7 @@
 """examples/torchrun_train.py as users start it (torchrun, tiny size): INA == ring bit for bit, close to gloo, allocation.
 
 Each run is ``torchrun --standalone --nproc-per-node 2`` of the script, against the pipeline model behind
-UDP and the fake controller for INA (``tests.udp_switch.LocalCluster``), on the agent's ring without a
+UDP and the controller for INA (``topologies.loopback.LoopbackCluster``), on the agent's ring without a
 controller, and with DDP's own gloo all-reduce. The runs go side by side to save wall time.
 """
 from __future__ import annotations
@@ -18,18 +18,20 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.udp_switch import LocalCluster
+from inaproto.credentials import JOB_SECRET_ENV
+from topologies.loopback import LoopbackCluster
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "torchrun_train.py"
 TINY = ("--epochs", "1", "--steps", "12", "--eval-every", "6", "--global-batch", "64")
 
 
-def _torchrun(tmp_path: Path, name: str, *args: str, nproc: int = 2) -> tuple[subprocess.Popen, Path]:
+def _torchrun(tmp_path: Path, name: str, *args: str, nproc: int = 2, secret: str = "") -> tuple[subprocess.Popen, Path]:
     out = tmp_path / f"{name}.json"
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(SCRIPT),
             *TINY, "--json", str(out), "--save-params", str(tmp_path / f"{name}.npz"), *args]
     log = (tmp_path / f"{name}.log").open("w")
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path), out
+    env = {**os.environ, JOB_SECRET_ENV: secret} if secret else None
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env), out
 
 
 def _finish(runs: dict, tmp_path: Path) -> dict:
@@ -55,10 +57,12 @@ def test_usage_errors_are_one_line_and_exit_2() -> None:
     assert r.returncode == 2 and "--comm gloo" in r.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow  # three torchrun launches of two workers each: 20-40 s
 def test_ina_equals_ring_bit_for_bit_and_stays_close_to_gloo(tmp_path) -> None:
-    with LocalCluster(["s1", "s1"], slots=16) as cl:  # its sockets are not used: the script binds its own
+    with LoopbackCluster(["s1", "s1"], slots=16) as cl:  # its sockets are not used: the script binds its own
         runs = {
-            "ina": _torchrun(tmp_path, "ina", "--controller", cl.fake.address, "--agent-host", "h0", "--job-name", "tr"),
+            "ina": _torchrun(tmp_path, "ina", "--controller", cl.address, "--agent-host", "h0",
+                             "--agent-ip", cl.host_ip("h0"), "--job-name", "tr", secret=cl.spec.secret),
             "ring": _torchrun(tmp_path, "ring"),
             "gloo": _torchrun(tmp_path, "gloo", "--comm", "gloo"),
         }

@@ -24,6 +24,8 @@ import pytest
 
 pytest.importorskip("mininet")
 
+from inaproto.config import load
+from softswitch.config import SwitchConfig
 from tests.support.ports import free_port
 from topologies import state as run_state
 from topologies.cleanup import cleanup_all, root_interfaces
@@ -247,8 +249,9 @@ def test_switch_node_starts_waits_and_stops(stand_in: list[str], tmp_path: Path)
         assert sw.running
         socket.create_connection(("127.0.0.1", sw.grpc_port), timeout=1).close()
         argv = sw.command_line()
-        assert argv[len(stand_in):] == [
-            "--device-id", "7", "--no-p4", "--", "--grpc-server-addr", f"127.0.0.1:{sw.grpc_port}", "--cpu-port", "255"]
+        assert argv[len(stand_in):] == ["--config", str(tmp_path / "s7.toml"), "--device-id", "7", "--no-p4", "--",
+                                        "--grpc-server-addr", f"127.0.0.1:{sw.grpc_port}", "--cpu-port", "255"]
+        assert load(SwitchConfig, tmp_path / "s7.toml") == sw.switch_config()  # the switch's whole configuration
         pid, started = sw.process.pid, run_state.process_start_time(sw.process.pid)
         assert any(r.pid == pid for r in run_state.current_state().processes)
     finally:

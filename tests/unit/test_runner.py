@@ -448,3 +448,15 @@ def test_run_job_records_a_failed_agent_as_an_error_row_and_goes_on(tmp_path):
     [row] = ctx.rows
     assert set(row) == {"kind", "n", "error"} and row["n"] == 2 and "exited with status 3" in row["error"]
     assert ctx.store.doc["errors"][0].startswith("n=2: ") and "exited with status 3" in ctx.store.doc["errors"][0]
+
+
+@pytest.mark.parametrize("name", ["allreduce", "hetero", "multijob", "loss", "rina", "tree"])
+def test_each_experiments_help_fits_one_screen_and_names_every_option_with_its_presets(name):
+    out = io.StringIO()
+    assert runner.main(["run", name, "--help"], out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) <= 40 and max(map(len, lines)) <= 120, (len(lines), max(map(len, lines)))
+    cls = get_experiment(name)
+    for flag, field, _kind, _help in cls.options:
+        assert any(line.startswith(f"  {flag} ") or line == f"  {flag}" for line in lines), flag
+        assert field in {f.name for f in dataclasses.fields(cls.Config)}, field  # every option sets a field there is

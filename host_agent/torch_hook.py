@@ -1,5 +1,9 @@
 """PyTorch integration (optional extra ``torch``): a DDP communication hook through the agent, and a weighted sampler.
 
+The backend ``"ina"`` (``host_agent.torch_backend``) is the way to train through the testbed: DDP calls it as it
+calls gloo, with no hook. This hook is the lower-level API: a script that builds its own ``Agent`` hands DDP's
+buckets to it. The weighted sampler and its ``loss_weight`` serve both.
+
 torch is imported only when a hook runs, so ``host_agent`` works without it. Like torch's own
 ``ddp_comm_hooks``: free functions with the signature ``hook(state, bucket) -> Future[Tensor]``, a state
 object that checks its fields when it is built, and a registry from names to hooks.
@@ -11,14 +15,15 @@ object that checks its fields when it is built, and a registry from names to hoo
 
 The hook all-reduces each gradient bucket through whatever backend the agent's job runs (INA, ring or
 Rina), so DDP never calls the process group for gradients; DDP still needs an initialised process
-group for its start-up broadcast of the parameters (gloo on CPU is enough). As torch's
-``allreduce_hook`` returns the future of an asynchronous ``all_reduce``, the hook here returns a
-future that the agent's communication thread (``Agent.submit``, ``host_agent.comm``) completes: bucket k
-is all-reduced while backward computes the gradients of bucket k + 1. Values go through block floating point by default
-(``host_agent.block_scale``): a power-of-two scale per block of 256, agreed by all workers.
+group for its start-up broadcast of the parameters. As torch's ``allreduce_hook`` returns the future of an
+asynchronous ``all_reduce``, the hook here returns the future of an ``AgentWork`` (``host_agent.torch_work``, the
+backend's Work too) that the agent's communication thread (``Agent.submit``, ``host_agent.comm``) completes:
+bucket k is all-reduced while backward computes the gradients of bucket k + 1. Values go through block floating
+point by default (``host_agent.block_scale``): a power-of-two scale per block of 256, agreed by all workers.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import threading
@@ -125,6 +130,9 @@ class AgentHookState:
         self.numerics = Numerics(self.numerics)
         self._reducer = (BlockScaledReducer(self.agent, self.block_elements) if self.numerics is Numerics.BLOCK
                          else self.agent)
+        from host_agent.torch_work import WorkQueue  # torch only where a hook is used
+
+        self._queue = WorkQueue(self.agent, name="ddp-hook")
         self._lock = threading.Lock()
         self._calls: list[tuple[float, float]] = []  # (called, returned) of each hook in the current backward pass
         self._spans: list[tuple[float, float]] = []  # (start, end) of its all-reduces
@@ -145,40 +153,33 @@ class AgentHookState:
         self.weight = weight
 
     def submit(self, tensor: Any, weight: float):
-        """All-reduce ``weight * tensor`` into ``tensor``; a future of ``tensor`` (pending if asynchronous)."""
-        import torch
-
-        fut: torch.futures.Future = torch.futures.Future()
+        """All-reduce ``weight * tensor`` into ``tensor`` on the agent's communication thread; a future of ``tensor``
+        (pending if asynchronous; an error in it is raised by DDP's ``backward()``)."""
         called = time.perf_counter()
         with self._lock:
             self._calls.append((called, called))
+        work = self._queue.run("all-reduce of a DDP bucket", self.reduce_now, tensor, weight, result=tensor)
         if not self.asynchronous:
-            self.reduce_now(tensor, weight, fut)
-        else:
-            self.agent.submit(self.reduce_now, tensor, weight, fut)
+            with contextlib.suppress(Exception):  # the error stays in the future, as asynchronously
+                work.wait()
         with self._lock:
             self._calls[-1] = (called, time.perf_counter())
-        return fut
+        return work.get_future()
 
-    def reduce_now(self, tensor: Any, weight: float, fut: Any) -> None:
-        """All-reduce ``weight * tensor`` into ``tensor`` here, and complete ``fut`` with it (or its error)."""
+    def reduce_now(self, tensor: Any, weight: float) -> None:
+        """All-reduce ``weight * tensor`` into ``tensor`` here (the communication thread)."""
         import torch
 
         start = time.perf_counter()
-        try:
-            arr = tensor.detach().to("cpu", torch.float32).numpy()
-            if weight != 1.0:
-                arr = arr * np.float32(weight)
-            total = self._reducer.allreduce(arr)
-            tensor.copy_(torch.from_numpy(total).to(tensor.device, tensor.dtype))
-        except BaseException as exc:  # the future carries it to backward(), which raises it  # noqa: BLE001
-            fut.set_exception(exc)
-            return
+        arr = tensor.detach().to("cpu", torch.float32).numpy()
+        if weight != 1.0:
+            arr = arr * np.float32(weight)
+        total = self._reducer.allreduce(arr)
+        tensor.copy_(torch.from_numpy(total).to(tensor.device, tensor.dtype))
         end = time.perf_counter()
         with self._lock:
             self._spans.append((start, end))
             self.comm_seconds += end - start
-        fut.set_result(tensor)
 
     def take_step(self) -> CommStep:
         """The communication of the backward pass(es) since the last call (call it after ``backward()``)."""
@@ -197,8 +198,8 @@ class AgentHookState:
 
     def close(self) -> None:
         """Wait until the buckets queued so far are all-reduced (after the last backward pass)."""
-        if self.asynchronous:
-            self.agent.submit(lambda: None).result()
+        self._queue.drain()
+        self._queue.close()
 
 
 def weighted_hook(state: AgentHookState, bucket):  # no annotations on bucket/return: DDP checks them against torch's types
@@ -247,7 +248,8 @@ class WeightedBatchSampler:
     At each step the workers take consecutive slices of the epoch's shared permutation (see
     ``Allocation.indices``), so one step of all workers is exactly one global batch. Use it as a
     DataLoader's ``batch_sampler``; call ``set_epoch`` every epoch and ``set_allocation`` when an
-    adaptive allocator changes the split (the steps of an epoch stay ``dataset_size // B``).
+    adaptive allocator changes the split (the steps of an epoch stay ``dataset_size // B``). Under DDP, scale
+    each loss by ``loss_weight`` (the hook's ``weighted`` state weights the gradient itself instead).
     """
 
     def __init__(self, dataset_size: int, allocation: Allocation, rank: int, *, seed: int = 0, epoch: int = 0) -> None:
@@ -266,6 +268,15 @@ class WeightedBatchSampler:
 
     def __len__(self) -> int:
         return self.allocation.steps_per_epoch(self.dataset_size)
+
+    @property
+    def loss_weight(self) -> float:
+        """n * b_i / B: what this worker multiplies its loss by under DDP (backend ``"ina"``, gloo, any), so that DDP's
+        mean over the n workers' gradients is the mean over the global batch. The backend never rescales::
+
+            loss = F.cross_entropy(ddp(x), y) * sampler.loss_weight
+        """
+        return self.allocation.size * self.allocation.gradient_scale(self.rank)
 
     def __iter__(self) -> Iterator[list[int]]:
         perm = epoch_permutation(self.seed, self.epoch, self.dataset_size)

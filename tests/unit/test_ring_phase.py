@@ -2,16 +2,17 @@
 to INA that lets the ring op in flight finish when that loses less than aborting it."""
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import numpy as np
 import pytest
 
+from host_agent.acceptor import Inbox
 from host_agent.agent import AgentOptions
 from host_agent.chunks import Segment
 from host_agent.options import StreamOptions
+from host_agent.ring import HELLO_MAGIC as RING_HELLO
 from host_agent.ring_phases import RingOp, RingPhase
 from host_agent.stats import StreamStats
 from inaproto.backends import Backend
@@ -105,9 +106,8 @@ def test_a_move_from_the_ring_to_ina_lets_the_ring_op_in_flight_finish() -> None
     ((1.0, 8), 0.1, False),
 ])
 def test_a_ring_op_is_worth_finishing_once_its_rest_costs_less_than_its_work_so_far(op, elapsed_share, finish) -> None:
-    with socket.socket() as listener:
-        phase = RingPhase(0, {}, listener, StreamOptions(), StreamStats())
-        if op is not None:
-            expected, n = op
-            phase.op = RingOp(time.monotonic() - elapsed_share * (expected or 1.0), expected, n)
-        assert phase.worth_finishing() is finish
+    phase = RingPhase(0, {}, Inbox(RING_HELLO), StreamOptions(), StreamStats())
+    if op is not None:
+        expected, n = op
+        phase.op = RingOp(time.monotonic() - elapsed_share * (expected or 1.0), expected, n)
+    assert phase.worth_finishing() is finish

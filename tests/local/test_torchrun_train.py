@@ -1,8 +1,8 @@
-"""examples/torchrun_train.py as users start it (torchrun, tiny size): INA == ring bit for bit, close to gloo, allocation.
+"""examples/torchrun_train.py as users start it (torchrun, tiny size): backend "ina" against gloo, allocation.
 
-Each run is ``torchrun --standalone --nproc-per-node 2`` of the script, against the pipeline model behind
-UDP and the fake controller for INA (``tests.udp_switch.LocalCluster``), on the agent's ring without a
-controller, and with DDP's own gloo all-reduce. The runs go side by side to save wall time.
+Each run is ``torchrun --standalone --nproc-per-node N`` of the script: with backend "ina" and no controller the
+ranks' agents run their ring among themselves; with gloo it is PyTorch's own. The runs go side by side to save
+wall time.
 """
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.udp_switch import LocalCluster
-
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "torchrun_train.py"
-TINY = ("--epochs", "1", "--steps", "12", "--eval-every", "6", "--global-batch", "64")
+TINY = ("--epochs", "1", "--steps", "12", "--eval-every", "6", "--global-batch", "64", "--timeout", "60")
 
 
 def _torchrun(tmp_path: Path, name: str, *args: str, nproc: int = 2) -> tuple[subprocess.Popen, Path]:
@@ -29,7 +27,8 @@ def _torchrun(tmp_path: Path, name: str, *args: str, nproc: int = 2) -> tuple[su
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(SCRIPT),
             *TINY, "--json", str(out), "--save-params", str(tmp_path / f"{name}.npz"), *args]
     log = (tmp_path / f"{name}.log").open("w")
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path), out
+    env = {k: v for k, v in os.environ.items() if k != "INA_CONTROLLER"}  # the agents' ring, whatever the shell has
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env), out
 
 
 def _finish(runs: dict, tmp_path: Path) -> dict:
@@ -50,25 +49,22 @@ def _finish(runs: dict, tmp_path: Path) -> dict:
 def test_usage_errors_are_one_line_and_exit_2() -> None:
     r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "torchrun" in r.stderr.splitlines()[-1]
-    r = subprocess.run([sys.executable, str(SCRIPT), "--comm", "gloo", "--controller", "127.0.0.1:1"],
-                       capture_output=True, text=True, timeout=60, check=False)
-    assert r.returncode == 2 and "--comm gloo" in r.stderr.splitlines()[-1]
+    r = subprocess.run([sys.executable, str(SCRIPT), "--backend", "nccl"], capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 2 and "--backend" in r.stderr.splitlines()[-1]
 
 
-def test_ina_equals_ring_bit_for_bit_and_stays_close_to_gloo(tmp_path) -> None:
-    with LocalCluster(["s1", "s1"], slots=16) as cl:  # its sockets are not used: the script binds its own
-        runs = {
-            "ina": _torchrun(tmp_path, "ina", "--controller", cl.fake.address, "--agent-host", "h0", "--job-name", "tr"),
-            "ring": _torchrun(tmp_path, "ring"),
-            "gloo": _torchrun(tmp_path, "gloo", "--comm", "gloo"),
-        }
-        res = _finish(runs, tmp_path)
-    assert res["ina"]["backend"] == "ina" and res["ring"]["backend"] == "ring" and res["gloo"]["backend"] == "gloo"
-    assert all(r["same_model_on_every_rank"] and r["steps"] == 12 for r in res.values())
-    # block floating point: exact integer sums, so every backend trains the same model, bit for bit
-    assert res["ina"]["param_digest"] == res["ring"]["param_digest"]
-    assert res["ina"]["asynchronous_hook"] and res["ina"]["buckets_per_step"] >= 2
-    assert 0 <= res["ina"]["overlap"] <= 1
+def test_backend_ina_trains_the_model_gloo_trains(tmp_path) -> None:
+    """Three ranks, unequal shares of the batch (64 = 22 + 21 + 21, each loss scaled by n * b_i / B): the ina
+    backend (block floating point over the agents' ring) ends at gloo's parameters within 1e-5 and at its
+    accuracy; every rank holds the same model; the all-reduce's share of a step is measured on both."""
+    runs = {"ina": _torchrun(tmp_path, "ina", nproc=3), "gloo": _torchrun(tmp_path, "gloo", "--backend", "gloo", nproc=3)}
+    res = _finish(runs, tmp_path)
+    assert res["ina"]["granted"] == "ring" and res["gloo"]["granted"] == "gloo"
+    assert res["ina"]["batch_sizes"] == [22, 21, 21]
+    for r in res.values():
+        assert r["same_model_on_every_rank"] and r["steps"] == 12 and r["buckets_per_step"] >= 2
+        assert 0 <= r["allreduce_share"] <= 1 and 0 <= r["overlap"] <= 1
     ina, gloo = np.load(tmp_path / "ina.npz"), np.load(tmp_path / "gloo.npz")
     assert sorted(ina.files) == sorted(gloo.files) == ["step_0", "step_12", "step_6"]
     for key in ina.files:  # at the same steps, the parameters of gloo's float all-reduce
@@ -86,22 +82,23 @@ def test_adaptive_allocation_shrinks_the_slow_workers_share(tmp_path) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc")
-@pytest.mark.parametrize("comm", ["ina", "gloo"])
-def test_the_process_group_is_gone_when_train_returns(tmp_path, comm: str) -> None:
-    """No gloo thread outlives ``train``: a group destroyed at interpreter teardown can abort the process (exit -6)."""
+@pytest.mark.parametrize("backend", ["ina", "gloo"])
+def test_the_process_group_is_gone_when_train_returns(tmp_path, backend: str) -> None:
+    """No thread of the group outlives ``train`` (gloo's, the agent's): a group destroyed at interpreter teardown
+    can abort the process (exit -6), and an agent thread left would keep it waiting."""
     probe = (
         "import os, runpy, sys\n"
         f"main = runpy.run_path({str(SCRIPT)!r})['main']\n"
-        f"rc = main([*{list(TINY)!r}, '--comm', {comm!r}, '--allocation', 'static'])\n"
+        f"rc = main([*{list(TINY)!r}, '--backend', {backend!r}, '--allocation', 'static'])\n"
         "names = sorted(open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task'))\n"
         "print('rc', rc, 'threads', ','.join(names), flush=True)\n"
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port)}
+    env = {**{k: v for k, v in os.environ.items() if k != "INA_CONTROLLER"}, "RANK": "0", "LOCAL_RANK": "0",
+           "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     last = r.stdout.splitlines()[-1]
-    assert last.startswith("rc 0 threads ") and "gloo" not in last, last
+    assert last.startswith("rc 0 threads ") and not any(n in last for n in ("gloo", "ina-", "agent-")), last

@@ -91,15 +91,14 @@ def make_model(kind: str):
 
 
 def load_data():
-    """Training and held-out split (1437 / 360) of the digits-shaped data set of ``host_agent.train``."""
+    """scikit-learn's digits (8x8 images), split as ``ina-agent train`` splits them: 1437 training, 360 held-out."""
     import torch
 
-    from host_agent.train import make_dataset
+    from host_agent.models import digits_split
 
-    X, y = make_dataset(seed=0)
-    X = (X - X.mean(axis=0)) / X.std(axis=0)
-    X, y = torch.from_numpy(X.astype(np.float32)), torch.from_numpy(y)
-    return (X[:1437], y[:1437]), (X[1437:], y[1437:])
+    d = digits_split()
+    return ((torch.from_numpy(d.X_train), torch.from_numpy(d.y_train)),
+            (torch.from_numpy(d.X_test), torch.from_numpy(d.y_test)))
 
 
 def flat_params(model) -> np.ndarray:

@@ -39,11 +39,14 @@ REPORT_ARGS ?=
 report: $(STAMP) ## results/report.html: the newest run of each experiment beside the published figures, targets met or missed
 	$(BIN)/ina-exp report $(REPORT_ARGS)
 
-test: $(STAMP) ## every test tier (integration needs root; bmv2 runs where simple_switch_grpc and p4c are on PATH)
-	$(PYTEST) tests -q
+test: $(STAMP) ## every tier but slow (integration needs root; bmv2 runs where simple_switch_grpc and p4c are on PATH)
+	$(PYTEST) tests -q -m "not slow"
 
-test-fast: $(STAMP) ## unit and packet tiers only (no root)
-	$(PYTEST) tests -q -m "unit or packet"
+test-fast: $(STAMP) ## the unit, local and packet tiers (no root)
+	$(PYTEST) tests -q -m "(unit or local or packet) and not slow"
+
+test-slow: $(STAMP) ## the slow tests (over about 30 s each), every tier
+	$(PYTEST) tests -q -m slow
 
 lint: $(STAMP) ## ruff's default rules over the tree (configuration in pyproject.toml)
 	$(BIN)/ruff check .

@@ -228,10 +228,9 @@ class PacketRing:
 
         The kernel takes slots in order and stops at the first it could not send, leaving it SEND_REQUEST
         (a retry for the next flush) with its own head there; it resumes only from that slot. So the unsent
-        run is marked AVAILABLE and the next frame goes into that very slot: marking them without moving
-        back (what this did before) left the kernel's head on a slot nobody would fill until the ring had
-        wrapped, and every frame queued meanwhile waited a whole ring's worth of frames (seen as stalls and
-        resends on shaped links whose queues overflow, e.g. experiment 1 at 40 Mbit/s)."""
+        run is marked AVAILABLE and the next frame goes into that very slot: marked without moving back, the
+        kernel's head would stay on a slot nobody fills until the ring wraps, and every frame queued meanwhile
+        would wait a whole ring's worth of frames (stalls and resends on shaped links whose queues overflow)."""
         total, queued = self._tx_frames, self._queued
         self._queued = 0
         if not queued:

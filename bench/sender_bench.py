@@ -12,9 +12,9 @@
 2. ``--sender-rtt MS,...``: the same with a propagation delay (``agent_bench._DelayRelay``: every datagram
    held RTT/2 each way; 0: none), windows on 4096 float32, per packet; loss at a window of twice the BDP
    (rounded up to a power of two, at least 16), 16384 float32.
-3. ``--realloc``: 4 workers (in-process switch and fake controller, ``tests.udp_switch``), links emulated
-   at 2 Mbit/s, 12 calls of 4096 float32, the job moved every 2 calls at a random point (INA at another
-   slot range -> ring -> INA); per kind of move the medians of the stream's ``pauses`` (stop, barrier,
+3. ``--realloc``: 4 workers (the controller core over an in-process switch, ``topologies.loopback``), links emulated
+   at 2 Mbit/s, 12 calls of 4096 float32, the job moved every 2 calls at a random point (a higher-priority
+   job takes the switch's pool: INA -> ring; it leaves: ring -> INA); per kind of move the medians of the stream's ``pauses`` (stop, barrier,
    back where it stopped, chunks replayed, ring work lost), and the per-move cost from runs with and
    without moves (alternating). ``--realloc-elements 65536`` makes each ring phase 1.7 s of wire time.
 """
@@ -90,18 +90,18 @@ def bench_sender(windows: tuple[int, ...], losses: tuple[float, ...], loss_windo
 def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int) -> dict:
     """One job of 4 workers on loopback (links emulated at ``bps``), ``calls`` all-reduces; with ``moves``
     a controller thread moves the job every 2 calls, at a random point of a call (4-80 ms in, scaled by
-    elements / 4096 for longer calls), through INA
-    at another slot range, the ring (slots revoked) and INA again."""
+    elements / 4096 for longer calls), between INA and the ring: a higher-priority job admitted takes the pool
+    of 16 slots, and released gives it back (the controller's priority policy)."""
     from host_agent.agent import AgentOptions
     from host_agent.options import StreamOptions
-    from tests.udp_switch import LocalCluster
+    from topologies.loopback import LoopbackCluster
 
     n = 4
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal(elements).astype(np.float32) for _ in range(n)]
-    steps = [{"slots": 16, "bases": 200}, {"slots": 0}, {"slots": 16, "bases": 0}] * 8
+    steps = [lambda cl: cl.admit("b", "s1", 16, priority=1), lambda cl: cl.release(cl.job("b").job_id)] * 12
     opts = AgentOptions(stream=StreamOptions(op_timeout=30.0, link_bps=bps))
-    with LocalCluster(["s1"] * n, slots=16, options=opts) as cl:
+    with LoopbackCluster(["s1"] * n, slots=16, pool=16, policy="priority", options=opts) as cl:
         first: dict = {}
         done = threading.Event()
 
@@ -116,7 +116,6 @@ def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int) 
             return time.monotonic() - t0, agent.stats
 
         def controller():
-            job_id = cl.fake.job_named(cl.spec.name).job_id
             per_call = -(-elements // 32)
             target = per_call // 4
             for step in steps:
@@ -125,7 +124,7 @@ def _realloc_run(moves: bool, calls: int, elements: int, bps: float, seed: int) 
                 time.sleep(float(rng.uniform(0.004, 0.08)) * max(1.0, elements / 4096))  # across a longer call too
                 if done.is_set():
                     return
-                cl.fake.reallocate(job_id, **step)
+                step(cl)
                 target += 2 * per_call
 
         t = threading.Thread(target=controller)

@@ -1,5 +1,5 @@
 """Where an INA slot's turnaround goes, from a capture on the switch's side of its links (docs/experiments.md,
-"Experiment 1", session 11).
+"Experiment 1": the pool-size curve's round trip).
 
     tcpdump -i any -y LINUX_SLL2 --time-stamp-precision=nano -s 80 -w cap.pcap udp &   # root, beside a run
     ina-exp run allreduce --small --workers 2 --backends ina --no-calibrate --slot-sweep 1,2,4,8,16

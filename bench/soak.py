@@ -50,6 +50,8 @@ import grpc
 import numpy as np
 from soak_net import SwitchBed, SwitchFaults, exact_sum, inputs, write_config
 
+from controller.config import ControllerConfig
+from controller.config import LogLevel as ControllerLogLevel
 from host_agent.agent import Agent, AgentOptions, bind_worker_sockets
 from host_agent.grant import JobSpec, Worker
 from host_agent.options import StreamOptions
@@ -61,6 +63,7 @@ from inaproto.credentials import admission_channel, new_secret
 from p4src.ina_model import InaPipeline
 from softswitch.p4runtime_server import P4RuntimeServer
 from softswitch.udp import Faults, UdpSwitch
+from topologies.daemons import write_config as write_daemon_config
 
 
 class SwitchMode(str, Enum):
@@ -156,8 +159,10 @@ class Soak:
     def start_controller(self) -> None:
         self.starts += 1
         log = (self.folder / f"controller-{self.starts}.log").open("w")
-        argv = [*command_argv(Command.CONTROLLER), "--topology", str(self.topology), "--db", str(self.folder / "ctl.db"),
-                "--listen", self.listen, "--set", f"admin_credential={self.admin}", "--log-level", "warning"]
+        config = ControllerConfig(topology=self.topology, db_path=self.folder / "ctl.db", listen=self.listen,
+                                  admin_credential=self.admin, log_level=ControllerLogLevel.WARNING)
+        path = write_daemon_config(config, self.folder / "controller.toml", "ina-controller --config: the soak's controller")
+        argv = [*command_argv(Command.CONTROLLER), "--config", str(path)]
         self.controller = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True)
         deadline = time.monotonic() + 60

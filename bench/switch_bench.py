@@ -121,7 +121,7 @@ def run_worker(iface: str, wid: int, workers: int, window: int, warmup: float, s
                sender: str = "rings") -> dict:
     """One worker: windowed sender and result checker on a raw socket; returns its counts as a dict.
 
-    ``sender`` rings: the worker's own PACKET_MMAP rings (softswitch/ring_io.py): every result ready is read in
+    ``sender`` rings: the worker's own PACKET_MMAP rings (bench/packet_ring.py): every result ready is read in
     one batch, checked with one comparison, and the next chunks are written as rows of prebuilt frames and
     handed to the kernel with one send(), so a worker costs far less CPU per frame than the switch it drives.
     socket: one recv() and one send() per frame. Prints ``ready`` once set up, then reads the wall-clock
@@ -438,11 +438,11 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
             w.stdin.close()
             w.stdin = None
         time.sleep(max(0.0, start_at + args.warmup - time.time()))
-        cpu0, (busy0, total0) = _cpu_split(pid), _machine_jiffies()
+        middle_before, (busy0, total0) = _cpu_split(pid), _machine_jiffies()
         wsys0 = sum(_cpu_split(w.pid)[1] for w in workers)
         wcpu0 = sum(_cpu_seconds(w.pid) for w in workers)
         time.sleep(max(0.0, start_at + args.warmup + args.seconds - time.time()))
-        cpu1, (busy1, total1) = _cpu_split(pid), _machine_jiffies()
+        middle_after, (busy1, total1) = _cpu_split(pid), _machine_jiffies()
         wsys1 = sum(_cpu_split(w.pid)[1] for w in workers)
         wcpu1 = sum(_cpu_seconds(w.pid) for w in workers)
         outs = [json.loads(w.communicate(timeout=budget)[0]) for w in workers]
@@ -463,8 +463,8 @@ def run_once(net, mode: str, n: int, args, log_dir: Path) -> dict:
         "mode": mode, "workers": n, "frames_per_s": frames,
         "results_per_s": frames / n if mode != "echo" else None,
         "bad_results": sum(o["bad"] for o in outs), "resent": sum(o["resent"] for o in outs),
-        "middle_cpu": (sum(cpu1) - sum(cpu0)) / args.seconds,
-        "middle_sys_cpu": (cpu1[1] - cpu0[1]) / args.seconds,
+        "middle_cpu": (sum(middle_after) - sum(middle_before)) / args.seconds,
+        "middle_sys_cpu": (middle_after[1] - middle_before[1]) / args.seconds,
         "workers_cpu": (wcpu1 - wcpu0) / args.seconds, "machine_cpu": (busy1 - busy0) / max(1, total1 - total0) * os.cpu_count(),
         "switch_counter_aggregated": aggregated,
         "workers_us_per_frame": (wcpu1 - wcpu0) / max(1.0, frames * args.seconds) * 1e6,

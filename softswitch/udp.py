@@ -79,6 +79,7 @@ class UdpSwitch:
         self.rng = random.Random(seed)
         self.ports: dict[tuple[str, int], int] = {}  # sender address -> switch port
         self.macs: dict[tuple[str, int], bytes] = {}  # sender address -> the source MAC its frames carry
+        self.hosts: dict[str, tuple[int, bytes]] = {}  # sender IP -> (switch port, MAC), for any of its UDP ports
         self.received = 0
         self.forwarded = 0
         self.dropped = 0
@@ -108,9 +109,23 @@ class UdpSwitch:
             self.macs[key] = bytes.fromhex(mac.replace(":", "")) if isinstance(mac, str) else mac
         return self.ports[key]
 
+    def attach_host(self, ip: str, switch_port: int, mac: str | bytes) -> None:
+        """Every UDP port of ``ip`` (a host, or a switch, behind ``switch_port``) sends from that port with source
+        MAC ``mac``, unless :meth:`attach` says otherwise for one of them."""
+        self.hosts[ip] = (switch_port, bytes.fromhex(mac.replace(":", "")) if isinstance(mac, str) else mac)
+
+    def port_of(self, ip: str, udp_port: int) -> int:
+        """The switch port frames from ``ip:udp_port`` come in on (0: unknown)."""
+        port = self.ports.get((ip, udp_port))
+        if port is None:
+            port = self.hosts.get(ip, (0, b""))[0]
+        return port
+
     def source_mac(self, ip: str, udp_port: int) -> bytes:
         """The source MAC of frames from ``ip:udp_port`` (what the ingress binding checks)."""
         key = (ip, udp_port)
+        if key not in self.macs and key not in self.ports and ip in self.hosts:
+            return self.hosts[ip][1]
         return self.macs.get(key) or _mac_bytes(self.ports.get(key, 0))
 
     def install_job(self, job_id: int, workers: Sequence[UdpWorker], base: int, num_slots: int, generation: int,
@@ -171,7 +186,7 @@ class UdpSwitch:
             heapq.heappush(self._queue, (at + hold, self._order, kind, payload, addr))
 
     def _ingress(self, data: bytes, src: tuple[str, int]) -> None:
-        port = self.ports.get(src, 0)
+        port = self.port_of(*src)
         frame = wire.udp_frame(self.source_mac(*src), SWITCH_MAC, ipaddress.IPv4Address(src[0]).packed, self.ip_bytes,
                                src[1], wire.INA_UDP_PORT, data)
         now = time.time()

@@ -3,7 +3,7 @@
 Each case is a Write or a Read built from the committed P4Info; :func:`answer` sends it to a switch whose
 pipeline is set (no stream open, no election id: PI accepts such calls) and returns what came back: the
 call's gRPC status code and, for a failed Write, the canonical code of each update. ``BMV2`` holds the
-answers of simple_switch_grpc 1.15.5; tests/unit/test_p4runtime_server.py holds ina-switch to them and
+answers of simple_switch_grpc 1.15.5; tests/local/test_p4runtime_server.py holds ina-switch to them and
 tests/bmv2/test_bmv2_p4runtime.py checks them against the real BMv2.
 """
 from __future__ import annotations

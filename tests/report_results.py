@@ -140,7 +140,7 @@ def rina_rows(cfg: Any, slow: float) -> list[dict]:
             runs += [("leafspine-ring", "ring", None, ring * (1 + 0.01 * rep)),
                      ("star", "ina", None, ring * framed_ideal_ratio(racks, per, racks))]
             for label, backend, frac, t in runs:
-                rows.append(_row(t, racks * per, backend=backend, run=label, ina_fraction=frac, loss=0.0, bundles=True,
+                rows.append(_row(t, racks * per, backend=backend, run=label, ina_fraction=frac, loss=0.0,
                                  **common))
     return rows
 

@@ -1,24 +1,14 @@
 """Targets for the packet-level suite: frames in at a port, frames out at ports, control by P4Info names.
 
 The same tests run against the in-process model (``model``), the ``ina-switch`` process and BMv2
-(``--target``); a target only has to offer the few methods of ``Target``.
+(tests/packet/conftest.py); a target only has to offer the few methods of ``Target``. Frames for it are in
+tests/support/frames.py, a job's entries in tests/support/entries.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-from scapy.layers.inet import IP, UDP
-from scapy.layers.l2 import Ether
-from scapy.packet import raw
-
-from inaproto import wire
-from inaproto.job_entries import WorkerAddress, job_entries
-from inaproto.scapy_layer import INA
 from p4src.ina_model import InaPipeline
-
-SWITCH_MAC = "02:00:00:00:00:fe"
-SWITCH_IP = "10.0.0.254"
 
 
 class Target(Protocol):
@@ -66,67 +56,6 @@ class ModelTarget:
         pass
 
 
-@dataclass(frozen=True)
-class Worker:
-    wid: int
-    port: int
-
-    @property
-    def mac(self) -> str:
-        return f"02:00:00:00:{self.wid // 256:02x}:{self.wid % 256 + 1:02x}"
-
-    @property
-    def ip(self) -> str:
-        return f"10.0.{1 + self.wid // 200}.{self.wid % 200 + 1}"
-
-    @property
-    def udp_port(self) -> int:
-        return 40000 + self.wid
-
-
-def make_workers(k: int, first_port: int = 1) -> list[Worker]:
-    return [Worker(wid=i, port=first_port + i) for i in range(k)]
-
-
-def install_job(
-    target: Target, job_id: int, workers: list[Worker], base: int, num_slots: int, generation: int = 0, mcast_grp: int | None = None
-) -> int:
-    """The table entries and multicast group the controller writes for one job; returns the group id."""
-    entries = job_entries(job_id, [WorkerAddress(w.wid, w.port, w.mac, w.ip, w.udp_port) for w in workers],
-                          base_slot=base, num_slots=num_slots, generation=generation, mcast_grp=mcast_grp)
-    entries.insert_into(target)
-    return entries.group.group_id
-
-
-def gradient(
-    worker: Worker,
-    job_id: int,
-    slot: int,
-    lanes,
-    *,
-    seq: int = 0,
-    shadow: int = 0,
-    generation: int = 0,
-    msg_type: int = wire.MsgType.GRADIENT,
-    flags: int = 0,
-    reserved: int = 0,
-) -> bytes:
-    """A worker's INA frame to the switch, built with scapy."""
-    return raw(
-        Ether(src=worker.mac, dst=SWITCH_MAC)
-        / IP(src=worker.ip, dst=SWITCH_IP)
-        / UDP(sport=worker.udp_port, dport=wire.INA_UDP_PORT)
-        / INA(
-            msg_type=msg_type, flags=flags, job_id=job_id, generation=generation, slot=slot, seq=seq,
-            worker_id=worker.wid, reserved=reserved, shadow=shadow, lanes=[int(v) for v in lanes],
-        )
-    )
-
-
-def dissect(frame: bytes) -> Ether:
-    return Ether(frame)
-
-
 def register_state(target: Target):
     """The target's registers, where it can show them (the model can; BMv2 through P4Runtime is not read here)."""
     snap = getattr(target, "register_snapshot", None)
@@ -142,14 +71,3 @@ def assert_same_registers(before, after) -> None:
     assert scalars_before == scalars_after
     assert (lanes_before == lanes_after).all()
 
-
-def process_target(kind: str, request) -> Target:
-    """A switch process target (``--target ina-switch`` or ``--target bmv2``) for one test.
-
-    The switch runs in a network namespace of its own with ports 1..10, each a veth pair to a host end;
-    control goes over P4Runtime, frames through raw sockets on the host ends (tests/integration/switch_process.py).
-    Skips when not root, or for BMv2 when simple_switch_grpc or build/ina.json is missing.
-    """
-    from tests.integration.switch_process import process_target as start
-
-    return start(kind, request)

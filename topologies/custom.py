@@ -8,7 +8,8 @@ Switches started this way install their topology's IPv4 routes themselves (there
 bare ``mn`` session), so ``pingall`` works at once. Options go after the switch name:
 ``--switch inaswitch,log_level=debug,pcap=true``. ``--controller none`` is needed: Mininet's default
 controller is an OpenFlow one. Logs: ``$INA_RUN_DIR/logs/<switch>.log`` (default
-``/tmp/ina-testbed/runs/<time>-<pid>/logs``). After a crash: ``python -m topologies.cleanup``.
+``/tmp/ina-testbed/runs/<time>-<pid>/logs``), each switch's whole configuration beside them in
+``$INA_RUN_DIR/config/<switch>.toml``. After a crash: ``python -m topologies.cleanup``.
 """
 from __future__ import annotations
 

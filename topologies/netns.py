@@ -225,8 +225,8 @@ class Process:
         self.log_path = Path(log_path)
         self.namespace = namespace
         full = namespace.exec_argv(self.argv) if namespace is not None else self.argv
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
-        self.popen = subprocess.Popen(full, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        with open(self.log_path, "wb") as log:  # the process writes to its own copy of the file descriptor
+            self.popen = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.pid = self.popen.pid
         self.exit_code: int | None = None
         self.stop_seconds: float | None = None
@@ -276,7 +276,6 @@ class Process:
                 self.popen.wait(5)
         self.stop_seconds = time.monotonic() - t0
         self.exit_code = self.popen.returncode
-        self._log.close()
         return self.exit_code
 
 

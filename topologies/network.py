@@ -6,8 +6,9 @@
         print(net.host("h1").cmd("ping -c1 10.0.1.2"))
 
 The run directory (default ``/tmp/ina-testbed/runs/<time>-<pid>``) holds ``logs/<switch>.log``,
-``pcaps/`` (with ``pcap=True``), ``plan.json``, ``topology.json`` and ``<switch>-runtime.json`` (p4lang
-tutorials' shapes, with each switch's gRPC address and device id) for the controller.
+``config/<switch>.toml`` (each switch's whole configuration, ``P4Switch.switch_config``), ``pcaps/`` (with
+``pcap=True``), ``plan.json``, ``topology.json`` and ``<switch>-runtime.json`` (p4lang tutorials' shapes, with
+each switch's gRPC address and device id) for the controller.
 """
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ class InaNetwork:
         defaults = {
             "target": self.target,
             "log_dir": self.run_dir / "logs",
+            "config_dir": self.run_dir / "config",
             "pcap_dir": self.run_dir / "pcaps",
             "p4info": self.p4info,
             "install_routes": self.install_routes,  # by P4Switch.batchStartup, once every switch is up

@@ -1,10 +1,12 @@
 """Mininet nodes for P4 switches: the switch (BMv2 or ina-switch, same flags), quiet hosts, veth links.
 
-- :class:`P4Switch` launches ``simple_switch_grpc`` (BMv2) or ``ina-switch`` with the same command line
-  (``--device-id``, ``-i PORT@IFACE``, logs and pcaps in the run directory, the P4Runtime gRPC server on
-  127.0.0.1, the CPU port), waits until its gRPC port answers, and stops it with SIGTERM, then SIGKILL.
-  A switch that does not come up raises :class:`SwitchStartupError` naming its log file and quoting the
-  log's last lines. Like Mininet's own switches and p4lang/tutorials', the process runs in the root
+- :class:`P4Switch` launches ``simple_switch_grpc`` (BMv2) or ``ina-switch``, both named on their command line
+  the same way (``--device-id``, ``-i PORT@IFACE``, the program, the P4Runtime gRPC server on 127.0.0.1, the
+  CPU port). Its whole configuration is one ``softswitch.config.SwitchConfig`` (:meth:`P4Switch.switch_config`),
+  written as ``<name>.toml`` beside the run's other files: ina-switch reads it (``--config``); BMv2, which
+  reads no file, gets its settings (logging, pcaps) as its own flags. It waits until the gRPC port answers,
+  and stops the switch with SIGTERM, then SIGKILL. A switch that does not come up raises
+  :class:`SwitchStartupError` naming its log file and quoting the log's last lines. Like Mininet's own switches and p4lang/tutorials', the process runs in the root
   network namespace, so that its gRPC server is reachable on 127.0.0.1; its ports (``ina-s1-p1``...) are
   veth ends in the root namespace that are bridged to nothing, carry no address and have IPv6 and IPv4
   forwarding off.
@@ -42,9 +44,12 @@ from mininet.util import makeIntfPair
 
 from inaproto import wire
 from inaproto.commands import REPO, Command, command_argv
+from inaproto.config import load
 from p4src.p4info import P4INFO_PATH
 from p4src.v1model import P4RUNTIME_PORT
+from softswitch.config import FaultSettings, LogConfig, LogLevel, SwitchConfig
 from topologies import state as run_state
+from topologies.daemons import write_config
 from topologies.errors import TopologiesError
 from topologies.plan import Route
 
@@ -58,7 +63,9 @@ __all__ = [
     "P4Host",
     "P4Switch",
     "SwitchStartupError",
+    "bmv2_settings",
     "default_run_dir",
+    "fault_settings",
     "resolve_target",
 ]
 
@@ -171,6 +178,34 @@ def _as_bool(value: Any) -> bool:
     return bool(value)
 
 
+def fault_settings(faults: FaultSettings | Mapping[str, Any] | None) -> FaultSettings:
+    """ina-switch's fault settings from themselves or from a mapping of its ``--fault-*`` options without the
+    prefix (``{"drop": 0.01, "seed": 1, "port": 2}``: a number or a list of them each); ValueError names a bad one."""
+    if isinstance(faults, FaultSettings):
+        return faults
+    values: dict[str, Any] = {}
+    for key, value in (faults or {}).items():
+        many = list(value) if isinstance(value, (list, tuple)) else [value]
+        if key in ("drop", "dup", "reorder"):
+            values[key] = [str(v) for v in many]
+        elif key in ("port", "ports"):
+            values["ports"] = [int(v) for v in many]
+        elif key in ("seed", "direction", "reorder_delay"):
+            values[key] = value
+        else:
+            raise ValueError(f"unknown fault option {key!r} (drop, dup, reorder, seed, port, direction, reorder_delay)")
+    return load(FaultSettings, None, values)
+
+
+def bmv2_settings(config: SwitchConfig) -> list[str]:
+    """The settings of ``config`` that BMv2's ``simple_switch_grpc`` has flags for (logging, pcaps): BMv2 reads no
+    configuration file, and has neither link delay nor fault injection (refused before it starts)."""
+    argv = ["--log-console", "-L", config.log.level.value] if config.log.console else []
+    if config.pcap_dir:
+        argv.append(f"--pcap={config.pcap_dir}")  # BMv2's --pcap takes its directory only after '='
+    return argv
+
+
 class P4Switch(Switch):
     """A P4 switch process (BMv2 ``simple_switch_grpc`` or ``ina-switch``) behind a Mininet switch node.
 
@@ -184,17 +219,19 @@ class P4Switch(Switch):
             when it exists; without one the switch starts with ``--no-p4`` and waits for a pipeline.
         p4info: the P4Info that routes are installed with (default ``p4src/ina.p4info.txt``).
         log_dir: where ``<name>.log`` (the switch's console output) goes; default ``<run dir>/logs``.
+        config_dir: where ``<name>.toml`` (its whole configuration) goes; default ``log_dir`` when given, else
+            ``<run dir>/config``.
         pcap_dir: where per-port pcaps go when ``pcap`` is true; default ``<run dir>/pcaps``.
         log_level: ``--log-console -L LEVEL`` (None: no console logging, errors still reach the log).
         ready_timeout: seconds to wait for the gRPC port.
         routes: this switch's ``ipv4_lpm`` routes (from the topology's plan).
         install_routes: install ``routes`` over P4Runtime as soon as the switch is up (for ``mn --custom``,
             where no controller runs; leave False when a controller programs the switch).
-        faults: ina-switch fault options, e.g. ``{"drop": 0.01, "seed": 1, "port": 2}`` ->
-            ``--fault-drop 0.01 --fault-seed 1 --fault-port 2`` (not supported by BMv2).
-        link_delay_ms: ``{port: ms}`` held each way on those ports (``--link-delay PORT:MS``; the topologies
-            set it from ``rtt_ms``). BMv2 cannot delay frames: refused there.
-        extra_args: more options before the program argument.
+        faults: ina-switch's fault injection: a ``FaultSettings`` or its ``--fault-*`` options as a mapping,
+            e.g. ``{"drop": 0.01, "seed": 1, "port": 2}`` (BMv2 has none: refused there).
+        link_delay_ms: ``{port: ms}`` held each way on those ports (``link_delay``; the topologies set it from
+            ``rtt_ms``). BMv2 cannot delay frames: refused there.
+        extra_args: more command-line options before the program argument.
         executable: the command to run instead of the target's (tests use a stand-in).
         ina_ip, ina_mac, ina, rack, role: the switch's INA address and role, kept for the controller.
     """
@@ -210,13 +247,14 @@ class P4Switch(Switch):
         program: str | Path | None = None,
         p4info: str | Path | None = None,
         log_dir: str | Path | None = None,
+        config_dir: str | Path | None = None,
         pcap_dir: str | Path | None = None,
         pcap: bool = False,
         log_level: str | None = "info",
         ready_timeout: float = 30.0,
         routes: Iterable[Route | Mapping] = (),
         install_routes: bool = False,
-        faults: Mapping[str, Any] | None = None,
+        faults: FaultSettings | Mapping[str, Any] | None = None,
         link_delay_ms: Mapping[int, float] | None = None,
         extra_args: Sequence[str] = (),
         executable: str | Sequence[str] | None = None,
@@ -236,8 +274,8 @@ class P4Switch(Switch):
         if executable is not None:
             command = shlex.split(executable) if isinstance(executable, str) else list(executable)
         self.command = command
-        self.faults = dict(faults or {})
-        if self.faults and self.kind == "bmv2":
+        self.faults = fault_settings(faults)
+        if self.faults != FaultSettings() and self.kind == "bmv2":
             raise ValueError(f"{name}: fault options are an ina-switch feature; BMv2 has none")
         self.link_delay_ms = {int(p): float(ms) for p, ms in (link_delay_ms or {}).items() if float(ms) > 0}
         if self.link_delay_ms and self.kind == "bmv2":
@@ -251,8 +289,11 @@ class P4Switch(Switch):
         self.p4info = Path(p4info) if p4info else DEFAULT_P4INFO
         run_dir = default_run_dir()
         self.log_dir = Path(log_dir) if log_dir else run_dir / "logs"
+        self.config_path = (Path(config_dir) if config_dir else self.log_dir if log_dir else run_dir / "config") / f"{name}.toml"
         self.pcap_dir = Path(pcap_dir) if pcap_dir else run_dir / "pcaps"
         self.pcap = _as_bool(pcap)
+        if log_level is not None:
+            LogLevel(log_level)  # a level BMv2 and ina-switch know (ValueError before anything starts)
         self.log_level = log_level
         self.log_path = self.log_dir / f"{name}.log"
         self.ready_timeout = float(ready_timeout)
@@ -264,7 +305,6 @@ class P4Switch(Switch):
         self.process: subprocess.Popen | None = None
         self._proc_start: int | None = None
         self._ready = False
-        self._log_file = None
         self._explicit_grpc_port = grpc_port is not None
         self.grpc_port = int(grpc_port) if grpc_port is not None else _allocate_port(DEFAULT_GRPC_PORT + self.device_id - 1)
         params["inNamespace"] = False
@@ -300,30 +340,37 @@ class P4Switch(Switch):
         """``(port, interface)`` of every data port (not Mininet's ``lo`` control interface)."""
         return [(port, intf.name) for port, intf in sorted(self.intfs.items()) if intf.name != "lo" and port > 0]
 
+    def switch_config(self) -> SwitchConfig:
+        """The switch's whole configuration: its ports, program, P4Runtime address and CPU port, logging, pcaps,
+        link delay and faults (what ``<name>.toml`` holds and the run's results record)."""
+        level = LogLevel(self.log_level) if self.log_level else LogLevel.WARN  # no console: warnings on stderr (the log)
+        return SwitchConfig(
+            device_id=self.device_id, interfaces=tuple(f"{port}@{intf}" for port, intf in self.data_ports()),
+            program=str(self.program) if self.program else "", grpc_server_addr=self.grpc_address,
+            cpu_port=self.cpu_port or 0, pcap_dir=str(self.pcap_dir) if self.pcap else "",
+            link_delay=tuple(f"{port}:{ms:g}" for port, ms in sorted(self.link_delay_ms.items())),
+            log=LogConfig(console=bool(self.log_level), level=level), faults=self.faults,
+        )
+
     def command_line(self) -> list[str]:
-        """The switch's command line: identical for BMv2 and ina-switch, bar BMv2's Thrift port."""
-        argv = [*self.command, "--device-id", str(self.device_id)]
-        for port, intf in self.data_ports():
-            argv += ["-i", f"{port}@{intf}"]
-        if self.log_level:
-            argv += ["--log-console", "-L", str(self.log_level)]
-        if self.pcap:
-            argv.append(f"--pcap={self.pcap_dir}")  # BMv2's --pcap takes its directory only after '='
+        """The switch's command line. Both targets are named the same way (device id, ports, program, gRPC
+        address, CPU port: BMv2's own flags); ina-switch reads its settings from ``<name>.toml`` (``--config``),
+        BMv2 gets them as its flags, with a Thrift port of its own."""
+        config = self.switch_config()
         if self.kind == "bmv2":
             if self.thrift_port is None:
                 self.thrift_port = _allocate_port(DEFAULT_THRIFT_PORT + self.device_id)
-            argv += ["--thrift-port", str(self.thrift_port)]
-        for key, value in self.faults.items():
-            values = value if isinstance(value, (list, tuple)) else [value]
-            for v in values:
-                argv += [f"--fault-{key.replace('_', '-')}", str(v)]
-        for port, ms in sorted(self.link_delay_ms.items()):
-            argv += ["--link-delay", f"{port}:{ms:g}"]
+            settings = [*bmv2_settings(config), "--thrift-port", str(self.thrift_port)]
+        else:
+            settings = ["--config", str(self.config_path)]
+        argv = [*self.command, *settings, "--device-id", str(config.device_id)]
+        for interface in config.interfaces:
+            argv += ["-i", interface]
         argv += self.extra_args
-        argv += [str(self.program)] if self.program else ["--no-p4"]
-        argv += ["--", "--grpc-server-addr", self.grpc_address]
-        if self.cpu_port is not None:
-            argv += ["--cpu-port", str(self.cpu_port)]
+        argv += [config.program] if config.program else ["--no-p4"]
+        argv += ["--", "--grpc-server-addr", config.grpc_server_addr]
+        if config.cpu_port:
+            argv += ["--cpu-port", str(config.cpu_port)]
         return argv
 
     # --- start ---------------------------------------------------------------------------------------
@@ -335,24 +382,27 @@ class P4Switch(Switch):
         if self.pcap:
             self.pcap_dir.mkdir(parents=True, exist_ok=True)
         argv = self.command_line()
-        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 (the process's log, closed when it stops)
-        self._log_file.write(f"# {shlex.join(argv)}\n".encode())
-        self._log_file.flush()
-        if not _port_free(self.grpc_port) or _port_answers(self.grpc_port):
-            reason = f"gRPC port {self.grpc_address} is already in use by another process; not started"
-            self._log_file.write(f"# {reason}\n".encode())
-            self._log_file.close()
-            raise SwitchStartupError(self.name, reason, self.log_path, _log_tail(self.log_path))
-        debug(f"{self.name}: {shlex.join(argv)}\n")
-        try:
-            self.process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=str(self.log_dir),
-            )
-        except OSError as exc:
-            self._log_file.write(f"# cannot execute: {exc}\n".encode())
-            self._log_file.close()
-            raise SwitchStartupError(self.name, f"cannot execute {argv[0]}: {exc}", self.log_path) from exc
+        what = f"switch {self.name}'s whole configuration, " + (
+            "as ina-switch --config reads it" if self.kind == "ina-switch"
+            else "given to simple_switch_grpc as its command line (BMv2 reads no file)")
+        write_config(self.switch_config(), self.config_path, what)
+        with open(self.log_path, "wb") as log:  # the switch writes to its own copy of the file descriptor
+            log.write(f"# {shlex.join(argv)}\n".encode())
+            log.flush()
+            if not _port_free(self.grpc_port) or _port_answers(self.grpc_port):
+                reason = f"gRPC port {self.grpc_address} is already in use by another process; not started"
+                log.write(f"# {reason}\n".encode())
+                log.flush()
+                raise SwitchStartupError(self.name, reason, self.log_path, _log_tail(self.log_path))
+            debug(f"{self.name}: {shlex.join(argv)}\n")
+            try:
+                self.process = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, cwd=str(self.log_dir),
+                )
+            except OSError as exc:
+                log.write(f"# cannot execute: {exc}\n".encode())
+                raise SwitchStartupError(self.name, f"cannot execute {argv[0]}: {exc}", self.log_path) from exc
         self._proc_start = run_state.process_start_time(self.process.pid)
         self._state.add_process(run_state.ProcessRecord(
             self.process.pid, self._proc_start, "switch", self.name, group=True, log=str(self.log_path)))
@@ -444,15 +494,16 @@ class P4Switch(Switch):
         if proc is None:
             return
         if proc.poll() is None:
-            self._signal(signal.SIGTERM)
+            self.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
+                self.send_signal(signal.SIGKILL)
                 proc.wait(timeout=5.0)
         self._after_exit()
 
-    def _signal(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the switch's process group (the process alone where the group is gone)."""
         assert self.process is not None
         try:
             os.killpg(self.process.pid, sig)
@@ -470,8 +521,6 @@ class P4Switch(Switch):
             except (ProcessLookupError, PermissionError):
                 pass
             self._state.remove_process(self.process.pid)
-        if self._log_file is not None and not self._log_file.closed:
-            self._log_file.close()
         self._ready = False
 
     def stop(self, deleteIntfs: bool = True) -> None:
@@ -483,7 +532,7 @@ class P4Switch(Switch):
         """SIGTERM every switch first, then wait for each: stopping N switches takes one timeout, not N."""
         for sw in switches:
             if sw.running:
-                sw._signal(signal.SIGTERM)
+                sw.send_signal(signal.SIGTERM)
         for sw in switches:
             sw.stop(deleteIntfs=True)
         return list(switches)

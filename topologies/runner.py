@@ -148,7 +148,8 @@ def _replot(path: Path, out: TextIO) -> int:
 
         doc = json.loads(doc_path.read_text())
         cls = get_experiment(doc["experiment"])
-        config = cls.Config(**doc["config"])
+        known = {f.name for f in dataclasses.fields(cls.Config)}  # a field this version no longer has is left out
+        config = cls.Config(**{k: v for k, v in doc["config"].items() if k in known})
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{doc_path}: not an ina-exp results file ({type(exc).__name__}: {exc})") from None
     doc["summary"] = cls.summarize(doc["rows"], config)
@@ -199,8 +200,56 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+RUN_OPTIONS = (  # ``ina-exp run``'s own options, as its help lists them (one line each)
+    ("--tiny | --small | --full", "the preset: CI (seconds), a demo (minutes) or the whole experiment (the default)"),
+    ("--switch ina-switch|bmv2", "the switch target (default ina-switch)"),
+    ("--out DIR", "results folder (default results/)"),
+    ("--rtt-ms MS", "round trip added between each worker and its switch (default: the preset's; 0 on bmv2)"),
+    ("--agent-timeout S", "longest wait for one measurement's agents (default 180)"),
+    ("--switch-log-level LEVEL", "the switches' log level: trace (slow), debug, info, warn (default), error, off"),
+    ("-q, --quiet", "no progress lines"),
+)
+_METAVARS = {"ints": "LIST", "floats": "LIST", "strs": "LIST", int: "N", float: "X", str: "TEXT"}
+
+
+def _preset_text(value: Any) -> str:
+    """A preset's value as the command line writes it: lists comma-separated, layouts as 2x4."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ",".join("x".join(map(str, v)) if isinstance(v, (list, tuple)) else _preset_text(v) for v in value) or "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return "none" if value is None else str(value)
+
+
+HELP_WIDTH = 116  # an option's line; longer ones put the presets' values on a line of their own
+
+
+def _option_lines(cls: Any, flag: str, field: str, kind: Any, help_text: str) -> list[str]:
+    """One experiment option: its flag, what it sets, and the presets' values of its field (``[tiny 2,4 | small,
+    full 2,8]``; one value where all agree; a switch's field as on or off)."""
+    switch = kind in ("true", "false")
+    shown = flag if switch else f"{flag} {_METAVARS.get(kind, 'LIST')}"
+    presets = {size: _preset_text(getattr(cfg, field)) for size, cfg in cls.presets().items()}
+    if switch and not all(text in ("on", "off") for text in presets.values()):
+        return [f"  {shown:<26} {help_text}"]
+    sizes: dict[str, list[str]] = {}
+    for size, text in presets.items():
+        sizes.setdefault(text, []).append(size)
+    values = next(iter(sizes)) if len(sizes) == 1 else " | ".join(f"{', '.join(s)} {text}" for text, s in sizes.items())
+    values = f"[{field} {values}]" if switch else f"[{values}]"
+    line = f"  {shown:<26} {help_text} {values}"
+    if len(line) <= HELP_WIDTH:
+        return [line]
+    below = f"  {'':<26} {values}"
+    return [f"  {shown:<26} {help_text}", below if len(below) <= HELP_WIDTH else f"      {values}"]
+
+
 def _run_help(name: str | None, out: TextIO) -> int:
-    build_parser().run_parser.print_help(out)  # type: ignore[attr-defined]
+    """``ina-exp run [NAME] --help``: the run's options and the experiment's, each on one line (one screen)."""
+    lines = ["usage: ina-exp run NAME|all [--tiny|--small|--full] [run options] [experiment options]", "",
+             "run options:", *(f"  {flag:<26} {text}" for flag, text in RUN_OPTIONS)]
     if name and name != "all":
         from topologies.experiments import get_experiment
 
@@ -208,11 +257,13 @@ def _run_help(name: str | None, out: TextIO) -> int:
             cls = get_experiment(name)
         except KeyError as exc:
             raise UsageError(str(exc).strip("'\"")) from None
-        print(f"\n{cls.name}: {cls.title}\nexperiment options (replace the preset's values):", file=out)
-        for flag, field, kind, help_text in cls.options:
-            print(f"  {flag:<20} {help_text} (field {field})", file=out)
-        for size, cfg in cls.presets().items():
-            print(f"  --{size}: {dataclasses.asdict(cfg)}", file=out)
+        lines += ["", f"{cls.name}: {cls.title}",
+                  "experiment options (each replaces the preset's value; [the presets' values]):",
+                  *(line for option in cls.options for line in _option_lines(cls, *option)),
+                  "", "Every preset's whole configuration: ina-exp list -v. The experiment: docs/experiments.md."]
+    else:
+        lines += ["", "Each experiment's own options: ina-exp run NAME --help (names: ina-exp list)."]
+    print("\n".join(lines), file=out)
     return EXIT_OK
 
 

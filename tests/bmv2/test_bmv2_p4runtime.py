@@ -1,11 +1,9 @@
 """Malformed P4Runtime requests against the real BMv2: simple_switch_grpc answers each case of
 tests/p4rt_malformed.py with the status codes recorded there (which ina-switch is held to in
-tests/unit/test_p4runtime_server.py), and keeps serving. Runs only where BMv2 and p4c are installed,
+tests/local/test_p4runtime_server.py), and keeps serving. Runs only where BMv2 and p4c are installed,
 under /tmp/ina-integration.lock."""
 from __future__ import annotations
 
-import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -15,21 +13,15 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from p4src.p4info import load_p4info
 from tests.p4rt_malformed import BMV2, CASES, answer, check_unharmed
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.bmv2
 
 
 @pytest.fixture(scope="module")
-def bmv2(tmp_path_factory):
-    if shutil.which("simple_switch_grpc") is None or shutil.which("p4c-bm2-ss") is None:
-        pytest.skip("simple_switch_grpc / p4c-bm2-ss are not on PATH (source ../shared/bmv2/env.sh)")
+def bmv2(tmp_path_factory, p4c_build):
     out = tmp_path_factory.mktemp("bmv2-p4rt")
-    subprocess.run(["p4c-bm2-ss", "--p4v", "16", "-o", str(out / "ina.json"), str(ROOT / "p4src" / "ina.p4")], check=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"127.0.0.1:{port}"
+    address = f"127.0.0.1:{free_port()}"
     log = (out / "bmv2.log").open("w")
     proc = subprocess.Popen(["simple_switch_grpc", "--device-id", "1", "--no-p4", "--", "--grpc-server-addr", address],
                             stdout=log, stderr=subprocess.STDOUT)
@@ -39,7 +31,7 @@ def bmv2(tmp_path_factory):
         req = p4runtime_pb2.SetForwardingPipelineConfigRequest(
             device_id=1, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
         req.config.p4info.CopyFrom(load_p4info())
-        req.config.p4_device_config = (out / "ina.json").read_bytes()
+        req.config.p4_device_config = (p4c_build / "ina.json").read_bytes()
         p4runtime_pb2_grpc.P4RuntimeStub(channel).SetForwardingPipelineConfig(req, timeout=30)
         channel.close()
         yield address, proc

@@ -1,14 +1,14 @@
-"""A switch process (``ina-switch`` or BMv2) in its own namespace as a test target (``topologies.switch_process``).
+"""Switch processes (``ina-switch`` or BMv2) in namespaces of their own as targets of the packet-level suite.
 
-``ProcessTarget`` is the packet-level suite's ``Target`` on top of a ``SwitchProcess``:
-control over P4Runtime, frames through raw sockets on the host ends, and ``receive`` synchronised by
-barrier frames instead of sleeps.
+``SwitchProcesses`` keeps one switch process per index for a whole run (started on first use, started again if
+it died); ``ProcessTarget`` is one test's view of one of them: a pipeline pushed afresh over P4Runtime (every
+table, multicast group, counter and register starts empty, as on a switch just started), control over
+P4Runtime, frames through raw sockets on the host ends, and ``receive`` synchronised by barrier frames instead
+of sleeps.
 """
 from __future__ import annotations
 
 import itertools
-import os
-import shutil
 import struct
 import time
 from pathlib import Path
@@ -16,9 +16,6 @@ from pathlib import Path
 from inaproto import wire
 from tests.integration.ptfutil import HostPorts
 from topologies.switch_process import SwitchNetwork, SwitchProcess
-
-ROOT = Path(__file__).resolve().parents[2]
-BMV2_JSON = ROOT / "build" / "ina.json"
 
 # Barrier frames: UDP to 203.0.113.<port> (TEST-NET-3, which no test uses), routed back out of the same port.
 BARRIER_NET = 0xCB007100  # 203.0.113.0
@@ -45,23 +42,29 @@ def barrier_nonce(frame: bytes) -> int | None:
 
 
 class ProcessTarget:
-    """The packet-level suite's Target on a switch process: P4Runtime control, raw-socket ports 1..10."""
+    """The packet-level suite's Target on a running switch process: a fresh pipeline, P4Runtime control, raw-socket
+    ports 1..10."""
 
     ports = tuple(range(1, 11))
     BARRIER_TIMEOUT = 10.0
 
-    def __init__(self, net: SwitchNetwork, log_dir: str | Path, kind: str = "ina-switch") -> None:
+    def __init__(self, switch: SwitchProcess, host: HostPorts, kind: str, device_config: bytes, *,
+                 used: bool = True) -> None:
         from tests.p4rt_client import P4RuntimeTestClient
 
         self.kind = kind
-        self.host = HostPorts(net.hosts)
-        self.switch: SwitchProcess | None = None
+        self.switch = switch
+        self.host = host  # the host ends' raw sockets, open for the whole run (closing one takes the kernel ~10 ms)
         self.client = None
         try:
-            program = str(BMV2_JSON) if kind == "bmv2" else None
-            self.switch = SwitchProcess(net, log_dir, kind=kind, program=program)
-            device_config = BMV2_JSON.read_bytes() if kind == "bmv2" else b""
-            self.client = P4RuntimeTestClient(self.switch.address, self.switch.device_id, 1, device_config=device_config)
+            self.client = P4RuntimeTestClient(switch.address, switch.device_id, 1)
+            # Pushing the pipeline empties every table, counter and register; BMv2 keeps its multicast groups
+            # in its replication engine (while its P4Runtime layer forgets them), so those of an earlier test go
+            # first (``used``: an earlier test pushed a pipeline).
+            groups = self.client.switch.read_groups() if used else []
+            if groups:
+                self.client.switch.delete(*groups)
+            self.client.set_forwarding_pipeline(device_config)
             # Barrier routes: 203.0.113.<p>/32 goes back out of port p.
             self.client.switch.insert(*(
                 self.client.schema.entry("MyIngress.ipv4_lpm", ((BARRIER_NET + p, 32),), "MyIngress.ipv4_forward",
@@ -69,12 +72,12 @@ class ProcessTarget:
                 for p in self.ports
             ))
         except BaseException:
-            self.close()
+            self._release()
             raise
-        self._used: set[int] = set()
         self._unsendable = 0
-        # BMv2 runs egress on other threads than ingress: let a barrier's earlier replicas land.
-        self._settle = 0.05 if kind == "bmv2" else 0.0
+        # Whatever an earlier test left in flight comes out before a barrier on every port.
+        self._used: set[int] = set(self.ports)
+        self.receive()
 
     # --- control (forwarded to the P4Runtime client) --------------------------------------------------
     def insert_entry(self, table, match, action, params=()):
@@ -104,8 +107,11 @@ class ProcessTarget:
         """Everything the switch emitted for the frames sent so far, in arrival order.
 
         A barrier frame goes in on every port used since the last call, behind the test's frames; each comes
-        back out of its own port once the switch has processed everything before it. With ``expect=N``,
-        it then also waits (up to ``timeout``) until N frames are there.
+        back out of its own port once the switch has processed everything before it. BMv2 then gets a second
+        round on every port: its egress runs on other threads than its one ingress thread, so a replica of an
+        earlier frame to another port may still wait in that port's queue when the first round is back, but it
+        is queued there ahead of the second round's barrier. With ``expect=N``, it then also waits (up to
+        ``timeout``) until N frames are there.
         """
         if self._unsendable and not self._used:
             import pytest
@@ -114,14 +120,30 @@ class ProcessTarget:
                         "model-only case")
         self._unsendable = 0
         t0 = time.monotonic()
+        deadline = t0 + max(timeout, self.BARRIER_TIMEOUT)
+        got = self._barrier(sorted(self._used), deadline)
+        if self.kind == "bmv2" and self._used:
+            got += self._barrier(self.ports, deadline)
+        self._used.clear()
+        end = t0 + timeout
+        while expect is not None and len(got) < expect:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            got += [(p, f) for p, f in self.host.poll(left) if barrier_nonce(f) is None]
+        self.host.drain()
+        got += [(p, f) for p, f in self.host.pending if barrier_nonce(f) is None]
+        self.host.pending.clear()
+        return got
+
+    def _barrier(self, ports, deadline: float) -> list[tuple[int, bytes]]:
+        """A barrier frame into each of ``ports``; the other frames that came out until every one was back."""
         got: list[tuple[int, bytes]] = []
         waiting: dict[int, int] = {}
-        for port in sorted(self._used):
+        for port in ports:
             nonce = next(_barrier_nonce)
             self.host.send(port, barrier_frame(port, nonce))
             waiting[port] = nonce
-        self._used.clear()
-        deadline = t0 + max(timeout, self.BARRIER_TIMEOUT)
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -134,57 +156,63 @@ class ProcessTarget:
                     got.append((port, frame))
                 elif waiting.get(port) == nonce:
                     del waiting[port]
-        if self._settle:
-            time.sleep(self._settle)
-        end = t0 + timeout
-        while expect is not None and len(got) < expect:
-            left = end - time.monotonic()
-            if left <= 0:
-                break
-            got += [(p, f) for p, f in self.host.poll(left) if barrier_nonce(f) is None]
-        self.host.drain()
-        got += [(p, f) for p, f in self.host.pending if barrier_nonce(f) is None]
-        self.host.pending.clear()
         return got
 
-    def close(self) -> None:
-        errors = []
+    def _release(self) -> None:
         if self.client is not None:
-            try:
-                self.client.close()
-            except Exception as e:  # noqa: BLE001
-                errors.append(e)
+            self.client.close()
             self.client = None
-        if self.switch is not None:
-            code = self.switch.stop()
+
+    def close(self) -> None:
+        """Close this test's client; the switch process and the host ends go on (an error if it died meanwhile)."""
+        self._release()
+        if not self.switch.process.alive():
+            raise RuntimeError(f"{self.kind} exited during the test: {self.switch.process.describe()}")
+
+
+class SwitchProcesses:
+    """The switch processes of one kind for a whole run: index 0 on the suite's switch network, each other index
+    (chains, trees) on one of its own; a process is started on first use and again if it died."""
+
+    def __init__(self, kind: str, log_dir: Path, program: Path | None = None) -> None:
+        from topologies.netns import sweep_stale
+
+        self.kind, self.log_dir, self.program = kind, log_dir, program
+        self.device_config = program.read_bytes() if program is not None else b""
+        self.networks: dict[int, SwitchNetwork] = {}
+        self.hosts: dict[int, HostPorts] = {}
+        self.switches: dict[int, SwitchProcess] = {}
+        sweep_stale()
+
+    def target(self, index: int = 0) -> ProcessTarget:
+        """A fresh target on switch ``index``."""
+        from topologies.netns import Network
+
+        net = self.networks.get(index)
+        if net is None:
+            net = self.networks[index] = SwitchNetwork(Network("pkt" if index == 0 else f"pk{index}"), ProcessTarget.ports)
+            self.hosts[index] = HostPorts(net.hosts)
+        switch = self.switches.get(index)
+        used = switch is not None and switch.process.alive()
+        if not used:
+            if switch is not None:
+                switch.stop()
+            log_dir = self.log_dir / f"s{index}"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            switch = self.switches[index] = SwitchProcess(
+                net, log_dir, kind=self.kind, program=str(self.program) if self.program is not None else None)
+        return ProcessTarget(switch, self.hosts[index], self.kind, self.device_config, used=used)
+
+    def close(self) -> None:
+        """Stop every switch (an error if ina-switch did not exit cleanly), then remove the namespaces."""
+        errors = []
+        for switch in self.switches.values():
+            code = switch.stop()
             if code not in (0, -15, 143) and self.kind == "ina-switch":
-                errors.append(RuntimeError(f"ina-switch exited with {code}: {self.switch.process.describe()}"))
-            self.switch = None
-        self.host.close()
+                errors.append(RuntimeError(f"ina-switch exited with {code}: {switch.process.describe()}"))
+        for host in self.hosts.values():
+            host.close()
+        for net in self.networks.values():
+            net.network.close()
         if errors:
             raise errors[0]
-
-
-def process_target(kind: str, request) -> ProcessTarget:
-    """A fresh switch process for one test; the namespaces are made once per session and removed at its end."""
-    import pytest
-
-    if os.geteuid() != 0:
-        pytest.skip(f"--target {kind} needs root (network namespaces and raw sockets)")
-    if kind == "bmv2":
-        if shutil.which("simple_switch_grpc") is None:
-            pytest.skip("--target bmv2: simple_switch_grpc is not on PATH")
-        if not BMV2_JSON.exists():
-            pytest.skip(f"--target bmv2: {BMV2_JSON.relative_to(ROOT)} is missing (make p4 compiles it with p4c)")
-    config = request.config
-    net = getattr(config, "_ina_switch_network", None)
-    if net is None:
-        from topologies.netns import Network, sweep_stale
-
-        sweep_stale()
-        network = Network("pkt")
-        config.add_cleanup(network.close)
-        net = SwitchNetwork(network, ProcessTarget.ports)
-        config._ina_switch_network = net
-    log_dir = request.getfixturevalue("tmp_path")
-    return ProcessTarget(net, log_dir, kind)

@@ -20,7 +20,8 @@ from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto.commands import Command, command_argv
 from inaproto.credentials import admission_channel
-from tests.harness import write_admin_credential
+from tests.support.ports import free_port
+from topologies.loopback import write_admin_credential
 from topologies.netns import Process
 from topologies.switch_process import switch_command
 
@@ -42,11 +43,6 @@ def tls_target_args(pems: dict[str, str]) -> list[str]:
             "--grpc-server-with-client-auth", "--grpc-server-cacert", pems["ca.pem"]]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _port_open(port: int) -> bool:
     with socket.socket() as s:
@@ -62,7 +58,7 @@ def _switch(address: str, tls: SwitchTls | None) -> Switch:
 def run_tls_scenario(kind: str, tmp: Path, device_config: Path | None = None) -> None:
     """Start ``kind`` with TLS flags, a controller over TLS, install a job and check it; refuse plaintext."""
     pems = make_certificates(tmp / "certs")
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     procs: list[Process] = []
     try:
@@ -77,7 +73,7 @@ def run_tls_scenario(kind: str, tmp: Path, device_config: Path | None = None) ->
                     "links": [["h11", "s1-p1"], ["h12", "s1-p2"]]}
         (tmp / "topology.json").write_text(json.dumps(topology))
         admin = write_admin_credential(tmp / "admin.credential")
-        listen = f"127.0.0.1:{_free_port()}"
+        listen = f"127.0.0.1:{free_port()}"
         ctl_argv = [*command_argv(Command.CONTROLLER), "--topology", str(tmp / "topology.json"), "--db", str(tmp / "ctl.db"),
                     "--listen", listen, "--set", "heartbeat_timeout=0", "--set", f"admin_credential={admin}",
                     "--set", f'switch_tls={{ca = "{pems["ca.pem"]}", cert = "{pems["client.pem"]}", key = "{pems["client.key"]}"}}',

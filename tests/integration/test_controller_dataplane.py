@@ -26,7 +26,8 @@ from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto import wire
 from inaproto.commands import Command, command_argv
 from inaproto.credentials import admission_channel
-from tests.harness import write_admin_credential
+from tests.support.ports import free_port
+from topologies.loopback import write_admin_credential
 from topologies.netns import Network, Process, TcpForward, wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("softswitch.cli") is None, reason="ina-switch is not there yet")
@@ -34,11 +35,6 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("softswitch.cli") is No
 SWITCH_IP, SWITCH_MAC = "10.0.1.254", "02:00:00:00:01:fe"
 GRPC_PORT = 9559
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def lanes_of(worker: int, chunk: int) -> np.ndarray:

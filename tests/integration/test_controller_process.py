@@ -25,7 +25,8 @@ from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto.commands import Command, command_argv
 from inaproto.credentials import admission_channel
-from tests.harness import write_admin_credential
+from tests.support.ports import free_port
+from topologies.loopback import write_admin_credential
 from topologies.netns import Process, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,11 +44,6 @@ done.wait()
 server.stop()
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Bench:

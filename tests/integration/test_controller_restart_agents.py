@@ -1,7 +1,7 @@
 """Agents ride out a controller restart: ``ina-controller`` (a process) is killed with SIGKILL while 8 agents
 (4 jobs of 2) register, and restarted on the same database 2 s later; every job completes exact.
 
-The switch is ina-switch's pipeline behind its P4Runtime server in this process (tests.harness.LocalSwitch),
+The switch is ina-switch's pipeline behind its P4Runtime server in this process (topologies.loopback.LocalSwitch),
 bridged to loopback UDP (softswitch.udp.UdpSwitch); the agents are ``host_agent.agent.Agent`` threads. Jobs
 a and b are admitted and all-reducing when the controller dies; their data plane keeps running (they
 finish all-reduces while it is down). Job c starts registering as it is killed, job d right after: their
@@ -30,12 +30,9 @@ from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto.commands import Command, command_argv
 from inaproto.credentials import admission_channel
 from softswitch.udp import UdpSwitch
-from tests.harness import LocalSwitch, star_topology, write_admin_credential
-from tests.udp_switch import local_job, quantised_sum, run_workers
 from topologies.experiments.testbed import free_port
+from topologies.loopback import LocalSwitch, exact_sum, local_job, run_workers, star_topology, write_admin_credential
 from topologies.netns import Process
-
-pytestmark = pytest.mark.integration
 
 HOSTS = {"a": ["h11", "h12"], "b": ["h13", "h14"], "c": ["h15", "h16"], "d": ["h17", "h18"]}
 ELEMENTS = 3000
@@ -182,7 +179,7 @@ def test_agents_ride_out_a_controller_killed_during_registration(bed):
         t.join(150)
     assert not any(t.is_alive() for t in threads)
     for name in jobs:
-        want = quantised_sum(inputs[name])
+        want = exact_sum(inputs[name])
         for i, result in enumerate(results[name]):
             assert not isinstance(result, BaseException), f"job {name} worker {i}: {result!r}"
             backend, outs = result

@@ -10,7 +10,9 @@ import pytest
 from inaproto import wire
 from tests.integration.ptfutil import HostPorts
 from tests.p4rt_client import P4RuntimeTestClient
-from tests.targets import ModelTarget, gradient, install_job, make_workers
+from tests.support.entries import install_job
+from tests.support.frames import gradient, make_workers
+from tests.targets import ModelTarget
 from topologies.netns import Network, sweep_stale, wait_until
 from topologies.switch_process import SwitchNetwork, SwitchProcess
 

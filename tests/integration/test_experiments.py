@@ -1,5 +1,6 @@
 """ina-exp end to end (root): every experiment's --tiny configuration builds its testbed, measures, writes
-results.json / results.csv / a PNG, and leaves no process, namespace or interface behind; Ctrl-C (SIGINT)
+results.json (with every daemon's whole configuration) / results.csv / a PNG, and leaves no process, namespace or
+interface behind; Ctrl-C (SIGINT)
 in the middle of a run stops everything and keeps what was measured; usage errors are one line.
 
 The whole file takes about two minutes on the 2-core machine (docs/experiments.md has the timings).
@@ -18,7 +19,12 @@ import pytest
 
 pytest.importorskip("mininet")
 
+from controller.config import ControllerConfig
+from host_agent.options import AgentOptions
 from inaproto.commands import REPO, Command, command_argv
+from inaproto.config import load
+from simulator.config import SimConfig
+from softswitch.config import SwitchConfig
 from topologies import state as run_state
 from topologies.cleanup import root_interfaces
 from topologies.experiments.allreduce import measured_slots
@@ -79,12 +85,38 @@ def run(args: list[str], out: Path, timeout: float = 240) -> tuple[subprocess.Co
     return proc, time.monotonic() - t0
 
 
+def assert_daemons_recorded(run_dir: Path, doc: dict) -> dict:
+    """results.json's ``daemons``: every testbed of the run (its folder under runs/) with each of its switches, every
+    start of its controller and the agents of every job it ran, each as the whole configuration the daemon read from
+    its file (config/); returns the testbeds' records."""
+    runs = doc["daemons"]["runs"]
+    assert set(runs) == {p.name for p in (run_dir / "runs").iterdir()}
+    for label, record in runs.items():
+        folder = run_dir / "runs" / label
+        assert set(record["switches"]) == set(json.loads((folder / "topology.json").read_text())["switches"])
+        for name, config in record["switches"].items():
+            assert load(SwitchConfig, None, config) == load(SwitchConfig, folder / "config" / f"{name}.toml")
+        starts = sorted(start for entry in record["controller"] for start in entry["starts"])
+        assert starts == list(range(1, len(list((folder / "logs").glob("controller-*.log"))) + 1))
+        for entry in record["controller"]:
+            start = entry["starts"][0]
+            assert load(ControllerConfig, None, entry["config"]) == load(
+                ControllerConfig, folder / "config" / f"controller-{start}.toml")
+        jobs = {p.name.removesuffix(".job.json") for p in (folder / "agents").glob("*.job.json")}
+        assert {job for entry in record["agents"] for job in entry["workers"]} == jobs
+        for entry in record["agents"]:
+            for job, workers in entry["workers"].items():
+                assert workers == list(range(len(json.loads((folder / "agents" / f"{job}.job.json").read_text())["workers"])))
+                assert load(AgentOptions, None, entry["config"]) == load(AgentOptions, folder / "config" / f"agent-{job}.toml")
+    return runs
+
+
 def results_of(out: Path, name: str) -> tuple[Path, dict]:
     run_dir = (out / name / "latest").resolve()
     return run_dir, json.loads((run_dir / "results.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["allreduce", "hetero", "multijob", "loss"])
+@pytest.mark.parametrize("name", ["allreduce", pytest.param("hetero", marks=pytest.mark.slow), "multijob", "loss"])  # hetero: over 30 s
 def test_tiny_configuration_runs_end_to_end(name, tmp_path):
     ports_before = unowned_ports()
     # As a user runs it: the default, relative results folder, from a folder that is not the checkout.
@@ -104,6 +136,7 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
     assert stdout.strip().splitlines()[-1] == f"plot: {png}"
     assert f"[{name} " in stderr  # progress lines
     assert_nothing_left(tmp_path / "results", proc.pid, ports_before)
+    daemons = assert_daemons_recorded(run_dir, doc)
 
     rows = doc["rows"]
     if name == "allreduce":
@@ -133,7 +166,11 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         assert doc["summary"]["simulator"]["jobs_compared"] == len(jobs)
         assert {"best_vs_unlimited", "static_vs_unlimited", "priority_high_speedup_over_static"} <= set(doc["summary"]["targets"])
         trace_run = next((run_dir / "runs").glob("*-trace"))  # after the calibration probes' testbeds
-        assert "--link-delay 1:2" in (trace_run / "logs" / "s1.log").read_text().splitlines()[0]
+        assert "1:2" in daemons[trace_run.name]["switches"]["s1"]["link_delay"]  # half the round trip each way
+        assert [s for e in daemons[trace_run.name]["controller"] for s in e["starts"]]  # restarted per pool and policy
+        simulated = doc["daemons"]["ina-sim"]  # every simulated trace's configuration, as ina-sim runs it again
+        assert set(simulated) == {p.name for p in (run_dir / "sim").iterdir()}
+        assert all(load(SimConfig, None, c) == load(SimConfig, run_dir / "sim" / k / "sim.toml") for k, c in simulated.items())
         probes = {r["probe"]: r for r in rows if r["kind"] == "probe"}
         assert {"ina-window", "ina-shared-pps", "agent-startup-cpu", "agent-lifecycle-cpu"} <= set(probes)
         shared = probes["ina-shared-pps"]  # on the trace's own star: its links (2 Mbit/s), round trip and request
@@ -169,7 +206,8 @@ def test_tiny_configuration_runs_end_to_end(name, tmp_path):
         kernel_drops = sum(int(n) for n in re.findall(r"(\d+) (?:frames lost )?to a full receive (?:ring|buffer)", log))
         assert points[0]["gap_reports"] <= kernel_drops
         assert all(p["exact"] is True for p in points)  # and every result is still the exact sum
-        assert "--fault-drop 0.05" in (run_dir / "runs" / "02-loss5-ina" / "logs" / "s1.log").read_text().splitlines()[0]
+        assert daemons["02-loss5-ina"]["switches"]["s1"]["faults"]["drop"] == ["0.05"]
+        assert daemons["01-loss0-ina"]["switches"]["s1"]["faults"]["drop"] == []
     elif name == "hetero":
         train = {(r["scenario"], r["mode"]): r for r in rows if r["kind"] == "train"}
         assert set(train) == {(sc, m) for sc in ("ratio 1:1", "ratio 3:1", "straggler") for m in ("equal", "static", "adaptive")}
@@ -265,3 +303,4 @@ def test_rina_is_exact_on_every_deployment_mix(tmp_path):
     assert fractions == [1.0, 0.5, 0.0]
     assert (run_dir / "rina.png").read_bytes()[:8] == PNG
     assert_nothing_left(tmp_path, proc.pid, ports_before)
+    assert_daemons_recorded(run_dir, doc)

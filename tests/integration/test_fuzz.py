@@ -21,7 +21,8 @@ import pytest
 
 from inaproto import wire
 from inaproto.wire import DropReason
-from tests.targets import SWITCH_IP, Worker, gradient, install_job, make_workers
+from tests.support.entries import install_job
+from tests.support.frames import SWITCH_IP, Worker, gradient, make_workers
 
 LIVE, FUZZ = 3, 4  # job ids
 LIVE_SLOTS, FUZZ_SLOTS = 8, 8
@@ -135,14 +136,18 @@ def _live_round(target, live: list[Worker], seq: int, rng: np.random.Generator) 
 
 
 @pytest.fixture
-def switch(request):
-    from tests.integration.switch_process import process_target
+def switch(tmp_path):
+    from tests.integration.switch_process import SwitchProcesses
 
-    t = process_target("ina-switch", request)
+    processes = SwitchProcesses("ina-switch", tmp_path)
     try:
-        yield t
+        t = processes.target()
+        try:
+            yield t
+        finally:
+            t.close()
     finally:
-        t.close()
+        processes.close()
 
 
 def test_fuzzed_frames_between_rounds_of_a_live_job(switch):

@@ -31,7 +31,8 @@ from tests.integration.ptfutil import (
     verify_packets,
 )
 from tests.p4rt_client import P4RuntimeTestClient
-from tests.targets import SWITCH_IP, SWITCH_MAC, Worker, dissect, gradient, install_job, make_workers
+from tests.support.entries import install_job
+from tests.support.frames import SWITCH_IP, SWITCH_MAC, Worker, dissect, gradient, make_workers
 from topologies.netns import Network, sweep_stale
 from topologies.switch_process import GRPC_PORT, SwitchNetwork, SwitchProcess, switch_command
 

@@ -24,6 +24,9 @@ import pytest
 
 pytest.importorskip("mininet")
 
+from inaproto.config import load
+from softswitch.config import SwitchConfig
+from tests.support.ports import free_port
 from topologies import state as run_state
 from topologies.cleanup import cleanup_all, root_interfaces
 from topologies.network import InaNetwork
@@ -81,11 +84,6 @@ def wait_until(condition, timeout: float = 5.0, message: str = ""):
             raise AssertionError(message or "condition not met in time")
         time.sleep(0.02)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ping(host, ip: str) -> bool:
@@ -251,8 +249,9 @@ def test_switch_node_starts_waits_and_stops(stand_in: list[str], tmp_path: Path)
         assert sw.running
         socket.create_connection(("127.0.0.1", sw.grpc_port), timeout=1).close()
         argv = sw.command_line()
-        assert argv[len(stand_in):] == [
-            "--device-id", "7", "--no-p4", "--", "--grpc-server-addr", f"127.0.0.1:{sw.grpc_port}", "--cpu-port", "255"]
+        assert argv[len(stand_in):] == ["--config", str(tmp_path / "s7.toml"), "--device-id", "7", "--no-p4", "--",
+                                        "--grpc-server-addr", f"127.0.0.1:{sw.grpc_port}", "--cpu-port", "255"]
+        assert load(SwitchConfig, tmp_path / "s7.toml") == sw.switch_config()  # the switch's whole configuration
         pid, started = sw.process.pid, run_state.process_start_time(sw.process.pid)
         assert any(r.pid == pid for r in run_state.current_state().processes)
     finally:

@@ -59,7 +59,7 @@ def test_controller_killed_with_a_half_written_tree_repairs_it_on_restart(tmp_pa
     job = AgentJob("tree-restart", ("h1", "h2", "h3", "h4"), "allreduce", backend="auto",
                    args=("--elements", "2048", "--iterations", "2", "--warmup", "0", "--check"), requested_slots=8)
     seen: dict = {}
-    with Testbed(LeafSpineTopo(2, 2, spine_ina=True), run_dir=tmp_path, controller_args=("--trees",)) as bed:
+    with Testbed(LeafSpineTopo(2, 2, spine_ina=True), run_dir=tmp_path, controller_settings={"trees": True}) as bed:
 
         def half_written_restart() -> None:
             (before,) = bed.controller_state()["jobs"]

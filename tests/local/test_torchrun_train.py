@@ -1,8 +1,9 @@
 """examples/torchrun_train.py as users start it (torchrun, tiny size): backend "ina" against gloo, allocation.
 
-Each run is ``torchrun --standalone --nproc-per-node N`` of the script: with backend "ina" and no controller the
-ranks' agents run their ring among themselves; with gloo it is PyTorch's own. The runs go side by side to save
-wall time.
+Each run is ``torchrun --nproc-per-node N`` of the script: with backend "ina" and no controller the ranks'
+agents run their ring among themselves; with ``$INA_CONTROLLER`` naming the controller core over the pipeline
+model behind UDP (``topologies.loopback.LoopbackCluster``) they go through the switch; with gloo it is PyTorch's
+own. The runs go side by side to save wall time.
 """
 from __future__ import annotations
 
@@ -18,16 +19,32 @@ import pytest
 
 pytest.importorskip("torch")
 
+from inaproto.credentials import CONTROLLER_ENV, JOB_SECRET_ENV
+from topologies.loopback import LoopbackCluster
+
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "torchrun_train.py"
 TINY = ("--epochs", "1", "--steps", "12", "--eval-every", "6", "--global-batch", "64", "--timeout", "60")
 
 
-def _torchrun(tmp_path: Path, name: str, *args: str, nproc: int = 2) -> tuple[subprocess.Popen, Path]:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(tmp_path: Path, name: str, *args: str, nproc: int = 2, cluster: LoopbackCluster | None = None
+              ) -> tuple[subprocess.Popen, Path]:
+    """One torchrun of the script; with ``cluster``, through its switch: the rendezvous on host h0's address (the
+    agents bind the address they reach it from), ``$INA_CONTROLLER`` its controller."""
     out = tmp_path / f"{name}.json"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(SCRIPT),
+    env = {k: v for k, v in os.environ.items() if k != CONTROLLER_ENV}  # the agents' ring, whatever the shell has
+    launch = ["--standalone"]
+    if cluster is not None:
+        launch = ["--nnodes", "1", "--master-addr", cluster.host_ip("h0"), "--master-port", str(_free_port())]
+        env.update({CONTROLLER_ENV: cluster.address, JOB_SECRET_ENV: cluster.spec.secret})
+    argv = [sys.executable, "-m", "torch.distributed.run", *launch, "--nproc-per-node", str(nproc), str(SCRIPT),
             *TINY, "--json", str(out), "--save-params", str(tmp_path / f"{name}.npz"), *args]
     log = (tmp_path / f"{name}.log").open("w")
-    env = {k: v for k, v in os.environ.items() if k != "INA_CONTROLLER"}  # the agents' ring, whatever the shell has
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env), out
 
 
@@ -71,6 +88,18 @@ def test_backend_ina_trains_the_model_gloo_trains(tmp_path) -> None:
         rel = np.linalg.norm(ina[key] - gloo[key]) / np.linalg.norm(gloo[key])
         assert rel < 1e-5, (key, rel)
     assert abs(res["ina"]["final_accuracy"] - res["gloo"]["final_accuracy"]) <= 0.01
+
+
+@pytest.mark.slow  # two torchrun launches of two ranks each, through the controller and the switch model: over 30 s
+def test_through_the_switch_equals_the_ring_bit_for_bit(tmp_path) -> None:
+    """Block floating point sums integers exactly, so INA and the ring train the same model, bit for bit."""
+    with LoopbackCluster(["s1", "s1"], slots=16) as cl:  # its sockets are not used: the ranks bind their own
+        runs = {"ina": _torchrun(tmp_path, "ina", cluster=cl), "ring": _torchrun(tmp_path, "ring")}
+        res = _finish(runs, tmp_path)
+    assert res["ina"]["granted"] == "ina" and res["ring"]["granted"] == "ring"
+    assert all(r["same_model_on_every_rank"] and r["steps"] == 12 for r in res.values())
+    assert res["ina"]["param_digest"] == res["ring"]["param_digest"]
+    assert res["ina"]["buckets_per_step"] >= 2 and 0 <= res["ina"]["overlap"] <= 1
 
 
 def test_adaptive_allocation_shrinks_the_slow_workers_share(tmp_path) -> None:

@@ -1,27 +1,62 @@
-"""Several switches in one test (chains across switches): each on a network of its own for process targets."""
+"""The packet-level suite runs on every target this machine has, in this process: the model (``packet`` tier),
+the ina-switch process (``integration``: root) and BMv2 (``bmv2``: simple_switch_grpc and p4c on PATH).
+
+``target_kind`` is parametrised over the three, for the whole session, so pytest runs every test of the suite on
+the model, then on ina-switch, then on BMv2, each switch process started once and given a fresh pipeline per
+test (tests/integration/switch_process.py). ``pytest tests/packet -m packet`` keeps to the model, ``-m
+integration`` to ina-switch, ``-m bmv2`` to BMv2.
+"""
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.targets import ModelTarget, Target
+
+TARGETS = {"model": "packet", "ina-switch": "integration", "bmv2": "bmv2"}  # target -> its tier
+
+
+@pytest.fixture(scope="session", params=[pytest.param(kind, marks=getattr(pytest.mark, tier), id=kind)
+                                         for kind, tier in TARGETS.items()])
+def target_kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Target]]:
+    """``make(index)``: a fresh target of this kind (index > 0: another switch, for chains and trees)."""
+    kind = request.param
+    if kind == "model":
+        yield lambda index: ModelTarget()
+        return
+    from tests.integration.switch_process import SwitchProcesses
+
+    program = request.getfixturevalue("p4c_build") / "ina.json" if kind == "bmv2" else None
+    processes = SwitchProcesses(kind, tmp_path_factory.mktemp(kind), program)
+    try:
+        yield processes.target
+    finally:
+        processes.close()
+
 
 @pytest.fixture
-def switches(request: pytest.FixtureRequest):
-    """``switches(n)``: n fresh switch targets of the session's ``--target``, closed at the end of the test.
+def target(target_kind: Callable[[int], Target]) -> Iterator[Target]:
+    """A fresh switch target for one test (tests/targets.py)."""
+    t = target_kind(0)
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+@pytest.fixture
+def switches(target_kind: Callable[[int], Target]) -> Iterator[Callable[[int], list[Target]]]:
+    """``switches(n)``: n more fresh switch targets of the test's kind, closed at the end of the test.
 
     Frames between them are carried by the test (tests/packet/test_chains.py), so the same cases run on the
-    model, on ina-switch and on BMv2. Process targets get one namespace set per switch index, made once.
+    model, on ina-switch and on BMv2; process targets are switches of their own, on namespaces of their own.
     """
-    from tests import targets
+    made: list[Target] = []
 
-    kind = request.config.getoption("--target")
-    made: list = []
-
-    def make(n: int) -> list:
-        for i in range(n):
-            if kind == "model":
-                made.append(targets.ModelTarget())
-            else:
-                made.append(_process_target(kind, request, i))
+    def make(n: int) -> list[Target]:
+        for _ in range(n):
+            made.append(target_kind(len(made)))
         return made[-n:]
 
     try:
@@ -35,26 +70,3 @@ def switches(request: pytest.FixtureRequest):
                 errors.append(e)
         if errors:
             raise errors[0]
-
-
-def _process_target(kind: str, request: pytest.FixtureRequest, index: int):
-    """Switch ``index`` of a test: index 0 is the suite's usual switch network, the others have their own."""
-    from tests.integration.switch_process import ProcessTarget, process_target
-
-    if index == 0:
-        return process_target(kind, request)
-    config = request.config
-    nets = getattr(config, "_ina_chain_networks", None)
-    if nets is None:
-        nets = config._ina_chain_networks = {}
-    net = nets.get(index)
-    if net is None:
-        from topologies.netns import Network
-        from topologies.switch_process import SwitchNetwork
-
-        network = Network(f"pk{index}")
-        config.add_cleanup(network.close)
-        net = nets[index] = SwitchNetwork(network, ProcessTarget.ports)
-    log_dir = request.getfixturevalue("tmp_path") / f"s{index}"
-    log_dir.mkdir(exist_ok=True)
-    return ProcessTarget(net, log_dir, kind)

@@ -8,11 +8,8 @@ import pytest
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from tests.targets import SWITCH_IP, SWITCH_MAC, dissect, gradient, install_job, make_workers
-
-
-def _lanes(rng: np.random.Generator, low: int = -(2**20), high: int = 2**20) -> np.ndarray:
-    return rng.integers(low, high, size=wire.LANES, dtype=np.int64).astype(np.int32)
+from tests.support.entries import install_job
+from tests.support.frames import SWITCH_IP, SWITCH_MAC, dissect, gradient, make_workers, random_lanes
 
 
 def _results(out):
@@ -42,7 +39,7 @@ def test_k_workers_receive_exact_sum(target, k):
     rng = np.random.default_rng(k)
     workers = make_workers(k)
     install_job(target, job_id=7, workers=workers, base=100, num_slots=8)
-    data = [_lanes(rng) for _ in workers]
+    data = [random_lanes(rng) for _ in workers]
     for i, w in enumerate(workers):
         target.send(w.port, gradient(w, 7, slot=3, lanes=data[i], seq=1234, shadow=1))
         out = target.receive(expect=k if i == k - 1 else 0, timeout=2.0 if i == k - 1 else 0.05)
@@ -74,8 +71,8 @@ def test_two_jobs_never_mix(target):
     a, b = make_workers(3, first_port=1), make_workers(3, first_port=4)
     install_job(target, 1, a, base=0, num_slots=16)
     install_job(target, 2, b, base=16, num_slots=16)
-    da = [_lanes(rng) for _ in a]
-    db = [_lanes(rng) for _ in b]
+    da = [random_lanes(rng) for _ in a]
+    db = [random_lanes(rng) for _ in b]
     # Interleave the two jobs on the same slot index within their ranges.
     for i in range(3):
         target.send(a[i].port, gradient(a[i], 1, 5, da[i], seq=10))

@@ -10,7 +10,8 @@ from inaproto import wire
 from inaproto.job_entries import WorkerAddress, job_entries
 from inaproto.scapy_layer import INA
 from inaproto.wire import DropReason
-from tests.targets import Worker, dissect, gradient, install_job, make_workers
+from tests.support.entries import install_job
+from tests.support.frames import Worker, dissect, gradient, make_workers
 
 JOB = 6
 SPOOFED = DropReason.SPOOFED

@@ -11,16 +11,9 @@ from scapy.packet import Raw, raw
 from inaproto import wire
 from inaproto.scapy_layer import INA
 from inaproto.wire import DropReason
-from tests.targets import (
-    SWITCH_IP,
-    SWITCH_MAC,
-    assert_same_registers,
-    dissect,
-    gradient,
-    install_job,
-    make_workers,
-    register_state,
-)
+from tests.support.entries import install_job
+from tests.support.frames import SWITCH_IP, SWITCH_MAC, dissect, gradient, make_workers
+from tests.targets import assert_same_registers, register_state
 
 
 @pytest.fixture
@@ -194,10 +187,13 @@ def test_job_ids_beyond_the_counters_are_unknown_even_with_an_entry(target):
 def test_ipv4_checksum_is_compared_exactly(target):
     """BMv2 computes csum16 over the other fields and compares: 0xFFFF is not accepted for 0x0000."""
     target.insert_entry("MyIngress.ipv4_lpm", ((0x0A000000, 8),), "MyIngress.ipv4_forward", (0x020000000009, 4))
-    for ident in range(65536):  # find a header whose correct checksum is 0x0000
-        pkt = Ether(dst=SWITCH_MAC) / IP(src="10.0.1.1", dst="10.0.2.2", id=ident) / UDP(sport=1, dport=2)
-        if Ether(raw(pkt))[IP].chksum == 0:
-            break
+    # A header whose correct checksum is 0x0000: the checksum with id 0 is c, so id c adds exactly what makes the
+    # one's-complement sum 0xFFFF.
+    def header(ident: int):
+        return Ether(dst=SWITCH_MAC) / IP(src="10.0.1.1", dst="10.0.2.2", id=ident) / UDP(sport=1, dport=2)
+
+    pkt = header(Ether(raw(header(0)))[IP].chksum)
+    assert Ether(raw(pkt))[IP].chksum == 0
     good = raw(pkt)
     bad = good[:24] + b"\xff\xff" + good[26:]  # the same one's-complement sum, but not what csum16 gives
     target.send(1, good)

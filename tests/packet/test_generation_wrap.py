@@ -8,7 +8,7 @@ from inaproto import wire
 from inaproto.job_entries import GENERATIONS, WorkerAddress, job_entries, split_generation
 from inaproto.scapy_layer import INA
 from inaproto.wire import DropReason
-from tests.targets import dissect, gradient, make_workers
+from tests.support.frames import dissect, gradient, make_workers
 
 JOB = 9
 

@@ -10,19 +10,10 @@ from scapy.all import IP, UDP, Ether, Raw, raw
 from inaproto import wire
 from inaproto.job_entries import WorkerAddress, job_entries
 from inaproto.scapy_layer import INA
-from tests.packet.test_chains import JOB as CHAIN_JOB
-from tests.packet.test_chains import _two_switches
-from tests.targets import (
-    SWITCH_IP,
-    SWITCH_MAC,
-    Worker,
-    assert_same_registers,
-    dissect,
-    gradient,
-    install_job,
-    make_workers,
-    register_state,
-)
+from tests.support.entries import install_job
+from tests.support.fabric import CHAIN_JOB, two_switches
+from tests.support.frames import SWITCH_IP, SWITCH_MAC, Worker, dissect, gradient, make_workers
+from tests.targets import assert_same_registers, register_state
 
 JOB, GEN, BASE, SLOTS = 6, 2, 40, 8
 COUNTED = int(wire.Flags.TX_COUNTED)
@@ -390,7 +381,7 @@ def test_foreign_spoofed_and_stale_counted_frames_change_no_state(target):
 def test_chain_jobs_ignore_the_flag(switches):
     """A job on chains: counted frames with counters that would be gaps give no report and no PREV_DONE; the
     results carry the completing frame's reserved, as without the flag."""
-    fabric, workers_at = _two_switches(switches)
+    fabric, workers_at = two_switches(switches)
     for rnd, tx in enumerate((5, 9, 40)):
         seq, shadow = 1 + rnd, rnd % 2
         total = np.zeros(wire.LANES, np.int64)

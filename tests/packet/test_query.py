@@ -6,16 +6,9 @@ from scapy.all import IP, UDP, Ether, Raw, raw
 
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from tests.targets import (
-    SWITCH_IP,
-    SWITCH_MAC,
-    assert_same_registers,
-    dissect,
-    gradient,
-    install_job,
-    make_workers,
-    register_state,
-)
+from tests.support.entries import install_job
+from tests.support.frames import SWITCH_IP, SWITCH_MAC, dissect, gradient, make_workers
+from tests.targets import assert_same_registers, register_state
 
 JOB, GEN = 3, 2
 

@@ -14,7 +14,7 @@ import pytest
 from inaproto import wire
 from inaproto.job_entries import WorkerAddress, job_entries
 from inaproto.scapy_layer import INA
-from tests.targets import dissect, gradient, make_workers
+from tests.support.frames import dissect, gradient, make_workers
 
 JOB = 9
 

@@ -15,8 +15,6 @@ from host_agent.rtt import RttEstimator
 from host_agent.stats import StreamStats
 from inaproto import wire
 
-pytestmark = pytest.mark.unit
-
 JOB, GEN = 3, 1
 
 

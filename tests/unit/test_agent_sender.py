@@ -12,8 +12,6 @@ from host_agent.flight import REORDER_FLOOR, REORDER_SHARE, Flight
 from host_agent.rtt import MAX_BACKOFF, RttEstimator
 from host_agent.stats import StreamStats
 
-pytestmark = pytest.mark.unit
-
 
 def test_rto_follows_rfc6298_from_the_first_sample() -> None:
     est = RttEstimator(0.05, 0.001, 1.0, granularity=0.0001)

@@ -17,9 +17,9 @@ from host_agent.ina_window import TX_MOD, InaSender
 from host_agent.options import StreamOptions
 from host_agent.stats import StreamStats
 from inaproto import wire
-from tests.targets import SWITCH_IP, SWITCH_MAC, ModelTarget, Worker, install_job, make_workers
-
-pytestmark = pytest.mark.unit
+from tests.support.entries import install_job
+from tests.support.frames import SWITCH_IP, SWITCH_MAC, Worker, make_workers
+from tests.targets import ModelTarget
 
 JOB, GEN = 6, 2
 ME, PEER = make_workers(2)
@@ -130,6 +130,7 @@ def _exact(seg: Segment, contrib: np.ndarray) -> bool:
     return bool((got == contrib + 1).all()) and all(seg.src)
 
 
+@pytest.mark.local  # a socket pair stands for the switch
 def test_a_chunk_the_switch_reports_lost_gets_its_payload_again() -> None:
     net = _Net(16, lost={(5, 1)})
     sender, seg, contrib = _run(net, 16, 40)
@@ -138,6 +139,7 @@ def test_a_chunk_the_switch_reports_lost_gets_its_payload_again() -> None:
     assert [m for m, s, _ in net.arrived if s == 5] == [wire.MsgType.GRADIENT]  # its resend: the payload
 
 
+@pytest.mark.local  # a socket pair stands for the switch
 def test_a_refused_counted_send_gives_its_counters_back_and_its_chunks_go_next_turn() -> None:
     """The socket refuses the last 70 frames of the first run (a full buffer) and later the resend of a lost chunk:
     the switch sees every frame that reached it numbered in sequence (no gap, no "late" run of 64 or more), and every

@@ -223,6 +223,7 @@ def test_slowdown_spin_and_identity() -> None:
         SlowdownCompute(0.5)
 
 
+@pytest.mark.local
 def test_slowdown_really_waits() -> None:
     """With the real clock and sleep: the slowed call lasts at least f times its own compute."""
     import time

@@ -18,9 +18,7 @@ from controller.store import Job
 from controller.topology import LinkRate, Topology, TopologyError
 from inaproto import admission_pb2 as pb
 from inaproto import wire
-from tests.unit.test_chains_plan import _job
-
-pytestmark = pytest.mark.unit
+from tests.support.plans import placed_job
 
 FRAME_2M = wire.INA_FRAME_LEN * 8 / 2e6  # one INA frame on a 2 Mbit/s link
 
@@ -50,18 +48,18 @@ def test_link_rates_come_from_the_topology_and_bad_ones_are_refused():
 
 def test_two_ina_racks_round_trip_counts_every_link_of_the_chains():
     topo = _rated_leaf_spine(2, 4, 2)
-    rtt, frame = chain_round_trip(topo, _job(topo, {"tor0": 8, "tor1": 8}))
+    rtt, frame = chain_round_trip(topo, placed_job(topo, {"tor0": 8, "tor1": 8}))
     # up and down (2 links), partition of the own rack: its partial round (2 links) and back (2): 4; the other's:
     # round (2 links), final sum here: 2 ; mean 3 ring links + 2 access links
     assert frame == pytest.approx(FRAME_2M)
     assert rtt == pytest.approx(5 * FRAME_2M)
     need = CHAIN_HEADROOM * 5
-    assert chain_slots(topo, _job(topo, {"tor0": 8, "tor1": 8})) == 16 >= need  # R x 2^k
+    assert chain_slots(topo, placed_job(topo, {"tor0": 8, "tor1": 8})) == 16 >= need  # R x 2^k
 
 
 def test_mixed_ring_needs_more_slots_than_the_all_ina_one_and_none_without_rates():
     topo = _rated_leaf_spine(2, 4, 1)
-    job = _job(topo, {"tor0": 8})
+    job = placed_job(topo, {"tor0": 8})
     rtt, _ = chain_round_trip(topo, job)
     assert rtt > 10 * FRAME_2M  # 5 members, 12 links a loop
     assert chain_slots(topo, job) >= CHAIN_HEADROOM * rtt / FRAME_2M
@@ -69,12 +67,12 @@ def test_mixed_ring_needs_more_slots_than_the_all_ina_one_and_none_without_rates
                                "hosts": {h.name: {"ip": h.ip, "mac": h.mac} for h in topo.hosts.values()},
                                "links": [[a, b] for a, b in (("tor0-p5", "spine-p1"), ("tor1-p5", "spine-p2"))]
                                + [[h.name, f"{h.switch}-p{h.port}"] for h in topo.hosts.values()]})
-    assert chain_slots(bare, _job(bare, {"tor0": 8})) is None  # no rates: the request stands
+    assert chain_slots(bare, placed_job(bare, {"tor0": 8})) is None  # no rates: the request stands
 
 
 def test_no_ring_no_sizing():
     topo = _rated_leaf_spine(2, 4, 0)
-    assert chain_slots(topo, _job(topo, {})) is None
+    assert chain_slots(topo, placed_job(topo, {})) is None
 
 
 def test_link_delays_lengthen_the_round_trip_not_the_frame_time():
@@ -83,7 +81,7 @@ def test_link_delays_lengthen_the_round_trip_not_the_frame_time():
         "hosts": {f"h{i}": {"ip": f"10.0.{(i + 1) // 2}.{i}/16", "mac": f"02:00:00:00:00:0{i}"} for i in (1, 2, 3, 4)},
         "links": [["h1", "s1-p1", "5ms", 2.0], ["h2", "s1-p2", "5ms", 2.0], ["s1-p3", "spine-p1", "5ms", 2.0],
                   ["h3", "s2-p1", "5ms", 2.0], ["h4", "s2-p2", "5ms", 2.0], ["s2-p3", "spine-p2", "5ms", 2.0]]})
-    job = _job(topo, {"s1": 16, "s2": 16})
+    job = placed_job(topo, {"s1": 16, "s2": 16})
     rtt, frame = chain_round_trip(topo, job)
     assert frame == pytest.approx(FRAME_2M)
     assert rtt == pytest.approx(5 * (FRAME_2M + 0.005))  # five link crossings on the mean chain, each 5 ms longer
@@ -132,7 +130,7 @@ def test_a_hop_between_host_members_is_counted_in_runs_for_the_grant_not_for_the
     assert run_frame_len(1) == wire.INA_FRAME_LEN and run_frame_len(RUN_PAYLOADS) == RUN_FRAME_LEN == 1511
     assert GRANT_RUN_PAYLOADS == 6 and run_frame_len(6) == 851
     topo = _rated_leaf_spine(2, 4, 1)
-    job = _job(topo, {"tor0": 8})
+    job = placed_job(topo, {"tor0": 8})
     floor, frame = chain_round_trip(topo, job)
     grant, _ = chain_round_trip(topo, job, GRANT_RUN_PAYLOADS)
     full, _ = chain_round_trip(topo, job, RUN_PAYLOADS)
@@ -144,5 +142,5 @@ def test_a_hop_between_host_members_is_counted_in_runs_for_the_grant_not_for_the
     assert chain_slots(topo, job) == math.ceil(CHAIN_HEADROOM * grant / frame) == 89
     assert chain_rtt_floor(topo, job) == pytest.approx(floor)
     every = _rated_leaf_spine(2, 4, 2)
-    both = _job(every, {"tor0": 8, "tor1": 8})
+    both = placed_job(every, {"tor0": 8, "tor1": 8})
     assert chain_round_trip(every, both, GRANT_RUN_PAYLOADS) == chain_round_trip(every, both)

@@ -7,8 +7,6 @@ import pytest
 from host_agent.allocation import AdaptiveAllocator, AdaptiveConfig, cost_allocation, predicted_gain, static_allocation
 from host_agent.cost_model import AffineCost, CostModel, equal_finish_shares, fit_affine
 
-pytestmark = pytest.mark.unit
-
 
 def test_fit_recovers_an_exact_affine_cost() -> None:
     b = [10, 20, 40, 80]

@@ -5,12 +5,13 @@ import pytest
 
 from inaproto import wire
 from softswitch.faults import FaultConfig, FaultInjector, FaultSpec, build_config, is_ina, parse_probability
+from tests.support.frames import ina_frame
 
 
 def _ina_frame(seq: int, *, from_switch: bool = False) -> bytes:
-    payload = wire.pack_header(wire.InaHeader(wire.MsgType.GRADIENT, 0, 1, 0, seq % 16, seq, 0, 0)) + bytes(wire.INA_DATA_LEN)
     sport, dport = (wire.INA_UDP_PORT, 40000) if from_switch else (40000, wire.INA_UDP_PORT)
-    return wire.udp_frame(b"\x02" * 6, b"\x04" * 6, b"\x0a\x00\x01\x01", b"\x0a\x00\x00\xfe", sport, dport, payload)
+    return ina_frame(wire.InaHeader(wire.MsgType.GRADIENT, 0, 1, 0, seq % 16, seq, 0, 0), [], src_mac=b"\x02" * 6,
+                     src_ip="10.0.1.1", sport=sport, dst_mac=b"\x04" * 6, dst_ip="10.0.0.254", dport=dport)
 
 
 def _other_frame(seq: int) -> bytes:

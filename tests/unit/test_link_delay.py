@@ -62,6 +62,7 @@ def test_the_switchs_own_time_is_spent_inside_the_delay_and_each_port_keeps_its_
     assert line.due_out(2.005) == [(4, b"late"), (4, b"early")]
 
 
+@pytest.mark.local
 def test_the_timer_fires_at_the_deadline_not_before():
     import time
 

@@ -112,6 +112,7 @@ def test_repeated_trace_probes_give_their_medians():
     assert cal.switch_shared_pps == pytest.approx(middle.switch_shared_pps)
 
 
+@pytest.mark.local
 def test_the_startup_probe_measures_an_agent_import():
     rows = []
     row = run_startup_probe(repeats=1, record=rows.append, progress=lambda _: None)

@@ -16,8 +16,6 @@ from inaproto.rina_partitions import (
     slot_partitions,
 )
 
-pytestmark = pytest.mark.unit
-
 
 def _brute_force(kinds: tuple[bool, ...], slots: int) -> float:
     """The smallest busiest-hop load over every split of ``slots`` into partitions of at least one slot."""

@@ -9,7 +9,6 @@ from inaproto.rina_runs import RUN_ENTRY_LEN, RUN_PAYLOADS, RUN_SHARE, decode, e
 
 RUN_HEADER_LEN = run_header_len(2)
 
-pytestmark = pytest.mark.unit
 
 
 def _payloads(seqs, msg_types=None, shadows=None, flags=None) -> list[bytes]:

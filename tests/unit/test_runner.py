@@ -360,6 +360,7 @@ def run_fake(tmp_path, **cfg):
     return code, plot, json.loads((run_dir / "results.json").read_text()), out.getvalue(), err.getvalue(), run_dir
 
 
+@pytest.mark.local
 def test_a_run_writes_json_csv_jsonl_and_png_and_ends_with_the_plot_path(tmp_path):
     code, plot, doc, out, err, run_dir = run_fake(tmp_path)
     assert code == 0 and doc["status"] == "complete"
@@ -372,6 +373,7 @@ def test_a_run_writes_json_csv_jsonl_and_png_and_ends_with_the_plot_path(tmp_pat
     assert run_dir.parent.name == "fake" and (run_dir.parent / "latest").resolve() == run_dir.resolve()
 
 
+@pytest.mark.local
 def test_a_failed_run_keeps_what_was_measured(tmp_path):
     code, plot, doc, _out, err, _run_dir = run_fake(tmp_path, fail_at=2)
     assert code == 1 and doc["status"] == "failed" and len(doc["rows"]) == 2
@@ -380,6 +382,7 @@ def test_a_failed_run_keeps_what_was_measured(tmp_path):
     assert "fake failed: RuntimeError: measurement exploded" in err
 
 
+@pytest.mark.local
 def test_an_interrupted_run_keeps_what_was_measured(tmp_path):
     code, plot, doc, _out, _err, _run_dir = run_fake(tmp_path, interrupt_at=1)
     assert code == 130 and doc["status"] == "interrupted" and len(doc["rows"]) == 1 and plot.exists()
@@ -421,6 +424,7 @@ def test_list_and_run_help_show_every_experiment_and_its_options():
     assert "--supply" in out.getvalue() and "--switch" in out.getvalue()
 
 
+@pytest.mark.local
 def test_run_job_records_a_failed_agent_as_an_error_row_and_goes_on(tmp_path):
     from topologies.experiments.base import RunContext
     from topologies.experiments.testbed import AgentFailure
@@ -444,3 +448,15 @@ def test_run_job_records_a_failed_agent_as_an_error_row_and_goes_on(tmp_path):
     [row] = ctx.rows
     assert set(row) == {"kind", "n", "error"} and row["n"] == 2 and "exited with status 3" in row["error"]
     assert ctx.store.doc["errors"][0].startswith("n=2: ") and "exited with status 3" in ctx.store.doc["errors"][0]
+
+
+@pytest.mark.parametrize("name", ["allreduce", "hetero", "multijob", "loss", "rina", "tree"])
+def test_each_experiments_help_fits_one_screen_and_names_every_option_with_its_presets(name):
+    out = io.StringIO()
+    assert runner.main(["run", name, "--help"], out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) <= 40 and max(map(len, lines)) <= 120, (len(lines), max(map(len, lines)))
+    cls = get_experiment(name)
+    for flag, field, _kind, _help in cls.options:
+        assert any(line.startswith(f"  {flag} ") or line == f"  {flag}" for line in lines), flag
+        assert field in {f.name for f in dataclasses.fields(cls.Config)}, field  # every option sets a field there is

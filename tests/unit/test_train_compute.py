@@ -12,8 +12,6 @@ from host_agent.metrics import EvalPoint, time_to_target
 from host_agent.models import HELD_OUT, digits_split
 from host_agent.train import TrainConfig, train
 
-pytestmark = pytest.mark.unit
-
 
 class FakeClock:
     """A clock that only ``sleep`` moves (and ``work`` adds real compute time)."""
@@ -208,6 +206,7 @@ def run_threads(speeds, **cfg):
     return results
 
 
+@pytest.mark.local
 def test_training_records_steps_and_evaluations_and_learns() -> None:
     res = run_threads(["1", "1"], allocation="equal", steps=12, global_batch=120, per_sample_s=1e-5, eval_every=4,
                       target_accuracy=0.5)
@@ -224,6 +223,7 @@ def test_training_records_steps_and_evaluations_and_learns() -> None:
     assert r0.step_compute_all_s[5][1] == pytest.approx(r1.step_compute_s[5], abs=1e-4)
 
 
+@pytest.mark.local
 def test_adaptive_follows_a_straggler_and_static_profiles_once() -> None:
     speeds = ["1,6:0.25,14:1", "1"]
     ad = run_threads(speeds, allocation="adaptive", steps=20, global_batch=100, per_sample_s=1e-3, update_every=1)[0]
@@ -234,6 +234,7 @@ def test_adaptive_follows_a_straggler_and_static_profiles_once() -> None:
     assert st.batch_sizes[0] == [20, 80]  # profiled speeds 1:4
 
 
+@pytest.mark.local
 def test_affine_cost_model_in_training() -> None:
     """Emulated compute is proportional, so the affine fit finds (almost) no fixed part and the same split;
     adaptive affine follows the straggler; torch compute defaults to the affine model."""

@@ -6,47 +6,31 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.p4entity import Schema
 from controller.policies import SlotRange
 from controller.trees import plan_tree, tree_layout, tree_ranges
 from inaproto import wire
 from inaproto.scapy_layer import INA
-from p4src.ina_model import InaPipeline
-from p4src.p4info import load_p4info
-from tests.unit.test_chains_plan import _gradient, _job, _leaf_spine, _run
+from tests.support.plans import carry, install_plan, leaf_spine, placed_job, plan_gradient
 
 JOB = 3
 
 
 def _tree_job(topo, racks: int, slots: int = 8):
-    return _job(topo, {**{f"tor{r}": slots for r in range(racks)}, "spine": slots})
-
-
-def _install(topo, plan) -> dict[str, InaPipeline]:
-    schema = Schema(load_p4info())
-    pipes = {}
-    for sw in topo.switches:
-        p = pipes[sw] = InaPipeline()
-        for e in topo.forwarding(sw, schema)[0]:
-            p.insert_entry(e.table, e.match, e.action, e.params)
-        if sw in plan.chains:
-            plan.states[sw].insert_into(p)
-            plan.chains[sw].insert_into(p)
-    return pipes
+    return placed_job(topo, {**{f"tor{r}": slots for r in range(racks)}, "spine": slots})
 
 
 def test_layout_is_the_tors_under_the_spine_and_none_without_a_tree():
-    topo = _leaf_spine(2, 4)
+    topo = leaf_spine(2, 4)
     job = _tree_job(topo, 2)
     layout = tree_layout(topo, job)
     assert layout.tors == ("tor0", "tor1") and layout.root == "spine"
-    assert tree_layout(_leaf_spine(2, 2, {"tor1": False}), job) is None  # a ToR without the program
-    one_rack = _leaf_spine(1, 4)
-    assert tree_layout(one_rack, _job(one_rack, {"tor0": 8})) is None
+    assert tree_layout(leaf_spine(2, 2, {"tor1": False}), job) is None  # a ToR without the program
+    one_rack = leaf_spine(1, 4)
+    assert tree_layout(one_rack, placed_job(one_rack, {"tor0": 8})) is None
 
 
 def test_plan_gives_member_ids_parents_and_the_same_slots_everywhere():
-    topo = _leaf_spine(4, 2)
+    topo = leaf_spine(4, 2)
     plan = plan_tree(topo, _tree_job(topo, 4))
     assert [m.switch for m in plan.members] == ["tor0", "tor1", "tor2", "tor3", "spine"]
     assert [m.member_id for m in plan.members] == [31, 30, 29, 28, 27]  # free ids of the worker-id space
@@ -60,12 +44,12 @@ def test_plan_gives_member_ids_parents_and_the_same_slots_everywhere():
     assert {(b.member_id, b.port) for b in plan.chains["spine"].bindings} == {(31, 1), (30, 2), (29, 3), (28, 4)}
     assert {(b.member_id, b.port) for b in plan.chains["tor0"].bindings} == {(31, 3)}
     # unequal slot counts or a switch of the tree without slots: no tree
-    assert plan_tree(topo, _job(topo, {"tor0": 8, "tor1": 8, "tor2": 8, "tor3": 4, "spine": 8})) is None
-    assert plan_tree(topo, _job(topo, {f"tor{r}": 8 for r in range(4)})) is None
+    assert plan_tree(topo, placed_job(topo, {"tor0": 8, "tor1": 8, "tor2": 8, "tor3": 4, "spine": 8})) is None
+    assert plan_tree(topo, placed_job(topo, {f"tor{r}": 8 for r in range(4)})) is None
 
 
 def test_tree_ranges_cut_to_the_smallest_or_give_the_root_back():
-    layout = tree_layout(_leaf_spine(2, 2), _tree_job(_leaf_spine(2, 2), 2))
+    layout = tree_layout(leaf_spine(2, 2), _tree_job(leaf_spine(2, 2), 2))
     ranges, is_tree = tree_ranges(layout, {"tor0": SlotRange(0, 8), "tor1": SlotRange(4, 16), "spine": SlotRange(8, 4)})
     assert is_tree and ranges == {"tor0": SlotRange(0, 4), "tor1": SlotRange(4, 4), "spine": SlotRange(8, 4)}
     ranges, is_tree = tree_ranges(layout, {"tor0": SlotRange(0, 8), "tor1": SlotRange(4, 16), "spine": None})
@@ -81,7 +65,7 @@ def _round(topo, job, pipes, slots, rng):
             v = rng.integers(-(2**20), 2**20, size=wire.LANES).astype(np.int32)
             totals[s] += v
             values[(wid, s)] = v
-            sends.append((sw, port, _gradient(job, wid, port, s, v)))
+            sends.append((sw, port, plan_gradient(job, wid, port, s, v)))
     return totals, values, sends
 
 
@@ -123,15 +107,15 @@ class _Carrier:
                         return out
                 return P
 
-        return _run(topo, Tap(), sends)
+        return carry(topo, Tap(), sends)
 
 
 @pytest.mark.parametrize("racks,per_rack", [(2, 4), (4, 2)])
 def test_tree_gives_exact_sums_and_one_partial_per_rack_crosses_each_uplink(racks, per_rack):
-    topo = _leaf_spine(racks, per_rack)
+    topo = leaf_spine(racks, per_rack)
     job = _tree_job(topo, racks)
     plan = plan_tree(topo, job)
-    pipes = _install(topo, plan)
+    pipes = install_plan(topo, plan)
     carrier = _Carrier(topo, pipes)
     totals, _, sends = _round(topo, job, pipes, range(plan.num_slots), np.random.default_rng(racks))
     _check(job, carrier.run(sends), totals)
@@ -143,10 +127,10 @@ def test_tree_gives_exact_sums_and_one_partial_per_rack_crosses_each_uplink(rack
 
 
 def test_lost_final_on_one_downlink_is_answered_by_the_root_and_then_by_the_tor():
-    topo = _leaf_spine(2, 2)
+    topo = leaf_spine(2, 2)
     job = _tree_job(topo, 2)
     plan = plan_tree(topo, job)
-    pipes = _install(topo, plan)
+    pipes = install_plan(topo, plan)
     carrier = _Carrier(topo, pipes)
     totals, values, sends = _round(topo, job, pipes, [0], np.random.default_rng(7))
     port_tor1 = next(p for p, nb in topo.trunks["spine"].items() if nb == "tor1")
@@ -157,25 +141,25 @@ def test_lost_final_on_one_downlink_is_answered_by_the_root_and_then_by_the_tor(
     # worker 2 (under tor1) resends: tor1 holds only its partial, sends it up; the root answers tor1 with the final
     wid, sw, port = job.placement[2]
     carrier.uplink.clear()
-    again = carrier.run([(sw, port, _gradient(job, wid, port, 0, values[(wid, 0)]))])
+    again = carrier.run([(sw, port, plan_gradient(job, wid, port, 0, values[(wid, 0)]))])
     _check(job, again, totals, wids={2, 3})
     assert [(s, _msg(f)) for s, f in carrier.uplink] == [("tor1", wire.MsgType.GRADIENT), ("spine", wire.MsgType.RESULT)]
     # now tor1 holds the final sum: a further resend is answered there, nothing crosses the uplink
     carrier.uplink.clear()
-    once_more = carrier.run([(sw, port, _gradient(job, wid, port, 0, values[(wid, 0)]))])
+    once_more = carrier.run([(sw, port, plan_gradient(job, wid, port, 0, values[(wid, 0)]))])
     assert not carrier.uplink
     _check(job, once_more, totals, wids={2})
 
 
 def test_lost_partial_is_sent_up_again_when_a_worker_of_its_rack_resends():
-    topo = _leaf_spine(2, 2)
+    topo = leaf_spine(2, 2)
     job = _tree_job(topo, 2)
-    pipes = _install(topo, plan_tree(topo, job))
+    pipes = install_plan(topo, plan_tree(topo, job))
     carrier = _Carrier(topo, pipes)
     totals, values, sends = _round(topo, job, pipes, [1], np.random.default_rng(8))
     assert carrier.run(sends, drop=lambda sw, p, f: sw == "tor0" and _msg(f) == wire.MsgType.GRADIENT) == {}
     wid, sw, port = job.placement[1]
-    _check(job, carrier.run([(sw, port, _gradient(job, wid, port, 1, values[(wid, 1)]))]), totals)
+    _check(job, carrier.run([(sw, port, plan_gradient(job, wid, port, 1, values[(wid, 1)]))]), totals)
     assert pipes["tor0"].counters["MyIngress.ina_partials"][JOB] == 2
 
 

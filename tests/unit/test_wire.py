@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import raw
@@ -87,13 +88,13 @@ def test_scapy_layer_builds_golden_bytes_and_dissects():
     pkt = INA(msg_type="GRADIENT", flags="RETRANSMIT", job_id=7, generation=3, slot=258, seq=0xDEADBEEF,
                    worker_id=5, shadow=1, lanes=list(range(-16, 16)))
     assert raw(pkt) == GOLDEN_PAYLOAD
-    frame = raw(Ether() / IP(dst="10.0.0.254") / UDP(sport=4000, dport=wire.INA_UDP_PORT) / pkt)
+    frame = raw(Ether(dst="02:00:00:00:00:fe") / IP(dst="10.0.0.254") / UDP(sport=4000, dport=wire.INA_UDP_PORT) / pkt)
     assert len(frame) == wire.INA_FRAME_LEN and frame[wire.INA_OFFSET:] == GOLDEN_PAYLOAD
     back = Ether(frame)[INA]
     assert (back.job_id, back.generation, back.slot, back.seq, back.worker_id, back.shadow) == (7, 3, 258, 0xDEADBEEF, 5, 1)
     assert back.lanes == list(range(-16, 16))
     # results come from the INA port to the worker's port: bound on sport too
-    assert Ether(raw(Ether() / IP() / UDP(sport=wire.INA_UDP_PORT, dport=4000) / pkt)).haslayer(INA)
+    assert Ether(raw(Ether(dst="02:00:00:00:00:01") / IP() / UDP(sport=wire.INA_UDP_PORT, dport=4000) / pkt)).haslayer(INA)
 
 
 def test_scapy_layer_names_every_flag_by_its_bit():
@@ -122,6 +123,7 @@ def test_scapy_layer_is_declared_from_the_field_list():
     assert [(f.name, f.size) for f in INA.fields_desc[:-1]] == list(wire.INA_HEADER_FIELDS)
 
 
+@pytest.mark.local
 def test_daemons_do_not_import_scapy():
     import subprocess
     import sys

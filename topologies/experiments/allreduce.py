@@ -48,7 +48,7 @@ from topologies.experiments.aggregate import (
 from topologies.experiments.base import Anchor, Comparison, Experiment, Target
 from topologies.experiments.testbed import INA_UDP_BASE, AgentFailure, AgentJob
 
-BACKENDS = tuple(b.value for b in Backend)  # the experiment compares every backend a grant can hold
+BACKENDS = (Backend.INA.value, Backend.RING.value, Backend.RINA.value)  # on a star, and Rina on two racks (trees: tree.py)
 SLOT_HEADROOM = 2.0  # grants: twice the measured bandwidth-delay product (as controller/chains.py sizes Rina's chains)
 
 
@@ -141,13 +141,13 @@ class AllreduceExperiment(Experiment):
                "points[-1].ina_wire_ratio", Comparison.AT_MOST, 1.15),
     )
     options = (
-        ("--workers", "workers", "ints", "worker counts, e.g. 2,4,6,8"),
-        ("--backends", "backends", "strs", "backends, e.g. ina,ring,rina"),
+        ("--workers", "workers", "ints", "worker counts (2..16)"),
+        ("--backends", "backends", "strs", "backends: ina, ring, rina"),
         ("--elements", "elements", int, "float32 elements per all-reduce"),
         ("--iterations", "iterations", int, "timed all-reduces per point"),
         ("--bw", "bw_mbps", float, "link bandwidth, Mbit/s"),
         ("--slots", "slots", int, "INA slots per job (its window; 0: sized to a probe's measured round trip)"),
-        ("--slot-sweep", "slot_sweep", "ints", "granted slots of the pool-size curve, e.g. 1,4,16,64 (empty: none)"),
+        ("--slot-sweep", "slot_sweep", "ints", "granted slots of the pool-size curve"),
         ("--sweep-workers", "sweep_workers", int, "workers of the pool-size curve's job"),
         ("--no-slot-sweep", "slot_sweep", "false", "skip the pool-size curve"),
         ("--no-calibrate", "calibrate", "false", "skip the calibration probes"),

@@ -8,11 +8,13 @@ docs' figures table judge. The run context writes, as it goes, into ``results/<e
 
 | file | content |
 |---|---|
-| ``results.json`` | status, options, the experiment's config, environment, every row, the summary, file names |
+| ``results.json`` | status, options, the experiment's config, every daemon's whole configuration (``daemons``: \
+topologies/daemons.py), environment, every row, the summary, file names |
 | ``results.csv`` | one line per row (lists as JSON) |
 | ``measurements.jsonl`` | one row per line, appended as measured (what survives a crash) |
 | ``<experiment>.png`` | the plot |
-| ``runs/<label>/`` | each testbed's run directory: topology.json, switch/controller/agent logs, agent JSON |
+| ``runs/<label>/`` | each testbed's run directory: topology.json, the daemons' configuration files (``config/``), \
+switch/controller/agent logs, agent JSON |
 """
 from __future__ import annotations
 
@@ -298,6 +300,7 @@ class ResultStore:
             "finished": None,
             "options": dataclasses.asdict(options),
             "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config),
+            "daemons": {},  # every daemon's whole configuration: per testbed ("runs") and per simulated trace ("ina-sim")
             "environment": _environment(),
             "rows": [],
             "summary": {},
@@ -383,6 +386,19 @@ class RunContext:
         self.store.doc["stopped_after_results"].append(worker)
         self.store.save()
 
+    def daemons(self, run_dir: Path, record: dict) -> None:
+        """Keep the daemons' configurations of the testbed in ``run_dir`` (its :class:`~topologies.daemons.DaemonRecord`
+        as a dict), under results.json's ``daemons.runs.<run folder>``."""
+        self.store.doc["daemons"].setdefault("runs", {})[run_dir.name] = record
+        self.store.save()
+
+    def simulated(self, label: str, config: Any) -> None:
+        """Keep the configuration of one ina-sim run (a ``SimConfig``) under ``daemons.ina-sim.<label>``."""
+        from inaproto.config import as_dict
+
+        self.store.doc["daemons"].setdefault("ina-sim", {})[label] = as_dict(config)
+        self.store.save()
+
     def new_run_dir(self, label: str) -> Path:
         """A fresh testbed run directory ``runs/<nn>-<label>``."""
         self._run_count += 1
@@ -394,6 +410,8 @@ class RunContext:
         """A :class:`~topologies.experiments.testbed.Testbed` for this run's switch target and options."""
         from topologies.experiments.testbed import Testbed
 
-        return Testbed(topo, run_dir=self.new_run_dir(label), target=self.options.switch,
+        run_dir = self.new_run_dir(label)
+        return Testbed(topo, run_dir=run_dir, target=self.options.switch,
                        log_level=self.options.log_level, agent_timeout=self.options.agent_timeout,
-                       progress=self.progress, on_linger=self.lingered, **kwargs)
+                       progress=self.progress, on_linger=self.lingered,
+                       on_daemons=lambda record: self.daemons(run_dir, record), **kwargs)

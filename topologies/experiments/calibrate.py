@@ -178,21 +178,20 @@ def run_startup_probe(*, repeats: int, record: Callable[[dict], None], progress:
 
 
 def run_lifecycle_probe(bed: Testbed, hosts: Sequence[str], *, udp_port: int, record: Callable[[dict], None],
-                        progress: Callable[[str], None], args: Sequence[str] = (), warm: bool = False) -> dict:
-    """The CPU an agent's whole life takes besides its gradients (``agent_startup_cpu_s``, the measured value; the
-    import-only :func:`run_startup_probe` is its lower bound): one job of ``hosts`` on ``bed`` that starts,
-    registers, gets its grant, all-reduces one chunk once and exits; the CPU its agents used (reaped children,
-    topologies.experiments.conditions) per agent. ``args``: more agent options (the trace's ``--check``). ``warm``: its
-    agents started ahead (``Testbed.prestart``, as the trace's are), so their imports are not counted."""
+                        progress: Callable[[str], None], args: Sequence[str] = ()) -> dict:
+    """The CPU an agent's whole life takes besides its gradients and its imports (``agent_startup_cpu_s``, the
+    measured value; the import-only :func:`run_startup_probe` is its lower bound): one job of ``hosts`` on ``bed``
+    whose agents start ahead of it (``Testbed.prestart``, as the trace's do), register, get their grant, all-reduce
+    one chunk once and exit; the CPU its agents used (reaped children, topologies.experiments.conditions) per agent.
+    ``args``: more agent options (the trace's ``--check``)."""
     from topologies.experiments.conditions import Conditions
 
     progress(f"calibration probe {LIFECYCLE_PROBE} ({len(hosts)} agents: start, one one-chunk all-reduce, exit)")
     job = AgentJob(f"probe-{LIFECYCLE_PROBE}", tuple(hosts), "allreduce", backend="ina", requested_slots=1, min_slots=1,
                    args=("--elements", str(wire.LANES), "--iterations", "1", "--warmup", "0", *args), udp_port=udp_port)
-    if warm:
-        bed.prestart([job])
+    bed.prestart([job])
     conditions = Conditions(switch_pids=_switch_pids(bed), controller_pids=_controller_pids(bed), probe=LIFECYCLE_PROBE,
-                            prestarted_pids=bed.warm_pids(), jobs=1, workers=len(hosts), warm=warm)
+                            prestarted_pids=bed.warm_pids(), jobs=1, workers=len(hosts), warm=True)
     with conditions:
         bed.run_jobs([job])
     cond = conditions.result

@@ -1,14 +1,13 @@
 """The machine's conditions over a measurement: how busy the cores were, and with whose work.
 
-A calibration probe measures the software path of a machine that other work shares (2 cores, other sessions'
-tests and runs). Two probes minutes apart measured capacities 2x apart (docs/experiments.md, "Testbed vs
-simulator"); to tell the probe's own conditions from the machine's, each probe and each trace run records
+A calibration probe measures the software path of a machine that other work may share (2 cores; other tests and
+runs). Two probes minutes apart can measure capacities 2x apart (docs/experiments.md, "Testbed vs simulator"); to
+tell the probe's own conditions from the machine's, each probe and each trace run records
 ``conditions``: the load average, the cores busy over its wall time (/proc/stat), and the CPU of its own
 processes (the switch's and the controller's process trees from /proc, the agents it reaped from
 ``RUSAGE_CHILDREN``, the runner itself), and the interrupt time no process is charged (``irq_cores``: mostly the
 kernel's packet path, the veths and their htb shapers) and the time the hypervisor stole (``steal_cores``);
-``others_cores`` is the rest: work that is not the
-measurement's (other sessions).
+``others_cores`` is the rest: work on the machine that is not the measurement's.
 """
 from __future__ import annotations
 

@@ -30,9 +30,8 @@ from topologies.experiments.testbed import AgentJob
 __all__ = ["HeteroConfig", "HeteroExperiment", "Scenario", "scenarios", "straggler_schedule", "train_row"]
 
 BACKENDS = ("ina", "ring", "rina")
-# Each run's workers bind UDP and TCP port PORT_BASE + k. Below Linux's ephemeral range (32768-60999):
-# with ports in that range (47100 + k), an earlier run's ring connection in TIME_WAIT on the same
-# port made a later agent's bind fail (seen once in 84 runs).
+# Each run's workers bind UDP and TCP port PORT_BASE + k, below Linux's ephemeral range (32768-60999): inside it, an
+# earlier run's ring connection in TIME_WAIT on the same port could make a later agent's bind fail.
 PORT_BASE = 20000
 
 
@@ -56,7 +55,7 @@ class HeteroConfig:
         torch_ratio: a ratio also run with real PyTorch compute (0: none), on ``torch_seeds``.
         torch_steps: steps of those runs.
         torch_device_slowdown: how many times slower than one host core a speed-1 device of those runs is
-            (``ina-agent train --device-slowdown``). 10, for two reasons fixed before measuring: the CNN's
+            (``ina-agent train --device-slowdown``). 10, for two reasons: the CNN's
             ~0.05 ms of CPU per sample becomes the emulated runs' 0.5 ms per sample (the same regime, compute
             several times the all-reduce, as in real training), and every device is slower than the host by
             more than 3 workers and a switch on 2 cores slow the host (1-3x), so each worker sleeps to its
@@ -182,18 +181,18 @@ class HeteroExperiment(Experiment):
     )
     repetition_key = "seed"
     options = (
-        ("--ratios", "ratios", "floats", "worker 0's slowness in the three-worker runs, e.g. 1,2,3,4"),
-        ("--mixed", "mixed", "floats", "relative speeds of the mixed cluster, e.g. 1,1,2,4"),
-        ("--modes", "modes", "strs", "allocation modes, e.g. equal,static,adaptive"),
-        ("--backends", "backends", "strs", "backends of the mixed cluster, e.g. ina,ring,rina"),
-        ("--seeds", "seeds", "ints", "seeds (one run each), e.g. 0,1,2"),
+        ("--ratios", "ratios", "floats", "worker 0's slowness in the three-worker runs"),
+        ("--mixed", "mixed", "floats", "relative speeds of the mixed cluster"),
+        ("--modes", "modes", "strs", "allocation modes: equal, static, adaptive"),
+        ("--backends", "backends", "strs", "backends of the mixed cluster: ina, ring, rina"),
+        ("--seeds", "seeds", "ints", "seeds (one run of each scenario and mode each)"),
         ("--steps", "steps", int, "training steps"),
         ("--global-batch", "global_batch", int, "samples per step over all workers"),
         ("--per-sample-ms", "per_sample_ms", float, "emulated compute per sample of the fastest worker (ms)"),
         ("--jitter", "jitter", float, "relative spread of emulated step times"),
         ("--target-accuracy", "target_accuracy", float, "held-out accuracy for time to target"),
         ("--torch-ratio", "torch_ratio", float, "ratio also run with real PyTorch compute (0: none)"),
-        ("--torch-seeds", "torch_seeds", "ints", "seeds of the PyTorch runs, e.g. 0,1,2"),
+        ("--torch-seeds", "torch_seeds", "ints", "seeds of the PyTorch runs"),
         ("--torch-device-slowdown", "torch_device_slowdown", float,
          "PyTorch runs: a speed-1 device is this many times slower than a host core"),
         ("--torch-only", "torch_only", "true", "only the PyTorch runs"),

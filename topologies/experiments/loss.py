@@ -80,7 +80,7 @@ class LossExperiment(Experiment):
     )
     needs_faults = True
     options = (
-        ("--loss", "loss", "floats", "drop probabilities, e.g. 0,0.01,0.05"),
+        ("--loss", "loss", "floats", "drop probabilities injected by the switch"),
         ("--workers", "workers", int, "workers"),
         ("--elements", "elements", int, "float32 elements per all-reduce"),
         ("--iterations", "iterations", int, "timed all-reduces per rate"),
@@ -151,8 +151,8 @@ class LossExperiment(Experiment):
                    **{k: r.get(k) for k in ("early_resends", "timeouts", "spurious_resends", *SUMMED_KEYS, "lane_lag_max")},
                    **{k: max(r[k]) if r.get(k) else None for k in WAIT_KEYS}} for r in ina]
         for p, r in zip(points, ina):
-            # the uplink model (docs/experiments.md, experiment 4, session 8): a call takes at least the framed wire
-            # time of its chunks and their resends; the rest of the median call the uplink idled
+            # the uplink model (docs/experiments.md, experiment 4): a call takes at least the framed wire time of its
+            # chunks and their resends; the rest of the median call the uplink idled
             rpc = r.get("retransmits_per_chunk") or 0.0
             p["wire_with_resends_s"] = ina_wire_seconds(int(r.get("bytes") or 0), config.bw_mbps) * (1 + rpc)
             p["uplink_idle_share"] = max(0.0, 1 - p["wire_with_resends_s"] / r["seconds_median"])

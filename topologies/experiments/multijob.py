@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from simulator.config import SimConfig
 from simulator.report import write_policy
 from simulator.runs import simulate
 from simulator.trace import JobSpec, write_trace
+from topologies.daemons import write_config
 from topologies.errors import ExperimentError
 from topologies.experiments import register
 from topologies.experiments.aggregate import allreduce_row, bdp_slots, group_by, median
@@ -83,10 +85,11 @@ class TraceJob:
 
 
 # The fixed trace (ESA/INAlloc style: sizes differ, two priorities, arrivals over time, later jobs overlap
-# earlier ones). 16 hosts at 0.5 Mbit/s with a 40 ms round trip (BDP 15.6 slots, as 1 Mbit/s and 20 ms gave):
-# at most 16 x 340 = 5.4k gradients/s reach the switch; one all-reduce of 64 KiB takes ~1.5 s at line rate. At
-# 1 Mbit/s the trace was CPU-bound (session 7: every agent costs ~0.58 CPU-s to start and ~120 us per chunk,
-# so 16 agents at line rate need 1.3 cores for their chunks alone; docs/experiments.md). Every job has 4 workers: with 2 or 3, ring moves fewer bytes than INA's framed stream.
+# earlier ones). 16 hosts at 0.5 Mbit/s with a 40 ms round trip (BDP 15.6 slots): at most 16 x 340 = 5.4k
+# gradients/s reach the switch; one all-reduce of 64 KiB takes ~1.5 s at line rate. The rate keeps the trace
+# link-bound on 2 cores: an agent costs ~0.58 CPU-s to start and ~120 us per chunk, so at 1 Mbit/s 16 agents
+# would need 1.3 cores for their chunks alone (docs/experiments.md). Every job has 4 workers: with 2 or 3, the ring
+# moves fewer bytes than INA's framed stream.
 TRACE = (
     TraceJob(1, workers=4, elements=16384, iterations=8, arrival_s=0.0, priority=LOW),
     TraceJob(2, workers=4, elements=16384, iterations=5, arrival_s=1.5, priority=LOW),
@@ -113,10 +116,10 @@ class MultijobConfig:
         simulate: run the same traces through ina-sim and compare.
         calibration: an ina-sim configuration whose [calibration] to use instead of measuring one (probes on a 2-host
             star), e.g. another run's calibration.toml.
-        warm_start: the lab's method for completion times: start each run's agents (their processes and imports,
-            ``topologies.experiments.warm_agent``) before the trace's clock starts (``Testbed.prestart``), as a
-            cluster whose workers each have a host of their own; False: at each job's arrival (every JCT then
-            carries its agents' start-up on the shared 2 cores).
+
+    Every run's agents start (their processes and imports, ``topologies.experiments.warm_agent``) before the
+    trace's clock starts (``Testbed.prestart``), as on a cluster whose workers each have a host of their own: a
+    job's completion time then holds its own work, not the start-up of every agent on the testbed's shared cores.
     """
 
     trace: str = "full"
@@ -128,7 +131,6 @@ class MultijobConfig:
     repetitions: int = 3
     simulate: bool = True
     calibration: str | None = None
-    warm_start: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "supply", tuple(float(s) for s in self.supply))
@@ -200,15 +202,13 @@ class MultijobExperiment(Experiment):
     )
     repetition_key = "rep"
     options = (
-        ("--trace", "trace", str, "full or tiny"),
-        ("--supply", "supply", "floats", "pool as fractions of the summed requests, e.g. 1,0.5,0.25"),
-        ("--policies", "policies", "strs", "policies and baselines, e.g. equal,first-fit,weighted,priority,static,fcfs"),
+        ("--supply", "supply", "floats", "pool as fractions of the summed requests"),
+        ("--policies", "policies", "strs", "policies and the baselines static and fcfs"),
         ("--demand", "demand_slots", int, "slots each job asks for (its BDP)"),
         ("--bw", "bw_mbps", float, "link bandwidth, Mbit/s"),
         ("--repetitions", "repetitions", int, "runs of the trace per pool and policy"),
-        ("--calibration", "calibration", str, "ina-sim [calibration] TOML, e.g. a run's calibration.toml (default: measure one)"),
+        ("--calibration", "calibration", str, "ina-sim [calibration] TOML such as a run's calibration.toml (none: measure one)"),
         ("--no-simulate", "simulate", "false", "skip the ina-sim comparison"),
-        ("--cold-start", "warm_start", "false", "start each job's agents at its arrival (imports in its JCT)"),
     )
 
     @classmethod
@@ -282,8 +282,7 @@ class MultijobExperiment(Experiment):
                     memory.append((round(t, 3), sum(_granted_slots(state).values())))
 
             try:
-                if cfg.warm_start:
-                    bed.prestart(jobs)  # the agents' processes and imports before the trace's clock starts
+                bed.prestart(jobs)  # the agents' processes and imports before the trace's clock starts
             except AgentFailure as exc:
                 ctx.error(f"{label}: {exc}")
                 ctx.record({"kind": "job", "supply": supply, "pool": pool, "policy": policy, "rep": rep, "error": str(exc)})
@@ -369,7 +368,7 @@ class MultijobExperiment(Experiment):
 
         try:
             lifecycle = run_lifecycle_probe(bed, jobs[0].hosts, udp_port=INA_UDP_BASE + 930, record=ctx.record,
-                                            progress=ctx.progress, args=("--check",), warm=cfg.warm_start)
+                                            progress=ctx.progress, args=("--check",))
             window = run_window_probe(bed, jobs[0].hosts, elements=elements, iterations=3,
                                       slots=window_probe_slots(cfg.demand_slots), rtt_ms=cfg.rtt_ms, bw_mbps=cfg.bw_mbps,
                                       udp_port=INA_UDP_BASE + 940, record=ctx.record, progress=ctx.progress, args=("--check",))
@@ -423,9 +422,11 @@ class MultijobExperiment(Experiment):
                                                    key=lambda kv: (-kv[0][0], kv[0][2])):
             requested, min_slots = job_request(policy, cfg.demand_slots, pool, len(cfg.jobs))
             startup = {job[0]: median(r["steady_from_s"] - r["arrival_s"] for r in rs) for job, rs in group_by(rows, "job").items()}
+            label = f"pool{pool}-{policy}"
             predicted = simulate_trace(cfg.jobs, requested=requested, min_slots=min_slots, pool=pool,
                                        policy=controller_policy(policy), bw_mbps=cfg.bw_mbps, calibration=calibration,
-                                       out=sim_dir / f"pool{pool}-{policy}", startup=startup, skip_first=True)
+                                       out=sim_dir / label, startup=startup, skip_first=True,
+                                       record=lambda config, label=label: ctx.simulated(label, config))
             for job, rs in sorted(group_by(rows, "job").items()):
                 sim = predicted.get(job[0])
                 if sim is None or not sim["busy_s"]:
@@ -552,12 +553,13 @@ class MultijobExperiment(Experiment):
                          f"max {sim['max_abs_rel_diff']:.1%})")
             for rep in sim.get("per_repetition", []):
                 lines.append(f"  repetition {rep['rep']}: {rep['within_tolerance']}/{rep['jobs']} within (median "
-                             f"{rep['median_abs_rel_diff'] or 0:.1%}), other sessions' load median {rep['others_cores_median'] or 0:.2f} cores")
+                             f"{rep['median_abs_rel_diff'] or 0:.1%}), other work on the machine: median "
+                             f"{rep['others_cores_median'] or 0:.2f} cores")
             background = sim.get("by_background") or {}
             for name, sign in (("quiet", "<="), ("loaded", ">")):
                 b = background.get(name) or {}
                 if b.get("jobs"):
-                    lines.append(f"  {name} runs (other sessions {sign} {background['quiet_cores']:g} cores): "
+                    lines.append(f"  {name} runs (other work {sign} {background['quiet_cores']:g} cores): "
                                  f"{b['within_tolerance']}/{b['jobs']} within (median {b['median_abs_rel_diff']:.1%})")
         return lines
 
@@ -624,13 +626,13 @@ class MultijobExperiment(Experiment):
         save(fig, path, "Job trace sharing switch memory")
 
 
-QUIET_CORES = 0.1  # a trace run with other sessions' work (conditions.others_cores) at most this is "quiet"
+QUIET_CORES = 0.1  # a trace run beside at most this much other work on the machine (conditions.others_cores) is quiet
 
 
 def _per_repetition(rows: list[dict], sims: list[dict]) -> dict:
     """Each repetition's jobs against the same predictions (the simulator's per pool, policy and job), with the
-    machine's load in its runs; and the runs split by other sessions' load (``QUIET_CORES``): what the comparison
-    shows apart from the background the testbed shares the machine with."""
+    machine's load in its runs; and the runs split by the other work on the machine (``QUIET_CORES``): what the
+    comparison shows apart from the background the testbed shares the machine with."""
     predicted = {(r["supply"], r["policy"], r["job"]): r["sim_s"] for r in sims}
     others = {(r["supply"], r["policy"], r.get("rep")): (r.get("conditions") or {}).get("others_cores")
               for r in rows if r.get("kind") == "memory"}
@@ -666,7 +668,7 @@ def _p95(values: list[float]) -> float:
 
 
 def _targets(runs: list[dict]) -> dict:
-    """The issue's targets at 50 % of the summed requests, against unlimited memory (first-fit at 100 %)."""
+    """The experiment's targets at 50 % of the summed requests, against unlimited memory (first-fit at 100 %)."""
     def at(supply: float, policy: str) -> dict | None:
         return next((r for r in runs if abs(r["supply"] - supply) < 1e-9 and r["policy"] == policy), None)
 
@@ -719,8 +721,8 @@ PAUSE_STOP, PAUSE_BACK, PAUSE_GENERATION, PAUSE_KIND = 0, 2, 5, 6
 def move_pauses(rows: list[dict]) -> list[float]:
     """Each move's pause of a running job (seconds): from a worker's stop until it is back where the move stopped it
     (the SyncGeneration barrier and any replay), its slowest worker's. Not in it: the time from the new grant to the
-    stop, in which the job still progresses (since session 10 a move off the ring may finish the ring op in flight:
-    ``RingPhases.ring_op_worth_finishing``), and the ring work an aborted op loses (ina-sim's ``ring_move_restarts_op``).
+    stop, in which the job still progresses (a move off the ring may finish the ring op in flight first), and the ring
+    work an aborted op loses (ina-sim's ``ring_move_restarts_op``).
     One value per move, the workers' records joined on the move's generation: a move some worker did not record (a
     newer grant came before it was back) is left out, and so is a move onto the ring, whose replay is a ring op that
     ina-sim already charges as ring time."""
@@ -786,10 +788,12 @@ def _history(workers: list[dict]) -> list[str]:
 
 def simulate_trace(jobs: tuple[TraceJob, ...], *, requested: int, min_slots: int, pool: int, policy: str, bw_mbps: float,
                    calibration: Calibration, out: Path, startup: dict[int, float] | None = None,
-                   skip_first: bool = False) -> dict[int, dict]:
-    """Run one trace through ina-sim (in process; its trace and per-job results written to `out`); per job number:
-    jct_s (arrival to finish), busy_s (jct_s less the start-up), final_backend, history. Every job arrives at its time
-    and asks ``requested`` slots (``min_slots`` at least); the testbed's star is one rack, its agents follow their grant.
+                   skip_first: bool = False, record: Callable[[SimConfig], None] | None = None) -> dict[int, dict]:
+    """Run one trace through ina-sim (in process; its trace, per-job results and configuration written to `out`); per
+    job number: jct_s (arrival to finish), busy_s (jct_s less the start-up), final_backend, history. Every job arrives at
+    its time and asks ``requested`` slots (``min_slots`` at least); the testbed's star is one rack, its agents follow
+    their grant. ``out/sim.toml`` is the run's whole configuration (``ina-sim run --config`` runs it again from
+    ``out/trace.csv``); ``record`` is called with it.
 
     ``startup``: per job number, how long after its arrival its workers had all joined on the testbed (the
     trace's ``startup_s``: the job holds its slots but makes no progress). Agent start-up is the testbed's,
@@ -807,10 +811,15 @@ def simulate_trace(jobs: tuple[TraceJob, ...], *, requested: int, min_slots: int
     rate = bw_mbps / 1000
     cluster = ClusterSpec(racks=1, workers_per_rack=sum(tj.workers for tj in jobs), slots_per_switch=pool,
                           host_gbps=rate, uplink_gbps=rate)
-    config = SimConfig(policies=(policy,), placement="pack", follow_grant=True, cluster=cluster, calibration=calibration)
+    config = SimConfig(policies=(policy,), placement="pack", follow_grant=True, cluster=cluster, calibration=calibration,
+                       trace=out / "trace.csv", out=out, plot=False)
     result = simulate(config, policy, trace)
     out.mkdir(parents=True, exist_ok=True)
-    write_trace(out / "trace.csv", trace)
+    write_trace(config.trace, trace)
+    write_config(config, out / "sim.toml", f"ina-sim run --config: the simulated trace's whole configuration ({policy}, "
+                                           f"pool {pool})")
+    if record is not None:
+        record(config)
     write_policy(out, result)
     return {r.job_id: {"jct_s": r.jct_s, "busy_s": r.jct_s - startup.get(r.job_id, 0.0),
                        "final_backend": r.history[-1][1] if r.history else "",

@@ -2,7 +2,8 @@
 
 For every experiment found: its plot beside the published figure it reproduces (its anchors), each stated target
 marked met or missed per repetition and on the median over the repetitions [min-max], a chart of the same, the
-figures the run printed, its summary, and every run's full configuration, commit, machine and load. Plots are
+figures the run printed, its summary, and every run's full configuration (the experiment's, and every daemon's it
+started: the settings that differ from the daemon's defaults), commit, machine and load. Plots are
 embedded as data URIs and the style sheet is inline: the page is one file, opened from disk, with no network and
 no script.
 
@@ -34,6 +35,7 @@ RESULTS_FILE = "results.json"
 UNFINISHED = "running"  # a run still going (or killed outright): left out when folders are searched
 NOT_CONFIG = {"experiment", "title", "status", "started", "finished", "duration_s", "environment", "rows", "summary",
               "files", "errors", "stopped_after_results", "traceback"}  # every other key of results.json is configuration
+DAEMONS = "daemons"  # results.json's record of every daemon's configuration (topologies/daemons.py)
 
 
 @dataclass(frozen=True)
@@ -333,6 +335,89 @@ def _figures(group: ExperimentRuns, run: Run) -> str:
     return f"<pre>{_e(chr(10).join(lines))}</pre>" if lines else ""
 
 
+@functools.cache
+def _daemon_defaults() -> dict[str, dict[str, Any]]:
+    """Each daemon's default configuration, flattened to dotted keys: what a recorded configuration is shown against."""
+    from controller.config import ControllerConfig
+    from host_agent.options import AgentOptions
+    from inaproto.config import as_dict
+    from simulator.config import SimConfig
+    from softswitch.config import SwitchConfig
+
+    return {kind: _flat(as_dict(cls())) for kind, cls in (("switch", SwitchConfig), ("controller", ControllerConfig),
+                                                           ("agents", AgentOptions), ("ina-sim", SimConfig))}
+
+
+def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping) and value and all(isinstance(k, str) for k in value) and key != "switch_addresses":
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _settings(kind: str, config: Any) -> str:
+    """A daemon's recorded configuration: the settings that differ from its defaults, one ``key = value`` a line."""
+    if not isinstance(config, Mapping):
+        return f"<code>{_e(_compact(config))}</code>"
+    defaults = _daemon_defaults().get(kind, {})
+    flat = _flat(config)
+    changed = [f"{k} = {json.dumps(v, default=str)}" for k, v in flat.items() if k not in defaults or defaults[k] != v]
+    if not changed:
+        return f'<span class="note">all {len(flat)} settings at their defaults</span>'
+    return (f'<pre class="settings">{_e(chr(10).join(changed))}</pre>'
+            f'<span class="note">{len(flat) - len(changed)} more at their defaults</span>')
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """Worker ids as ranges: 0-3, 5."""
+    out: list[str] = []
+    for i in sorted(ids):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
+
+
+def _testbed_daemons(label: str, record: Mapping[str, Any]) -> str:
+    rows = [(f"switch {name}", _settings("switch", config)) for name, config in (record.get("switches") or {}).items()]
+    rows += [(f"controller, start{'s' if len(e['starts']) > 1 else ''} {_ranges(e['starts'])}",
+              _settings("controller", e.get("config"))) for e in record.get("controller") or []]
+    rows += [("agents: " + "; ".join(f"{job} (workers {_ranges(ids)})" for job, ids in e["workers"].items()),
+              _settings("agents", e.get("config"))) for e in record.get("agents") or []]
+    jobs = sum(len(e["workers"]) for e in record.get("agents") or [])
+    starts = sum(len(e["starts"]) for e in record.get("controller") or [])
+    what = (f"{_count(len(record.get('switches') or {}), 'switch', 'switches')}, the controller "
+            f"({_count(starts, 'start', 'starts')}), the agents of {_count(jobs, 'job', 'jobs')}")
+    body = "".join(f"<tr><td>{_e(who)}</td><td>{settings}</td></tr>" for who, settings in rows)
+    return (f"<details><summary>testbed <code>runs/{_e(label)}</code>: {_e(what)}</summary>"
+            f'<table class="grid"><tr><th>daemon</th><th>settings not at their defaults</th></tr>{body}</table></details>')
+
+
+def _daemons(daemons: Mapping[str, Any]) -> str:
+    """Every daemon the run started, per testbed, and each simulated trace's ina-sim configuration."""
+    if not isinstance(daemons, Mapping) or not daemons:
+        return '<p class="note">No daemon configuration recorded.</p>'
+    note = ('<p class="note">The whole configuration of every daemon this run started (results.json '
+            "<code>daemons</code>; the files they read are in each testbed's <code>config/</code>).</p>")
+    parts = [note]
+    parts += [_testbed_daemons(label, record) for label, record in (daemons.get("runs") or {}).items()]
+    sims = daemons.get("ina-sim") or {}
+    if sims:
+        body = "".join(f"<tr><td>{_e(label)}</td><td>{_settings('ina-sim', config)}</td></tr>" for label, config in sims.items())
+        parts.append(f"<details><summary>ina-sim: {len(sims)} simulated trace(s) (<code>sim/</code>)</summary>"
+                     f'<table class="grid"><tr><th>run</th><th>settings not at their defaults</th></tr>{body}</table>'
+                     "</details>")
+    return "".join(parts)
+
+
 def _run_details(run: Run) -> str:
     env, doc = run.environment, run.doc
     status = str(doc.get("status", "?"))
@@ -342,7 +427,8 @@ def _run_details(run: Run) -> str:
              ("commit", _commit_text(env)), ("machine", machine_text(env)), ("load average", _load_text(env)),
              ("command", " ".join(map(str, env.get("argv") or [])) or None)]
     rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(_scalar(v))}</td></tr>" for k, v in facts)
-    config = "".join(f"<h5>{_e(k)}</h5>{_value(v)}" for k, v in doc.items() if k not in NOT_CONFIG)
+    config = "".join(f"<h5>{_e(k)}</h5>{_daemons(v) if k == DAEMONS else _value(v)}" for k, v in doc.items()
+                     if k not in NOT_CONFIG)
     errors = doc.get("errors") or []
     errs = ("<h5>errors</h5><ul>" + "".join(f"<li>{_e(x)}</li>" for x in errors) + "</ul>") if errors else ""
     cls = "ok" if status == "complete" else "bad"
@@ -382,6 +468,7 @@ table.targets td:nth-child(2), table.targets td:nth-child(5) { white-space: nowr
 table.kv th { color: #444; font-weight: 600; white-space: nowrap; } table.kv td { border-bottom: 1px solid #eee; }
 code, pre { font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace; } code.key { color: #555; }
 pre { background: #f7f7f7; padding: 0.6em; overflow-x: auto; }
+pre.settings { margin: 0; padding: 0.3em 0.5em; white-space: pre-wrap; word-break: break-all; }
 .wide { overflow-x: auto; max-width: 100%; }
 .side { display: flex; flex-wrap: wrap; gap: 1.5em; align-items: flex-start; }
 .figs { flex: 1 1 800px; min-width: 0; } .anchors { flex: 0 1 340px; font-size: 13px; }

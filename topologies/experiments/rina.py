@@ -1,4 +1,4 @@
-"""Rina as designed (issue 14): the flat ring, Rina on chains across the racks' switches, and single-switch INA.
+"""Rina as designed: the flat ring, Rina on chains across the racks' switches, and single-switch INA.
 
 For each layout (racks x workers per rack) a leaf-spine (every host link ``bw_mbps``, uplinks ``bw_mbps *
 uplink_ratio``; the spine runs the program and routes the chains' packets, ``ina_transit``) runs a ring job
@@ -154,15 +154,15 @@ class RinaExperiment(Experiment):
         Target("2 x 4, every rack INA-capable: Rina within 10 % of single-switch INA",
                "points[layout=2x4].rina[ina_fraction=1,loss=0].ratio_to_ina", Comparison.AT_MOST, 1.10),
         Target("2 x 4, half of the racks INA-capable: Rina at most 5 % slower than the ring",
-               "points[layout=2x4].rina[ina_fraction=0.5,loss=0,bundles=true].ratio_to_ring", Comparison.AT_MOST, 1.05),
+               "points[layout=2x4].rina[ina_fraction=0.5,loss=0].ratio_to_ring", Comparison.AT_MOST, 1.05),
         Target("no more than 0.05 retransmissions per chunk without injected loss",
                "points.*.rina[loss=0].retransmits_per_chunk", Comparison.AT_MOST, 0.05, fmt=".3f"),
         Target("every result exact, also under injected loss", "points.*.rina.*.exact", Comparison.HOLDS),
     )
     repetition_key = "repetition"
     options = (
-        ("--layouts", "layouts", parse_layouts, "racks x workers, e.g. 2x4,4x2"),
-        ("--fractions", "ina_fractions", "floats", "fractions of INA racks, e.g. 1,0.5,0"),
+        ("--layouts", "layouts", parse_layouts, "leaf-spines, racks x workers per rack"),
+        ("--fractions", "ina_fractions", "floats", "fractions of the racks that run INA"),
         ("--elements", "elements", int, "float32 elements per all-reduce"),
         ("--iterations", "iterations", int, "timed all-reduces per point"),
         ("--bw", "bw_mbps", float, "host link bandwidth, Mbit/s"),
@@ -170,8 +170,7 @@ class RinaExperiment(Experiment):
         ("--slots", "slots", int, "slots per rack each job asks for"),
         ("--no-reference", "reference", "false", "skip single-switch INA"),
         ("--repetitions", "repetitions", int, "runs of every point (medians with spread)"),
-        ("--loss", "loss", "floats", "drop probabilities of extra Rina runs (ina-switch), e.g. 0.01"),
-        ("--copy", "copy", str, "where host members' copies run: process (default) or thread"),
+        ("--loss", "loss", "floats", "drop probabilities of extra Rina runs (ina-switch)"),
     )
 
     @classmethod
@@ -254,8 +253,7 @@ class RinaExperiment(Experiment):
                                      "ring_agents_cpu_s_per_call": _median_of(by.get((layout, "leafspine-ring"), []),
                                                                              "agents_cpu_s_per_call")}
             for run in sorted({r["run"] for r in ok if r["layout"] == layout and r["backend"] == "rina"},
-                              key=lambda run: (-by[(layout, run)][0]["ina_fraction"], by[(layout, run)][0].get("loss") or 0.0,
-                                 not by[(layout, run)][0].get("bundles", True))):
+                              key=lambda run: (-by[(layout, run)][0]["ina_fraction"], by[(layout, run)][0].get("loss") or 0.0)):
                 reps = by[(layout, run)]
                 frac = reps[0]["ina_fraction"]
                 k = round(frac * racks)
@@ -266,7 +264,7 @@ class RinaExperiment(Experiment):
                 ratios = [r["seconds_median"] / ring_by_rep[r.get("repetition", 0)] for r in reps
                           if ring_by_rep.get(r.get("repetition", 0))]
                 point["rina"].append({
-                    "run": run, "loss": reps[0].get("loss") or 0.0, "bundles": reps[0].get("bundles", True),
+                    "run": run, "loss": reps[0].get("loss") or 0.0,
                     "ina_fraction": frac, "seconds": seconds, "spread_s": spread(times(layout, run)),
                     "repetitions": len(reps),
                     "granted_backend": granted[0] if len(granted) == 1 else granted,
@@ -299,8 +297,7 @@ class RinaExperiment(Experiment):
                 lo, hi = r.get("ratio_to_ring_spread") or (None, None)
                 if lo is not None and r.get("repetitions", 1) > 1:
                     ratio += f" ({lo:.2f}-{hi:.2f})"
-                what = (f", {r['loss']:.0%} loss" if r.get("loss") else "") + ("" if r.get("bundles", True) else
-                                                                                ", no bundles")
+                what = f", {r['loss']:.0%} loss" if r.get("loss") else ""
                 lines.append(f"  Rina {r['ina_fraction']:.0%} INA racks{what} ({granted}): "
                              f"{r['seconds'] * 1e3:.0f} ms, /ring {ratio} (framed ideal {r['framed_ideal_ratio']:.2f}), "
                              f"retransmits/chunk {r['retransmits_per_chunk']:.3f}, exact {r['exact']}"
@@ -326,8 +323,7 @@ class RinaExperiment(Experiment):
                         ax.plot([x, x], [lo, hi], color="k", lw=1)
                 ax.plot([x - 0.3, x + 0.3], [r["framed_ideal_ratio"]] * 2, "k--")
                 labels.append(f"{p['layout']}\n{r['ina_fraction']:.0%} INA" + (f"\n{r['loss']:.0%} loss" if r.get("loss")
-                                                                                else "" if r.get("bundles", True)
-                                                                                else "\nno bundles"))
+                                                                                else ""))
                 x += 1
             if p.get("ina_s") and p.get("ring_s"):
                 ax.bar(x, p["ina_s"] / p["ring_s"], color=COLORS["ina"], width=0.6)

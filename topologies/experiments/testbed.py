@@ -8,11 +8,15 @@ run directory. ``ina-controller`` runs in the root namespace on 127.0.0.1 with i
 directory and a copy of the plan's topology (``controller-topology.json``, with the switches' slot
 ``pool``). Agents (``ina-agent``) run inside the Mininet hosts and reach the controller at the same
 127.0.0.1 address through :class:`~topologies.netns.LoopbackForward`; each writes its
-results as JSON into the run directory. ``stop()`` (also on errors, Ctrl-C and SIGTERM) ends the agents,
+results as JSON into the run directory. Every daemon's whole configuration is built here as its configuration
+dataclass, written into ``config/`` as the TOML file it reads (``--config``; its command line adds only what
+names this run: addresses, files, worker id), and kept in :attr:`Testbed.daemons` for results.json
+(``topologies.daemons``). ``stop()`` (also on errors, Ctrl-C and SIGTERM) ends the agents,
 the controller (recorded in the run state, so ``make stop`` finds it after a crash) and the network.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -25,9 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from controller.config import ControllerConfig
+from controller.config import LogLevel as ControllerLogLevel
+from host_agent.options import AgentOptions, StreamOptions
 from inaproto.commands import REPO, Command, command_argv
 from inaproto.credentials import new_secret
 from topologies import state as run_state
+from topologies.daemons import DaemonRecord, write_config
 from topologies.errors import ExperimentError, TopologiesError
 from topologies.netns import LoopbackForward
 
@@ -38,6 +46,7 @@ BMV2_PROGRAM = REPO / "build" / "ina.json"
 # it, an earlier run's connection in TIME_WAIT on the same port could make a later agent's bind fail.
 INA_UDP_BASE = 21000
 EXIT_GRACE = 15.0  # seconds an agent may take to exit after writing its results
+AGENT_PROGRESS_TIMEOUT = 60.0  # an agent's longest wait without progress (its op and rendezvous timeouts)
 
 
 # Agents share 2 cores with the switch and each other: one BLAS thread each (OpenBLAS would otherwise spin
@@ -76,8 +85,9 @@ class AgentJob:
         hosts: one host per worker.
         command: ``allreduce`` or ``train``.
         backend: ``ina``, ``ring``, ``rina`` or ``auto``.
-        args: more ``ina-agent`` options, the same for every worker.
-        worker_args: per worker id, options for that worker only (``--slowdown 3``).
+        args: more ``ina-agent`` options of the command (``--elements``...), the same for every worker.
+        worker_args: per worker id, options for that worker only (``--speed 0.5``).
+        options: the agents' configuration (None: the testbed's, :meth:`Testbed.agent_options`).
         requested_slots: slots asked of the switch (None: the agent's default).
         udp_port: the workers' UDP (INA) and TCP (ring) port.
         priority, weight, min_slots: what the job tells the controller's policy (job file fields).
@@ -95,6 +105,7 @@ class AgentJob:
     weight: float = 0.0
     min_slots: int = 0
     tensor_elements: int = 0
+    options: AgentOptions | None = None
 
 
 class Testbed:
@@ -104,13 +115,16 @@ class Testbed:
         topo: a topology (``StarTopo``, ``LeafSpineTopo``...).
         run_dir: where the plan, logs, controller database and agent results go.
         target: ``ina-switch`` or ``bmv2``.
-        switch_opts: more switch options (``faults``...); ``log_level`` is set from ``log_level``.
+        switch_opts: more switch options (``faults``, ``pcap``...: :class:`~topologies.nodes.P4Switch`'s);
+            ``log_level`` is set from ``log_level``.
         pool: slots the controller hands out per switch (None: all 1024).
         policy: the controller's allocation policy.
         controller: start the controller (False: agents run ring-only, without one).
+        controller_settings: more fields of the controller's configuration (``{"trees": True}``).
         agent_timeout: longest wait for one job's agents.
         progress: where progress lines go.
         on_linger: called with "<job> worker <id>" when an agent had to be stopped after writing its results.
+        on_daemons: called with :attr:`daemons` (as results.json records it) whenever a daemon started.
     """
 
     def __init__(
@@ -128,10 +142,10 @@ class Testbed:
         heartbeat_timeout: float = 15.0,
         progress: Callable[[str], None] | None = None,
         on_linger: Callable[[str], None] | None = None,
-        controller_args: Sequence[str] = (),
+        controller_settings: Mapping[str, Any] | None = None,
+        on_daemons: Callable[[dict], None] | None = None,
     ) -> None:
         self.topo = topo
-        self.controller_args = tuple(controller_args)  # more ina-controller options (--rina-chains)
         self.run_dir = Path(run_dir).resolve()  # handed to child processes, which run elsewhere
         self.target = target
         self.switch_opts = dict(switch_opts or {})
@@ -143,6 +157,8 @@ class Testbed:
         self.heartbeat_timeout = heartbeat_timeout
         self.progress = progress or (lambda text: None)
         self.on_linger = on_linger or (lambda worker: None)
+        self.on_daemons = on_daemons or (lambda record: None)
+        self.daemons = DaemonRecord()  # every daemon's whole configuration, as results.json records it
         self.job_secrets: dict[str, str] = {}  # job name -> its secret, in its job file (docs/security.md)
         self.net = None
         self.controller: subprocess.Popen | None = None
@@ -164,6 +180,14 @@ class Testbed:
             self.device_config = BMV2_PROGRAM
         elif target != "ina-switch":
             raise ExperimentError(f"unknown switch target {target!r}: choose ina-switch or bmv2")
+        try:  # the settings of every controller start; each start adds its topology, database and address
+            self.controller_config = ControllerConfig(
+                heartbeat_timeout=heartbeat_timeout, log_level=ControllerLogLevel.WARNING,
+                device_config=self.device_config, **dict(controller_settings or {}))
+        except (TypeError, ValueError) as exc:
+            raise ExperimentError(f"controller settings: {exc}") from None
+        timeout = min(AGENT_PROGRESS_TIMEOUT, agent_timeout)
+        self.agent_options = AgentOptions(stream=StreamOptions(op_timeout=timeout), rendezvous_timeout=timeout)
 
     # --- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> Testbed:
@@ -177,6 +201,9 @@ class Testbed:
                 self.net.start()
             except (SwitchStartupError, FileNotFoundError) as exc:
                 raise ExperimentError(str(exc).splitlines()[0]) from exc
+            for sw in self.net.switches:
+                self.daemons.add_switch(sw.name, sw.switch_config())
+            self.on_daemons(self.daemons.as_dict())
             if self.want_controller:
                 self.controller_port = free_port()
                 self.forward = LoopbackForward([h.pid for h in self.net.hosts], self.controller_port)
@@ -239,17 +266,9 @@ class Testbed:
         self.pool, self.policy = pool, policy or self.policy
         self._controller_count += 1
         k = self._controller_count
-        db = self.run_dir / "controller.db"
         log_path = self.run_dir / "logs" / f"controller-{k}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [
-            *command_argv(Command.CONTROLLER),
-            "--topology", str(self.controller_topology(pool)), "--db", str(db), "--listen", self.controller_address,
-            "--policy", self.policy, "--set", f"heartbeat_timeout={self.heartbeat_timeout}", "--log-level", "warning",
-            *self.controller_args,
-        ]
-        if self.device_config is not None:
-            argv += ["--device-config", str(self.device_config)]
+        argv = self.controller_command(k, pool)
         with log_path.open("w") as log:
             log.write("# " + " ".join(argv) + "\n")
             log.flush()
@@ -273,6 +292,20 @@ class Testbed:
                 raise ExperimentError(f"ina-controller did not start within {timeout:g} s (log: {log_path})")
             time.sleep(0.05)
         self.set_policy(self.policy)
+
+    def controller_command(self, start: int, pool: int | None) -> list[str]:
+        """The controller's ``start``-th command line with this pool (and the testbed's policy): its whole
+        configuration written as ``config/controller-<start>.toml`` and recorded in :attr:`daemons`; the command line
+        adds its topology, database and address (the same values), which name this run."""
+        config = dataclasses.replace(self.controller_config, topology=self.controller_topology(pool),
+                                     db_path=self.run_dir / "controller.db", listen=self.controller_address,
+                                     policy=self.policy)
+        path = write_config(config, self.run_dir / "config" / f"controller-{start}.toml",
+                            f"ina-controller --config: the controller's whole configuration, start {start}")
+        self.daemons.add_controller(start, config)
+        self.on_daemons(self.daemons.as_dict())
+        return [*command_argv(Command.CONTROLLER), "--config", str(path), "--topology", str(config.topology),
+                "--db", str(config.db_path), "--listen", config.listen]
 
     def set_policy(self, policy: str) -> None:
         import grpc
@@ -381,10 +414,22 @@ class Testbed:
         finally:
             channel.close()
 
-    def job_argv(self, job: AgentJob, worker_id: int, job_id: int | None = None) -> list[str]:
-        argv = [*agent_command(), job.command, "--job-file", str(self.job_file(job)), "--worker-id", str(worker_id),
-                "--job-name", job.name, "--backend", job.backend, "--quiet",
-                "--json", str(self.result_path(job, worker_id)), "--timeout", str(min(60.0, self.agent_timeout))]
+    def agent_config(self, job: AgentJob) -> Path:
+        """The agents' configuration of ``job`` (the same for all its workers) as the file ``ina-agent --config`` reads,
+        recorded in :attr:`daemons` for its workers."""
+        options = job.options or self.agent_options
+        path = write_config(options, self.run_dir / "config" / f"agent-{job.name}.toml",
+                            f"ina-agent --config: the whole configuration of job {job.name}'s agents")
+        self.daemons.add_agents(job.name, range(len(job.hosts)), options)
+        self.on_daemons(self.daemons.as_dict())
+        return path
+
+    def job_argv(self, job: AgentJob, worker_id: int, job_id: int | None = None, config: Path | None = None) -> list[str]:
+        """One worker's command line: its configuration file (``config``, else :meth:`agent_config`'s), then what names
+        this run (job file, worker id, results file, controller address) and the command's own options."""
+        argv = [*agent_command(), job.command, "--config", str(config or self.agent_config(job)),
+                "--job-file", str(self.job_file(job)), "--worker-id", str(worker_id),
+                "--job-name", job.name, "--backend", job.backend, "--quiet", "--json", str(self.result_path(job, worker_id))]
         if self.controller is not None:
             argv += ["--controller", self.controller_address]
         if job.requested_slots is not None:
@@ -446,9 +491,10 @@ class Testbed:
         (self.run_dir / "agents").mkdir(parents=True, exist_ok=True)
         procs = []
         self._launched[job.name] = time.monotonic()
+        config = self.agent_config(job)
         for wid, host in enumerate(job.hosts):
             self.result_path(job, wid).unlink(missing_ok=True)
-            argv = self.job_argv(job, wid, job_id)
+            argv = self.job_argv(job, wid, job_id, config)
             log_path = self.log_path(job, wid)
             log_path.parent.mkdir(parents=True, exist_ok=True)
             warm = self._warm.pop((job.name, wid), None)

@@ -1,5 +1,4 @@
-"""Aggregation trees (issue 15): a two-level INA tree (ToRs + spine) vs Rina on chains vs the ring vs
-single-switch INA.
+"""Aggregation trees: a two-level INA tree (ToRs + spine) vs Rina on chains vs the ring vs single-switch INA.
 
 For each layout (racks x workers per rack) a leaf-spine whose spine runs the program (every link ``bw_mbps``)
 runs a tree job (``ina-controller --trees``: each ToR sums its rack, the spine sums the ToRs' partials and
@@ -51,7 +50,7 @@ def framed_partial_bytes(elements: int) -> int:
 def tree_bdp_frames(bw_mbps: float) -> float:
     """Frames in flight needed to fill the tree path: its round trip (4 link crossings: worker -> ToR -> spine
     -> ToR -> worker, each one frame's serialization, on the sender's htb only, plus LINK_LATENCY_S) times the
-    host link rate, in frames. (Until session 6 this counted 8 crossings.)"""
+    host link rate, in frames."""
     frame_s = wire.INA_FRAME_LEN * 8 / (bw_mbps * 1e6)
     rtt = TREE_PATH_LINKS * (frame_s + LINK_LATENCY_S)
     return rtt / frame_s
@@ -59,8 +58,8 @@ def tree_bdp_frames(bw_mbps: float) -> float:
 
 def path_floor_ms(links: int, bw_mbps: float) -> float:
     """The shortest round trip of an INA chunk over ``links`` link crossings of ``bw_mbps``: one frame's
-    serialization each (2 to a single switch, TREE_PATH_LINKS through a tree): what the grant should carry
-    (the agents take it from there; until session 7 this experiment handed it to them as ``--path-rtt-floor-ms``)."""
+    serialization each (2 to a single switch, TREE_PATH_LINKS through a tree): what the grant should carry (the
+    agents take their path's floor from it; each row records the floor they used beside this)."""
     return links * wire.INA_FRAME_LEN * 8 / (bw_mbps * 1e6) * 1e3
 
 
@@ -152,13 +151,13 @@ class TreeExperiment(Experiment):
     )
     repetition_key = "rep"
     options = (
-        ("--layouts", "layouts", parse_layouts, "racks x workers, e.g. 2x4,4x2"),
+        ("--layouts", "layouts", parse_layouts, "leaf-spines, racks x workers per rack"),
         ("--elements", "elements", int, "float32 elements per all-reduce"),
         ("--iterations", "iterations", int, "timed all-reduces per run"),
         ("--repetitions", "repetitions", int, "fresh testbeds per point"),
         ("--bw", "bw_mbps", float, "link bandwidth, Mbit/s"),
         ("--slots", "slots", int, "slots per switch each job asks for"),
-        ("--loss", "loss", "floats", "drop probabilities of extra tree runs (ina-switch), e.g. 0.01"),
+        ("--loss", "loss", "floats", "drop probabilities of extra tree runs (ina-switch)"),
         ("--no-baselines", "baselines", "false", "only the tree"),
         ("--uplink-runs", "uplink_runs", int, "pcap runs per layout (tree, Rina) for the uplink bytes"),
     )
@@ -187,36 +186,34 @@ class TreeExperiment(Experiment):
             n = racks * per
             layout = f"{racks}x{per}"
             hosts = tuple(f"h{i}" for i in range(1, n + 1))
-            # (label, topology, backend, controller args, agent args, expected path floor in ms, faults); uplink runs
-            # (pcaps) after them
-            runs: list[tuple[str, Any, str, tuple, tuple, float, float]] = [
+            # (label, topology, backend, whether the controller builds trees, expected path floor in ms, injected
+            # loss); uplink runs (pcaps) after them
+            runs: list[tuple[str, Any, str, bool, float, float]] = [
                 ("tree", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "auto",
-                 ("--trees",), (), tree_floor, 0.0)]
+                 True, tree_floor, 0.0)]
             if cfg.baselines:
                 runs += [
                     ("rina", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps, spine_ina=True), "rina",
-                     (), (), star_floor, 0.0),
-                    ("ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps), "ring", (), (), 0.0,
-                     0.0),
-                    ("star", StarTopo(n, bw=cfg.bw_mbps), "ina", (), (), star_floor, 0.0),
+                     False, star_floor, 0.0),
+                    ("ring", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps), "ring", False, 0.0, 0.0),
+                    ("star", StarTopo(n, bw=cfg.bw_mbps), "ina", False, star_floor, 0.0),
                 ]
             if not bmv2:
                 runs += [(f"tree-loss{p:g}", LeafSpineTopo(racks, per, bw=cfg.bw_mbps, uplink_bw=cfg.bw_mbps,
-                                                           spine_ina=True), "auto", ("--trees",), (), tree_floor, p)
+                                                           spine_ina=True), "auto", True, tree_floor, p)
                          for p in cfg.loss if p > 0]
             uplink = [(f"{label}-uplink", *rest) for label, *rest in runs if label in ("tree", "rina")]
             schedule = [(rep, run) for rep in range(cfg.repetitions) for run in runs]
             schedule += [(rep, run) for rep in range(cfg.uplink_runs) for run in uplink]
-            for rep, (label, topo, backend, ctl_args, agent_args, floor_ms, loss) in schedule:
+            for rep, (label, topo, backend, trees, floor_ms, loss) in schedule:
                 port += 1
                 ctx.progress(f"{layout} {label} #{rep + 1}: {backend}, {cfg.warmup}+{cfg.iterations} all-reduces")
                 opts: dict[str, Any] = {"pcap": True} if label.endswith("-uplink") else {}  # lossless, untimed
                 if loss:
                     opts["faults"] = {"drop": loss, "seed": 17 + rep}
-                with ctx.testbed(topo, f"{layout}-{label}-{rep + 1}", controller_args=ctl_args,
+                with ctx.testbed(topo, f"{layout}-{label}-{rep + 1}", controller_settings={"trees": trees},
                                  switch_opts=opts) as bed:
-                    job = AgentJob(f"tree-{layout}-{label}", hosts, "allreduce", backend=backend,
-                                   args=common + agent_args,
+                    job = AgentJob(f"tree-{layout}-{label}", hosts, "allreduce", backend=backend, args=common,
                                    requested_slots=cfg.slots if backend != "ring" else None, udp_port=port)
                     granted: list[str] = []  # the controller's grant (agents report their plan: ina for a tree)
                     workers = ctx.run_job(bed, job, {"kind": "tree", "layout": layout, "run": label, "rep": rep},

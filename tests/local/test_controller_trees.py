@@ -14,7 +14,8 @@ from controller.switch import Switch
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.backends import Backend
-from tests.harness import Harness, LocalSwitch, gradient_frame, parse_result, worker
+from tests.support.frames import grant_gradient, parse_result
+from topologies.loopback import LocalControlPlane, LocalSwitch, worker
 
 UPLINK, DOWN1, DOWN2 = 100, 1, 2  # s1-p100 -- s3-p1, s2-p100 -- s3-p2
 
@@ -36,7 +37,7 @@ def _leaf_spine(switches: dict[str, LocalSwitch], pool: int) -> dict:
 
 @pytest.fixture
 def h(tmp_path):
-    with Harness(tmp_path / "ctl.db", 3, topology_doc=lambda sw: _leaf_spine(sw, 16), trees=True) as harness:
+    with LocalControlPlane(tmp_path / "ctl.db", 3, topology_doc=lambda sw: _leaf_spine(sw, 16), trees=True) as harness:
         yield harness
 
 
@@ -58,7 +59,7 @@ def _allreduce(h, grant, slot: int, seq: int, rng, generation: int | None = None
         lanes = rng.integers(-(2**20), 2**20, size=wire.LANES).astype(np.int32)
         total += lanes
         sw = h.topology.hosts[host].switch
-        frame = gradient_frame(h.host(host, 40000 + wid), grant, wid, slot, lanes, seq=seq, generation=generation,
+        frame = grant_gradient(h.host(host, 40000 + wid), grant, wid, slot, lanes, seq=seq, generation=generation,
                                switch=by_switch[sw])
         queue.append((sw, h.topology.hosts[host].port, frame))
     links = {("s1", UPLINK): ("s3", DOWN1), ("s2", UPLINK): ("s3", DOWN2)}
@@ -157,7 +158,7 @@ def test_a_layout_that_needs_more_member_ids_than_the_mask_has_is_refused(tmp_pa
     """Switch members take ids no worker has, from the same 32-bit mask: a tree's ToRs and root, a ring's INA racks."""
     import grpc
 
-    with Harness(tmp_path / "ctl.db", 3, topology_doc=lambda sw: _leaf_spine(sw, 16), **layout) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", 3, topology_doc=lambda sw: _leaf_spine(sw, 16), **layout) as h:
         fits = wire.MAX_WORKERS - members
         with pytest.raises(grpc.RpcError) as info:
             h.stub.RegisterJob(pb.RegisterJobRequest(name="big", workers=_many(fits + 1), tensor_elements=1000))

@@ -13,14 +13,15 @@ from controller.config import ControllerConfig
 from controller.core import Controller, Refusal
 from inaproto import admission_pb2 as pb
 from inaproto import wire
-from tests.harness import Harness, gradient_frame, parse_result, worker
+from tests.support.frames import grant_gradient, parse_result
+from topologies.loopback import LocalControlPlane, worker
 
 TABLES = ("MyIngress.ina_job", "MyEgress.ina_worker", "MyIngress.ipv4_lpm")
 
 
 @pytest.fixture
 def h(tmp_path):
-    with Harness(tmp_path / "ctl.db", pool=16) as harness:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16) as harness:
         yield harness
 
 
@@ -51,7 +52,7 @@ def grants(h):
 
 
 def send(h, grant, i, host, chunk, lanes):
-    frame = gradient_frame(h.host(host, 40000 + i), grant, i, chunk % grant.switches[0].num_slots, lanes, seq=chunk)
+    frame = grant_gradient(h.host(host, 40000 + i), grant, i, chunk % grant.switches[0].num_slots, lanes, seq=chunk)
     return h.switches["s1"].send(h.topology.hosts[host].port, frame)
 
 

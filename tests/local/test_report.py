@@ -133,6 +133,32 @@ def test_old_results_without_machine_plot_or_known_experiment_still_render(tmp_p
     assert "has no plot" in page and "not recorded" in page and 'id="retired"' in page
 
 
+def test_each_daemon_a_run_started_is_shown_with_its_settings_beside_their_defaults(tmp_path):
+    from controller.config import ControllerConfig
+    from host_agent.options import AgentOptions
+    from inaproto.config import reference
+    from softswitch.config import FaultSettings, SwitchConfig
+    from topologies.daemons import DaemonRecord
+
+    run_dir = write_run(tmp_path, "loss", "tiny")
+    record = DaemonRecord()
+    record.add_switch("s1", SwitchConfig(device_id=1, faults=FaultSettings(drop=("0.05",), seed=1)))
+    for start in (1, 2):
+        record.add_controller(start, ControllerConfig(policy="priority"))
+    record.add_agents("loss-1", range(4), AgentOptions())
+    doc = json.loads((run_dir / "results.json").read_text())
+    doc["daemons"] = {"runs": {"01-loss5-ina": record.as_dict()}}
+    (run_dir / "results.json").write_text(json.dumps(doc))
+    code, _, err = ina_exp("report", str(run_dir), "-o", str(tmp_path / "page.html"))
+    assert code == 0, err
+    page = html.unescape((tmp_path / "page.html").read_text())
+    assert "runs/01-loss5-ina</code>: 1 switch, the controller (2 starts), the agents of 1 job" in page
+    assert 'faults.drop = ["0.05"]\nfaults.seed = 1</pre>' in page and "device_id = 1" in page
+    assert "controller, starts 1-2" in page and 'policy = "priority"' in page
+    assert f"agents: loss-1 (workers 0-3)</td><td><span class=\"note\">all {len(reference(AgentOptions))} settings at " \
+           "their defaults" in page
+
+
 def test_runs_of_different_configurations_are_flagged(tmp_path):
     write_run(tmp_path, "loss", "tiny")
     write_run(tmp_path, "loss", "small")

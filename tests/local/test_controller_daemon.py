@@ -14,7 +14,7 @@ from controller.core import Controller, Refusal
 from controller.p4entity import Schema
 from controller.topology import Topology, read_runtime_json
 from inaproto.commands import REPO
-from tests.harness import Harness, worker
+from topologies.loopback import LocalControlPlane, worker
 
 TOPO = {
     "hosts": {"h1": {"ip": "10.0.1.1/24", "mac": "08:00:00:00:01:11"}, "h2": {"ip": "10.0.2.2/24", "mac": "08:00:00:00:02:22"}},
@@ -91,7 +91,7 @@ def test_print_config_reads_back_as_the_same_configuration(tmp_path, capsys):
 
 
 def test_database_of_another_topology_is_refused(tmp_path):
-    with Harness(tmp_path / "ctl.db", n_switches=2) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", n_switches=2) as h:
         h.stub.RegisterJob(daemon_request())
         one = Topology.from_dict({  # the same network without s2
             "switches": {"s1": h.doc["switches"]["s1"]},

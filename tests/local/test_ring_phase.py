@@ -17,7 +17,7 @@ from host_agent.ring_phases import RingOp, RingPhase
 from host_agent.stats import StreamStats
 from inaproto.backends import Backend
 from inaproto.wire import LANES
-from tests.udp_switch import LocalCluster, quantised_sum
+from topologies.loopback import LoopbackCluster, exact_sum
 
 
 def test_segment_takes_ring_results_by_range() -> None:
@@ -63,19 +63,21 @@ def test_a_move_from_the_ring_to_ina_lets_the_ring_op_in_flight_finish() -> None
                 return False
         return True
 
-    with LocalCluster(["s1"] * n, slots=16, options=opts) as cl:
+    # a higher-priority job takes the switch's whole pool (the job moves to the ring), then leaves (back to INA)
+    with LoopbackCluster(["s1"] * n, slots=16, pool=16, policy="priority", options=opts) as cl:
         def controller():
-            job_id = cl.fake.job_named(cl.spec.name).job_id
             if not wait_for(lambda: "agent" in first and first["agent"].stats.chunks > 0):
                 return
             agent = first["agent"]
-            moves.append(cl.fake.reallocate(job_id, slots=0))
+            cl.admit("b", "s1", 16, priority=1)
+            moves.append(cl.job(cl.spec.name).grant.generation)
             if not wait_for(lambda: agent.plan.kind == Backend.RING and agent.stats.ring_ops >= 1):
                 return
             ops = agent.stats.ring_ops
             if not wait_for(lambda: agent.stats.ring_ops > ops) or done.wait(0.5 * op_s):  # half-way into the next op
                 return
-            moves.append(cl.fake.reallocate(job_id, slots=16, bases=0))
+            cl.release(cl.job("b").job_id)
+            moves.append(cl.job(cl.spec.name).grant.generation)
 
         t = threading.Thread(target=controller)
         t.start()
@@ -84,7 +86,7 @@ def test_a_move_from_the_ring_to_ina_lets_the_ring_op_in_flight_finish() -> None
         finally:
             done.set()
             t.join(10)
-    want = quantised_sum(data)
+    want = exact_sum(data)
     for outs, _ in out:
         assert all(o.tobytes() == want.tobytes() for o in outs)
     assert len(moves) == 2, "the run ended before the ring op to finish"

@@ -11,7 +11,7 @@ from controller.p4entity import MulticastGroup, Schema, SchemaError, TableEntry
 from controller.switch import DELETE, INSERT, MODIFY, Switch, SwitchError, SwitchOptions, SwitchState, plan_writes
 from controller.topology import Topology, TopologyError, parse_switch_spec, read_runtime_json, write_runtime_json
 from inaproto import wire
-from tests.harness import LocalSwitch
+from topologies.loopback import LocalSwitch
 
 SCHEMA = Schema.from_file("p4src/ina.p4info.txt")
 

@@ -10,7 +10,7 @@ from host_agent.agent import AgentOptions
 from host_agent.fixedpoint import chunk_count
 from host_agent.options import StreamOptions
 from softswitch.udp import Faults
-from tests.udp_switch import LocalCluster, quantised_sum
+from topologies.loopback import LoopbackCluster, exact_sum
 
 FAULTY = Faults(drop=0.05, duplicate=0.05, reorder=0.05, reorder_delay=0.002)
 QUICK = AgentOptions(stream=StreamOptions(op_timeout=20.0))
@@ -28,7 +28,7 @@ def _inputs(n: int, seed: int) -> list[list[np.ndarray]]:
 
 def _check_exact(results: list[list[np.ndarray]], inputs: list[list[np.ndarray]]) -> None:
     for k in range(len(inputs[0])):
-        want = quantised_sum([inp[k] for inp in inputs])
+        want = exact_sum([inp[k] for inp in inputs])
         for res in results:
             assert res[k].dtype == np.float32 and res[k].shape == want.shape
             assert res[k].tobytes() == want.tobytes()
@@ -37,17 +37,17 @@ def _check_exact(results: list[list[np.ndarray]], inputs: list[list[np.ndarray]]
 @pytest.mark.parametrize("n", range(2, 9))
 def test_ina_sums_exactly(n: int) -> None:
     inputs = _inputs(n, seed=n)
-    with LocalCluster(["s1"] * n, slots=16, options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * n, slots=16, options=QUICK) as cl:
         def work(agent):
             assert agent.backend == "ina"
-            return [agent.allreduce(x) for x in inputs[agent.rank]], agent.stats
+            return [agent.allreduce(x) for x in inputs[agent.rank]], agent.stats, agent.job_id
 
         out = cl.run(work)
         _check_exact([o[0] for o in out], inputs)
         chunks = sum(chunk_count(x.size) for x in inputs[0])
         sw = cl.switch()
         # every chunk of every worker was aggregated once (plus the closing barrier), none was dropped
-        assert sw.counter("MyIngress.ina_aggregated", cl.fake.job_id("job")) == n * (chunks + 1)
+        assert sw.counter("MyIngress.ina_aggregated", out[0][2]) == n * (chunks + 1)
         assert all(o[1].overflow_chunks == 0 and o[1].resyncs == 1 for o in out)
 
 
@@ -55,7 +55,7 @@ def test_ina_sums_exactly(n: int) -> None:
 def test_ina_exact_under_loss_duplication_and_reordering(n: int) -> None:
     rng = np.random.default_rng(n)
     inputs = [[rng.standard_normal(1500).astype(np.float32) for _ in range(2)] for _ in range(n)]
-    with LocalCluster(["s1"] * n, slots=32, faults=FAULTY, seed=n, options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * n, slots=32, faults=FAULTY, seed=n, options=QUICK) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]], agent.stats))
         _check_exact([o[0] for o in out], inputs)
         assert cl.switch().dropped > 0
@@ -67,7 +67,7 @@ def test_reorder_guard_keeps_sums_exact() -> None:
     n = 4
     rng = np.random.default_rng(9)
     inputs = [[rng.standard_normal(1500).astype(np.float32)] for _ in range(n)]
-    with LocalCluster(["s1"] * n, slots=32, faults=FAULTY, seed=9, options=GUARDED) as cl:
+    with LoopbackCluster(["s1"] * n, slots=32, faults=FAULTY, seed=9, options=GUARDED) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(inputs[agent.rank][0])], agent.stats))
     _check_exact([o[0] for o in out], inputs)
 
@@ -82,7 +82,7 @@ def test_overflow_is_recovered_exactly() -> None:
         x[32 * 5 : 32 * 8] = 20000.0 + rng.random(96).astype(np.float32)  # 3 chunks: 3 x 1.3e9 > 2**31
         x[32 * 20 + 3] = -30000.0  # 1 chunk: one lane's sum reaches -5.9e9
         inputs.append([x])
-    with LocalCluster(["s1"] * n, slots=8, scale=scale, options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * n, slots=8, scale=scale, options=QUICK) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(inputs[agent.rank][0])], agent.stats))
     _check_exact([o[0] for o in out], inputs)
     assert out[0][0][0][32 * 5] > 59999  # far beyond what an int32 sum at this scale can hold
@@ -93,7 +93,7 @@ def test_overflow_recovery_under_loss() -> None:
     n = 3
     rng = np.random.default_rng(3)
     inputs = [[np.where(rng.random(640) < 0.3, 25000.0, rng.standard_normal(640)).astype(np.float32)] for _ in range(n)]
-    with LocalCluster(["s1"] * n, slots=8, faults=FAULTY, seed=5, options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * n, slots=8, faults=FAULTY, seed=5, options=QUICK) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(inputs[agent.rank][0])], agent.stats))
     _check_exact([o[0] for o in out], inputs)
     assert out[0][1].overflow_chunks > 0
@@ -102,7 +102,7 @@ def test_overflow_recovery_under_loss() -> None:
 def test_several_jobs_on_one_host_at_once() -> None:
     """Two jobs share the hosts and the switch (each its own slot range and sockets) and run concurrently."""
     rng = np.random.default_rng(11)
-    with LocalCluster(["s1"] * 3, slots=16, options=QUICK, name="a") as cl:
+    with LoopbackCluster(["s1"] * 3, slots=16, options=QUICK, name="a") as cl:
         spec_b, sockets_b = cl.new_job("b", workers=[0, 1])
         data_a = [[rng.standard_normal(3000).astype(np.float32)] for _ in range(3)]
         data_b = [[rng.standard_normal(2000).astype(np.float32)] for _ in range(2)]
@@ -126,14 +126,14 @@ def test_several_jobs_on_one_host_at_once() -> None:
         (_, ja, ba), (_, jb, bb) = results["a"][0], results["b"][0]
         assert ja != jb and ba == bb == "ina"
         for name, data in (("a", data_a), ("b", data_b)):
-            want = quantised_sum([d[0] for d in data])
+            want = exact_sum([d[0] for d in data])
             for outs, _, _ in results[name]:
                 assert all(o.tobytes() == want.tobytes() for o in outs)
 
 
 def test_allgather_is_bit_exact_and_barrier_returns() -> None:
     values = [np.array([1 / 3, -2.5e-300, 7.0]), np.array([np.pi, 1e300, -0.0]), np.array([np.e, 5e-324, 2.0])]
-    with LocalCluster(["s1"] * 3, slots=4, options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * 3, slots=4, options=QUICK) as cl:
         def work(agent):
             agent.barrier()
             got = agent.allgather(values[agent.rank])
@@ -148,7 +148,7 @@ def test_allgather_is_bit_exact_and_barrier_returns() -> None:
 @pytest.mark.parametrize("n", [2, 5])
 def test_ring_only_without_controller(n: int) -> None:
     inputs = _inputs(n, seed=20 + n)
-    with LocalCluster(["s1"] * n, backend="ring", options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * n, backend="ring", options=QUICK) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]], agent.backend), controller=False)
     _check_exact([o[0] for o in out], inputs)
     assert {o[1] for o in out} == {"ring"}
@@ -157,14 +157,14 @@ def test_ring_only_without_controller(n: int) -> None:
 def test_ring_overflow_is_redone_in_int64() -> None:
     n = 4
     inputs = [[np.full(100, 30000.0 + i, dtype=np.float32)] for i in range(n)]
-    with LocalCluster(["s1"] * n, backend="ring", options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * n, backend="ring", options=QUICK) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(inputs[agent.rank][0])], agent.stats), controller=False)
     _check_exact([o[0] for o in out], inputs)
     assert all(o[1].ring_redo_int64 == 1 for o in out)
 
 
 def test_empty_and_integer_inputs() -> None:
-    with LocalCluster(["s1"] * 2, slots=4, options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * 2, slots=4, options=QUICK) as cl:
         def work(agent):
             return (agent.allreduce(np.zeros((0, 3), dtype=np.float32)), agent.allreduce(np.arange(5)),
                     agent.allreduce_fixed(np.array([2**31 - 1, -(2**31)], dtype=np.int32)))
@@ -179,7 +179,7 @@ def test_mismatched_calls_time_out_with_a_clear_error() -> None:
     from host_agent.errors import AgentError
 
     opts = AgentOptions(stream=StreamOptions(op_timeout=1.0), close_timeout=1.0)
-    with LocalCluster(["s1"] * 2, slots=4, options=opts) as cl:
+    with LoopbackCluster(["s1"] * 2, slots=4, options=opts) as cl:
         def work(agent):
             if agent.rank == 0:
                 with pytest.raises(AgentError, match="no result from switch"):
@@ -197,7 +197,7 @@ def test_lanes_skipped_behind_a_loss_stay_exact_under_heavy_loss(slots: int) -> 
     rng = np.random.default_rng(slots)
     inputs = [[rng.standard_normal(3000).astype(np.float32)] for _ in range(3)]
     faults = Faults(drop=0.15, duplicate=0.05, reorder=0.05, reorder_delay=0.002)
-    with LocalCluster(["s1"] * 3, slots=slots, faults=faults, seed=slots, options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * 3, slots=slots, faults=faults, seed=slots, options=QUICK) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]], agent.stats))
         _check_exact([o[0] for o in out], inputs)
         assert cl.switch().dropped > 0 and all(o[1].early_resends > 0 for o in out)
@@ -210,7 +210,7 @@ def test_loss_signals_resend_a_workers_own_losses_and_keep_every_sum_exact() -> 
     stays exact."""
     rng = np.random.default_rng(11)
     inputs = [[rng.standard_normal(6000).astype(np.float32) for _ in range(2)] for _ in range(4)]
-    with LocalCluster(["s1"] * 4, slots=16, faults=Faults(drop=0.05), seed=3, options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * 4, slots=16, faults=Faults(drop=0.05), seed=3, options=QUICK) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]], agent.stats))
         _check_exact([o[0] for o in out], inputs)
         assert cl.switch().dropped > 0
@@ -231,7 +231,7 @@ def test_without_loss_numbered_frames_reach_the_switch_in_sequence() -> None:
     rng = np.random.default_rng(12)
     inputs = [[rng.standard_normal(5000).astype(np.float32) for _ in range(3)] for _ in range(3)]
     rcvbuf_errors = _udp_rcvbuf_errors()
-    with LocalCluster(["s1"] * 3, slots=8, options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * 3, slots=8, options=QUICK) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(x) for x in inputs[agent.rank]],
                                     agent.stats, agent.stream.ina.signals_seen))
         _check_exact([o[0] for o in out], inputs)
@@ -257,9 +257,9 @@ def test_asynchronous_calls_run_in_submission_order_on_the_communication_thread(
         last = agent.allreduce_async(inputs[agent.rank][0])
         return [f.result(30) for f in futures], bad.exception(30), last.result(30)
 
-    with LocalCluster(["s1"] * 3, slots=8, options=QUICK) as cl:
+    with LoopbackCluster(["s1"] * 3, slots=8, options=QUICK) as cl:
         out = cl.run(work)
     for sums, error, again in out:
         _check_exact([sums], inputs)
         assert isinstance(error, TypeError)
-        assert again.tobytes() == quantised_sum([inp[0] for inp in inputs]).tobytes()
+        assert again.tobytes() == exact_sum([inp[0] for inp in inputs]).tobytes()

@@ -11,18 +11,19 @@ from controller.store import Store
 from inaproto import admission_pb2 as pb
 from inaproto import wire
 from inaproto.job_entries import GENERATIONS
-from tests.harness import Harness, gradient_frame, parse_result, worker
+from tests.support.frames import grant_gradient, parse_result
+from topologies.loopback import LocalControlPlane, worker
 
 HOSTS = ["h11", "h12"]
 
 
-def _register(h: Harness, name: str, hosts: list[str], requested: int) -> pb.JobGrant:
+def _register(h: LocalControlPlane, name: str, hosts: list[str], requested: int) -> pb.JobGrant:
     return h.stub.RegisterJob(pb.RegisterJobRequest(
         name=name, workers=[worker(i, host) for i, host in enumerate(hosts)], tensor_elements=10_000,
         requested_slots=requested), timeout=10)
 
 
-def _round(h: Harness, job_id: int, generation: int, seq: int, data: np.ndarray) -> dict[int, np.ndarray]:
+def _round(h: LocalControlPlane, job_id: int, generation: int, seq: int, data: np.ndarray) -> dict[int, np.ndarray]:
     """Both workers of the job send chunk ``seq`` into slot 0 from their own ports; worker -> result lanes."""
     sw = h.switches["s1"]
     base, num = sw.entries("MyIngress.ina_job")[(job_id,)][1][:2]
@@ -31,7 +32,7 @@ def _round(h: Harness, job_id: int, generation: int, seq: int, data: np.ndarray)
         switch="s1", switch_ip="10.0.1.254", switch_mac="02:00:00:00:01:fe", base_slot=base, num_slots=num)])
     out = []
     for i, host in enumerate(HOSTS):
-        frame = gradient_frame(h.host(host, 40000 + i), grant, i, 0, data[i], seq=seq, shadow=seq % 2)
+        frame = grant_gradient(h.host(host, 40000 + i), grant, i, 0, data[i], seq=seq, shadow=seq % 2)
         out += sw.send(h.topology.hosts[host].port, frame)
     results = {}
     for _, frame in out:
@@ -43,7 +44,7 @@ def _round(h: Harness, job_id: int, generation: int, seq: int, data: np.ndarray)
 
 def test_a_job_reallocated_across_the_wrap(tmp_path):
     db = tmp_path / "ctl.db"
-    with Harness(db, pool=16, policy="equal") as h:
+    with LocalControlPlane(db, pool=16, policy="equal") as h:
         h.stop_controller()
         store = Store(db)
         store.save(meta={"next_generation": str(GENERATIONS - 1)})  # the counter just below the wrap

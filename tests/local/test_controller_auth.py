@@ -22,7 +22,7 @@ from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto.commands import REPO
 from inaproto.credentials import TlsFiles, admission_channel
-from tests.harness import Harness, worker
+from topologies.loopback import LocalControlPlane, worker
 
 TABLES = ("MyIngress.ina_job", "MyEgress.ina_worker")
 ALICE, BOB = "alice-secret-" + "a" * 32, "bob-secret-" + "b" * 32
@@ -30,7 +30,7 @@ ALICE, BOB = "alice-secret-" + "a" * 32, "bob-secret-" + "b" * 32
 
 @pytest.fixture
 def h(tmp_path):
-    with Harness(tmp_path / "ctl.db", pool=16) as harness:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16) as harness:
         yield harness
 
 
@@ -71,7 +71,7 @@ def job_calls(stub, job_id: int) -> dict:
 
 
 def test_admin_credential_is_written_once_with_mode_600(tmp_path):
-    with Harness(tmp_path / "ctl.db", pool=16) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16) as h:
         path = h.controller.authority.path
         assert path == tmp_path / "ctl.db.admin"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -152,7 +152,7 @@ def test_a_retried_registration_gets_its_job_not_already_exists(h):
 
 def test_a_version_1_database_is_upgraded(tmp_path):
     db_path = tmp_path / "ctl.db"
-    with Harness(db_path, pool=16) as h:
+    with LocalControlPlane(db_path, pool=16) as h:
         h.stub.RegisterJob(request("old", ["h11"]), timeout=5)
         h.stop_controller()
         db = sqlite3.connect(str(db_path))
@@ -171,7 +171,7 @@ def _inactl(argv, cwd=None, env=None):
 
 
 def test_inactl_reads_the_admin_credential_by_default_and_a_tenant_s_file(tmp_path):
-    with Harness(tmp_path / "ina-controller.db", pool=16) as h:
+    with LocalControlPlane(tmp_path / "ina-controller.db", pool=16) as h:
         h.job_stub(ALICE).RegisterJob(request("a", ["h11"]), timeout=5)
         h.job_stub(BOB).RegisterJob(request("b", ["h12"]), timeout=5)
         clean = {k: v for k, v in os.environ.items() if k != "INA_ADMIN_CREDENTIAL_FILE"}
@@ -207,7 +207,7 @@ def make_certificates(folder) -> dict[str, str]:
 
 def test_admission_service_over_tls_with_client_certificates(tmp_path):
     pems = make_certificates(tmp_path)
-    with Harness(tmp_path / "ctl.db", pool=16) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16) as h:
         server, port = serve(h.controller, "127.0.0.1:0", tls=ServerTls(pems["server_cert"], pems["server_key"], pems["ca_cert"]))
         try:
             addr = f"127.0.0.1:{port}"
@@ -235,7 +235,7 @@ def test_p4runtime_over_tls_with_a_client_certificate(tmp_path):
     from controller.core import Controller
     from controller.switch import SwitchError
     from controller.topology import Topology
-    from tests.harness import LocalSwitch, star_topology
+    from topologies.loopback import LocalSwitch, star_topology
 
     pems = make_certificates(tmp_path)
     creds = ServerTls(pems["server_cert"], pems["server_key"], pems["ca_cert"]).server_credentials()

@@ -14,14 +14,15 @@ import pytest
 
 from inaproto import admission_pb2 as pb
 from inaproto import wire
-from tests.harness import Harness, gradient_frame, parse_result, worker
+from tests.support.frames import grant_gradient, parse_result
+from topologies.loopback import LocalControlPlane, worker
 
 STALE = wire.DropReason.STALE_GENERATION
 
 
 @pytest.fixture
 def h(tmp_path):
-    with Harness(tmp_path / "ctl.db", pool=16) as harness:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16) as harness:
         yield harness
 
 
@@ -41,7 +42,7 @@ def ip_int(ip: str) -> int:
 class Job:
     """A job's workers sending chunks SwitchML's way: chunk k in slot k mod S, shadow (k div S) mod 2."""
 
-    def __init__(self, h: Harness, grant: pb.JobGrant, hosts: list[str]):
+    def __init__(self, h: LocalControlPlane, grant: pb.JobGrant, hosts: list[str]):
         self.h, self.grant = h, grant
         self.hosts = hosts
         self.ports = [h.topology.hosts[x].port for x in hosts]
@@ -52,7 +53,7 @@ class Job:
 
     def send(self, i: int, chunk: int, lanes, generation: int | None = None) -> list[tuple[int, bytes]]:
         s = self.grant.switches[0].num_slots
-        frame = gradient_frame(self.addr(i), self.grant, i, chunk % s, lanes, seq=chunk, shadow=(chunk // s) % 2, generation=generation)
+        frame = grant_gradient(self.addr(i), self.grant, i, chunk % s, lanes, seq=chunk, shadow=(chunk // s) % 2, generation=generation)
         return self.sw.send(self.ports[i], frame)
 
     def chunk(self, chunk: int, data: np.ndarray, workers=None) -> dict[int, np.ndarray]:
@@ -251,7 +252,7 @@ def test_worker_without_host_is_located_by_its_ip(h):
 
 
 def test_jobs_across_racks_get_rina_on_chains(tmp_path):
-    with Harness(tmp_path / "ctl.db", n_switches=2, pool=16) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", n_switches=2, pool=16) as h:
         g = register(h, "x", ["h11", "h12", "h21"], requested=8)
         assert g.backend == "rina"
         assert g.chain_rtt_floor == 0.0  # the star topology gives no link rates
@@ -304,7 +305,7 @@ def test_sync_generation_errors(h):
 
 
 def test_sync_generation_timeout_of_the_controller(tmp_path):
-    with Harness(tmp_path / "ctl.db", sync_timeout=0.3) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", sync_timeout=0.3) as h:
         g = register(h, "a", ["h11", "h12"])
         with pytest.raises(grpc.RpcError) as err:
             sync(h, g.job_id, 0, g.generation, 0)
@@ -332,7 +333,7 @@ def test_sync_waiting_on_a_replaced_generation_fails(h):
 
 # --- heartbeats ----------------------------------------------------------------------------------------
 def test_silent_job_is_released_and_the_waiting_job_upgraded(tmp_path):
-    with Harness(tmp_path / "ctl.db", pool=16, heartbeat_timeout=1.2, monitor_interval=0.05) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16, heartbeat_timeout=1.2, monitor_interval=0.05) as h:
         a = register(h, "a", ["h11", "h12"], requested=16)
         b = register(h, "b", ["h13", "h14"], requested=16)
         assert b.backend == "ring"
@@ -450,7 +451,7 @@ def test_unknown_policy_is_invalid_and_changes_nothing(h):
 
 
 def test_a_failing_switch_write_leaves_nothing_half_applied(tmp_path):
-    with Harness(tmp_path / "ctl.db", n_switches=2, pool=16, connect_timeout=0.5) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", n_switches=2, pool=16, connect_timeout=0.5) as h:
         register(h, "a", ["h11", "h12"], requested=4)
         s1 = h.switches["s1"]
         before = (s1.entries("MyIngress.ina_job"), s1.entries("MyEgress.ina_worker"), dict(s1.pipeline.multicast_groups))

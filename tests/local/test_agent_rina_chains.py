@@ -1,64 +1,18 @@
 """Agents on Rina's chains: with every rack INA-capable each worker is plain INA towards its rack's switch over
-the ring's partitions, and the switches (models behind UDP, linked to each other) carry the ring: exact sums,
-also under loss. The entries are the ones controller/chains.py computes (tests/unit/test_chains_plan.py)."""
+the ring's partitions, and the switches (models behind UDP, on loopback) carry the ring: exact sums, also under
+loss. The entries are the controller's own (topologies/loopback.py runs the controller core)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from host_agent.options import AgentOptions, StreamOptions
-from inaproto.job_entries import ChainHop, ChainLink, WorkerAddress, chain_entries, job_entries
-from inaproto.rina_ring import Rack, host_copy_port, ring_of
-from softswitch.udp import Faults, _mac_bytes
-from tests.udp_switch import LocalCluster, quantised_sum
+from softswitch.udp import Faults
+from tests.support.realloc import admit_step, assert_exact, release_step, run_with_steps
+from topologies.loopback import LoopbackCluster, exact_sum
 
 OPTIONS = AgentOptions(stream=StreamOptions(op_timeout=20.0))
-JOB_ID = 1  # the fake controller's first job
 SLOTS = 8
-
-
-def _install_chains(cl: LocalCluster, slots: dict[str, int] | None = None) -> None:
-    """What SwitchProgrammer(chains=True) writes, for the UDP switches (partials and final sums go to the next
-    member: a rack's switch socket, or a host member's copy in its agent at ``host_copy_port``)."""
-    racks = sorted(cl.switches)
-    slots = slots or {r: SLOTS for r in racks if cl.switches[r] is not None}
-    workers = {r: [w for i, w in enumerate(cl.spec.workers) if cl.racks[i] == r] for r in racks}
-    by_id = {w.worker_id: w for w in cl.spec.workers}
-    for sw in cl.switches.values():
-        if sw is None:
-            continue
-        for match in [m for m in sw.pipeline.table("MyIngress.ina_chain").entries if m[0] == JOB_ID]:
-            sw.pipeline.delete_entry("MyIngress.ina_chain", match)
-    ring = ring_of(Rack(r, tuple(w.worker_id for w in workers[r]), slots.get(r, 0), cl.switches[r] is not None)
-                   for r in racks)
-    if ring is None:
-        return
-    n = len(ring.members)
-
-    def address(m) -> tuple[str, int]:
-        if m.is_switch:
-            return cl.switches[m.switch].address
-        w = by_id[m.member_id]
-        return (w.ip, host_copy_port(w.udp_port))
-
-    for i, m in enumerate(ring.members):
-        if not m.is_switch:
-            continue  # its agent keeps its copy (host_agent/host_member.py)
-        sw = cl.switches[m.switch]
-        nxt_m, prv = ring.members[(i + 1) % n], ring.members[(i - 1) % n]
-        nxt = ChainHop(nxt_m.member_id, sw.attach(*address(nxt_m)), _mac_bytes(0), *address(nxt_m))
-        job = job_entries(JOB_ID, [WorkerAddress(w.worker_id, sw.attach(w.ip, w.udp_port), _mac_bytes(w.worker_id),
-                                                 w.ip, w.udp_port) for w in workers[m.switch]],
-                          base_slot=0, num_slots=slots[m.switch], generation=0)
-        parts = ring.chain_partitions(i, nxt)
-        link = ChainLink(sw.attach(*address(prv)), address(prv)[1])  # the predecessor's socket
-        entries = chain_entries(job, m.member_id, nxt, parts, {prv.member_id: link, m.member_id: link})
-        for g in entries.groups:
-            sw.pipeline.set_multicast_group(g.group_id, list(g.replicas))
-        for e in entries.table_entries:
-            table = sw.pipeline.table(e.table)
-            write = sw.pipeline.modify_entry if e.match in table.entries else sw.pipeline.insert_entry
-            write(e.table, e.match, e.action, e.params)
 
 
 @pytest.mark.parametrize("racks", [["r1", "r1", "r2", "r2"], ["r1", "r2", "r2", "r3", "r3", "r3"]], ids=["2x2", "3-racks"])
@@ -66,15 +20,14 @@ def _install_chains(cl: LocalCluster, slots: dict[str, int] | None = None) -> No
 def test_every_rack_ina_workers_get_exact_sums_through_the_chains(racks, faults):
     rng = np.random.default_rng(len(racks))
     inputs = [(rng.standard_normal(2000) * 3).astype(np.float32) for _ in racks]
-    with LocalCluster(racks, slots=SLOTS, backend="rina", options=OPTIONS, faults=faults, seed=5) as cl:
-        _install_chains(cl)
-
+    with LoopbackCluster(racks, slots=SLOTS, backend="rina", options=OPTIONS, faults=faults, seed=5) as cl:
         def work(agent):
-            return [agent.allreduce(inputs[agent.rank]) for _ in range(2)], agent.stats
+            return [agent.allreduce(inputs[agent.rank]) for _ in range(2)], agent.stats, agent.job_id
 
         out = cl.run(work)
-        partials = sum(sw.counter("MyIngress.ina_partials", JOB_ID) for sw in cl.switches.values())
-    expected = quantised_sum(inputs)
+        partials = sum(sw.counter("MyIngress.ina_partials", out[0][2]) for sw in cl.switches.values())
+        out = [o[:2] for o in out]
+    expected = exact_sum(inputs)
     for results, stats in out:
         for r in results:
             np.testing.assert_array_equal(r, expected)
@@ -86,39 +39,31 @@ def test_a_rack_losing_its_slots_mid_job_falls_back_to_plain_membership_and_back
     """Generation by generation the ring follows the slots: two switch members while both racks have slots, r2's
     workers host members (each keeping its copy) while r2 has none, two switch members again; every worker plain
     INA towards its switch or its copy throughout, every chunk counted once (exact)."""
-    steps = [{"slots": {"r1": SLOTS, "r2": 0}}, {"slots": {"r1": SLOTS, "r2": SLOTS}}]
-    out = _regranted(["r1", "r1", "r2", "r2"], steps, calls=20, every=150, seed=9)
+    racks = ["r1", "r1", "r2", "r2"]
+    rng = np.random.default_rng(9)
+    inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
+    # a higher-priority job takes r2's pool, then leaves
+    steps = [admit_step("b", "r2", SLOTS), release_step("b")]
+    with LoopbackCluster(racks, slots=SLOTS, pool=SLOTS, policy="priority", backend="rina", options=OPTIONS) as cl:
+        out, applied = run_with_steps(cl, inputs, calls=20, steps=steps, every=150)
+    assert_exact(out, inputs)
+    assert len(applied) == len(steps)
     for _, stats in out:
         kinds = [kind for _, kind, _ in stats.generation_history]
         assert len(kinds) >= 3 and set(kinds) == {"ina"} and stats.ring_ops == 0
 
 
-def _regranted(racks: list[str], steps: list[dict], *, calls: int, every: int, seed: int) -> list:
-    """Every worker's (results, stats) of ``calls`` all-reduces while the fake controller applies ``steps`` (and
-    writes the chains of every generation it grants, as SwitchProgrammer does); every sum checked exact."""
-    from tests.unit.test_agent_realloc import _assert_exact, _run_with_steps
-
-    rng = np.random.default_rng(seed)
-    inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
-    with LocalCluster(racks, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
-        _install_chains(cl)
-        program = cl.fake._program
-
-        def program_with_chains(job, slots, bases, reason):
-            program(job, slots, bases, reason)
-            _install_chains(cl, slots)
-
-        cl.fake._program = program_with_chains
-        out, applied = _run_with_steps(cl, inputs, calls=calls, steps=steps, every=every)
-    _assert_exact(out, inputs)
-    assert len(applied) == len(steps)
-    return out
-
-
 def test_rina_on_chains_moves_to_the_ring_and_back_exactly():
-    """All slots revoked mid-job: no chain, every worker on the ring; slots back: chains again, exact throughout."""
-    steps = [{"slots": {"r1": SLOTS, "r2": 0}}, {"slots": {"r1": 0, "r2": 0}}, {"slots": {"r1": SLOTS, "r2": SLOTS}}]
-    out = _regranted(["r1", "r1", "r2", "r2", "r2"], steps, calls=30, every=200, seed=4)
+    """All slots revoked mid-job: no chain, every worker on the ring; slots back: chains again, exact throughout.
+    Higher-priority jobs take r2's pool, then r1's, and leave in turn."""
+    racks = ["r1", "r1", "r2", "r2", "r2"]
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal(3000).astype(np.float32) for _ in racks]
+    steps = [admit_step("b", "r2", SLOTS), admit_step("c", "r1", SLOTS), release_step("c", "b")]
+    with LoopbackCluster(racks, slots=SLOTS, pool=SLOTS, policy="priority", backend="rina", options=OPTIONS) as cl:
+        out, applied = run_with_steps(cl, inputs, calls=30, steps=steps, every=200)
+    assert_exact(out, inputs)
+    assert len(applied) == len(steps)
     kinds = [kind for _, kind, _ in out[0][1].generation_history]
     assert kinds[0] == "ina" and "ring" in kinds and kinds[-1] == "ina"
 
@@ -130,11 +75,10 @@ def test_an_overflow_on_the_chains_is_recovered_exactly():
     rng = np.random.default_rng(3)
     inputs = [(rng.standard_normal(3000) * 5).astype(np.float32) for _ in racks]
     inputs[3][100:160] = inputs[4][100:160] = 30000.0
-    with LocalCluster(racks, ina_racks={"r1", "r2"}, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
-        _install_chains(cl)
+    with LoopbackCluster(racks, ina_racks={"r1", "r2"}, slots=SLOTS, backend="rina", options=OPTIONS) as cl:
         out = cl.run(lambda agent: ([agent.allreduce(inputs[agent.rank]) for _ in range(2)], agent.stats,
                                     agent.host_copy is not None))
-    expected = quantised_sum(inputs)
+    expected = exact_sum(inputs)
     for i, (results, stats, copy) in enumerate(out):
         assert all(r.tobytes() == expected.tobytes() for r in results)
         assert stats.overflow_chunks > 0 and stats.ring_ops == 0 and copy == (racks[i] == "r3")
@@ -205,19 +149,18 @@ def test_workers_of_racks_without_ina_are_host_members_with_their_own_copy(racks
     on the switches."""
     rng = np.random.default_rng(len(racks) + 1)
     inputs = [(rng.standard_normal(2000) * 3).astype(np.float32) for _ in racks]
-    with LocalCluster(racks, ina_racks=ina, slots=SLOTS, backend="rina", faults=faults, seed=5, options=OPTIONS) as cl:
-        _install_chains(cl)
-
+    with LoopbackCluster(racks, ina_racks=ina, slots=SLOTS, backend="rina", faults=faults, seed=5, options=OPTIONS) as cl:
         def work(agent):
             results = [agent.allreduce(inputs[agent.rank]) for _ in range(2)]
             copy = agent.host_copy
             report = copy.report() if copy is not None else {"frames": 0, "bundles_sent": 0, "bundled": 0}
-            return (results, agent.stats, agent.plan.kind, report["frames"] > 0, (report["bundles_sent"], report["bundled"]))
+            return (results, agent.stats, agent.plan.kind, report["frames"] > 0, (report["bundles_sent"], report["bundled"]),
+                    agent.job_id)
 
         out = cl.run(work)
-        partials = sum(sw.counter("MyIngress.ina_partials", JOB_ID) for sw in cl.switches.values() if sw)
-    expected = quantised_sum(inputs)
-    for i, (results, stats, kind, copied, _) in enumerate(out):
+        partials = sum(sw.counter("MyIngress.ina_partials", out[0][5]) for sw in cl.switches.values() if sw)
+    expected = exact_sum(inputs)
+    for i, (results, stats, kind, copied, _, _) in enumerate(out):
         for r in results:
             np.testing.assert_array_equal(r, expected)
         assert kind == "ina" and stats.ring_ops == 0

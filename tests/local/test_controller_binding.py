@@ -8,7 +8,8 @@ import numpy as np
 
 from inaproto import admission_pb2 as pb
 from inaproto import wire
-from tests.harness import Harness, gradient_frame, parse_result, worker
+from tests.support.frames import grant_gradient, parse_result
+from topologies.loopback import LocalControlPlane, worker
 
 
 def _mac(mac: str) -> int:
@@ -20,7 +21,7 @@ def _ip(ip: str) -> int:
 
 
 def test_admission_binds_each_worker_and_spoofing_is_counted(tmp_path):
-    with Harness(tmp_path / "ctl.db", pool=16) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16) as h:
         # workers 0 and 1 share host h11 (distinct UDP ports); worker 2 is on h12
         workers = [worker(0, "h11", 40000), worker(1, "h11", 40001), worker(2, "h12", 40002)]
         g = h.stub.RegisterJob(pb.RegisterJobRequest(name="a", workers=workers, tensor_elements=1000, requested_slots=4),
@@ -37,12 +38,12 @@ def test_admission_binds_each_worker_and_spoofing_is_counted(tmp_path):
         port = {0: h11.port, 1: h11.port, 2: h12.port}
         data = np.arange(3 * wire.LANES, dtype=np.int32).reshape(3, wire.LANES)
         # h12 claims to be worker 0, with worker 0's own addresses: wrong port
-        assert sw.send(h12.port, gradient_frame(addr[0], g, 0, 0, data[0] + 1000)) == []
+        assert sw.send(h12.port, grant_gradient(addr[0], g, 0, 0, data[0] + 1000)) == []
         # h11 claims to be worker 2 from its own port: wrong addresses
-        assert sw.send(h11.port, gradient_frame(addr[0], g, 2, 0, data[2] + 1000)) == []
+        assert sw.send(h11.port, grant_gradient(addr[0], g, 2, 0, data[2] + 1000)) == []
         out = []
         for i in range(3):
-            out += sw.send(port[i], gradient_frame(addr[i], g, i, 0, data[i]))
+            out += sw.send(port[i], grant_gradient(addr[i], g, i, 0, data[i]))
         assert len(out) == 3
         for _, frame in out:
             header, lanes, ip, udp = parse_result(frame)

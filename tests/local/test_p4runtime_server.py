@@ -29,7 +29,8 @@ from tests.p4rt_malformed import BMV2 as BMV2_ANSWERS
 from tests.p4rt_malformed import CASES as MALFORMED
 from tests.p4rt_malformed import answer as malformed_answer
 from tests.p4rt_malformed import check_unharmed
-from tests.targets import dissect, gradient, install_job, make_workers
+from tests.support.entries import install_job
+from tests.support.frames import dissect, gradient, make_workers
 
 DEVICE = 1
 SetConfig = p4runtime_pb2.SetForwardingPipelineConfigRequest

@@ -1,4 +1,4 @@
-"""``ina-agent`` processes end by themselves once their job is done: against the real controller (tests.harness), two
+"""``ina-agent`` processes end by themselves once their job is done: against the real controller (topologies.loopback), two
 workers all-reduce over their ring and exit with status 0, no thread of theirs left running (the interpreter waits
 for none and finalizes normally)."""
 from __future__ import annotations
@@ -9,9 +9,7 @@ import socket
 import subprocess
 import sys
 
-import pytest
-
-testing = pytest.importorskip("tests.harness")
+from topologies.loopback import LocalControlPlane
 
 # ina-agent's main, then the threads still alive when it returned (what could keep an interpreter from exiting)
 ENTRY = """
@@ -35,7 +33,7 @@ def _free_ports(n: int) -> list[int]:
 
 
 def test_agents_exit_by_themselves_after_their_job(tmp_path) -> None:
-    with testing.Harness(tmp_path / "ctl.db") as h:
+    with LocalControlPlane(tmp_path / "ctl.db") as h:
         workers = ",".join(f"127.0.0.1:{p}@h1{i + 1}" for i, p in enumerate(_free_ports(2)))
         env = dict(os.environ, INA_JOB_SECRET="exit-test-secret-0123456789abcdef")
         procs = [subprocess.Popen([sys.executable, "-c", ENTRY, "allreduce", "--workers", workers, "--worker-id", str(i),

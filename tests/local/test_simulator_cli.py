@@ -114,6 +114,7 @@ def test_policy_all_means_every_registered_policy(tmp_path):
     assert [r["policy"] for r in summary["results"]] == list(POLICIES)
 
 
+@pytest.mark.local
 def test_console_script_usage_error_exits_nonzero():
     proc = subprocess.run([*command_argv(Command.SIM), "run"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2

@@ -11,7 +11,8 @@ import pytest
 from host_agent import cli
 from host_agent.options import AgentOptions, StreamOptions
 from inaproto.config import load
-from tests.udp_switch import LocalCluster, run_workers
+from inaproto.credentials import JOB_SECRET_ENV
+from topologies.loopback import LoopbackCluster, run_workers
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -56,21 +57,23 @@ def test_bad_job_file_is_a_usage_error(tmp_path, capsys) -> None:
     assert "bad job file" in capsys.readouterr().err
 
 
-def _worker_list(cl: LocalCluster) -> str:
-    ports = []
-    for udp, tcp in cl.sockets:  # the CLI binds its own sockets on these addresses
-        ports.append(udp.getsockname()[1])
+def _worker_list(cl: LoopbackCluster, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The cluster's workers for ``--workers``, their job's secret in $INA_JOB_SECRET."""
+    monkeypatch.setenv(JOB_SECRET_ENV, cl.spec.secret)
+    addresses = []
+    for w, (udp, tcp) in zip(cl.spec.workers, cl.sockets):  # the CLI binds its own sockets on these addresses
+        addresses.append(f"{w.ip}:{w.udp_port}@{w.host}")
         udp.close()
         tcp.close()
-    return ",".join(f"127.0.0.1:{p}@h{i}" for i, p in enumerate(ports))
+    return ",".join(addresses)
 
 
-def test_allreduce_benchmark_prints_time_goodput_and_json(tmp_path, capsys) -> None:
+def test_allreduce_benchmark_prints_time_goodput_and_json(tmp_path, capsys, monkeypatch) -> None:
     n = 3
-    with LocalCluster(["s1"] * n, slots=16) as cl:
-        workers = _worker_list(cl)
+    with LoopbackCluster(["s1"] * n, slots=16) as cl:
+        workers = _worker_list(cl, monkeypatch)
         codes = run_workers(n, lambda i: cli.main([
-            "allreduce", "--controller", cl.fake.address, "--workers", workers, "--worker-id", str(i),
+            "allreduce", "--controller", cl.address, "--workers", workers, "--worker-id", str(i),
             "--job-name", "bench", "--elements", "5000", "--iterations", "3", "--quiet",
             "--json", str(tmp_path / f"w{i}.json")]))
     assert codes == [0] * n
@@ -111,14 +114,14 @@ def test_the_help_of_each_command_fits_one_screen(capsys) -> None:
 
 
 @pytest.mark.parametrize("allocation", ["equal", "static", "adaptive"])
-def test_train_allocation_modes(allocation, tmp_path) -> None:
+def test_train_allocation_modes(allocation, tmp_path, monkeypatch) -> None:
     """Every worker ends with the same model; the loss falls; adaptive gives the slow worker fewer samples."""
     n = 3
-    with LocalCluster(["s1"] * n, slots=16) as cl:
-        workers = _worker_list(cl)
+    with LoopbackCluster(["s1"] * n, slots=16) as cl:
+        workers = _worker_list(cl, monkeypatch)
 
         def worker(i: int) -> int:
-            argv = ["train", "--controller", cl.fake.address, "--workers", workers, "--worker-id", str(i),
+            argv = ["train", "--controller", cl.address, "--workers", workers, "--worker-id", str(i),
                     "--job-name", f"train-{allocation}", "--allocation", allocation, "--steps", "40",
                     "--global-batch", "60", "--update-every", "8", "--quiet", "--json", str(tmp_path / f"w{i}.json")]
             if i == 2 and allocation != "equal":

@@ -24,7 +24,7 @@ from host_agent.torch_hook import (
     register_hook,
     weighted_hook,
 )
-from tests.udp_switch import LocalCluster
+from topologies.loopback import LoopbackCluster
 
 
 class _Submitting:
@@ -232,7 +232,8 @@ def test_weighted_batch_sampler_splits_each_global_batch() -> None:
 # --------------------------------------------------------------------------- against gloo, in processes
 
 
-def _child(rank: int, n: int, store_path: str, workers: str, controller: str | None, job: str, task: str, out) -> None:
+def _child(rank: int, n: int, store_path: str, workers: str, controller: str | None, secret: str, job: str, task: str,
+           out) -> None:
     try:
         import torch.distributed as dist
 
@@ -241,7 +242,7 @@ def _child(rank: int, n: int, store_path: str, workers: str, controller: str | N
 
         torch.manual_seed(0)
         dist.init_process_group("gloo", store=dist.FileStore(store_path, n), rank=rank, world_size=n)
-        spec = JobSpec(job, parse_workers(workers), backend="auto" if controller else "ring")
+        spec = JobSpec(job, parse_workers(workers), backend="auto" if controller else "ring", secret=secret)
         agent = Agent(spec, rank, controller=controller)
         try:
             if task == "allreduce":
@@ -287,11 +288,11 @@ def _train_both(agent, rank: int, n: int):
     return finals[0], finals[1]
 
 
-def _spawn(n: int, tmp_path, workers: str, controller: str | None, job: str, task: str) -> list:
+def _spawn(n: int, tmp_path, workers: str, controller: str | None, job: str, task: str, secret: str = "") -> list:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     store = str(tmp_path / f"store-{task}")
-    procs = [ctx.Process(target=_child, args=(r, n, store, workers, controller, job, task, out)) for r in range(n)]
+    procs = [ctx.Process(target=_child, args=(r, n, store, workers, controller, secret, job, task, out)) for r in range(n)]
     for p in procs:
         p.start()
     try:
@@ -306,19 +307,20 @@ def _spawn(n: int, tmp_path, workers: str, controller: str | None, job: str, tas
     return results
 
 
-def _worker_list(cl: LocalCluster) -> str:
-    ports = []
-    for udp, tcp in cl.sockets:
-        ports.append(udp.getsockname()[1])
+def _worker_list(cl: LoopbackCluster) -> str:
+    """The cluster's workers as ``IP:PORT@HOST,...``: their sockets closed, for the children to bind."""
+    addresses = []
+    for w, (udp, tcp) in zip(cl.spec.workers, cl.sockets):
+        addresses.append(f"{w.ip}:{w.udp_port}@{w.host}")
         udp.close()
         tcp.close()
-    return ",".join(f"127.0.0.1:{p}@h{i}" for i, p in enumerate(ports))
+    return ",".join(addresses)
 
 
 @pytest.mark.skipif(os.cpu_count() is None, reason="needs processes")
 def test_ring_allreduce_equals_gloo_allreduce(tmp_path) -> None:
     n = 3
-    with LocalCluster(["s1"] * n) as cl:  # only for its free ports: the ring runs without a controller
+    with LoopbackCluster(["s1"] * n) as cl:  # only for its free ports: the ring runs without a controller
         workers = _worker_list(cl)
         results = _spawn(n, tmp_path, workers, None, "vs-gloo", "allreduce")
     for _, backend, ours, gloo in results:
@@ -328,9 +330,9 @@ def test_ring_allreduce_equals_gloo_allreduce(tmp_path) -> None:
 
 def test_training_through_the_ina_hook_matches_gloo(tmp_path) -> None:
     n = 2
-    with LocalCluster(["s1"] * n, slots=16) as cl:
+    with LoopbackCluster(["s1"] * n, slots=16) as cl:
         workers = _worker_list(cl)
-        results = _spawn(n, tmp_path, workers, cl.fake.address, "ddp", "train")
+        results = _spawn(n, tmp_path, workers, cl.address, "ddp", "train", cl.spec.secret)
     for _, backend, gloo, hooked in results:
         assert backend == "ina"
         a, b = np.frombuffer(gloo, dtype=np.float32), np.frombuffer(hooked, dtype=np.float32)

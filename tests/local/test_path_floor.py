@@ -1,11 +1,10 @@
-"""The path round-trip floor in the grant (controller/path_floor.py, issue 15): the controller sizes it from the
+"""The path round-trip floor in the grant (controller/path_floor.py): the controller sizes it from the
 topology's link rates (one INA frame's serialization per link crossing, the slowest link per crossing), each
 SwitchGrant carries it, `inactl job show` shows it, and the agents take it from every grant (an explicit
 ``path_rtt_floor`` overrides it)."""
 from __future__ import annotations
 
 import io
-import threading
 import time
 
 import numpy as np
@@ -20,8 +19,7 @@ from host_agent.grant import Grant
 from host_agent.stream import StreamOptions
 from inaproto import admission_pb2 as pb
 from inaproto import wire
-from tests.harness import Harness, worker
-from tests.udp_switch import LocalCluster, quantised_sum
+from topologies.loopback import LocalControlPlane, LoopbackCluster, exact_sum, worker
 
 UPLINK = 100  # s1-p100 -- s3-p1, s2-p100 -- s3-p2
 
@@ -110,7 +108,7 @@ def test_a_crossing_without_a_known_rate_gives_no_floor() -> None:
     assert path_rtt_floors(specs, _job(specs, ["s1-p1", "s1-p2"])) == {"s1": 0.0}
 
 
-def _register(h: Harness, hosts: list[str], name: str) -> pb.JobGrant:
+def _register(h: LocalControlPlane, hosts: list[str], name: str) -> pb.JobGrant:
     workers = [worker(i, host) for i, host in enumerate(hosts)]
     return h.stub.RegisterJob(pb.RegisterJobRequest(name=name, workers=workers, tensor_elements=10_000,
                                                     requested_slots=8))
@@ -120,7 +118,7 @@ def test_the_grant_carries_each_switchs_floor_and_inactl_shows_it(tmp_path) -> N
     rates = dict.fromkeys(HOSTS, 2.0)
     doc = lambda sw: _leaf_spine(rates, {"s1": 2.0, "s2": 2.0},
                                  {n: {"grpc": s.address, "device_id": s.device_id} for n, s in sw.items()})
-    with Harness(tmp_path / "ctl.db", 3, topology_doc=doc, trees=True) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", 3, topology_doc=doc, trees=True) as h:
         tree = _register(h, HOSTS, "tree")
         assert tree.backend == "tree"
         floors = {sg.switch: sg.path_rtt_floor for sg in tree.switches}
@@ -141,44 +139,44 @@ def _wait_for_grant(agent, generation: int) -> None:
 
 
 def test_agents_take_the_floor_from_every_grant_and_a_regrant_changes_it() -> None:
+    """Hosts on 2 Mbit/s links: the controller's grant carries 2 frame times, the agents take it; a higher-priority
+    job then takes the pool (the ring: no floor) and leaves (INA again: the floor again), each a new grant."""
+    floor = 2 * _frame(2.0)
     rng = np.random.default_rng(5)
     inputs = [rng.standard_normal(1000).astype(np.float32) for _ in range(2)]
-    with LocalCluster(["s1", "s1"], slots=16, options=AgentOptions(stream=StreamOptions(op_timeout=20.0))) as cl:
-        cl.fake.path_rtt_floors = {"s1": 0.003}
-        both_done = threading.Barrier(2)  # every worker has its first result before the regrant
-
+    opts = AgentOptions(stream=StreamOptions(op_timeout=20.0))
+    with LoopbackCluster(["s1", "s1"], slots=16, pool=16, policy="priority", link_mbps=2.0, options=opts) as cl:
         def work(agent):
-            first = agent.allreduce(inputs[agent.rank])
-            before = (agent.generation, agent.stats.path_rtt_floor_s, agent.stream.ina.rtt.path_floor)
-            both_done.wait(20)
-            if agent.rank == 0:  # a new generation with another floor, pending here before this worker's next call
-                cl.fake.path_rtt_floors = {"s1": 0.0015}
-                _wait_for_grant(agent, cl.fake.reallocate(cl.fake.job_named("job").job_id, 16))
-            last = agent.allreduce(inputs[agent.rank])  # the other worker's call is interrupted by the grant
-            return first, last, before, (agent.generation, agent.stats.path_rtt_floor_s, agent.stream.ina.rtt.path_floor)
+            seen = []
+            for step in (None, lambda: cl.admit("b", "s1", 16, priority=1), lambda: cl.release(cl.job("b").job_id)):
+                if step is not None and agent.rank == 0:  # a new grant, pending here before this worker's next call
+                    step()
+                    _wait_for_grant(agent, cl.job("job").grant.generation)
+                total = agent.allreduce(inputs[agent.rank])  # the other worker's call is interrupted by the grant
+                seen.append((total.tobytes(), agent.backend, agent.stats.path_rtt_floor_s, agent.stream.ina.rtt.path_floor))
+            return seen
 
-        want = quantised_sum(inputs)
-        for first, last, before, after in cl.run(work):
-            assert first.tobytes() == last.tobytes() == want.tobytes()
-            assert before[1:] == (0.003, 0.003) and after[1:] == (0.0015, 0.0015) and after[0] == before[0] + 1
+        want = exact_sum(inputs).tobytes()
+        for seen in cl.run(work):
+            assert [s[0] == want for s in seen] == [True] * 3
+            assert [s[1:] for s in seen] == [("ina", pytest.approx(floor), pytest.approx(floor)), ("ring", 0.0, 0.0),
+                                             ("ina", pytest.approx(floor), pytest.approx(floor))]
 
 
 def test_an_explicit_floor_overrides_the_grants() -> None:
     inputs = [np.ones(100, np.float32)] * 2
     opts = AgentOptions(stream=StreamOptions(op_timeout=20.0, path_rtt_floor=0.0005))
-    with LocalCluster(["s1", "s1"], slots=16, options=opts) as cl:
-        cl.fake.path_rtt_floors = {"s1": 0.003}
+    with LoopbackCluster(["s1", "s1"], slots=16, link_mbps=2.0, options=opts) as cl:  # the grants': 2 frame times
         out = cl.run(lambda agent: (agent.allreduce(inputs[agent.rank]), agent.stats.path_rtt_floor_s,
                                     agent.stream.ina.rtt.path_floor))
-        assert all(o[0].tobytes() == quantised_sum(inputs).tobytes() and o[1:] == (0.0005, 0.0005) for o in out)
+        assert all(o[0].tobytes() == exact_sum(inputs).tobytes() and o[1:] == (0.0005, 0.0005) for o in out)
 
 
 def test_a_worker_on_the_ring_uses_no_floor() -> None:
     inputs = [np.ones(100, np.float32)] * 2
-    with LocalCluster(["s1", "s1"], slots=16, backend="ring") as cl:
-        cl.fake.path_rtt_floors = {"s1": 0.003}  # granted, but the workers asked for the ring
+    with LoopbackCluster(["s1", "s1"], slots=16, backend="ring", link_mbps=2.0) as cl:  # granted, but the ring asked
         out = cl.run(lambda agent: (agent.allreduce(inputs[agent.rank]), agent.stats.path_rtt_floor_s))
-        assert all(o[0].tobytes() == quantised_sum(inputs).tobytes() and o[1] == 0.0 for o in out)
+        assert all(o[0].tobytes() == exact_sum(inputs).tobytes() and o[1] == 0.0 for o in out)
 
 
 def test_parallel_trunks_keep_the_rate_of_the_lowest_port_whatever_their_order():

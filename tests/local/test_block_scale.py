@@ -18,7 +18,7 @@ from host_agent.block_scale import (
     quantize_blocks,
 )
 from host_agent.stream import StreamOptions
-from tests.udp_switch import LocalCluster
+from topologies.loopback import LoopbackCluster
 
 QUICK = AgentOptions(stream=StreamOptions(op_timeout=20.0))
 
@@ -140,12 +140,9 @@ def test_every_backend_gives_every_worker_the_same_bits(racks: list[str], backen
     n = len(racks)
     inputs = _gradients(n, seed=len(racks) + len(backend))
     want = _reference(inputs, 256)
-    with LocalCluster(racks, slots=16, backend=backend, options=QUICK) as cl:
-        if len(set(racks)) > 1:  # Rina on chains: the switches carry the ring (as the controller programs them)
-            from tests.unit.test_agent_rina_chains import _install_chains
-
-            _install_chains(cl, {r: 16 for r in set(racks)})
+    with LoopbackCluster(racks, slots=16, backend=backend, options=QUICK) as cl:
         out = cl.run(lambda agent: (agent.backend, BlockScaledReducer(agent).allreduce(inputs[agent.rank])))
+    # two racks: Rina on the controller's chains, every worker plain INA towards its rack's switch
     assert {o[0] for o in out} == {"ring" if backend == "ring" else "ina"}
     for _, res in out:
         assert res.tobytes() == want.tobytes()

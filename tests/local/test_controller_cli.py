@@ -12,12 +12,12 @@ import pytest
 
 from controller import cli
 from inaproto import admission_pb2 as pb
-from tests.harness import Harness, worker
+from topologies.loopback import LocalControlPlane, worker
 
 
 @pytest.fixture(scope="module")
 def h(tmp_path_factory):
-    with Harness(tmp_path_factory.mktemp("cli") / "ctl.db", pool=16) as harness:
+    with LocalControlPlane(tmp_path_factory.mktemp("cli") / "ctl.db", pool=16) as harness:
         for name, hosts, slots in (("alpha", ["h11", "h12"], 8), ("beta", ["h13", "h14"], 16)):
             harness.stub.RegisterJob(pb.RegisterJobRequest(
                 name=name, workers=[worker(i, x) for i, x in enumerate(hosts)], tensor_elements=4096,
@@ -85,7 +85,7 @@ def test_watch_refreshes(h):
 
 
 def test_policy_show_and_set(tmp_path):
-    with Harness(tmp_path / "ctl.db", pool=16) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16) as h:
         code, out, _ = run(h, "policy", "show")
         assert code == 0 and out.startswith("policy: first-fit (available: equal, first-fit, priority, weighted)")
         code, out, _ = run(h, "policy", "set", "priority")
@@ -97,7 +97,7 @@ def test_policy_show_and_set(tmp_path):
 
 
 def test_release(tmp_path):
-    with Harness(tmp_path / "ctl.db", pool=16) as h:
+    with LocalControlPlane(tmp_path / "ctl.db", pool=16) as h:
         h.stub.RegisterJob(pb.RegisterJobRequest(name="x", workers=[worker(0, "h11")], tensor_elements=10))
         assert run(h, "release", "1") == (0, "job 1 released\n", "")
         code, _out, err = run(h, "release", "1")

@@ -335,3 +335,98 @@ def test_the_torch_api_the_backend_relies_on(monkeypatch) -> None:
         dist.destroy_process_group()
     with pytest.raises(RuntimeError, match="closed"):
         agent.submit(lambda: None)
+
+
+# --------------------------------------------------------------------------- ranks as processes (env:// as torchrun)
+
+RANK_SCRIPT = """
+import os, sys, time, traceback
+from datetime import timedelta
+import torch, torch.distributed as dist
+import host_agent.torch_backend  # registers "ina"
+rank = int(os.environ["RANK"])
+start = time.monotonic()
+try:
+    dist.init_process_group("ina", timeout=timedelta(seconds=float(os.environ["T"])))
+    exec(os.environ["BODY"])
+    dist.destroy_process_group()
+except Exception as exc:
+    print(f"rank {rank} error after {time.monotonic() - start:.1f}s: {type(exc).__name__}: {exc}", flush=True)
+    sys.exit(3)
+"""
+
+
+def _processes(n: int, body: str, *, timeout: float = 20.0, env: dict | None = None,
+               rank_env: dict | None = None) -> list[tuple[int, str]]:
+    """``n`` ranks, each a process running ``body`` between ``init_process_group("ina")`` and
+    ``destroy_process_group`` (env:// rendezvous, as under torchrun); each one's (exit code, output)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from inaproto.credentials import CONTROLLER_ENV
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if k != CONTROLLER_ENV}
+    base.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(n), "T": str(timeout),
+                 "BODY": body, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, **(env or {}))
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env={**base, "RANK": str(r), **(rank_env or {}).get(r, {})})
+             for r in range(n)]
+    try:
+        return [(p.wait(timeout=timeout + 60), p.stdout.read()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_new_group_is_a_job_of_its_own_ranks() -> None:
+    """``dist.new_group([0, 2], backend="ina")``: the subgroup's ranks sum among themselves (rank 1, outside it,
+    is not waited for), the world group goes on beside it; every process exits by itself."""
+    body = (
+        "sub = dist.new_group([0, 2], backend='ina')\n"
+        "t = torch.tensor([float(rank + 1)] * 5)\n"
+        "if rank != 1:\n"
+        "    dist.all_reduce(t, group=sub)\n"
+        "    assert dist.get_world_size(sub) == 2\n"
+        "w = torch.tensor([float(rank + 1)])\n"
+        "dist.all_reduce(w)\n"
+        "print('result', t.tolist()[0], w.item(), flush=True)\n"
+    )
+    results = _processes(3, body)
+    for r, (rc, out) in enumerate(results):
+        assert rc == 0, out
+        assert f"result {4.0 if r != 1 else 2.0} 6.0" in out, out
+
+
+def test_a_rank_that_dies_fails_the_others_within_the_timeout() -> None:
+    """Rank 1 dies after joining: rank 0's next all-reduce raises (no hang) within the group's timeout."""
+    body = (
+        "dist.barrier()\n"
+        "if rank == 1:\n"
+        "    os._exit(9)\n"
+        "dist.all_reduce(torch.ones(1 << 16))\n"
+    )
+    (rc0, out0), (rc1, _) = _processes(2, body, timeout=8.0)
+    assert rc1 == 9 and rc0 == 3, out0
+    assert "rank 0 error after" in out0, out0
+    seconds = float(out0.split("error after ")[1].split("s:")[0])
+    assert seconds < 8.0 + 20.0, out0  # the timeout and the start-up; not a hang
+
+
+def test_a_wrong_secret_fails_every_rank_by_name() -> None:
+    """Rank 1 holds another secret than the job's: the controller refuses it, and both ranks raise JoinError."""
+    from inaproto.credentials import CONTROLLER_ENV, JOB_SECRET_ENV, new_secret
+    from topologies.loopback import LoopbackCluster
+
+    with LoopbackCluster(["s1", "s1"], slots=16) as cl:
+        results = _processes(2, "", env={CONTROLLER_ENV: cl.address, "MASTER_ADDR": cl.host_ip("h0")},
+                             rank_env={0: {JOB_SECRET_ENV: new_secret()}, 1: {JOB_SECRET_ENV: new_secret()}})
+    for rc, out in results:
+        assert rc == 3 and "JoinError" in out and "rank 1 could not join" in out, out

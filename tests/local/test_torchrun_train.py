@@ -71,6 +71,7 @@ def test_usage_errors_are_one_line_and_exit_2() -> None:
     assert r.returncode == 2 and "--backend" in r.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow  # two torchrun launches of three ranks each: over 30 s on two cores
 def test_backend_ina_trains_the_model_gloo_trains(tmp_path) -> None:
     """Three ranks, unequal shares of the batch (64 = 22 + 21 + 21, each loss scaled by n * b_i / B): the ina
     backend (block floating point over the agents' ring) ends at gloo's parameters within 1e-5 and at its

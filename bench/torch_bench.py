@@ -18,6 +18,7 @@ tensor each way per link, in full TCP segments).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--workers takes numbers separated by commas, got {args.workers!r}")
     if os.geteuid() != 0:
         p.error("needs root (Mininet)")
+    if importlib.util.find_spec("torch") is None:
+        print("torch_bench.py: PyTorch is not installed (make install adds it); nothing to measure")
+        return 0
     bench(args)
     return 0
 

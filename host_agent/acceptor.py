@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-__all__ = ["Acceptor", "Inbox"]
+__all__ = ["Acceptor", "Inbox", "recv_exact"]
 
 log = logging.getLogger("host_agent.acceptor")
 
@@ -216,3 +216,14 @@ class Acceptor:
         self._wake_w.close()
         for box in self._inboxes.values():
             box.drain()
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes from a blocking socket (a peer's hello); ConnectionError if it closes first."""
+    buf = bytearray()
+    while len(buf) < size:
+        part = sock.recv(size - len(buf))
+        if not part:
+            raise ConnectionError("connection closed")
+        buf += part
+    return bytes(buf)

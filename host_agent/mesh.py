@@ -42,7 +42,7 @@ from enum import Enum
 
 import numpy as np
 
-from host_agent.acceptor import Inbox
+from host_agent.acceptor import Inbox, recv_exact
 from host_agent.errors import AgentError, AgentTimeout
 from host_agent.ring_pieces import chunk_bounds
 
@@ -202,7 +202,7 @@ class Mesh:
                               f"{self.connect_timeout}s", peer=missing[0]) from None
         try:
             conn.settimeout(max(deadline - time.monotonic(), 0.001))
-            magic, rank, size, job = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+            magic, rank, size, job = _HELLO.unpack(recv_exact(conn, _HELLO.size))
             if magic != HELLO_MAGIC or not 0 <= rank < self.rank or size != self.size or job != self.job_id \
                     or rank in self._links:
                 raise ValueError(f"hello of rank {rank} of {size} in job {job}, expected a rank below {self.rank} "
@@ -218,7 +218,7 @@ class Mesh:
         sock = self._links[peer]
         sock.settimeout(max(deadline - time.monotonic(), 0.001))
         try:
-            magic, rank, size, job = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
+            magic, rank, size, job = _HELLO.unpack(recv_exact(sock, _HELLO.size))
         except TimeoutError:
             raise MeshTimeout(f"rank {self.rank}: {self._peer(peer)} did not answer within {self.connect_timeout}s",
                               peer=peer) from None
@@ -459,13 +459,3 @@ class Mesh:
             raise ValueError(f"the root needs {self.size} inputs")
         self.exchange({p: [np.ascontiguousarray(inputs[p])] for p in self._others()}, {})
         _bytes(output)[:] = _bytes(np.ascontiguousarray(inputs[root]))
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        part = sock.recv(size - len(buf))
-        if not part:
-            raise ConnectionError("connection closed")
-        buf += part
-    return bytes(buf)

@@ -30,7 +30,7 @@ from typing import Protocol, Self, TypeVar
 
 import numpy as np
 
-from host_agent.acceptor import Inbox
+from host_agent.acceptor import Inbox, recv_exact
 from host_agent.ring_pieces import (
     MAX_PIECES,
     PIECE_BYTES,
@@ -172,16 +172,6 @@ def ring_time_model(n: int, nbytes: float, bandwidth: float, latency: float) -> 
 # --------------------------------------------------------------------------- TCP transport
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        part = sock.recv(size - len(buf))
-        if not part:
-            raise ConnectionError("connection closed")
-        buf += part
-    return bytes(buf)
-
-
 class TcpRingLink:
     """One ring member's two TCP connections: to the right neighbour (connected) and from the left (accepted).
 
@@ -296,7 +286,7 @@ class TcpRingLink:
                 continue
             try:
                 conn.settimeout(max(deadline - time.monotonic(), 0.001))
-                magic, rank, size = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+                magic, rank, size = _HELLO.unpack(recv_exact(conn, _HELLO.size))
                 if magic != HELLO_MAGIC or rank != self.left_rank or size != self.size:
                     raise ValueError(f"hello {magic!r} rank {rank} size {size}, expected rank {self.left_rank} size {self.size}")
                 conn.sendall(_HELLO.pack(HELLO_MAGIC, self.rank, self.size))
@@ -308,7 +298,7 @@ class TcpRingLink:
             self._left = conn
 
         try:
-            magic, rank, size = _HELLO.unpack(_recv_exact(self._right, _HELLO.size))
+            magic, rank, size = _HELLO.unpack(recv_exact(self._right, _HELLO.size))
         except (OSError, struct.error) as exc:
             raise RingError(f"rank {self.rank}: no hello ack from {self._peer(self.right_rank)}: {exc}",
                             peer_rank=self.right_rank, peer_addr=right_addr) from exc

@@ -430,3 +430,30 @@ def test_a_wrong_secret_fails_every_rank_by_name() -> None:
                              rank_env={0: {JOB_SECRET_ENV: new_secret()}, 1: {JOB_SECRET_ENV: new_secret()}})
     for rc, out in results:
         assert rc == 3 and "JoinError" in out and "rank 1 could not join" in out, out
+
+
+def test_through_the_switch_int32_sums_are_exact() -> None:
+    """With ``$INA_CONTROLLER`` the group is granted INA (the pipeline model behind UDP): int32 sums come back
+    exact, wrapping as gloo's, and float32 within block floating point on every rank alike."""
+    from inaproto.credentials import CONTROLLER_ENV, JOB_SECRET_ENV, new_secret
+    from topologies.loopback import LoopbackCluster
+
+    body = (
+        "g = torch.Generator().manual_seed(rank)\n"
+        "x = torch.randint(-2**31, 2**31 - 1, (3000,), generator=g, dtype=torch.int32)\n"
+        "t = x.clone()\n"
+        "dist.all_reduce(t)\n"
+        "ys = [torch.randint(-2**31, 2**31 - 1, (3000,), generator=torch.Generator().manual_seed(r),\n"
+        "                    dtype=torch.int32).to(torch.int64) for r in range(dist.get_world_size())]\n"
+        "exact = (sum(ys) + 2**31) % 2**32 - 2**31\n"
+        "f = torch.full((1000,), 0.5 * (rank + 1))\n"
+        "dist.all_reduce(f)\n"
+        "print('granted', dist.group.WORLD.agent.backend.value, 'exact', bool((t.to(torch.int64) == exact).all()),\n"
+        "      'float', f[0].item(), flush=True)\n"
+    )
+    with LoopbackCluster(["s1", "s1", "s1"], slots=16) as cl:
+        results = _processes(3, body, env={CONTROLLER_ENV: cl.address, JOB_SECRET_ENV: new_secret(),
+                                           "MASTER_ADDR": cl.host_ip("h0")})
+    for rc, out in results:
+        assert rc == 0, out
+        assert "granted ina exact True float 3.0" in out, out

@@ -10,6 +10,7 @@ asserted. ``flock /tmp/ina-integration.lock`` around the run (docs/agent.md, "Py
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,10 +32,13 @@ TRAIN = ("--model", "cnn", "--epochs", "4", "--eval-every", "22", "--global-batc
          "--bucket-cap-mb", "25", "--timeout", "120")  # DDP's own bucket size
 
 
-def torchrun(bed, hosts: list[str], nproc: int, backend: str, seed: int, out: Path, port: int) -> dict:
-    """One training: a torchrun per host (the first hosts the rendezvous); rank 0's summary."""
+def torchrun(bed, hosts: list[str], nproc: int, backend: str, seed: int, out: Path, port: int, *,
+             train: tuple[str, ...] = TRAIN, controller: bool = True, name: str = "") -> dict:
+    """One training: a torchrun per host (the first hosts the rendezvous); rank 0's summary. Without
+    ``controller``, the backend "ina" runs the agents' ring among the ranks."""
     addrs = [a[0] for a in bed.host_addresses(hosts)]
-    summary = out / f"{backend}-s{seed}.json"
+    name = name or backend
+    summary = out / f"{name}-s{seed}.json"
     secret = new_secret()  # the job's secret, shared by its ranks through the environment
     procs = []
     for i, (host, ip) in enumerate(zip(hosts, addrs)):
@@ -42,19 +46,19 @@ def torchrun(bed, hosts: list[str], nproc: int, backend: str, seed: int, out: Pa
             launch = ["--nnodes", "1", "--master-addr", ip, "--master-port", str(port)]
         else:  # the namespaces share the machine's host name: say which node hosts the store, and each one's address
             launch = ["--nnodes", str(len(hosts)), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addrs[0]}:{port}",
-                      "--rdzv-id", f"{backend}-{seed}", "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", ip]
+                      "--rdzv-id", f"{name}-{seed}", "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", ip]
         argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *launch, str(SCRIPT),
-                *TRAIN, "--backend", backend, "--seed", str(seed), "--json", str(summary)]
-        env = {**testbed.AGENT_ENV, "GLOO_SOCKET_IFNAME": bed.net.host(host).defaultIntf().name,
-               CONTROLLER_ENV: bed.controller_address, JOB_SECRET_ENV: secret}
-        log = (out / f"{backend}-s{seed}-{host}.log").open("w")
+                *train, "--backend", backend, "--seed", str(seed), "--json", str(summary)]
+        env = {**testbed.AGENT_ENV, "GLOO_SOCKET_IFNAME": bed.net.host(host).defaultIntf().name, JOB_SECRET_ENV: secret}
+        env = {**env, CONTROLLER_ENV: bed.controller_address} if controller else env
+        log = (out / f"{name}-s{seed}-{host}.log").open("w")
         procs.append(bed.net.popen(host, argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, cwd=str(out)))
     try:
         for host, p in zip(hosts, procs):
             rc = p.wait(timeout=600)
-            assert rc == 0, f"{backend} seed {seed} {host}: exit {rc}\n" + \
-                (out / f"{backend}-s{seed}-{host}.log").read_text()[-4000:]
+            assert rc == 0, f"{name} seed {seed} {host}: exit {rc}\n" + \
+                (out / f"{name}-s{seed}-{host}.log").read_text()[-4000:]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -91,3 +95,23 @@ def test_torchrun_four_ranks_on_one_host_through_ina(tmp_path) -> None:
 def test_torchrun_two_hosts_through_ina_matches_gloo_over_three_seeds(tmp_path) -> None:
     with testbed.Testbed(StarTopo(2, **LINKS), run_dir=tmp_path, agent_timeout=300) as bed:
         compare(bed, ["h1", "h2"], 2, [0, 1, 2], tmp_path)
+
+
+@pytest.mark.bmv2
+@pytest.mark.slow
+def test_torchrun_through_bmv2_trains_the_rings_model_bit_for_bit(tmp_path) -> None:
+    """Four ranks on one host behind BMv2 (the P4 program as p4c compiled it) train the same model as the agents'
+    ring, bit for bit: block floating point's integer sums are exact on the switch."""
+    if not testbed.BMV2_PROGRAM.exists():
+        if shutil.which("p4c-bm2-ss") is None:
+            pytest.skip("p4c-bm2-ss is not on PATH (make p4)")
+        subprocess.run(["make", "-C", str(REPO), "p4", f"PY={sys.executable}", "STAMP="], check=True,
+                       capture_output=True, timeout=600)
+    short = ("--model", "cnn", "--epochs", "1", "--steps", "6", "--eval-every", "3", "--global-batch", "64",
+             "--bucket-cap-mb", "25", "--timeout", "300")
+    with testbed.Testbed(StarTopo(1), run_dir=tmp_path, target="bmv2", agent_timeout=600) as bed:
+        ina = torchrun(bed, ["h1"], 4, "ina", 0, tmp_path, RDZV_PORT + 20, train=short)
+        ring = torchrun(bed, ["h1"], 4, "ina", 0, tmp_path, RDZV_PORT + 21, train=short, controller=False, name="ring")
+    assert ina["granted"] == "ina" and ring["granted"] == "ring"
+    assert ina["same_model_on_every_rank"] and ring["same_model_on_every_rank"] and ina["steps"] == 6
+    assert ina["param_digest"] == ring["param_digest"]

@@ -41,11 +41,13 @@ its loss by ``n * b_i / B`` (``WeightedBatchSampler.loss_weight``, ``host_agent.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import secrets
 import socket
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -244,6 +246,7 @@ class InaProcessGroup(dist.ProcessGroup):
         self._queue = WorkQueue(agent, timeout, name=f"ina rank {agent.rank}")
         self._failed: BaseException | None = None
         self._closed = False
+        _LIVE.add(self)
 
     @classmethod
     def join(cls, store: dist.Store, rank: int, size: int, timeout: timedelta | float, *,
@@ -516,17 +519,37 @@ class InaProcessGroup(dist.ProcessGroup):
     def shutdown(self) -> None:
         """``destroy_process_group``: the queued collectives run, then the agent leaves the job (the first rank
         releases it; after a failure nobody waits for anybody) and its threads end."""
+        self._close(barrier=self._failed is None and self._queue.failed is None)
+
+    def abort(self) -> None:
+        """Leave at once: no rank is waited for."""
+        self.agent.mesh.abort()
+        self._close(barrier=False)
+
+    def _close(self, barrier: bool) -> None:
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
         try:
-            self.agent.close(barrier=self._failed is None and self._queue.failed is None)
+            self.agent.close(barrier=barrier)
         finally:
             self._queue.close()
 
-    def abort(self) -> None:
-        self.agent.mesh.abort()
-        self.shutdown()
+
+_LIVE: weakref.WeakSet[InaProcessGroup] = weakref.WeakSet()  # groups not shut down yet
+
+
+@atexit.register
+def _abort_live_groups() -> None:
+    """A script that exits without ``destroy_process_group`` (after an error, typically) still ends its agents'
+    threads while the interpreter is whole: torch's C++ side aborts the process (exit -6, hiding the script's own
+    exit code) if they are cut off during finalisation."""
+    for group in list(_LIVE):
+        try:
+            group.abort()
+        except Exception:  # noqa: BLE001 (leaving anyway)
+            log.warning("rank %d: the ina process group did not close cleanly at exit", group.rank())
 
 
 def _create(store: dist.Store, rank: int, size: int, timeout: timedelta) -> InaProcessGroup:

@@ -406,7 +406,8 @@ def test_new_group_is_a_job_of_its_own_ranks() -> None:
 
 
 def test_a_rank_that_dies_fails_the_others_within_the_timeout() -> None:
-    """Rank 1 dies after joining: rank 0's next all-reduce raises (no hang) within the group's timeout."""
+    """Rank 1 dies after joining: rank 0's next collective raises (no hang) within the group's timeout, and rank 0
+    exits with its own code although it never calls ``destroy_process_group`` (no abort at teardown)."""
     body = (
         "dist.barrier()\n"
         "if rank == 1:\n"

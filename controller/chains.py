@@ -195,7 +195,7 @@ def plan_rina(topology: Topology, job: Job) -> RinaPlan | None:
 # at the link's rate, plus its delay): one INA frame. The grant counts a hop between two host members in the runs
 # their copies send there (``inaproto.rina_runs``): a run is stored and forwarded whole on every link, and holds
 # 1 to RUN_PAYLOADS payloads (what a wake-up of the copy has for that neighbour: no timer), so the grant takes
-# the mean, GRANT_RUN_PAYLOADS (6; ~5.9 measured, docs/experiments.md "Runs between host members"). The real
+# the mean, GRANT_RUN_PAYLOADS (6; docs/protocol.md, "Runs between host members"). The real
 # round trip adds every member's processing and some queue, so the grant is CHAIN_HEADROOM times the
 # bandwidth-delay product of that round trip.
 CHAIN_HEADROOM = 2.0

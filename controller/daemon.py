@@ -50,7 +50,7 @@ def build_parser() -> Parser:
                    help="push the pipeline even if a switch already runs it (resets the switch)")
     p.add_argument("--log-level", choices=[v.value for v in LogLevel], help="log level (default: info)")
     p.add_argument("--write-runtime", metavar="DIR", help="write each switch's forwarding entries as sX-runtime.json into DIR and exit")
-    add_config_arguments(p)
+    add_config_arguments(p, example="heartbeat_timeout=0")
     return p
 
 

@@ -1,10 +1,10 @@
-"""The shortest round trip a job's chunk can have through its aggregation path, at the path's link rates (issue 15).
+"""The shortest round trip a job's chunk can have through its aggregation path, at the path's link rates.
 
 Each ``SwitchGrant`` carries it (``path_rtt_floor``, seconds) for the workers aggregated on that switch; their
 agents keep their RTT estimator's path round trip at or above it (``host_agent.rtt.RttEstimator.path_floor``).
 On htb links the measured minimum is shorter (an idle link passes a short burst at veth speed), and a window
 sized to that minimum reads a longer path's normal round trip as a queue (docs/experiments.md, "Aggregation
-trees", session 6); the controller knows every link's rate (controller/topology.py), so it sizes the floor.
+trees"); the controller knows every link's rate (controller/topology.py), so it sizes the floor.
 
 The floor is one INA frame's serialization (``wire.INA_FRAME_LEN`` bytes) per link crossing of the chunk's
 round trip; at each crossing the slowest link the chunk's aggregation waits for counts:

@@ -1,4 +1,4 @@
-"""Two-level aggregation trees across switches (issue 15; docs/controller.md, "Aggregation trees").
+"""Two-level aggregation trees across switches (docs/controller.md, "Aggregation trees").
 
 A job whose workers sit under several ToR switches, all running the program, aggregates in a tree: each
 ToR sums its rack's workers and sends the partial, as one contribution, to the root (a switch linked to

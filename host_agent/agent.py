@@ -241,7 +241,7 @@ class Agent:
     def _start_service(self) -> None:
         """The idle service thread: it ticks every ``IDLE_TICK`` only while the stream has idle work (a pending
         generation, Rina's repairs), and otherwise sleeps until a grant, a release or a returned call wakes it
-        (``IDLE_CHECK`` at most): a job's agents waiting on the wire no longer wake 100 times a second."""
+        (``IDLE_CHECK`` at most), so a job's agents waiting on the wire do not wake every tick."""
         def serve() -> None:
             stop, work = self._threads_stop, self._idle_work
             while not stop.is_set():

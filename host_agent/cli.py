@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         me.add_argument("--controller", metavar="ADDR", help="admission service HOST:PORT (none: the ring only)")
         me.add_argument("--job-id", metavar="ID", type=int, help="join this registered job, not one found by name")
         me.add_argument("--timeout", type=_positive_float, metavar="S", help="seconds without progress (default 60)")
-        add_config_arguments(me)
+        add_config_arguments(me, example="stream.op_timeout=30")
         me.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH ('-': stdout)")
         me.add_argument("--quiet", action="store_true", help="no progress display")
         me.add_argument("-v", "--verbose", action="store_true", help="log protocol events (generations, resyncs)")

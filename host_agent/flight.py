@@ -383,7 +383,7 @@ class Flight:
         if self.tail_probed or not self.last_new:  # before the window's first result: a late peer, not a tail
             return float("inf")
         # ``alone``: one chunk in flight in the middle of the window (a window of 1). A probe there is the timer's
-        # resend, only sooner and without its lesson: the timer acts (docs/agent.md, "Tail probe").
+        # resend, only sooner and without its lesson: the timer acts (docs/agent.md, "Loss recovery").
         if all_sent and float(self.sent_at[lo]) < self.last_new:  # the window's own tail: see the docstring
             return self.last_new + self.short_wait()
         if alone:

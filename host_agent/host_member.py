@@ -27,7 +27,7 @@ per-datagram header in Python), and sends what the model emitted once per destin
 GSO run, runs as one GSO send of the full ones and one datagram for each shorter one (no timer: a run waits for
 nothing but the end of the wake-up). The copy runs in a child process of its own (no interpreter lock shared with
 the agent's sender).
-docs/agent.md, "Rina as designed".
+docs/agent.md, "Rina on chains".
 """
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ class _Copy:
 
     def serve(self, control: Connection) -> None:
         """Serve the socket and the agent's requests on ``control`` until ``stop``."""
-        cpu0 = time.process_time()
+        cpu_start = time.process_time()
         self.sock.setblocking(False)
         poll = select.poll()
         poll.register(self.sock, select.POLLIN)
@@ -172,7 +172,7 @@ class _Copy:
                     self._wake(reads)
                 if got <= full or self._stop.is_set():
                     break
-            self.cpu_seconds = time.process_time() - cpu0
+            self.cpu_seconds = time.process_time() - cpu_start
 
     def report(self) -> dict[str, float | int]:
         """The copy's counters and the CPU seconds it served with so far."""

@@ -38,7 +38,7 @@ class SimBackend(enum.StrEnum):
     LOCAL = "local"
     INA = "ina"
     RINA = "rina"
-    TREE = "tree"  # ina-sim: two-level tree, the racks' ToRs and the spine aggregate (issue 15)
+    TREE = "tree"  # ina-sim: two-level tree, the racks' ToRs and the spine aggregate
     RING = "ring"
 
 

@@ -292,14 +292,15 @@ def _type_name(tp: Any) -> str:
 
 
 # --- the command line -------------------------------------------------------------------------------------
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, example: str = "") -> None:
     """The options every ``ina-*`` daemon has: ``--config FILE`` (TOML, read with :func:`load`), ``--set KEY=VALUE``
     (one setting, repeatable, over the file) and ``--print-config`` (the effective configuration as TOML, then
-    exit). Read them back with :func:`from_args`."""
+    exit). ``example``: a setting of the command's own for ``--set``'s help. Read them back with :func:`from_args`."""
     parser.add_argument("--config", metavar="FILE", type=_absolute,
                         help="read settings from this TOML file (see --print-config for every setting)")
+    shown = f": --set {example}" if example else ""
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
-                        help="one setting over the file, as a TOML value: --set heartbeat_timeout=0 (repeatable)")
+                        help=f"one setting over the file, as a TOML value{shown} (repeatable)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective configuration as TOML and exit")
 

@@ -1,7 +1,7 @@
 """A job's switch entries: the one mapping from a job to its ``ina_job`` / ``ina_binding`` / ``ina_worker``
 entries and multicast group.
 
-p4src/ina.p4 learns a job from four things the control plane writes (docs/protocol.md, "Control plane"):
+p4src/ina.p4 learns a job from four things the control plane writes (docs/controller.md, "What the controller writes"):
 ``MyIngress.ina_job`` (``set_job``: the job's slot range, worker bitmap, worker count, multicast group,
 generation and owner epoch), one ``MyIngress.ina_binding`` entry per worker (``bind_member``: the switch port,
 source MAC, IPv4 address and UDP port its packets must come from), one ``MyEgress.ina_worker`` entry per

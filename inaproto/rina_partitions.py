@@ -7,7 +7,7 @@ INA frames (128 of 184 bytes payload); a hop between two host members carries ru
 header (``RUN_PAYLOADS`` per datagram, ``inaproto.rina_runs``: 0.932 payload, about a TCP ring's). With every member a switch, every hop costs the
 same and the partitions are equal; with host members the sizes minimise the busiest hop's framed bytes, which
 gives the members next to INA-frame hops (a switch member and its neighbours) larger partitions.
-docs/experiments.md, "Partition sizes from hop costs".
+docs/experiments.md, "What Rina at 50 % costs, and why".
 """
 from __future__ import annotations
 

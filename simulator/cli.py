@@ -81,7 +81,7 @@ def build_parser() -> Parser:
     run.add_argument("--out", type=Path, help="output directory (default results/sim)")
     run.add_argument("--no-plot", action="store_true", help="skip comparison.png")
     run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    add_config_arguments(run)
+    add_config_arguments(run, example="cluster.host_gbps=25")
 
     sweep = sub.add_parser("sweep", help="a grid of runs (policies x settings x seeds): one table and plot per setting")
     sweep.add_argument("grid", type=Path, metavar="GRID.toml", help="the grid: [base] settings and [grid] values")

@@ -1,7 +1,7 @@
 """A switch shared by several INA jobs: its processing as one server, the senders' congestion window on it, and
 jobs in their start-up taking part of it.
 
-Formulas (docs/simulation.md, "A switch shared by its jobs"); a = ina_rtt, P = propagation + serialization,
+Formulas (docs/simulation.md, "The time model"); a = ina_rtt, P = propagation + serialization,
 W(rho) = a / (1 - rho) + P the window round trip at load rho, C = switch_shared_pps:
 
     processor sharing  rho = sum_j m_j R_j(W(rho)) / payload / C, a fixed point (shared_stretch)

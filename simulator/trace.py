@@ -148,30 +148,33 @@ def read_trace(path: str | Path) -> list[JobSpec]:
     """Read a trace CSV; any problem raises TraceError naming the line and column."""
     path = Path(path)
     try:
-        fh = open(path, newline="")  # noqa: SIM115 (closed by the `with` below; only the open is guarded)
+        with open(path, newline="") as fh:
+            return _read_rows(csv.DictReader(fh), path)
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
-    with fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        missing = [c for c in REQUIRED_COLUMNS if c not in header]
-        if missing:
-            raise TraceError(f"{path}: missing column(s) {', '.join(missing)} (required: {', '.join(REQUIRED_COLUMNS)})")
-        unknown = [c for c in header if c not in COLUMNS]
-        if unknown:
-            raise TraceError(f"{path}: unknown column(s) {', '.join(unknown)}; valid: {', '.join(COLUMNS)}")
-        jobs: list[JobSpec] = []
-        seen: set[int] = set()
-        for row in reader:
-            line = reader.line_num
-            try:
-                job = _parse_row(row)
-            except (ValueError, TypeError) as exc:
-                raise TraceError(f"{path}:{line}: {exc}") from None
-            if job.job_id in seen:
-                raise TraceError(f"{path}:{line}: duplicate job_id {job.job_id}")
-            seen.add(job.job_id)
-            jobs.append(job)
+
+
+def _read_rows(reader: csv.DictReader, path: Path) -> list[JobSpec]:
+    """The jobs of a trace CSV's rows, its header checked first."""
+    header = reader.fieldnames or []
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise TraceError(f"{path}: missing column(s) {', '.join(missing)} (required: {', '.join(REQUIRED_COLUMNS)})")
+    unknown = [c for c in header if c not in COLUMNS]
+    if unknown:
+        raise TraceError(f"{path}: unknown column(s) {', '.join(unknown)}; valid: {', '.join(COLUMNS)}")
+    jobs: list[JobSpec] = []
+    seen: set[int] = set()
+    for row in reader:
+        line = reader.line_num
+        try:
+            job = _parse_row(row)
+        except (ValueError, TypeError) as exc:
+            raise TraceError(f"{path}:{line}: {exc}") from None
+        if job.job_id in seen:
+            raise TraceError(f"{path}:{line}: duplicate job_id {job.job_id}")
+        seen.add(job.job_id)
+        jobs.append(job)
     return jobs
 
 

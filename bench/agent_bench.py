@@ -34,9 +34,11 @@ if ROOT not in sys.path:
 
 import numpy as np
 
+from host_agent.acceptor import Acceptor
 from host_agent.agent import bind_worker_sockets
 from host_agent.grant import Grant, SwitchGrant, Worker
 from host_agent.options import StreamOptions
+from host_agent.ring import HELLO_MAGIC as RING_HELLO
 from host_agent.stream import ChunkStream
 from host_agent.udp_io import gso_supported
 from inaproto import wire
@@ -131,8 +133,9 @@ def agent_sender(addr: tuple[str, int], count: int, window: int) -> tuple[float,
     udp, tcp = bind_worker_sockets("127.0.0.1")
     me = Worker(0, "127.0.0.1", udp.getsockname()[1])
     grant = Grant(1, 0, "ina", (SwitchGrant("echo", addr[0], num_slots=window, worker_ids=(0,)),), ina_port=addr[1])
-    stream = ChunkStream(worker_id=0, workers=(me,), sock=udp, listener=tcp, grant=grant, backend="ina",
-                         options=StreamOptions())
+    acceptor = Acceptor(tcp, (RING_HELLO,))
+    stream = ChunkStream(worker_id=0, workers=(me,), sock=udp, ring_inbox=acceptor.inbox(RING_HELLO), grant=grant,
+                         backend="ina", options=StreamOptions())
     chunks = np.random.default_rng(0).integers(-1000, 1000, size=(count, wire.LANES), dtype=np.int32)
     stream.reduce(chunks[:window])  # warm-up: the first call syncs
     start, cpu = time.perf_counter(), time.thread_time()
@@ -140,6 +143,7 @@ def agent_sender(addr: tuple[str, int], count: int, window: int) -> tuple[float,
     elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
     assert np.array_equal(total, chunks), "the echo returns each chunk unchanged"
     stream.close()
+    acceptor.close()
     udp.close()
     return count / elapsed, count / cpu
 
@@ -305,8 +309,9 @@ def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps
 
     def worker(i: int) -> None:
         try:
-            stream = ChunkStream(worker_id=i, workers=workers, sock=sockets[i][0], listener=sockets[i][1], grant=grant,
-                                 backend=backend, options=opts)
+            acceptor = Acceptor(sockets[i][1], (RING_HELLO,))
+            stream = ChunkStream(worker_id=i, workers=workers, sock=sockets[i][0], ring_inbox=acceptor.inbox(RING_HELLO),
+                                 grant=grant, backend=backend, options=opts)
             stream.reduce(data[i][:4])  # warm-up: sync, ring connections
             for _ in range(iterations):
                 barrier.wait(30)
@@ -317,6 +322,7 @@ def _time_backend(n: int, backend: str, elements: int, iterations: int, link_bps
                     raise AssertionError(f"worker {i}: wrong {backend} sum")
             stats[i] = stream.stats
             stream.close()
+            acceptor.close()
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
             barrier.abort()

@@ -29,7 +29,7 @@ from inaproto import admission_pb2 as pb
 from inaproto import admission_pb2_grpc as pb_grpc
 from inaproto.backends import Backend
 from inaproto.cli import EXIT_USAGE, Parser, UsageError
-from inaproto.credentials import ADMIN_CREDENTIAL_ENV, TlsFiles, admission_channel, read_credential_file
+from inaproto.credentials import ADMIN_CREDENTIAL_ENV, CONTROLLER_ENV, TlsFiles, admission_channel, read_credential_file
 
 DEFAULT_CONTROLLER = "127.0.0.1:50060"
 DEFAULT_CREDENTIAL_FILE = "ina-controller.db.admin"  # beside the controller's default database
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     except UsageError as exc:
         print(f"inactl: {exc} (see inactl --help)", file=err)
         return EXIT_USAGE
-    addr = getattr(args, "controller", None) or os.environ.get("INA_CONTROLLER") or DEFAULT_CONTROLLER
+    addr = getattr(args, "controller", None) or os.environ.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER
     timeout = getattr(args, "timeout", 5.0)
     as_json = getattr(args, "json", False)
     try:

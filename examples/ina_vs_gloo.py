@@ -3,14 +3,12 @@
     .venv/bin/python examples/ina_vs_gloo.py --seeds 0,1,2 --out results/ina-vs-gloo            # no root
     sudo .venv/bin/python examples/ina_vs_gloo.py --where mininet --out results/ina-vs-gloo     # Mininet
 
-``--where local`` (default, no root): two workers on 127.0.0.1 (``torchrun --standalone``), INA through the
-P4 pipeline model behind UDP with the test suite's admission double (``tests.udp_switch.LocalCluster``).
-``--where mininet``: a rack of two hosts behind ina-switch with the real controller (``topologies``
-Testbed), ``torchrun --nnodes 2`` with the rendezvous on h1's address. For every seed the script runs
-``examples/torchrun_train.py`` three ways at once: DDP's gloo all-reduce (float32, the
-reference), the agent's hook through the switch with block floating point (``--numerics block``),
-and with the job's one fixed-point scale 2**16 (``--numerics fixed``). Every run sees the same batches
-(equal allocation, same seed), so the parameters can be compared at the same steps.
+``--where local`` (default, no root): two ranks on one loopback host, INA through the P4 pipeline model behind
+UDP and the controller core (``topologies.loopback.LoopbackCluster``). ``--where mininet``: a rack of two hosts
+behind ina-switch with the real controller (``topologies`` Testbed), ``torchrun --nnodes 2`` with the rendezvous
+on h1's address. For every seed the script runs ``examples/torchrun_train.py`` both ways at once: with gloo's
+float32 all-reduce (the reference) and with the backend "ina" through the switch (block floating point). Every
+run sees the same batches (equal allocation, same seed), so the parameters can be compared at the same steps.
 
 Writes ``results.json`` (keys listed in docs/agent.md, "Numerics against gloo") and ``ina_vs_gloo.png``:
 held-out accuracy per step and the relative parameter distance to gloo, medians over the seeds with
@@ -20,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,19 +29,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 
+from inaproto.credentials import CONTROLLER_ENV, JOB_SECRET_ENV, new_secret
+
 SCRIPT = Path(__file__).resolve().parent / "torchrun_train.py"
-VARIANTS = {"gloo": ("--comm", "gloo"), "ina_block": ("--numerics", "block"), "ina_fixed": ("--numerics", "fixed")}
+VARIANTS = {"gloo": ("--backend", "gloo"), "ina": ("--backend", "ina")}
 
 
-def launch_local(controller: str, seed: int, name: str, extra: tuple[str, ...], out: Path, train_args: list[str]) -> list:
-    """torchrun --standalone --nproc-per-node 2 on this host; returns the process."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
+def launch_local(cluster, seed: int, name: str, extra: tuple[str, ...], port: int, out: Path,
+                 train_args: list[str]) -> list:
+    """torchrun --nproc-per-node 2 on the cluster's host h0 (its address is the rendezvous'); returns the process."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+            "--master-addr", cluster.host_ip("h0"), "--master-port", str(port), str(SCRIPT),
             "--seed", str(seed), "--json", str(out / f"{name}-s{seed}.json"),
             "--save-params", str(out / f"{name}-s{seed}.npz"), *train_args, *extra]
-    if name != "gloo":
-        argv += ["--controller", controller, "--agent-host", "h0", "--job-name", f"{name}-s{seed}"]
+    env = {**os.environ, CONTROLLER_ENV: cluster.address, JOB_SECRET_ENV: new_secret()}
     log = (out / f"{name}-s{seed}.log").open("w")
-    return [subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(out))]
+    return [subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(out),
+                             env=env)]
 
 
 def launch(bed, seed: int, name: str, extra: tuple[str, ...], port: int, out: Path, train_args: list[str]) -> list:
@@ -50,6 +53,7 @@ def launch(bed, seed: int, name: str, extra: tuple[str, ...], port: int, out: Pa
     from topologies.experiments import testbed
 
     (h1_ip, _, _), (h2_ip, _, _) = bed.host_addresses(["h1", "h2"])
+    secret = new_secret()  # the job's, the same on both hosts
     procs = []
     for host, ip in (("h1", h1_ip), ("h2", h2_ip)):
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
@@ -57,9 +61,8 @@ def launch(bed, seed: int, name: str, extra: tuple[str, ...], port: int, out: Pa
                 "--rdzv-conf", f"is_host={int(host == 'h1')}", "--local-addr", ip, str(SCRIPT),
                 "--seed", str(seed), "--json", str(out / f"{name}-s{seed}.json"),
                 "--save-params", str(out / f"{name}-s{seed}.npz"), *train_args, *extra]
-        if name != "gloo":
-            argv += ["--controller", bed.controller_address, "--job-name", f"{name}-s{seed}"]
-        env = {**testbed.AGENT_ENV, "GLOO_SOCKET_IFNAME": bed.net.host(host).defaultIntf().name}
+        env = {**testbed.AGENT_ENV, "GLOO_SOCKET_IFNAME": bed.net.host(host).defaultIntf().name,
+               CONTROLLER_ENV: bed.controller_address, JOB_SECRET_ENV: secret}
         log = (out / f"{name}-s{seed}-{host}.log").open("w")
         procs.append(bed.net.popen(host, argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, cwd=str(out)))
@@ -102,9 +105,9 @@ def plot(res: dict, path: Path) -> None:
 
     steps = res["steps"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    labels = {"gloo": "gloo float32 all-reduce", "ina_block": "INA, block floating point", "ina_fixed": "INA, fixed scale 2^16"}
-    colour = {"gloo": "tab:blue", "ina_block": "tab:orange", "ina_fixed": "tab:green"}
-    for v, style in (("gloo", "-"), ("ina_block", "--"), ("ina_fixed", ":")):
+    labels = {"gloo": "gloo float32 all-reduce", "ina": "backend ina (block floating point)"}
+    colour = {"gloo": "tab:blue", "ina": "tab:orange"}
+    for v, style in (("gloo", "-"), ("ina", "--")):
         c = res["accuracy_curve"][v]
         a.plot(steps, [p["median"] for p in c], style, color=colour[v], label=labels[v])
         a.fill_between(steps, [p["min"] for p in c], [p["max"] for p in c], color=colour[v], alpha=0.15)
@@ -112,7 +115,7 @@ def plot(res: dict, path: Path) -> None:
     a.set_ylabel("held-out accuracy")
     a.set_title(f"median of {len(res['seeds'])} seeds, band = min-max")
     a.legend()
-    for v, style in (("ina_block", "--"), ("ina_fixed", ":")):
+    for v, style in (("ina", "--"),):
         d = res["param_distance"][v][1:]
         b.plot(steps[1:], [p["median"] for p in d], style, color=colour[v], label=labels[v])
         b.fill_between(steps[1:], [max(p["min"], 1e-12) for p in d], [p["max"] for p in d], color=colour[v], alpha=0.15)
@@ -140,13 +143,13 @@ def wait_all(procs: list, seed: int, out: Path) -> None:
 def run_all(where: str, seeds: list[int], out: Path, train_args: list[str]) -> None:
     t0 = time.monotonic()
     if where == "local":
-        from tests.udp_switch import LocalCluster
+        from topologies.loopback import LoopbackCluster
 
-        with LocalCluster(["s1", "s1"], slots=64) as cl:
+        with LoopbackCluster(["s1", "s1"], slots=64) as cl:
             for seed in seeds:
                 procs = []
-                for name, extra in VARIANTS.items():
-                    procs += launch_local(cl.fake.address, seed, name, extra, out, train_args)
+                for k, (name, extra) in enumerate(VARIANTS.items()):
+                    procs += launch_local(cl, seed, name, extra, 29500 + 10 * seed + k, out, train_args)
                 wait_all(procs, seed, out)
                 print(f"seed {seed} done ({time.monotonic() - t0:.0f} s)", flush=True)
         return

@@ -3,9 +3,11 @@
     with Agent(spec, worker_id=0, controller="127.0.0.1:50051") as agent:
         total = agent.allreduce(grad * np.float32(allocation.gradient_scale(rank)))
 
-The agent owns one UDP socket (INA packets) and one TCP listener (its ring) on the worker's address,
-the ``ChunkStream`` that reduces the job's chunks, a ``JobWatcher`` (events, heartbeat) and a ``CommThread``
-for asynchronous calls (``submit``, ``allreduce_async``). Several agents (jobs) can run in one process. Joining: the worker with the lowest id registers the job, the
+The agent owns one UDP socket (INA packets) and one TCP listener on the worker's address (its ``Acceptor`` hands
+the connections to the rings and to the mesh), the ``ChunkStream`` that reduces the job's chunks, the ``Mesh``
+that carries broadcast, the gathers and the sums the switch cannot make, a ``JobWatcher`` (events, heartbeat)
+and a ``CommThread`` for asynchronous calls (``submit``, ``allreduce_async``). Several agents (jobs) can run in
+one process. Joining: the worker with the lowest id registers the job, the
 others find it by name (or every worker is given ``job_id`` by a launcher that registered it); at the
 end the worker with the lowest id releases it. Without a controller, a job runs on the ring only.
 See docs/agent.md.
@@ -22,13 +24,17 @@ from typing import Any, Self, TypeVar
 
 import numpy as np
 
+from host_agent.acceptor import Acceptor
 from host_agent.comm import CommThread
 from host_agent.control import AdmissionClient, JobWatcher
 from host_agent.errors import AdmissionError, AgentError, AgentTimeout, JobReleased
 from host_agent.fixedpoint import dequantize, quantize_chunks, to_chunks
 from host_agent.grant import Grant, JobSpec, Plan, host_rack_name
 from host_agent.host_member import HostCopy, is_host_member
+from host_agent.mesh import HELLO_MAGIC as MESH_HELLO
+from host_agent.mesh import Mesh, MeshOp
 from host_agent.options import AgentOptions, StreamOptions
+from host_agent.ring import HELLO_MAGIC as RING_HELLO
 from host_agent.stats import StreamStats
 from host_agent.stream import ChunkStream
 from inaproto import wire
@@ -41,6 +47,7 @@ __all__ = [
     "AgentOptions",
     "AgentTimeout",
     "JobReleased",
+    "MeshOp",
     "StreamOptions",
     "bind_worker_sockets",
 ]
@@ -56,8 +63,8 @@ IDLE_CHECK = 1.0  # s: its longest sleep otherwise (a safety net; grants, releas
 def bind_worker_sockets(ip: str, port: int = 0, *, attempts: int = 50) -> tuple[socket.socket, socket.socket]:
     """A UDP socket and a TCP listener bound to the same ``ip:port`` (port 0: a free one for both).
 
-    The UDP socket carries INA packets; the TCP listener accepts the ring's connections (docs/agent.md:
-    a worker's ring address is its INA address, over TCP).
+    The UDP socket carries INA packets; the TCP listener accepts the rings' and the mesh's connections
+    (docs/agent.md: a worker's ring address is its INA address, over TCP).
     """
     last: OSError | None = None
     for _ in range(attempts if port == 0 else 1):
@@ -123,9 +130,14 @@ class Agent:
             if sock is not None or listener is not None:
                 raise ValueError("pass both sock and listener, or neither")
             sock, listener = bind_worker_sockets(self.me.ip, self.me.udp_port)
-        self.sock, self.listener = sock, listener
+        self.sock = sock
+        self.acceptor = Acceptor(listener, (RING_HELLO, MESH_HELLO), name=f"ina-accept-w{worker_id}")
         try:
             self._join(controller, job_id)
+            # the mesh connects on its first collective: a peer still on its way there is waited for as in any op
+            self.mesh = Mesh(self.rank, [spec.worker(w).address for w in spec.worker_ids],
+                             self.acceptor.inbox(MESH_HELLO), job_id=self.job_id, timeout=options.stream.op_timeout,
+                             connect_timeout=max(options.stream.connect_timeout, options.stream.op_timeout))
         except BaseException:
             self._shutdown()
             raise
@@ -187,6 +199,8 @@ class Agent:
             raise AgentTimeout(f"worker {self.worker_id}: no grant for job {job_id} within {opts.rendezvous_timeout}s")
         with lock:
             if holder.get("released"):
+                if self.watcher.error is not None:  # refused: a wrong secret, a worker the job does not have
+                    raise self.watcher.error
                 raise JobReleased(f"job {job_id} was released before worker {self.worker_id} joined")
             grant = holder["grant"]  # the current grant (WatchJob sends it first)
             self._follow_host_copy(grant)
@@ -200,7 +214,7 @@ class Agent:
     def _make_stream(self, grant: Grant, sync) -> ChunkStream:
         self.scale = grant.scale
         return ChunkStream(worker_id=self.worker_id, workers=self.spec.workers, sock=self.sock,
-                           listener=self.listener, grant=grant, backend=self.spec.backend, sync=sync,
+                           ring_inbox=self.acceptor.inbox(RING_HELLO), grant=grant, backend=self.spec.backend, sync=sync,
                            options=self.options.stream, addresses=self._addresses())
 
     def _addresses(self) -> dict[str, tuple[str, int]]:
@@ -311,36 +325,59 @@ class Agent:
     def allgather(self, array: np.ndarray) -> np.ndarray:
         """Every worker's ``array`` stacked in worker-id order, shape (n, *array.shape), bit for bit.
 
-        Sent as the raw 32-bit words of each row in an all-reduce where the other rows are zero:
-        adding zeros is exact on every backend (e.g. measured speeds for the adaptive allocator).
+        Over the mesh (``allgather_into``): each worker's bytes go to every other worker once (e.g. measured
+        speeds for the adaptive allocator, block floating point's exponent codes).
         """
         arr = np.ascontiguousarray(array)
-        raw = arr.reshape(-1).view(np.uint8)
-        words = -(-raw.size // 4)
-        rows = np.zeros((self.size, words * 4), dtype=np.uint8)
-        rows[self.rank, : raw.size] = raw
-        sums = self.allreduce_fixed(rows.view(np.int32)).astype(np.int32)
-        out = np.ascontiguousarray(sums.view(np.uint8)[:, : raw.size])
-        return out.view(arr.dtype).reshape(self.size, *arr.shape)
+        out = np.empty((self.size, *arr.shape), dtype=arr.dtype)
+        self.mesh.allgather(arr, list(out))
+        return out
 
     def barrier(self) -> None:
         """Returns once every worker has completed every earlier call."""
         self.stream.reduce(np.zeros((1, wire.LANES), dtype=np.int32))
 
+    # ------------------------------------------------------------------ over the mesh (host_agent.mesh)
+
+    def broadcast(self, array: np.ndarray, root: int) -> None:
+        """The ``root`` rank's ``array`` into every worker's ``array`` (in place; same size everywhere), bit for bit."""
+        self.mesh.broadcast(array, root)
+
+    def allgather_into(self, array: np.ndarray, outputs: list[np.ndarray]) -> None:
+        """``outputs[r]`` = rank r's ``array``, bit for bit (in place; each output sized as that rank's array)."""
+        self.mesh.allgather(array, outputs)
+
+    def allreduce_direct(self, array: np.ndarray, op: MeshOp = MeshOp.SUM) -> np.ndarray:
+        """``op`` over every worker's ``array`` in its own dtype, over the workers' TCP links (not the switch): each
+        chunk reduced by one worker in rank order, so every worker gets the same bits; integer sums exact (wrapping).
+        For what the switch cannot add: float64, int64, MIN, MAX, PRODUCT, bitwise ops."""
+        return self.mesh.allreduce(array, MeshOp(op))
+
+    def gather(self, array: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:
+        """At ``root``, ``outputs[r]`` = rank r's ``array``; the other ranks pass ``outputs=None``."""
+        self.mesh.gather(array, outputs, root)
+
+    def scatter(self, output: np.ndarray, inputs: list[np.ndarray] | None, root: int) -> None:
+        """Rank r's ``output`` = ``root``'s ``inputs[r]``; the other ranks pass ``inputs=None``."""
+        self.mesh.scatter(output, inputs, root)
+
     # ------------------------------------------------------------------ end
 
-    def close(self) -> None:
+    def close(self, *, barrier: bool = True) -> None:
         """End this worker's part: a closing barrier, then the worker with the lowest id releases the job.
 
         The other workers stay (answering resynchronisations) until the release arrives or
-        ``close_timeout`` passes, so a late worker is never left waiting for them.
+        ``close_timeout`` passes, so a late worker is never left waiting for them. ``barrier=False``: the job
+        failed (a worker is gone), nobody waits for anybody: the first worker releases the job at once.
         """
         if self._closed:
             return
         self._closed = True
         self.comm.close()  # what was submitted runs first
         try:
-            if self.client is not None and self.watcher is not None and not self.stream.released:
+            if not barrier and self.client is not None and self.worker_id == min(self.spec.worker_ids):
+                self._release()
+            elif barrier and self.client is not None and self.watcher is not None and not self.stream.released:
                 self._closing_barrier()
         finally:
             self._shutdown()
@@ -352,10 +389,7 @@ class Agent:
         except AgentError as exc:
             log.warning("worker %d: closing barrier of job %d failed: %s", self.worker_id, self.job_id, exc)
         if self.worker_id == min(self.spec.worker_ids):  # the job's first worker ends it, whoever registered it
-            try:
-                self.client.release(self.job_id)
-            except AdmissionError as exc:
-                log.warning("worker %d: releasing job %d failed: %s", self.worker_id, self.job_id, exc)
+            self._release()
             return
         deadline = time.monotonic() + self.options.close_timeout
         next_beat = time.monotonic() + 0.2
@@ -365,8 +399,17 @@ class Agent:
                 watcher.beat_now()
                 next_beat = time.monotonic() + 0.2
 
+    def _release(self) -> None:
+        try:
+            self.client.release(self.job_id)
+        except AdmissionError as exc:
+            log.warning("worker %d: releasing job %d failed: %s", self.worker_id, self.job_id, exc)
+
     def _shutdown(self) -> None:
         self.comm.close(timeout=10)
+        links = getattr(self, "mesh", None)
+        if links is not None:
+            links.close()
         self._threads_stop.set()
         self._idle_work.set()
         if self._service is not None:
@@ -375,13 +418,13 @@ class Agent:
             self.watcher.stop()
         stream = getattr(self, "stream", None)
         if stream is not None:
-            stream.close()  # closes its listener, which may have been renewed
+            stream.close()
         if self.client is not None:
             self.client.close()
         if self.host_copy is not None:
             self.host_copy.close()
         self.sock.close()
-        self.listener.close()
+        self.acceptor.close()
 
     def cpu_report(self) -> dict[str, float | int]:
         """CPU seconds this agent used (all its threads, and its host-member copy's child process on Rina's chains),

@@ -30,6 +30,7 @@ from typing import Protocol, Self, TypeVar
 
 import numpy as np
 
+from host_agent.acceptor import Inbox, recv_exact
 from host_agent.ring_pieces import (
     MAX_PIECES,
     PIECE_BYTES,
@@ -42,6 +43,7 @@ from host_agent.ring_pieces import (
 )
 
 __all__ = [
+    "HELLO_MAGIC",
     "MAX_PIECES",
     "PIECE_BYTES",
     "QueueRingLink",
@@ -65,7 +67,7 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int3
 
 # Connection hello (connector -> acceptor) and its ack: magic, rank, ring size.
 _HELLO = struct.Struct("!4sII")
-_HELLO_MAGIC = b"RNG1"
+HELLO_MAGIC = b"RNG1"  # its first four bytes tell a worker's acceptor (host_agent.acceptor) the connection is a ring's
 _SENDMSG_BUFFERS = 64  # buffers handed to one sendmsg (IOV_MAX is 1024)
 
 
@@ -170,16 +172,6 @@ def ring_time_model(n: int, nbytes: float, bandwidth: float, latency: float) -> 
 # --------------------------------------------------------------------------- TCP transport
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        part = sock.recv(size - len(buf))
-        if not part:
-            raise ConnectionError("connection closed")
-        buf += part
-    return bytes(buf)
-
-
 class TcpRingLink:
     """One ring member's two TCP connections: to the right neighbour (connected) and from the left (accepted).
 
@@ -188,14 +180,15 @@ class TcpRingLink:
     concurrently with non-blocking sockets, so chunks larger than the TCP buffers cannot deadlock;
     no progress for ``timeout`` seconds raises RingTimeoutError naming the stalled neighbour.
     ``piece_bytes`` sizes the pieces steps are pipelined by (``piece_bounds``; local to this member).
-    The link takes ownership of ``listen``.
+    The link takes ownership of ``listen``: a bound socket, a port, or the ring's ``Inbox`` of the worker's
+    acceptor (``host_agent.acceptor``, which gives it the connections whose hello is a ring's).
     """
 
     def __init__(
         self,
         rank: int,
         peers: Sequence[tuple[str, int]],
-        listen: socket.socket | int | None = None,
+        listen: socket.socket | Inbox | int | None = None,
         *,
         timeout: float = 30.0,
         connect_timeout: float = 60.0,
@@ -203,7 +196,7 @@ class TcpRingLink:
     ) -> None:
         self.size = len(peers)
         if self.size < 1 or not 0 <= rank < self.size:
-            if isinstance(listen, socket.socket):
+            if not isinstance(listen, int | None):
                 listen.close()
             raise ValueError(f"rank {rank} out of range for {self.size} peers")
         self.rank = rank
@@ -227,8 +220,8 @@ class TcpRingLink:
             if listener is not None:
                 listener.close()
 
-    def _make_listener(self, listen: socket.socket | int | None) -> socket.socket | None:
-        if isinstance(listen, socket.socket):
+    def _make_listener(self, listen: socket.socket | Inbox | int | None) -> socket.socket | Inbox | None:
+        if not isinstance(listen, int | None):
             if self.size == 1:
                 listen.close()
                 return None
@@ -251,7 +244,7 @@ class TcpRingLink:
         host, port = self.peers[rank]
         return f"rank {rank} at {host}:{port}"
 
-    def _connect(self, listener: socket.socket, deadline: float, connect_timeout: float) -> None:
+    def _connect(self, listener: socket.socket | Inbox, deadline: float, connect_timeout: float) -> None:
         # Connect right and send the hello first: that completes against the peer's listen backlog
         # without it calling accept, so no worker waits on another in a cycle.
         right_addr = self.peers[self.right_rank]
@@ -272,7 +265,7 @@ class TcpRingLink:
         self._right.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             self._right.settimeout(max(deadline - time.monotonic(), 0.001))
-            self._right.sendall(_HELLO.pack(_HELLO_MAGIC, self.rank, self.size))
+            self._right.sendall(_HELLO.pack(HELLO_MAGIC, self.rank, self.size))
         except OSError as exc:
             raise RingError(f"rank {self.rank}: hello to {self._peer(self.right_rank)} failed: {exc}",
                             peer_rank=self.right_rank, peer_addr=right_addr) from exc
@@ -293,10 +286,10 @@ class TcpRingLink:
                 continue
             try:
                 conn.settimeout(max(deadline - time.monotonic(), 0.001))
-                magic, rank, size = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
-                if magic != _HELLO_MAGIC or rank != self.left_rank or size != self.size:
+                magic, rank, size = _HELLO.unpack(recv_exact(conn, _HELLO.size))
+                if magic != HELLO_MAGIC or rank != self.left_rank or size != self.size:
                     raise ValueError(f"hello {magic!r} rank {rank} size {size}, expected rank {self.left_rank} size {self.size}")
-                conn.sendall(_HELLO.pack(_HELLO_MAGIC, self.rank, self.size))
+                conn.sendall(_HELLO.pack(HELLO_MAGIC, self.rank, self.size))
             except (OSError, ValueError, struct.error) as exc:
                 rejected.append(f"{addr[0]}:{addr[1]}: {exc}")
                 conn.close()
@@ -305,11 +298,11 @@ class TcpRingLink:
             self._left = conn
 
         try:
-            magic, rank, size = _HELLO.unpack(_recv_exact(self._right, _HELLO.size))
+            magic, rank, size = _HELLO.unpack(recv_exact(self._right, _HELLO.size))
         except (OSError, struct.error) as exc:
             raise RingError(f"rank {self.rank}: no hello ack from {self._peer(self.right_rank)}: {exc}",
                             peer_rank=self.right_rank, peer_addr=right_addr) from exc
-        if magic != _HELLO_MAGIC or rank != self.right_rank or size != self.size:
+        if magic != HELLO_MAGIC or rank != self.right_rank or size != self.size:
             raise RingError(
                 f"rank {self.rank}: {right_addr[0]}:{right_addr[1]} answered as rank {rank} of {size}, "
                 f"expected rank {self.right_rank} of {self.size}", peer_rank=self.right_rank, peer_addr=right_addr)

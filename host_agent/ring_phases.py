@@ -1,12 +1,12 @@
 """The stream's ring phase: a TCP ring of the job's workers all-reduces the rest of a segment of chunks, exactly.
 
-``RingPhase`` keeps this worker's rings (one per member set, built on first use from duplicates of the worker's
-listener) and reduces a segment's rows over one of them (``reduce``). ``abort`` (any thread) stops the op in flight
-and a ring being connected: a generation change must not wait for them. The ring itself is ``host_agent.ring``.
+``RingPhase`` keeps this worker's rings (one per member set, built on first use; their connections from the left
+come through the ring's inbox of the worker's acceptor, ``host_agent.acceptor``) and reduces a segment's rows over
+one of them (``reduce``). ``abort`` (any thread) stops the op in flight and a ring being connected: a generation
+change must not wait for them. The ring itself is ``host_agent.ring``.
 """
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +15,7 @@ from typing import NoReturn
 
 import numpy as np
 
+from host_agent.acceptor import Inbox
 from host_agent.chunks import CHUNK_BYTES, LANES, Segment
 from host_agent.errors import AgentError
 from host_agent.options import StreamOptions
@@ -72,19 +73,17 @@ class RingPhase:
     Args:
         worker_id: this worker.
         addresses: every worker's ring address (its INA address, over TCP).
-        listener: a bound, listening TCP socket on this worker's ring address (owned from here on; renewed
-            after an abort shut it down).
+        inbox: the ring connections of this worker's acceptor (``Acceptor.inbox(ring.HELLO_MAGIC)``).
         options: the stream's options (timeouts, emulated link).
         stats: the stream's counters.
     """
 
-    def __init__(self, worker_id: int, addresses: Mapping[int, tuple[str, int]], listener: socket.socket,
+    def __init__(self, worker_id: int, addresses: Mapping[int, tuple[str, int]], inbox: Inbox,
                  options: StreamOptions, stats: StreamStats) -> None:
         self.worker_id, self.addresses, self.options, self.stats = worker_id, dict(addresses), options, stats
-        self.listener = listener
-        self.listen_addr = listener.getsockname()[:2]
+        self.inbox = inbox
         self.rings: dict[tuple[int, ...], RingAllReduce] = {}
-        self.building = False  # a ring is being connected: an abort shuts the listener down to interrupt it
+        self.building = False  # a ring is being connected: an abort interrupts its accept
         self.op: RingOp | None = None
         self.lost = 0.0  # seconds of the last aborted op's work (StreamStats.pauses)
         self.rate = 0.0  # this member's measured ring rate, bytes/s per link (an op's expected time)
@@ -96,10 +95,7 @@ class RingPhase:
         for ring in list(self.rings.values()):
             ring.link.abort()
         if self.building:
-            try:
-                self.listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            self.inbox.interrupt()
 
     def worth_finishing(self) -> bool:
         """Whether a move from the ring to INA should let the op in flight finish rather than abort it.
@@ -127,7 +123,6 @@ class RingPhase:
 
     def close(self) -> None:
         self.new_generation()
-        self.listener.close()
 
     # ------------------------------------------------------------------ the ring
 
@@ -139,10 +134,11 @@ class RingPhase:
         rank = members.index(self.worker_id)
         peers = [self.addresses[w] for w in members]
         failed: BaseException | None = None
-        self.building = True  # before the check: an abort after it shuts the listener down
+        self.building = True  # before the check: an abort after it interrupts the accept
+        self.inbox.clear_interrupt()  # an abort's that no build took
         try:
             check()
-            link = TcpRingLink(rank, peers, self.listener.dup(), timeout=self.options.op_timeout,
+            link = TcpRingLink(rank, peers, self.inbox, timeout=self.options.op_timeout,
                                connect_timeout=self.options.connect_timeout)
             ring = RingAllReduce.over(PacedLink(link, self.options.link_bps) if self.options.link_bps else link)
         except (RingError, OSError) as exc:
@@ -150,29 +146,14 @@ class RingPhase:
         finally:
             self.building = False
         if failed is not None:
-            self.renew_listener()
             self.failed(failed, check)
         try:
-            check()  # the listener may have been shut down while connecting
+            check()  # a generation may have come while connecting
         except BaseException:
             ring.close()
-            self.renew_listener()
             raise
         self.rings[members] = ring
         return ring
-
-    def renew_listener(self) -> None:
-        """A listener shut down to interrupt a ring set-up is replaced by a fresh one on the same address."""
-        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(self.listen_addr)
-            probe.listen()
-        except OSError:
-            probe.close()
-            return  # the old listener still holds the address: it was not shut down
-        self.listener.close()
-        self.listener = probe
 
     def failed(self, exc: BaseException, check: Callable[[], None]) -> NoReturn:
         """A ring failed: wait ``ring_grace`` for the generation change (or release) that explains it."""

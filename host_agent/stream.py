@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from host_agent.acceptor import Inbox
 from host_agent.chunks import LANES, Call, Segment
 from host_agent.errors import AgentError, AgentTimeout, Interrupted, JobReleased, StaleGeneration
 from host_agent.fixedpoint import split_chunks
@@ -64,7 +65,7 @@ class ChunkStream:
         worker_id: this worker.
         workers: every worker of the job.
         sock: this worker's UDP socket (INA packets); made non-blocking here.
-        listener: a bound TCP socket on this worker's ring address; rings accept on duplicates of it.
+        ring_inbox: the ring connections of this worker's acceptor (``host_agent.acceptor``): its rings accept there.
         grant: the grant to start from (the agent syncs on it before the first chunk).
         backend: requested backend (``auto``, ``ina``, ``ring``, ``rina``).
         sync: ``sync(generation, first_missing_chunk) -> resume_chunk`` (SyncGeneration); raises
@@ -79,7 +80,7 @@ class ChunkStream:
         worker_id: int,
         workers: tuple[Worker, ...],
         sock: socket.socket,
-        listener: socket.socket,
+        ring_inbox: Inbox,
         grant: Grant,
         backend: BackendChoice = BackendChoice.AUTO,
         sync: Callable[[int, int], int] | None = None,
@@ -104,7 +105,7 @@ class ChunkStream:
         self.stats = StreamStats()
         self.ina = InaSender(sock, options, self.stats, job_id=grant.job_id, worker_id=worker_id,
                              name=f"worker {worker_id}")
-        self.ring = RingPhase(worker_id, {w: self.workers[w].address for w in self.ids}, listener, options, self.stats)
+        self.ring = RingPhase(worker_id, {w: self.workers[w].address for w in self.ids}, ring_inbox, options, self.stats)
         self._sync = sync
 
         self._lock = threading.RLock()  # the stream: one reducer (caller or idle service) at a time
@@ -272,7 +273,7 @@ class ChunkStream:
         return pos
 
     def close(self) -> None:
-        """Close the rings and the listener (the stream owns it); the UDP socket is the caller's."""
+        """Close the rings and the INA sender; the UDP socket and the acceptor are the caller's."""
         self._closed = True
         self.ring.close()
         self.ina.close()

@@ -1,5 +1,9 @@
 """PyTorch integration (optional extra ``torch``): a DDP communication hook through the agent, and a weighted sampler.
 
+The backend ``"ina"`` (``host_agent.torch_backend``) is the way to train through the testbed: DDP calls it as it
+calls gloo, with no hook. This hook is the lower-level API: a script that builds its own ``Agent`` hands DDP's
+buckets to it. The weighted sampler (and its ``loss_weight``) and the communication clock serve both.
+
 torch is imported only when a hook runs, so ``host_agent`` works without it. Like torch's own
 ``ddp_comm_hooks``: free functions with the signature ``hook(state, bucket) -> Future[Tensor]``, a state
 object that checks its fields when it is built, and a registry from names to hooks.
@@ -11,14 +15,16 @@ object that checks its fields when it is built, and a registry from names to hoo
 
 The hook all-reduces each gradient bucket through whatever backend the agent's job runs (INA, ring or
 Rina), so DDP never calls the process group for gradients; DDP still needs an initialised process
-group for its start-up broadcast of the parameters (gloo on CPU is enough). As torch's
-``allreduce_hook`` returns the future of an asynchronous ``all_reduce``, the hook here returns a
-future that the agent's communication thread (``Agent.submit``, ``host_agent.comm``) completes: bucket k
-is all-reduced while backward computes the gradients of bucket k + 1. Values go through block floating point by default
-(``host_agent.block_scale``): a power-of-two scale per block of 256, agreed by all workers.
+group for its start-up broadcast of the parameters. As torch's ``allreduce_hook`` returns the future of an
+asynchronous ``all_reduce``, the hook here returns the future of an ``AgentWork`` (``host_agent.torch_work``, the
+backend's Work too) that the agent's communication thread (``Agent.submit``, ``host_agent.comm``) completes:
+bucket k is all-reduced while backward computes the gradients of bucket k + 1. Values go through block floating
+point by default (``host_agent.block_scale``): a power-of-two scale per block of 256, agreed by all workers.
+``timed_allreduce_hook`` is DDP's own all-reduce through any process group, timed (``CommClock``).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import threading
@@ -36,12 +42,14 @@ from host_agent.block_scale import BLOCK_ELEMENTS, BlockScaledReducer
 __all__ = [
     "HOOKS",
     "AgentHookState",
+    "CommClock",
     "CommStep",
     "Numerics",
     "WeightedBatchSampler",
     "get_hook",
     "mean_hook",
     "register_hook",
+    "timed_allreduce_hook",
     "weighted_hook",
 ]
 
@@ -84,6 +92,80 @@ class CommStep:
         return self.hidden / self.comm if self.comm > 0 else 0.0
 
 
+class CommClock:
+    """When a backward pass's hooks were called and returned and when their all-reduces ran: its ``CommStep``.
+
+    A hook calls ``called()`` on entry and ``returned(i)`` before it returns; each all-reduce reports ``span(start,
+    end)`` once it ended (any thread). ``take_step()`` after ``backward()`` gives the pass's ``CommStep``.
+    ``group``: the process group ``timed_allreduce_hook`` all-reduces through (None: the default group).
+    """
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self._lock = threading.Lock()
+        self._calls: list[tuple[float, float]] = []  # (called, returned) of each hook in the current backward pass
+        self._spans: list[tuple[float, float]] = []  # (start, end) of its all-reduces
+        self.comm_seconds = 0.0  # time spent all-reducing buckets, in total
+
+    @property
+    def hooks_called(self) -> int:
+        """Hooks called since the last ``take_step``."""
+        with self._lock:
+            return len(self._calls)
+
+    def called(self) -> int:
+        now = time.perf_counter()
+        with self._lock:
+            self._calls.append((now, now))
+            return len(self._calls) - 1
+
+    def returned(self, index: int) -> None:
+        with self._lock:
+            self._calls[index] = (self._calls[index][0], time.perf_counter())
+
+    def span(self, start: float, end: float) -> None:
+        with self._lock:
+            self._spans.append((start, end))
+            self.comm_seconds += end - start
+
+    def take_step(self) -> CommStep:
+        """The communication of the backward pass(es) since the last call (call it after ``backward()``)."""
+        with self._lock:
+            calls, spans = self._calls, self._spans
+            self._calls, self._spans = [], []
+        if not calls:
+            return CommStep(0, 0.0, 0.0, 0.0)
+        calls.sort()
+        computing = [(ret, nxt) for (_, ret), (nxt, _) in itertools.pairwise(calls)]  # backward between two hooks
+        comm = sum(e - s for s, e in spans)
+        hidden = sum(max(0.0, min(e, b) - max(s, a)) for s, e in spans for a, b in computing)
+        last_return = calls[-1][1]
+        exposed = sum(r - c for c, r in calls) + max([0.0] + [e - last_return for _, e in spans])
+        return CommStep(len(calls), comm, hidden, exposed)
+
+
+def timed_allreduce_hook(clock: CommClock, bucket):  # no annotations on bucket/return: DDP checks them
+    """DDP's own all-reduce (the bucket divided by the world size, then a SUM through ``clock.group``,
+    asynchronously), timed by ``clock``: the same communication on any backend, with its ``CommStep``.
+
+    Example:
+        ddp.register_comm_hook(CommClock(), timed_allreduce_hook)       # gloo or "ina" alike
+    """
+    import torch.distributed as dist
+
+    index = clock.called()
+    start = time.perf_counter()
+    tensor = bucket.buffer().div_(dist.get_world_size(clock.group))
+    fut = dist.all_reduce(tensor, group=clock.group, async_op=True).get_future()
+
+    def done(f):
+        clock.span(start, time.perf_counter())
+        return f.value()[0]
+
+    clock.returned(index)
+    return fut.then(done)
+
+
 @dataclass
 class AgentHookState:
     """State of the agent hooks: the agent, the worker's weight and the numerics.
@@ -113,7 +195,6 @@ class AgentHookState:
     numerics: Numerics = Numerics.BLOCK
     asynchronous: bool = True
     block_elements: int = BLOCK_ELEMENTS
-    comm_seconds: float = 0.0  # time spent all-reducing buckets, in total
 
     def __post_init__(self) -> None:
         if not callable(getattr(self.agent, "allreduce", None)):
@@ -125,9 +206,10 @@ class AgentHookState:
         self.numerics = Numerics(self.numerics)
         self._reducer = (BlockScaledReducer(self.agent, self.block_elements) if self.numerics is Numerics.BLOCK
                          else self.agent)
-        self._lock = threading.Lock()
-        self._calls: list[tuple[float, float]] = []  # (called, returned) of each hook in the current backward pass
-        self._spans: list[tuple[float, float]] = []  # (start, end) of its all-reduces
+        from host_agent.torch_work import WorkQueue  # torch only where a hook is used
+
+        self._queue = WorkQueue(self.agent, name="ddp-hook")
+        self.clock = CommClock()
 
     @staticmethod
     def _check(weight: float) -> None:
@@ -145,60 +227,41 @@ class AgentHookState:
         self.weight = weight
 
     def submit(self, tensor: Any, weight: float):
-        """All-reduce ``weight * tensor`` into ``tensor``; a future of ``tensor`` (pending if asynchronous)."""
-        import torch
-
-        fut: torch.futures.Future = torch.futures.Future()
-        called = time.perf_counter()
-        with self._lock:
-            self._calls.append((called, called))
+        """All-reduce ``weight * tensor`` into ``tensor`` on the agent's communication thread; a future of ``tensor``
+        (pending if asynchronous; an error in it is raised by DDP's ``backward()``)."""
+        index = self.clock.called()
+        work = self._queue.run("all-reduce of a DDP bucket", self.reduce_now, tensor, weight, result=tensor)
         if not self.asynchronous:
-            self.reduce_now(tensor, weight, fut)
-        else:
-            self.agent.submit(self.reduce_now, tensor, weight, fut)
-        with self._lock:
-            self._calls[-1] = (called, time.perf_counter())
-        return fut
+            with contextlib.suppress(Exception):  # the error stays in the future, as asynchronously
+                work.wait()
+        self.clock.returned(index)
+        return work.get_future()
 
-    def reduce_now(self, tensor: Any, weight: float, fut: Any) -> None:
-        """All-reduce ``weight * tensor`` into ``tensor`` here, and complete ``fut`` with it (or its error)."""
+    def reduce_now(self, tensor: Any, weight: float) -> None:
+        """All-reduce ``weight * tensor`` into ``tensor`` here (the communication thread)."""
         import torch
 
         start = time.perf_counter()
-        try:
-            arr = tensor.detach().to("cpu", torch.float32).numpy()
-            if weight != 1.0:
-                arr = arr * np.float32(weight)
-            total = self._reducer.allreduce(arr)
-            tensor.copy_(torch.from_numpy(total).to(tensor.device, tensor.dtype))
-        except BaseException as exc:  # the future carries it to backward(), which raises it  # noqa: BLE001
-            fut.set_exception(exc)
-            return
-        end = time.perf_counter()
-        with self._lock:
-            self._spans.append((start, end))
-            self.comm_seconds += end - start
-        fut.set_result(tensor)
+        arr = tensor.detach().to("cpu", torch.float32).numpy()
+        if weight != 1.0:
+            arr = arr * np.float32(weight)
+        total = self._reducer.allreduce(arr)
+        tensor.copy_(torch.from_numpy(total).to(tensor.device, tensor.dtype))
+        self.clock.span(start, time.perf_counter())
+
+    @property
+    def comm_seconds(self) -> float:
+        """Time spent all-reducing buckets, in total."""
+        return self.clock.comm_seconds
 
     def take_step(self) -> CommStep:
         """The communication of the backward pass(es) since the last call (call it after ``backward()``)."""
-        with self._lock:
-            calls, spans = self._calls, self._spans
-            self._calls, self._spans = [], []
-        if not calls:
-            return CommStep(0, 0.0, 0.0, 0.0)
-        calls.sort()
-        computing = [(ret, nxt) for (_, ret), (nxt, _) in itertools.pairwise(calls)]  # backward between two hooks
-        comm = sum(e - s for s, e in spans)
-        hidden = sum(max(0.0, min(e, b) - max(s, a)) for s, e in spans for a, b in computing)
-        last_return = calls[-1][1]
-        exposed = sum(r - c for c, r in calls) + max([0.0] + [e - last_return for _, e in spans])
-        return CommStep(len(calls), comm, hidden, exposed)
+        return self.clock.take_step()
 
     def close(self) -> None:
         """Wait until the buckets queued so far are all-reduced (after the last backward pass)."""
-        if self.asynchronous:
-            self.agent.submit(lambda: None).result()
+        self._queue.drain()
+        self._queue.close()
 
 
 def weighted_hook(state: AgentHookState, bucket):  # no annotations on bucket/return: DDP checks them against torch's types
@@ -247,7 +310,8 @@ class WeightedBatchSampler:
     At each step the workers take consecutive slices of the epoch's shared permutation (see
     ``Allocation.indices``), so one step of all workers is exactly one global batch. Use it as a
     DataLoader's ``batch_sampler``; call ``set_epoch`` every epoch and ``set_allocation`` when an
-    adaptive allocator changes the split (the steps of an epoch stay ``dataset_size // B``).
+    adaptive allocator changes the split (the steps of an epoch stay ``dataset_size // B``). Under DDP, scale
+    each loss by ``loss_weight`` (the hook's ``weighted`` state weights the gradient itself instead).
     """
 
     def __init__(self, dataset_size: int, allocation: Allocation, rank: int, *, seed: int = 0, epoch: int = 0) -> None:
@@ -266,6 +330,15 @@ class WeightedBatchSampler:
 
     def __len__(self) -> int:
         return self.allocation.steps_per_epoch(self.dataset_size)
+
+    @property
+    def loss_weight(self) -> float:
+        """n * b_i / B: what this worker multiplies its loss by under DDP (backend ``"ina"``, gloo, any), so that DDP's
+        mean over the n workers' gradients is the mean over the global batch. The backend never rescales::
+
+            loss = F.cross_entropy(ddp(x), y) * sampler.loss_weight
+        """
+        return self.allocation.size * self.allocation.gradient_scale(self.rank)
 
     def __iter__(self) -> Iterator[list[int]]:
         perm = epoch_permutation(self.seed, self.epoch, self.dataset_size)

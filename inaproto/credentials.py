@@ -17,11 +17,12 @@ from pathlib import Path
 import grpc
 
 __all__ = [
-    "ADMIN_CREDENTIAL_ENV", "JOB_SECRET_ENV", "METADATA_KEY", "TLS_ENV", "TlsFiles",
+    "ADMIN_CREDENTIAL_ENV", "CONTROLLER_ENV", "JOB_SECRET_ENV", "METADATA_KEY", "TLS_ENV", "TlsFiles",
     "admission_channel", "new_secret", "read_credential_file",
 ]
 
 METADATA_KEY = "ina-credential"
+CONTROLLER_ENV = "INA_CONTROLLER"  # the admission service's address, for inactl and the PyTorch backend "ina"
 JOB_SECRET_ENV = "INA_JOB_SECRET"  # a job's secret for ina-agent when the job file has none
 ADMIN_CREDENTIAL_ENV = "INA_ADMIN_CREDENTIAL_FILE"  # where inactl reads the admin credential
 TLS_ENV = {"ca": "INA_TLS_CA", "cert": "INA_TLS_CERT", "key": "INA_TLS_KEY"}  # a client's TLS files

@@ -16,12 +16,14 @@ import threading
 import numpy as np
 import pytest
 
+from host_agent.acceptor import Acceptor
 from host_agent.agent import bind_worker_sockets
 from host_agent.congestion import CongestionWindow
 from host_agent.flight import Flight
 from host_agent.grant import Grant, SwitchGrant, Worker
 from host_agent.ina_window import TX_MOD, ResultBatch, gradient_packets
 from host_agent.options import StreamOptions
+from host_agent.ring import HELLO_MAGIC as RING_HELLO
 from host_agent.rtt import RttEstimator
 from host_agent.stats import StreamStats
 from host_agent.stream import ChunkStream
@@ -344,12 +346,14 @@ def test_window_through_an_echo_answering_in_gso_runs() -> None:
         me = Worker(0, "127.0.0.1", udp.getsockname()[1])
         grant = Grant(1, 0, "ina", (SwitchGrant("echo", echo.address[0], num_slots=128, worker_ids=(0,)),),
                       ina_port=echo.address[1])
-        stream = ChunkStream(worker_id=0, workers=(me,), sock=udp, listener=tcp, grant=grant, backend="ina",
-                             options=StreamOptions(op_timeout=20.0))
+        acceptor = Acceptor(tcp, (RING_HELLO,))
+        stream = ChunkStream(worker_id=0, workers=(me,), sock=udp, ring_inbox=acceptor.inbox(RING_HELLO), grant=grant,
+                             backend="ina", options=StreamOptions(op_timeout=20.0))
         chunks = np.random.default_rng(0).integers(-1000, 1000, size=(3000, wire.LANES), dtype=np.int32)
         assert np.array_equal(stream.reduce(chunks), chunks)
         assert stream.stats.results == 3000 and stream.stats.stale == 0
         stream.close()
+        acceptor.close()
     finally:
         udp.close()
         echo.close()

@@ -9,11 +9,13 @@ import time
 import numpy as np
 import pytest
 
+from host_agent.acceptor import Acceptor, Inbox
 from host_agent.agent import AgentOptions, bind_worker_sockets
 from host_agent.chunks import Segment
 from host_agent.errors import AgentTimeout, StaleGeneration
 from host_agent.grant import Grant, SwitchGrant, Worker
 from host_agent.options import StreamOptions
+from host_agent.ring import HELLO_MAGIC as RING_HELLO
 from host_agent.ring_phases import RingOp, RingPhase
 from host_agent.stats import StreamStats
 from host_agent.stream import ChunkStream
@@ -110,12 +112,11 @@ def test_a_move_from_the_ring_to_ina_lets_the_ring_op_in_flight_finish() -> None
     ((1.0, 8), 0.1, False),
 ])
 def test_a_ring_op_is_worth_finishing_once_its_rest_costs_less_than_its_work_so_far(op, elapsed_share, finish) -> None:
-    with socket.socket() as listener:
-        phase = RingPhase(0, {}, listener, StreamOptions(), StreamStats())
-        if op is not None:
-            expected, n = op
-            phase.op = RingOp(time.monotonic() - elapsed_share * (expected or 1.0), expected, n)
-        assert phase.worth_finishing() is finish
+    phase = RingPhase(0, {}, Inbox(RING_HELLO), StreamOptions(), StreamStats())
+    if op is not None:
+        expected, n = op
+        phase.op = RingOp(time.monotonic() - elapsed_share * (expected or 1.0), expected, n)
+    assert phase.worth_finishing() is finish
 
 
 class _Barrier:
@@ -166,8 +167,10 @@ def test_a_worker_stopping_for_a_generation_leaves_its_rings_so_a_peer_in_an_op_
     barrier = _Barrier(n)
     options = [StreamOptions(op_timeout=60.0, ring_grace=60.0, link_bps=30e3),  # an op of 40 chunks: about 1.5 s
                StreamOptions(op_timeout=60.0, ring_grace=60.0)]
-    streams = [ChunkStream(worker_id=i, workers=workers, sock=socks[i][0], listener=socks[i][1], grant=ring1,
-                           sync=lambda g, m, i=i: barrier.sync(i, g, m), options=options[i]) for i in range(n)]
+    acceptors = [Acceptor(listener, (RING_HELLO,)) for _, listener in socks]
+    streams = [ChunkStream(worker_id=i, workers=workers, sock=socks[i][0], ring_inbox=acceptors[i].inbox(RING_HELLO),
+                           grant=ring1, sync=lambda g, m, i=i: barrier.sync(i, g, m), options=options[i])
+               for i in range(n)]
     data = [np.full((40, LANES), i + 1, dtype=np.int32) for i in range(n)]
     results: dict[int, list] = {0: [], 1: []}
 
@@ -206,6 +209,8 @@ def test_a_worker_stopping_for_a_generation_leaves_its_rings_so_a_peer_in_an_op_
     finally:
         for s in streams:
             s.close()
+        for a in acceptors:
+            a.close()
         for udp, _ in socks:
             udp.close()
         sink.close()

@@ -171,14 +171,12 @@ def test_ddp_backward_goes_on_while_buckets_are_reduced(tmp_path) -> None:
             def allgather(self, a):
                 if self.hold:  # hold bucket 0 until another bucket's hook has been called
                     self.hold = False
-                    with state._lock:
-                        calls = len(state._calls)
+                    calls = state.clock.hooks_called
                     self.started.set()
                     for _ in range(3000):
-                        with state._lock:
-                            if len(state._calls) > calls:
-                                self.saw_later_hook.set()
-                                break
+                        if state.clock.hooks_called > calls:
+                            self.saw_later_hook.set()
+                            break
                         self.saw_later_hook.wait(0.01)
                 return a[None]
 

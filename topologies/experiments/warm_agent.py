@@ -25,7 +25,7 @@ def read_arguments(argv: Sequence[str]) -> list[str] | None:
     if len(argv) != 1 or not argv[0]:
         raise UsageError(f"usage: python -m topologies.experiments.{PROG} READY_FILE (then the arguments as one JSON "
                          "line on stdin)")
-    import host_agent.agent  # noqa: F401  (what ina-agent imports before it joins its job)
+    import host_agent.cli  # noqa: F401  (everything ina-agent imports before it joins its job)
 
     try:
         with open(argv[0], "w"):

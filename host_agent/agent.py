@@ -373,7 +373,10 @@ class Agent:
         if self._closed:
             return
         self._closed = True
-        self.comm.close()  # what was submitted runs first
+        if barrier:
+            self.comm.close()  # what was submitted runs first
+        elif getattr(self, "mesh", None) is not None:
+            self.mesh.abort()  # a call stuck on the mesh fails now; the release ends one on the stream
         try:
             if not barrier and self.client is not None and self.worker_id == min(self.spec.worker_ids):
                 self._release()

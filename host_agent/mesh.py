@@ -272,7 +272,8 @@ class Mesh:
         if self.rank in sends or self.rank in recvs:
             raise ValueError("a worker exchanges with its peers, not with itself")
         self.connect()
-        outgoing = {p: deque(v for a in arrays for v in (_FRAME.pack(_FRAME_MAGIC, number, a.nbytes), _bytes(a)))
+        # an empty array is its header alone: an empty view in the queue would never be taken by sendmsg
+        outgoing = {p: deque(v for a in arrays for v in (_FRAME.pack(_FRAME_MAGIC, number, a.nbytes), _bytes(a)) if len(v))
                     for p, arrays in sends.items() if arrays}
         incoming = {p: _Incoming([_bytes(a) for a in arrays]) for p, arrays in recvs.items() if arrays}
         try:

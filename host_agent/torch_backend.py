@@ -137,6 +137,9 @@ def join_agent(store: dist.Store, rank: int, size: int, timeout: float, *, contr
         AgentTimeout: some rank did not get this far within ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
+    # torch reuses a group's store prefix after destroy_process_group: the keys of each creation of the group are
+    # apart (every rank creates the group the same number of times, so every rank counts the same)
+    store = dist.PrefixStore(f"{_KEY}{store.add(f'{_KEY}created/{rank}', 1)}", store)
     agent: Agent | None = None
     try:
         agent = _join(store, rank, size, timeout, deadline, controller, ip)

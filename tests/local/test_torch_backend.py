@@ -190,6 +190,63 @@ def test_bytes_collectives_against_gloo(n: int) -> None:
         assert torch.equal(res["rs"], total[8 * r:8 * (r + 1)])
 
 
+def test_tensors_of_fewer_elements_than_ranks() -> None:
+    """Scalars and empty tensors over the mesh (some ranks' pieces are empty): int64 and float64 sums, a MAX, an
+    empty broadcast and all-gather complete with the right values, and the group shuts down."""
+    n = 4
+
+    def run(r, ina, _):
+        count = torch.tensor(r + 1, dtype=torch.int64)
+        ina.allreduce([count]).wait()
+        small = torch.tensor([r, 2.0 * r, -r], dtype=torch.float64)
+        ina.allreduce([small]).wait()
+        o = dist.AllreduceOptions()
+        o.reduceOp = dist.ReduceOp.MAX
+        peak = torch.tensor([float(r), -float(r)])
+        ina.allreduce([peak], o).wait()
+        empty = torch.zeros(0)
+        ina.broadcast([empty], dist.BroadcastOptions()).wait()
+        outs = [torch.zeros(0) for _ in range(n)]
+        ina.allgather([outs], [torch.zeros(0)]).wait()
+        return count.item(), small.tolist(), peak.tolist(), [o.numel() for o in outs]
+
+    for res in _ranks(n, run, timeout=10.0, gloo=False, join=60.0):
+        assert res == (10, [6.0, 12.0, -6.0], [3.0, 0.0], [0] * n)
+
+
+def test_the_group_created_again_over_the_same_store_is_a_new_job() -> None:
+    """torch reuses a group's store prefix after destroy_process_group: a second group over the same store joins
+    afresh (no rank reads the first group's addresses) and sums right."""
+    store = dist.HashStore()
+    out: list = [None, None]
+
+    def one(r: int) -> None:
+        try:
+            sums = []
+            for k in (1, 2):
+                g = InaProcessGroup.join(dist.PrefixStore("ina", store), r, 2, 10.0, ip="127.0.0.1")
+                try:
+                    t = torch.full((5,), float(k * (r + 1)))
+                    g.allreduce([t]).wait()
+                    sums.append(t.tolist())
+                finally:
+                    g.shutdown()
+            out[r] = sums
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            out[r] = exc
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    for res in out:
+        if isinstance(res, BaseException):
+            raise res
+        assert res == [[3.0] * 5, [6.0] * 5]
+
+
 def test_collectives_are_asynchronous_and_complete_in_call_order() -> None:
     """Queued behind a held communication thread, three collectives stay pending; released, they complete in the
     order they were called, each seeing the one before (the all-gather gathers the all-reduce's sums)."""

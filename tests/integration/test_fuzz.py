@@ -1,4 +1,4 @@
-"""10,000 fuzzed and malformed frames into a running ina-switch between rounds of a live job (issue 17, 5a).
+"""10,000 fuzzed and malformed frames into a running ina-switch between rounds of a live job.
 
 The switch is a real ``ina-switch`` process in its own namespace (tests/integration/switch_process.py). A live
 job (3 workers, ports 1-3) runs rounds of 8 slots; between rounds, frames derived from a second job's valid

@@ -1,4 +1,4 @@
-"""A two-level aggregation tree (issue 15; docs/switch.md, "Chains"): ToRs S0 and S1 send their partials to the
+"""A two-level aggregation tree (docs/switch.md, "Chains"): ToRs S0 and S1 send their partials to the
 root S2, whose final sum comes back down; loss on either level is recovered from the nearest copy holding the
 final sum, or by the partial sent up again. Frames are carried between linked ports by the test, so the cases
 run on the model, ina-switch and BMv2 (tests/support/fabric.py)."""

@@ -72,7 +72,7 @@ def test_the_shared_ceiling_is_the_model_inverted_on_the_probe_links():
 
 def test_the_shared_ceiling_comes_from_the_probe_cpu_accounting():
     """A probe row with its conditions: 1.2 cores of agents and switch for 4,000 gradients/s (300 us each) on 2
-    cores, of which the controller, runner and interrupts took 0.15 and other sessions and steal 0.25: the 1.6 cores
+    cores, of which the controller, runner and interrupts took 0.15 and other work and steal 0.25: the 1.6 cores
     left carry 1.6 / 300 us = 5,333 gradients/s, whatever rate the probe's links or that background allowed; the
     median over the repetitions; a row without accounting falls back to the model inverted."""
     def shared(rate, agents, others):
@@ -201,9 +201,9 @@ def test_window_probes_that_resolve_no_round_trip_count_in_the_median():
     assert high.ina_rtt_us == pytest.approx(1000.0, rel=1e-6)
 
 
-def test_the_comparison_per_repetition_and_by_other_sessions_load():
+def test_the_comparison_per_repetition_and_by_other_work_on_the_machine():
     """Two repetitions of one run against one prediction of 10 s: the first on a quiet machine (job exact), the
-    second with other sessions taking 0.5 cores (job 30 % slower)."""
+    second with other work taking 0.5 cores (job 30 % slower)."""
     from topologies.experiments.multijob import QUIET_CORES, _per_repetition
 
     sims = [{"supply": 1.0, "policy": "equal", "job": 1, "sim_s": 10.0}]
@@ -219,7 +219,7 @@ def test_the_comparison_per_repetition_and_by_other_sessions_load():
 
 
 def test_the_trace_keeps_its_bdp_in_slots_at_its_scale():
-    """Session 7 halved the trace's links to 0.5 Mbit/s and doubled its round trip to 40 ms (CPU-bound at 1 Mbit/s,
+    """The trace runs on 0.5 Mbit/s links with a 40 ms round trip (CPU-bound at 1 Mbit/s,
     docs/experiments.md): a job's BDP stays 15.6 slots and its request 16; the CI preset keeps its own scale."""
     from topologies.experiments.aggregate import bdp_slots
     from topologies.experiments.multijob import MultijobConfig, MultijobExperiment
@@ -253,7 +253,7 @@ def test_the_ring_probe_fits_a_step_overhead_and_a_per_byte_cost():
 
 
 def test_a_ring_step_that_hides_its_latency_fits_through_the_origin():
-    """Session 7's trace: 32 and 64 KiB rings in 0.856 and 1.731 s on 0.5 Mbit/s with 40 ms, a negative intercept
+    """The trace's scale: 32 and 64 KiB rings in 0.856 and 1.731 s on 0.5 Mbit/s with 40 ms, a negative intercept
     (the path's latency hidden behind the bytes): the overhead is 0 and the cost is the least-squares slope
     through the origin; repeated probes count by their median per size; one size alone fits nothing."""
     rows = [_ring_row(8192, 0.856), _ring_row(16384, 1.731), _ring_row(16384, 1.9), _ring_row(16384, 1.70)]

@@ -13,6 +13,7 @@ from controller.config import ControllerConfig
 from controller.core import Controller, Refusal
 from inaproto import admission_pb2 as pb
 from inaproto import wire
+from tests.support.admission import register
 from tests.support.frames import grant_gradient, parse_result
 from topologies.loopback import LocalControlPlane, worker
 
@@ -25,9 +26,6 @@ def h(tmp_path):
         yield harness
 
 
-def register(h, name, hosts, requested=8, **kw):
-    workers = [worker(i, host) for i, host in enumerate(hosts)]
-    return h.stub.RegisterJob(pb.RegisterJobRequest(name=name, workers=workers, tensor_elements=10_000, requested_slots=requested, **kw))
 
 
 def switch_state(h, name="s1"):
